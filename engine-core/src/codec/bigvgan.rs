@@ -1,0 +1,167 @@
+//! The vocoder after the upsamplers (`decoder.decoder.*`): conv k7 → SnakeBeta decoder blocks (SnakeBeta →
+//! transposed conv ×rate → three residual units with dilations 1, 3, 9) → SnakeBeta → conv k7 to one channel.
+
+use kazeia_backend_abi::Backend;
+
+use super::config::DecoderConfig;
+use super::conv::{CausalConv1d, CausalConvTranspose1d, SnakeBeta};
+use crate::error::Result;
+use crate::weights::WeightFile;
+
+/// SnakeBeta → dilated causal conv k7 → SnakeBeta → conv k1 → + residual.
+struct ResidualUnit {
+    act1: SnakeBeta,
+    conv1: CausalConv1d,
+    act2: SnakeBeta,
+    conv2: CausalConv1d,
+}
+
+impl ResidualUnit {
+    fn load(
+        backend: &dyn Backend,
+        file: &WeightFile,
+        prefix: &str,
+        dim: usize,
+        dilation: usize,
+    ) -> Result<Self> {
+        Ok(ResidualUnit {
+            act1: SnakeBeta::load(file, &format!("{prefix}.act1"), dim)?,
+            conv1: CausalConv1d::load(
+                backend,
+                file,
+                &format!("{prefix}.conv1"),
+                (dim, dim, 7),
+                dilation,
+            )?,
+            act2: SnakeBeta::load(file, &format!("{prefix}.act2"), dim)?,
+            conv2: CausalConv1d::load(backend, file, &format!("{prefix}.conv2"), (dim, dim, 1), 1)?,
+        })
+    }
+
+    fn forward(&self, backend: &dyn Backend, x: &mut [f32], len: usize) {
+        let mut h = x.to_vec();
+        self.act1.forward(backend, &mut h, len);
+        let mut h = self.conv1.forward(backend, &h, len);
+        self.act2.forward(backend, &mut h, len);
+        let h = self.conv2.forward(backend, &h, len);
+        for (a, b) in x.iter_mut().zip(&h) {
+            *a += b;
+        }
+    }
+}
+
+struct DecoderBlock {
+    snake: SnakeBeta,
+    upsample: CausalConvTranspose1d,
+    units: Vec<ResidualUnit>,
+}
+
+impl DecoderBlock {
+    fn load(
+        backend: &dyn Backend,
+        file: &WeightFile,
+        prefix: &str,
+        (cin, cout): (usize, usize),
+        rate: usize,
+    ) -> Result<Self> {
+        let units = [1, 3, 9]
+            .iter()
+            .enumerate()
+            .map(|(i, &d)| {
+                ResidualUnit::load(backend, file, &format!("{prefix}.block.{}", i + 2), cout, d)
+            })
+            .collect::<Result<_>>()?;
+        Ok(DecoderBlock {
+            snake: SnakeBeta::load(file, &format!("{prefix}.block.0"), cin)?,
+            upsample: CausalConvTranspose1d::load(
+                backend,
+                file,
+                &format!("{prefix}.block.1"),
+                (cin, cout, 2 * rate),
+                rate,
+            )?,
+            units,
+        })
+    }
+
+    fn forward(&self, backend: &dyn Backend, mut x: Vec<f32>, len: usize) -> (Vec<f32>, usize) {
+        self.snake.forward(backend, &mut x, len);
+        let mut y = self.upsample.forward(backend, &x, len);
+        let out_len = self.upsample.out_len(len);
+        for unit in &self.units {
+            unit.forward(backend, &mut y, out_len);
+        }
+        (y, out_len)
+    }
+}
+
+pub struct Vocoder {
+    input_conv: CausalConv1d,
+    blocks: Vec<DecoderBlock>,
+    final_snake: SnakeBeta,
+    output_conv: CausalConv1d,
+}
+
+impl Vocoder {
+    pub fn load(
+        backend: &dyn Backend,
+        file: &WeightFile,
+        prefix: &str,
+        cfg: &DecoderConfig,
+    ) -> Result<Self> {
+        let n = cfg.upsample_rates.len();
+        let mut blocks = Vec::with_capacity(n);
+        for (i, &rate) in cfg.upsample_rates.iter().enumerate() {
+            let (cin, cout) = (cfg.decoder_dim >> i, cfg.block_channels(i));
+            blocks.push(DecoderBlock::load(
+                backend,
+                file,
+                &format!("{prefix}.{}", i + 1),
+                (cin, cout),
+                rate,
+            )?);
+        }
+        let out_dim = cfg.block_channels(n - 1);
+        Ok(Vocoder {
+            input_conv: CausalConv1d::load(
+                backend,
+                file,
+                &format!("{prefix}.0"),
+                (cfg.latent_dim, cfg.decoder_dim, 7),
+                1,
+            )?,
+            blocks,
+            final_snake: SnakeBeta::load(file, &format!("{prefix}.{}", n + 1), out_dim)?,
+            output_conv: CausalConv1d::load(
+                backend,
+                file,
+                &format!("{prefix}.{}", n + 2),
+                (out_dim, 1, 7),
+                1,
+            )?,
+        })
+    }
+
+    /// `x[latent][len]` → the unclamped waveform; `trace` sees the output of every `decoder.decoder.{i}`.
+    pub fn forward(
+        &self,
+        backend: &dyn Backend,
+        x: &[f32],
+        len: usize,
+        trace: &mut dyn FnMut(&str, &[f32]),
+    ) -> Vec<f32> {
+        let mut h = self.input_conv.forward(backend, x, len);
+        trace("decoder.0", &h);
+        let mut len = len;
+        for (i, block) in self.blocks.iter().enumerate() {
+            (h, len) = block.forward(backend, h, len);
+            trace(&format!("decoder.{}", i + 1), &h);
+        }
+        let n = self.blocks.len();
+        self.final_snake.forward(backend, &mut h, len);
+        trace(&format!("decoder.{}", n + 1), &h);
+        let wav = self.output_conv.forward(backend, &h, len);
+        trace(&format!("decoder.{}", n + 2), &wav);
+        wav
+    }
+}

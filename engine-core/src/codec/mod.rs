@@ -1,0 +1,199 @@
+//! The Qwen3-TTS-Tokenizer-12Hz decoder: 16 codebooks per 12.5 Hz frame → 24 kHz waveform.
+//!
+//! `codes → quantizer → pre_conv → pre_transformer → upsample stages → vocoder → clamp(−1, 1)`, all causal,
+//! exactly `samples_per_frame` samples per frame.
+
+mod bigvgan;
+pub mod config;
+mod conv;
+mod pre_transformer;
+mod quantizer;
+mod upsample;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use kazeia_backend_abi::Backend;
+
+pub use config::{CodecConfig, DecoderConfig};
+use conv::{transpose, CausalConv1d};
+
+use crate::error::{Error, Result};
+use crate::weights::WeightFile;
+
+/// Frames per chunk and left-context frames of the official `chunked_decode`.
+pub const OFFICIAL_CHUNK_FRAMES: usize = 300;
+pub const OFFICIAL_CHUNK_CONTEXT: usize = 25;
+
+/// A loaded codec decoder, its weights resident in `backend`.
+pub struct CodecDecoder {
+    backend: Arc<dyn Backend>,
+    config: CodecConfig,
+    quantizer: quantizer::Quantizer,
+    pre_conv: CausalConv1d,
+    pre_transformer: pre_transformer::PreTransformer,
+    upsample: Vec<upsample::UpsampleStage>,
+    vocoder: bigvgan::Vocoder,
+}
+
+impl CodecDecoder {
+    /// Loads `speech_tokenizer/` of a model directory (or a `speech_tokenizer` directory itself).
+    pub fn load(dir: &Path, backend: Arc<dyn Backend>) -> Result<Self> {
+        let dir = if dir.join("speech_tokenizer").is_dir() {
+            dir.join("speech_tokenizer")
+        } else {
+            dir.to_owned()
+        };
+        let config = CodecConfig::load(&dir.join("config.json"))?;
+        let file = WeightFile::open(&dir.join("model.safetensors"))?;
+        Self::from_parts(config, &file, backend)
+    }
+
+    pub fn from_parts(
+        config: CodecConfig,
+        file: &WeightFile,
+        backend: Arc<dyn Backend>,
+    ) -> Result<Self> {
+        let cfg = &config.decoder_config;
+        let b = backend.as_ref();
+        let quantizer = quantizer::Quantizer::load(b, file, "decoder.quantizer", cfg)?;
+        let pre_conv = CausalConv1d::load(
+            b,
+            file,
+            "decoder.pre_conv",
+            (cfg.codebook_dim, cfg.latent_dim, 3),
+            1,
+        )?;
+        let pre_transformer =
+            pre_transformer::PreTransformer::load(b, file, "decoder.pre_transformer", cfg)?;
+        let upsample = cfg
+            .upsampling_ratios
+            .iter()
+            .enumerate()
+            .map(|(i, &f)| {
+                upsample::UpsampleStage::load(
+                    b,
+                    file,
+                    &format!("decoder.upsample.{i}"),
+                    cfg.latent_dim,
+                    f,
+                )
+            })
+            .collect::<Result<_>>()?;
+        let vocoder = bigvgan::Vocoder::load(b, file, "decoder.decoder", cfg)?;
+        Ok(CodecDecoder {
+            backend,
+            config,
+            quantizer,
+            pre_conv,
+            pre_transformer,
+            upsample,
+            vocoder,
+        })
+    }
+
+    pub fn config(&self) -> &CodecConfig {
+        &self.config
+    }
+
+    pub fn sample_rate(&self) -> u32 {
+        self.config.output_sample_rate
+    }
+
+    pub fn samples_per_frame(&self) -> usize {
+        self.config.decoder_config.samples_per_frame()
+    }
+
+    /// Checks codes against the config: `num_quantizers` per frame, each below `codebook_size`.
+    pub fn validate_codes(&self, codes: &[Vec<u32>]) -> Result<()> {
+        let cfg = &self.config.decoder_config;
+        for (f, row) in codes.iter().enumerate() {
+            if row.len() != cfg.num_quantizers {
+                return Err(Error::Input(format!(
+                    "frame {f} has {} codes; this codec needs {} per frame",
+                    row.len(),
+                    cfg.num_quantizers
+                )));
+            }
+            if let Some((q, c)) = row
+                .iter()
+                .enumerate()
+                .find(|(_, &c)| c as usize >= cfg.codebook_size)
+            {
+                return Err(Error::Input(format!(
+                    "frame {f}, codebook {q}: code {c} is not below the codebook size {}",
+                    cfg.codebook_size
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Decodes all frames in one causal pass → `frames × samples_per_frame` samples in [−1, 1].
+    ///
+    /// Unlike the official `decode` (which restarts every 300 frames with 25 frames of context, see
+    /// [`CodecDecoder::decode_official_chunking`]), this is the exact causal decode at every length.
+    pub fn decode(&self, codes: &[Vec<u32>]) -> Result<Vec<f32>> {
+        self.decode_traced(codes, &mut |_, _| {})
+    }
+
+    /// [`CodecDecoder::decode`], showing every stage's output to `trace` as `(name, [channels][len])`, with the
+    /// names of the official modules: `quantizer`, `pre_conv`, `pre_transformer`, `upsample.{i}`,
+    /// `decoder.{i}`, and finally `wav`.
+    pub fn decode_traced(
+        &self,
+        codes: &[Vec<u32>],
+        trace: &mut dyn FnMut(&str, &[f32]),
+    ) -> Result<Vec<f32>> {
+        self.validate_codes(codes)?;
+        let frames = codes.len();
+        if frames == 0 {
+            return Ok(Vec::new());
+        }
+        let b = self.backend.as_ref();
+        let cfg = &self.config.decoder_config;
+
+        let z = self.quantizer.decode(b, codes);
+        let z = transpose(&z, frames, cfg.codebook_dim);
+        trace("quantizer", &z);
+        let x = self.pre_conv.forward(b, &z, frames);
+        trace("pre_conv", &x);
+        let rows = transpose(&x, cfg.latent_dim, frames);
+        let rows = self.pre_transformer.forward(b, &rows, frames);
+        let mut h = transpose(&rows, frames, cfg.latent_dim);
+        trace("pre_transformer", &h);
+        let mut len = frames;
+        for (i, stage) in self.upsample.iter().enumerate() {
+            (h, len) = stage.forward(b, &h, len);
+            trace(&format!("upsample.{i}"), &h);
+        }
+        let mut wav = self.vocoder.forward(b, &h, len, trace);
+        for s in &mut wav {
+            *s = s.clamp(-1.0, 1.0);
+        }
+        trace("wav", &wav);
+        Ok(wav)
+    }
+
+    /// The official `chunked_decode`: chunks of 300 frames, each after the first decoded from scratch with 25
+    /// frames of left context whose samples are dropped. Only for parity with the official output beyond 300
+    /// frames; [`CodecDecoder::decode`] is the seamless one.
+    pub fn decode_official_chunking(&self, codes: &[Vec<u32>]) -> Result<Vec<f32>> {
+        self.validate_codes(codes)?;
+        let spf = self.samples_per_frame();
+        let mut wav = Vec::with_capacity(codes.len() * spf);
+        let mut start = 0;
+        while start < codes.len() {
+            let end = (start + OFFICIAL_CHUNK_FRAMES).min(codes.len());
+            let context = if start > OFFICIAL_CHUNK_CONTEXT {
+                OFFICIAL_CHUNK_CONTEXT
+            } else {
+                start
+            };
+            let chunk = self.decode(&codes[start - context..end])?;
+            wav.extend_from_slice(&chunk[context * spf..]);
+            start = end;
+        }
+        Ok(wav)
+    }
+}

@@ -1,0 +1,97 @@
+//! The two ×ratio upsampling stages between the pre-transformer and the vocoder: a transposed convolution
+//! (kernel = stride) followed by a ConvNeXt block.
+
+use kazeia_backend_abi::{Backend, Weight};
+
+use super::conv::{transpose, CausalConvTranspose1d, CausalDepthwiseConv1d};
+use crate::error::Result;
+use crate::weights::WeightFile;
+
+/// ConvNeXt block: depthwise causal conv k7 → LayerNorm over channels → Linear ×4 → GELU → Linear → ×γ →
+/// + residual.
+struct ConvNeXt {
+    dwconv: CausalDepthwiseConv1d,
+    norm_weight: Vec<f32>,
+    norm_bias: Vec<f32>,
+    pwconv1: Weight,
+    pwconv2: Weight,
+    gamma: Vec<f32>,
+    dim: usize,
+}
+
+impl ConvNeXt {
+    fn load(backend: &dyn Backend, file: &WeightFile, prefix: &str, dim: usize) -> Result<Self> {
+        let t =
+            |name: &str, shape: &[usize]| file.tensor_shaped(&format!("{prefix}.{name}"), shape);
+        let w1 = t("pwconv1.weight", &[4 * dim, dim])?;
+        let b1 = t("pwconv1.bias", &[4 * dim])?;
+        let w2 = t("pwconv2.weight", &[dim, 4 * dim])?;
+        let b2 = t("pwconv2.bias", &[dim])?;
+        Ok(ConvNeXt {
+            dwconv: CausalDepthwiseConv1d::load(
+                backend,
+                file,
+                &format!("{prefix}.dwconv"),
+                dim,
+                7,
+            )?,
+            norm_weight: t("norm.weight", &[dim])?,
+            norm_bias: t("norm.bias", &[dim])?,
+            pwconv1: backend.upload_linear(&w1, 4 * dim, dim, Some(&b1)),
+            pwconv2: backend.upload_linear(&w2, dim, 4 * dim, Some(&b2)),
+            gamma: t("gamma", &[dim])?,
+            dim,
+        })
+    }
+
+    /// In place on `x[dim][len]`.
+    fn forward(&self, backend: &dyn Backend, x: &mut [f32], len: usize) {
+        let dim = self.dim;
+        let dw = self.dwconv.forward(backend, x, len);
+        let mut rows = transpose(&dw, dim, len);
+        backend.layer_norm(&mut rows, dim, &self.norm_weight, &self.norm_bias, 1e-6);
+        let mut wide = vec![0.0; len * 4 * dim];
+        backend.linear(&self.pwconv1, &rows, len, &mut wide);
+        backend.gelu(&mut wide);
+        backend.linear(&self.pwconv2, &wide, len, &mut rows);
+        for (t, row) in rows.chunks_exact(dim).enumerate() {
+            for (c, (v, g)) in row.iter().zip(&self.gamma).enumerate() {
+                x[c * len + t] += g * v;
+            }
+        }
+    }
+}
+
+pub struct UpsampleStage {
+    transconv: CausalConvTranspose1d,
+    convnext: ConvNeXt,
+}
+
+impl UpsampleStage {
+    pub fn load(
+        backend: &dyn Backend,
+        file: &WeightFile,
+        prefix: &str,
+        dim: usize,
+        factor: usize,
+    ) -> Result<Self> {
+        Ok(UpsampleStage {
+            transconv: CausalConvTranspose1d::load(
+                backend,
+                file,
+                &format!("{prefix}.0"),
+                (dim, dim, factor),
+                factor,
+            )?,
+            convnext: ConvNeXt::load(backend, file, &format!("{prefix}.1"), dim)?,
+        })
+    }
+
+    /// `x[dim][len]` → `(y[dim][len·factor], len·factor)`.
+    pub fn forward(&self, backend: &dyn Backend, x: &[f32], len: usize) -> (Vec<f32>, usize) {
+        let mut y = self.transconv.forward(backend, x, len);
+        let out_len = self.transconv.out_len(len);
+        self.convnext.forward(backend, &mut y, out_len);
+        (y, out_len)
+    }
+}

@@ -1,0 +1,29 @@
+//! Errors the engine reports to its callers: each names the file, tensor or value at fault.
+
+use std::path::PathBuf;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("cannot read {path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("invalid config {path}: {message}")]
+    Config { path: PathBuf, message: String },
+    #[error("invalid weights file {path}: {message}")]
+    Weights { path: PathBuf, message: String },
+    #[error("invalid input: {0}")]
+    Input(String),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        Error::Io {
+            path: path.into(),
+            source,
+        }
+    }
+}

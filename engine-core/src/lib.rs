@@ -1,0 +1,14 @@
+//! Kazeia's model runtime for the Qwen3-TTS-12Hz family.
+//!
+//! Model code in this crate says *what* is computed as calls on a [`Backend`]; backends (the CPU one is always
+//! linked in) say *how*.
+
+pub mod codec;
+pub mod codes;
+pub mod error;
+pub mod wav;
+pub mod weights;
+
+pub use error::{Error, Result};
+pub use kazeia_backend_abi::Backend;
+pub use kazeia_backend_cpu::CpuBackend;

@@ -1,0 +1,108 @@
+//! Memory-mapped `safetensors` files with tensors read as `f32` (F32, F16 and BF16 are accepted).
+
+use std::path::{Path, PathBuf};
+
+use memmap2::Mmap;
+use safetensors::tensor::Metadata;
+use safetensors::{Dtype, SafeTensors};
+
+use crate::error::{Error, Result};
+
+/// One tensor converted to `f32`, with its shape.
+#[derive(Clone, Debug)]
+pub struct Tensor {
+    pub shape: Vec<usize>,
+    pub data: Vec<f32>,
+}
+
+/// An open, validated `safetensors` file.
+pub struct WeightFile {
+    path: PathBuf,
+    mmap: Mmap,
+    /// Start of the data section (after the 8-byte length and the JSON header).
+    data_start: usize,
+    metadata: Metadata,
+}
+
+impl WeightFile {
+    /// Maps the file and validates its header (offsets, sizes), so later reads cannot fail on truncation.
+    pub fn open(path: &Path) -> Result<Self> {
+        let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+        // SAFETY: the model files are read-only inputs; a concurrent truncation by another process is outside
+        // what any model loader can defend against.
+        let mmap = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
+        let invalid = |e: safetensors::SafeTensorError| Error::Weights {
+            path: path.to_owned(),
+            message: e.to_string(),
+        };
+        // `deserialize` checks every offset against the file length (truncated files fail here).
+        SafeTensors::deserialize(&mmap).map_err(invalid)?;
+        let (header_len, metadata) = SafeTensors::read_metadata(&mmap).map_err(invalid)?;
+        Ok(WeightFile {
+            path: path.to_owned(),
+            mmap,
+            data_start: 8 + header_len,
+            metadata,
+        })
+    }
+
+    fn error(&self, message: String) -> Error {
+        Error::Weights {
+            path: self.path.clone(),
+            message,
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn contains(&self, name: &str) -> bool {
+        self.metadata.info(name).is_some()
+    }
+
+    /// Reads tensor `name` as `f32`.
+    pub fn tensor(&self, name: &str) -> Result<Tensor> {
+        let info = self
+            .metadata
+            .info(name)
+            .ok_or_else(|| self.error(format!("missing tensor `{name}`")))?;
+        let (start, end) = info.data_offsets;
+        let bytes = &self.mmap[self.data_start + start..self.data_start + end];
+        let data: Vec<f32> = match info.dtype {
+            Dtype::F32 => bytes
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect(),
+            Dtype::F16 => bytes
+                .chunks_exact(2)
+                .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
+                .collect(),
+            Dtype::BF16 => bytes
+                .chunks_exact(2)
+                .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32())
+                .collect(),
+            other => {
+                return Err(self.error(format!(
+                    "tensor `{name}` has dtype {other:?}; expected F32, F16 or BF16"
+                )))
+            }
+        };
+        Ok(Tensor {
+            shape: info.shape.clone(),
+            data,
+        })
+    }
+
+    /// Reads tensor `name` and checks that its shape is `shape`.
+    pub fn tensor_shaped(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
+        let t = self.tensor(name)?;
+        if t.shape != shape {
+            return Err(self.error(format!(
+                "tensor `{name}` has shape {:?}; the config implies {shape:?}",
+                t.shape
+            )));
+        }
+        Ok(t.data)
+    }
+}

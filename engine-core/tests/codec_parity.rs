@@ -1,0 +1,171 @@
+//! The codec decoder against the official implementation's golden outputs (`tests/fixtures/codec/*`, made by
+//! `tools/make_fixtures.py`): every stage, then the waveform to 1e-4.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use kazeia_engine::codec::CodecDecoder;
+use kazeia_engine::codes::parse_codes_json;
+use kazeia_engine::weights::WeightFile;
+use kazeia_engine::CpuBackend;
+
+/// Waveform tolerance of the issue: max abs error ≤ 1e-4 in f32.
+const WAV_TOLERANCE: f32 = 1e-4;
+
+fn fixture(case: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/fixtures/codec")
+        .join(case)
+}
+
+fn load_codes(dir: &Path) -> Vec<Vec<u32>> {
+    parse_codes_json(&std::fs::read_to_string(dir.join("codes.json")).unwrap()).unwrap()
+}
+
+fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len(), "lengths differ");
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+fn check_case(case: &str, threads: usize) {
+    let dir = fixture(case);
+    let golden = WeightFile::open(&dir.join("golden.safetensors")).unwrap();
+    let decoder = CodecDecoder::load(&dir, Arc::new(CpuBackend::new(threads))).unwrap();
+    let codes = load_codes(&dir);
+
+    let mut stages: BTreeMap<String, Vec<f32>> = BTreeMap::new();
+    let wav = decoder
+        .decode_traced(&codes, &mut |name, data| {
+            stages.insert(name.to_owned(), data.to_vec());
+        })
+        .unwrap();
+    assert_eq!(wav.len(), codes.len() * decoder.samples_per_frame());
+
+    // Stage by stage, in pipeline order, so the first failure names the component at fault. Intermediate
+    // tensors are not bounded by 1, so their tolerance scales with their magnitude.
+    let order = [
+        "quantizer",
+        "pre_conv",
+        "pre_transformer",
+        "upsample.0",
+        "upsample.1",
+        "decoder.0",
+        "decoder.1",
+        "decoder.2",
+        "decoder.3",
+        "decoder.4",
+        "decoder.5",
+        "decoder.6",
+    ];
+    let mut checked = 0;
+    for name in order
+        .iter()
+        .copied()
+        .chain(stages.keys().map(String::as_str))
+    {
+        let Some(ours) = stages.get(name) else {
+            continue;
+        };
+        if name == "wav" || !golden.contains(name) {
+            assert!(
+                golden.contains(name),
+                "{case}: stage {name} has no golden tensor"
+            );
+            continue;
+        }
+        let reference = golden.tensor(name).unwrap();
+        let peak = reference.data.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        let err = max_abs_diff(ours, &reference.data);
+        assert!(
+            err <= WAV_TOLERANCE * peak.max(1.0),
+            "{case} ({threads} threads): stage {name} differs by {err:e} (peak {peak})"
+        );
+        checked += 1;
+    }
+    let golden_stages = golden_names(&dir).len() - 1; // all but `wav`
+    assert!(
+        checked >= golden_stages.min(stages.len() - 1),
+        "{case}: only {checked} stages compared"
+    );
+
+    let reference = golden.tensor("wav").unwrap().data;
+    let err = max_abs_diff(&wav, &reference);
+    assert!(
+        err <= WAV_TOLERANCE,
+        "{case} ({threads} threads): waveform differs by {err:e}"
+    );
+    eprintln!("{case} ({threads} threads): waveform max abs error {err:e}");
+}
+
+/// Names of the golden tensors, except the official-chunking one.
+fn golden_names(dir: &Path) -> Vec<String> {
+    let bytes = std::fs::read(dir.join("golden.safetensors")).unwrap();
+    let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
+    meta.tensors()
+        .into_keys()
+        .filter(|k| k != "wav_official_chunked")
+        .collect()
+}
+
+#[test]
+fn window_shorter_than_sequence_matches_official() {
+    check_case("window", 1);
+}
+
+#[test]
+fn released_upsample_rates_match_official() {
+    check_case("rates", 1);
+}
+
+#[test]
+fn bf16_weights_and_grouped_query_attention_match_official() {
+    check_case("bf16_gqa", 1);
+}
+
+#[test]
+fn two_threads_give_the_same_result() {
+    check_case("rates", 2);
+    check_case("window", 2);
+}
+
+#[test]
+fn long_sequence_one_shot_and_official_chunking() {
+    check_case("long", 1);
+    let dir = fixture("long");
+    let golden = WeightFile::open(&dir.join("golden.safetensors")).unwrap();
+    let decoder = CodecDecoder::load(&dir, Arc::new(CpuBackend::new(1))).unwrap();
+    let codes = load_codes(&dir);
+    assert!(
+        codes.len() > 300,
+        "the long fixture must exceed the official chunk"
+    );
+    let chunked = decoder.decode_official_chunking(&codes).unwrap();
+    let reference = golden.tensor("wav_official_chunked").unwrap().data;
+    let err = max_abs_diff(&chunked, &reference);
+    assert!(err <= WAV_TOLERANCE, "official chunking differs by {err:e}");
+    // The chunk seam is real: one-shot and chunked decodes differ after frame 300.
+    let one_shot = golden.tensor("wav").unwrap().data;
+    assert!(max_abs_diff(&one_shot, &reference) > 10.0 * WAV_TOLERANCE);
+}
+
+#[test]
+fn bad_codes_are_rejected_with_a_reason() {
+    let dir = fixture("window");
+    let decoder = CodecDecoder::load(&dir, Arc::new(CpuBackend::new(1))).unwrap();
+    let mut codes = load_codes(&dir);
+    codes[3][5] = 64; // codebook_size is 64
+    let err = decoder.decode(&codes).unwrap_err().to_string();
+    assert!(
+        err.contains("frame 3, codebook 5") && err.contains("64"),
+        "{err}"
+    );
+    codes[3][5] = 0;
+    codes[7].pop();
+    let err = decoder.decode(&codes).unwrap_err().to_string();
+    assert!(err.contains("frame 7 has 15 codes"), "{err}");
+    assert!(decoder.decode(&[]).unwrap().is_empty());
+}

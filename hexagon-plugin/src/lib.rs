@@ -1,0 +1,1 @@
+//! Kazeia Hexagon backend plugin: not yet implemented (see README.md).

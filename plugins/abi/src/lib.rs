@@ -1,0 +1,132 @@
+//! The interface between Kazeia's model code and its compute backends.
+//!
+//! Layout conventions, shared by every op:
+//! - *row-major sequences* `x[rows][features]` for linear layers, norms and attention;
+//! - *channel-major signals* `x[channels][len]` for convolutions and Snake activations (PyTorch's `[C, T]` with
+//!   batch 1).
+//!
+//! Weights are uploaded once in PyTorch's own layout (`Linear` `[out, in]`, `Conv1d` `[cout, cin, k]`,
+//! `ConvTranspose1d` `[cin, cout, k]`) and come back as opaque [`Weight`] handles in whatever layout the backend
+//! prefers.
+
+use std::any::Any;
+
+/// A weight resident in a backend, in a layout only that backend knows.
+pub struct Weight {
+    inner: Box<dyn Any + Send + Sync>,
+}
+
+impl Weight {
+    pub fn new<T: Any + Send + Sync>(inner: T) -> Self {
+        Weight {
+            inner: Box::new(inner),
+        }
+    }
+
+    /// The backend's own view of the weight; `None` if another backend made it.
+    pub fn downcast<T: Any>(&self) -> Option<&T> {
+        self.inner.downcast_ref::<T>()
+    }
+}
+
+/// Where attention may look: keys at absolute positions `key_start..key_start + keys`, queries at
+/// `query_start..query_start + queries`. A key is visible to a query when it is not in the future and, with a
+/// sliding window `w`, when `query_pos - key_pos < w`.
+#[derive(Clone, Copy, Debug)]
+pub struct AttentionSpan {
+    pub queries: usize,
+    pub query_start: usize,
+    pub keys: usize,
+    pub key_start: usize,
+    pub window: Option<usize>,
+}
+
+/// Head layout of one attention call: `q[queries][q_heads][head_dim]`, `k`/`v[keys][kv_heads][head_dim]`
+/// (grouped-query attention when `kv_heads < q_heads`).
+#[derive(Clone, Copy, Debug)]
+pub struct Heads {
+    pub q_heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+}
+
+/// A compute backend: uploads weights once, then runs ops on host activations.
+pub trait Backend: Send + Sync {
+    /// Short name shown to users ("cpu", "vulkan", …).
+    fn name(&self) -> &str;
+
+    /// `Linear`: `w[out][in]`, optional `bias[out]`.
+    fn upload_linear(
+        &self,
+        w: &[f32],
+        out_features: usize,
+        in_features: usize,
+        bias: Option<&[f32]>,
+    ) -> Weight;
+    /// `Conv1d` (groups = 1): `w[cout][cin][k]`, optional `bias[cout]`.
+    fn upload_conv1d(
+        &self,
+        w: &[f32],
+        cout: usize,
+        cin: usize,
+        k: usize,
+        bias: Option<&[f32]>,
+    ) -> Weight;
+    /// Depthwise `Conv1d` (groups = channels): `w[c][1][k]`, optional `bias[c]`.
+    fn upload_depthwise_conv1d(
+        &self,
+        w: &[f32],
+        channels: usize,
+        k: usize,
+        bias: Option<&[f32]>,
+    ) -> Weight;
+    /// `ConvTranspose1d`: `w[cin][cout][k]`, `stride`. The bias stays with the caller (see
+    /// [`Backend::conv_transpose1d`]).
+    fn upload_conv_transpose1d(
+        &self,
+        w: &[f32],
+        cin: usize,
+        cout: usize,
+        k: usize,
+        stride: usize,
+    ) -> Weight;
+
+    /// `y[rows][out] = x[rows][in] · wᵀ + bias`.
+    fn linear(&self, w: &Weight, x: &[f32], rows: usize, y: &mut [f32]);
+    /// Valid (unpadded) dilated convolution: `x[cin][len]` → `y[cout][len - (k-1)·dilation]`, bias added.
+    /// Callers pad on the left (causal) or pass the previous chunk's tail (streaming).
+    fn conv1d(&self, w: &Weight, x: &[f32], len: usize, dilation: usize, y: &mut [f32]);
+    /// Valid depthwise convolution, dilation 1: `x[c][len]` → `y[c][len - (k-1)]`, bias added.
+    fn depthwise_conv1d(&self, w: &Weight, x: &[f32], len: usize, y: &mut [f32]);
+    /// Full transposed convolution without bias: `x[cin][len]` → `y[cout][(len-1)·stride + k]` (overwritten).
+    /// Without the bias the overlapping tail can be carried to the next chunk and summed.
+    fn conv_transpose1d(&self, w: &Weight, x: &[f32], len: usize, y: &mut [f32]);
+
+    /// In-place RMSNorm of each `dim`-wide row: `x · rsqrt(mean(x²) + eps) · weight`.
+    fn rms_norm(&self, x: &mut [f32], dim: usize, weight: &[f32], eps: f32);
+    /// In-place LayerNorm of each `dim`-wide row (biased variance), with affine `weight`, `bias`.
+    fn layer_norm(&self, x: &mut [f32], dim: usize, weight: &[f32], bias: &[f32], eps: f32);
+    /// In-place rotary embedding, split-half ("NeoX") pairing, on `x[rows][heads][head_dim]` where row `r` is at
+    /// position `start_pos + r`.
+    fn rope(&self, x: &mut [f32], heads: usize, head_dim: usize, start_pos: usize, theta: f32);
+    /// Causal softmax attention with scale `scale`; writes `out[queries][q_heads][head_dim]`.
+    #[allow(clippy::too_many_arguments)]
+    fn attention(
+        &self,
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        heads: Heads,
+        span: AttentionSpan,
+        scale: f32,
+        out: &mut [f32],
+    );
+
+    /// In-place SnakeBeta on `x[channels][len]`: `x + inv_beta[c] · sin(alpha[c] · x)²`, with `alpha` and
+    /// `inv_beta` already exponentiated / inverted by the caller.
+    fn snake_beta(&self, x: &mut [f32], len: usize, alpha: &[f32], inv_beta: &[f32]);
+    /// In-place exact (erf) GELU.
+    fn gelu(&self, x: &mut [f32]);
+    /// In-place `gate = silu(gate) · up` (the SwiGLU product).
+    fn silu_mul(&self, gate: &mut [f32], up: &[f32]);
+}

@@ -1,0 +1,161 @@
+//! Kazeia's CPU backend: the reference implementation of every op in `kazeia-backend-abi`.
+
+mod activations;
+mod attention;
+mod conv;
+mod gemm_call;
+mod linear;
+mod norms;
+
+use kazeia_backend_abi::{AttentionSpan, Backend, Heads, Weight};
+
+pub use conv::{ConvTransposeWeight, ConvWeight, DepthwiseWeight};
+pub use linear::LinearWeight;
+
+/// The CPU backend: a fixed-size thread pool that every op runs in.
+pub struct CpuBackend {
+    pool: rayon::ThreadPool,
+    threads: usize,
+}
+
+impl CpuBackend {
+    /// A backend running its ops on `threads` worker threads (at least one).
+    pub fn new(threads: usize) -> Self {
+        let threads = threads.max(1);
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .thread_name(|i| format!("kazeia-cpu-{i}"))
+            .build()
+            .expect("cannot start the CPU backend's worker threads");
+        CpuBackend { pool, threads }
+    }
+
+    pub fn threads(&self) -> usize {
+        self.threads
+    }
+
+    fn parallelism(&self) -> gemm::Parallelism {
+        if self.threads > 1 {
+            gemm::Parallelism::Rayon(self.threads)
+        } else {
+            gemm::Parallelism::None
+        }
+    }
+}
+
+fn expect<'a, T: 'static>(w: &'a Weight, what: &str) -> &'a T {
+    w.downcast::<T>().unwrap_or_else(|| {
+        panic!("the CPU backend was handed a {what} weight made by another backend")
+    })
+}
+
+impl Backend for CpuBackend {
+    fn name(&self) -> &str {
+        "cpu"
+    }
+
+    fn upload_linear(
+        &self,
+        w: &[f32],
+        out_features: usize,
+        in_features: usize,
+        bias: Option<&[f32]>,
+    ) -> Weight {
+        Weight::new(LinearWeight::new(w, out_features, in_features, bias))
+    }
+
+    fn upload_conv1d(
+        &self,
+        w: &[f32],
+        cout: usize,
+        cin: usize,
+        k: usize,
+        bias: Option<&[f32]>,
+    ) -> Weight {
+        Weight::new(ConvWeight::new(w, cout, cin, k, bias))
+    }
+
+    fn upload_depthwise_conv1d(
+        &self,
+        w: &[f32],
+        channels: usize,
+        k: usize,
+        bias: Option<&[f32]>,
+    ) -> Weight {
+        Weight::new(DepthwiseWeight::new(w, channels, k, bias))
+    }
+
+    fn upload_conv_transpose1d(
+        &self,
+        w: &[f32],
+        cin: usize,
+        cout: usize,
+        k: usize,
+        stride: usize,
+    ) -> Weight {
+        Weight::new(ConvTransposeWeight::new(w, cin, cout, k, stride))
+    }
+
+    fn linear(&self, w: &Weight, x: &[f32], rows: usize, y: &mut [f32]) {
+        let w = expect::<LinearWeight>(w, "linear");
+        let par = self.parallelism();
+        self.pool.install(|| w.forward(x, rows, y, par));
+    }
+
+    fn conv1d(&self, w: &Weight, x: &[f32], len: usize, dilation: usize, y: &mut [f32]) {
+        let w = expect::<ConvWeight>(w, "conv1d");
+        let par = self.parallelism();
+        self.pool.install(|| w.forward(x, len, dilation, y, par));
+    }
+
+    fn depthwise_conv1d(&self, w: &Weight, x: &[f32], len: usize, y: &mut [f32]) {
+        let w = expect::<DepthwiseWeight>(w, "depthwise conv1d");
+        self.pool.install(|| w.forward(x, len, y));
+    }
+
+    fn conv_transpose1d(&self, w: &Weight, x: &[f32], len: usize, y: &mut [f32]) {
+        let w = expect::<ConvTransposeWeight>(w, "transposed conv1d");
+        let par = self.parallelism();
+        self.pool.install(|| w.forward(x, len, y, par));
+    }
+
+    fn rms_norm(&self, x: &mut [f32], dim: usize, weight: &[f32], eps: f32) {
+        self.pool.install(|| norms::rms_norm(x, dim, weight, eps));
+    }
+
+    fn layer_norm(&self, x: &mut [f32], dim: usize, weight: &[f32], bias: &[f32], eps: f32) {
+        self.pool
+            .install(|| norms::layer_norm(x, dim, weight, bias, eps));
+    }
+
+    fn rope(&self, x: &mut [f32], heads: usize, head_dim: usize, start_pos: usize, theta: f32) {
+        attention::rope(x, heads, head_dim, start_pos, theta);
+    }
+
+    fn attention(
+        &self,
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        heads: Heads,
+        span: AttentionSpan,
+        scale: f32,
+        out: &mut [f32],
+    ) {
+        self.pool
+            .install(|| attention::attention(q, k, v, heads, span, scale, out));
+    }
+
+    fn snake_beta(&self, x: &mut [f32], len: usize, alpha: &[f32], inv_beta: &[f32]) {
+        self.pool
+            .install(|| activations::snake_beta(x, len, alpha, inv_beta));
+    }
+
+    fn gelu(&self, x: &mut [f32]) {
+        self.pool.install(|| activations::gelu(x));
+    }
+
+    fn silu_mul(&self, gate: &mut [f32], up: &[f32]) {
+        self.pool.install(|| activations::silu_mul(gate, up));
+    }
+}

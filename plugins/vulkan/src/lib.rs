@@ -1,0 +1,1 @@
+//! Kazeia Vulkan backend plugin: not yet implemented (see README.md).
