@@ -1,5 +1,6 @@
 //! `kazeia`: the command line of the Kazeia speech engine.
 
+mod bench;
 mod decode;
 
 use std::process::ExitCode;
@@ -21,12 +22,15 @@ struct Cli {
 enum Command {
     /// Decode codec codes (JSON) to a WAV file with the model's 12 Hz codec decoder.
     Decode(decode::DecodeArgs),
+    /// Time each stage on real-size random weights or on a model directory.
+    Bench(bench::BenchArgs),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Decode(args) => decode::run(args),
+        Command::Bench(args) => bench::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -4,11 +4,8 @@ use std::path::PathBuf;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("cannot read {path}: {source}")]
-    Io {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    #[error("cannot read {path}: {io}")]
+    Io { path: PathBuf, io: std::io::Error },
     #[error("invalid config {path}: {message}")]
     Config { path: PathBuf, message: String },
     #[error("invalid weights file {path}: {message}")]
@@ -20,10 +17,10 @@ pub enum Error {
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
-    pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+    pub fn io(path: impl Into<PathBuf>, io: std::io::Error) -> Self {
         Error::Io {
             path: path.into(),
-            source,
+            io,
         }
     }
 }

@@ -6,6 +6,7 @@
 pub mod codec;
 pub mod codes;
 pub mod error;
+pub mod random_weights;
 pub mod wav;
 pub mod weights;
 

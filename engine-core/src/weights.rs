@@ -8,6 +8,19 @@ use safetensors::{Dtype, SafeTensors};
 
 use crate::error::{Error, Result};
 
+/// Where model code gets its tensors: a released `safetensors` file, or generated random weights of the real
+/// shapes for benchmarks.
+pub trait Weights {
+    /// Tensor `name` as `f32`, checked to have `shape`.
+    fn tensor_shaped(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>>;
+}
+
+impl Weights for WeightFile {
+    fn tensor_shaped(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
+        WeightFile::tensor_shaped(self, name, shape)
+    }
+}
+
 /// One tensor converted to `f32`, with its shape.
 #[derive(Clone, Debug)]
 pub struct Tensor {

@@ -6,7 +6,7 @@ use kazeia_backend_abi::Backend;
 use super::config::DecoderConfig;
 use super::conv::{CausalConv1d, CausalConvTranspose1d, SnakeBeta};
 use crate::error::Result;
-use crate::weights::WeightFile;
+use crate::weights::Weights;
 
 /// SnakeBeta → dilated causal conv k7 → SnakeBeta → conv k1 → + residual.
 struct ResidualUnit {
@@ -19,7 +19,7 @@ struct ResidualUnit {
 impl ResidualUnit {
     fn load(
         backend: &dyn Backend,
-        file: &WeightFile,
+        file: &dyn Weights,
         prefix: &str,
         dim: usize,
         dilation: usize,
@@ -59,7 +59,7 @@ struct DecoderBlock {
 impl DecoderBlock {
     fn load(
         backend: &dyn Backend,
-        file: &WeightFile,
+        file: &dyn Weights,
         prefix: &str,
         (cin, cout): (usize, usize),
         rate: usize,
@@ -105,7 +105,7 @@ pub struct Vocoder {
 impl Vocoder {
     pub fn load(
         backend: &dyn Backend,
-        file: &WeightFile,
+        file: &dyn Weights,
         prefix: &str,
         cfg: &DecoderConfig,
     ) -> Result<Self> {

@@ -108,10 +108,23 @@ mod defaults {
     }
 }
 
+/// The decoder section of the released `Qwen3-TTS-Tokenizer-12Hz` config (shared by the 0.6B and 1.7B models),
+/// for benchmarks on random weights of the real shapes.
+const RELEASED: &str = include_str!("../released/speech_tokenizer_config.json");
+
 impl CodecConfig {
+    pub fn released() -> Self {
+        Self::parse(RELEASED, Path::new("released/speech_tokenizer_config.json"))
+            .expect("built-in config is valid")
+    }
+
     pub fn load(path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
-        let config: CodecConfig = serde_json::from_str(&text).map_err(|e| Error::Config {
+        Self::parse(&text, path)
+    }
+
+    fn parse(text: &str, path: &Path) -> Result<Self> {
+        let config: CodecConfig = serde_json::from_str(text).map_err(|e| Error::Config {
             path: path.to_owned(),
             message: e.to_string(),
         })?;
@@ -167,13 +180,16 @@ impl DecoderConfig {
                 "decoder_config.num_quantizers must be at least 2 (1 semantic + acoustic)".into(),
             );
         }
-        if self.codebook_dim < 2 || self.codebook_dim % 2 != 0 {
+        if self.codebook_dim < 2 || !self.codebook_dim.is_multiple_of(2) {
             return Err("decoder_config.codebook_dim must be even and positive".into());
         }
-        if self.num_attention_heads % self.num_key_value_heads != 0 {
+        if !self
+            .num_attention_heads
+            .is_multiple_of(self.num_key_value_heads)
+        {
             return Err("num_attention_heads must be a multiple of num_key_value_heads".into());
         }
-        if self.head_dim() % 2 != 0 {
+        if !self.head_dim().is_multiple_of(2) {
             return Err("head_dim must be even for rotary embeddings".into());
         }
         if self.sliding_window == Some(0) {
@@ -193,7 +209,9 @@ impl DecoderConfig {
             return Err("upsample_rates must not be empty".into());
         }
         if self.decoder_dim >> self.upsample_rates.len() == 0
-            || self.decoder_dim % (1 << self.upsample_rates.len()) != 0
+            || !self
+                .decoder_dim
+                .is_multiple_of(1 << self.upsample_rates.len())
         {
             return Err(format!(
                 "decoder_dim {} must be divisible by 2^{} (one halving per decoder block)",

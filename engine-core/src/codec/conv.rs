@@ -5,7 +5,7 @@
 use kazeia_backend_abi::{Backend, Weight};
 
 use crate::error::Result;
-use crate::weights::WeightFile;
+use crate::weights::Weights;
 
 /// Prepends `pad` zero columns to each channel of `x[channels][len]`.
 pub fn left_pad(x: &[f32], channels: usize, len: usize, pad: usize) -> Vec<f32> {
@@ -28,7 +28,7 @@ pub struct CausalConv1d {
 impl CausalConv1d {
     pub fn load(
         backend: &dyn Backend,
-        file: &WeightFile,
+        file: &dyn Weights,
         prefix: &str,
         (cin, cout, k): (usize, usize, usize),
         dilation: usize,
@@ -68,7 +68,7 @@ pub struct CausalDepthwiseConv1d {
 impl CausalDepthwiseConv1d {
     pub fn load(
         backend: &dyn Backend,
-        file: &WeightFile,
+        file: &dyn Weights,
         prefix: &str,
         channels: usize,
         k: usize,
@@ -103,7 +103,7 @@ pub struct CausalConvTranspose1d {
 impl CausalConvTranspose1d {
     pub fn load(
         backend: &dyn Backend,
-        file: &WeightFile,
+        file: &dyn Weights,
         prefix: &str,
         (cin, cout, k): (usize, usize, usize),
         stride: usize,
@@ -146,7 +146,7 @@ pub struct SnakeBeta {
 }
 
 impl SnakeBeta {
-    pub fn load(file: &WeightFile, prefix: &str, channels: usize) -> Result<Self> {
+    pub fn load(file: &dyn Weights, prefix: &str, channels: usize) -> Result<Self> {
         let alpha = file.tensor_shaped(&format!("{prefix}.alpha"), &[channels])?;
         let beta = file.tensor_shaped(&format!("{prefix}.beta"), &[channels])?;
         Ok(SnakeBeta {

@@ -19,7 +19,7 @@ pub use config::{CodecConfig, DecoderConfig};
 use conv::{transpose, CausalConv1d};
 
 use crate::error::{Error, Result};
-use crate::weights::WeightFile;
+use crate::weights::{WeightFile, Weights};
 
 /// Frames per chunk and left-context frames of the official `chunked_decode`.
 pub const OFFICIAL_CHUNK_FRAMES: usize = 300;
@@ -41,8 +41,13 @@ impl CodecDecoder {
     pub fn load(dir: &Path, backend: Arc<dyn Backend>) -> Result<Self> {
         let dir = if dir.join("speech_tokenizer").is_dir() {
             dir.join("speech_tokenizer")
-        } else {
+        } else if dir.join("config.json").is_file() && dir.join("model.safetensors").is_file() {
             dir.to_owned()
+        } else {
+            return Err(Error::Input(format!(
+                "{} holds no speech_tokenizer/ directory (expected the released model layout)",
+                dir.display()
+            )));
         };
         let config = CodecConfig::load(&dir.join("config.json"))?;
         let file = WeightFile::open(&dir.join("model.safetensors"))?;
@@ -51,7 +56,7 @@ impl CodecDecoder {
 
     pub fn from_parts(
         config: CodecConfig,
-        file: &WeightFile,
+        file: &dyn Weights,
         backend: Arc<dyn Backend>,
     ) -> Result<Self> {
         let cfg = &config.decoder_config;

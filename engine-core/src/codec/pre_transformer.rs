@@ -5,7 +5,7 @@ use kazeia_backend_abi::{AttentionSpan, Backend, Heads, Weight};
 
 use super::config::DecoderConfig;
 use crate::error::Result;
-use crate::weights::WeightFile;
+use crate::weights::Weights;
 
 struct Layer {
     input_norm: Vec<f32>,
@@ -37,7 +37,7 @@ pub struct PreTransformer {
 
 fn linear(
     backend: &dyn Backend,
-    file: &WeightFile,
+    file: &dyn Weights,
     name: &str,
     (out, inp): (usize, usize),
     bias: bool,
@@ -54,7 +54,7 @@ fn linear(
 impl PreTransformer {
     pub fn load(
         backend: &dyn Backend,
-        file: &WeightFile,
+        file: &dyn Weights,
         prefix: &str,
         cfg: &DecoderConfig,
     ) -> Result<Self> {

@@ -5,7 +5,7 @@ use kazeia_backend_abi::{Backend, Weight};
 
 use super::config::DecoderConfig;
 use crate::error::Result;
-use crate::weights::WeightFile;
+use crate::weights::Weights;
 
 struct Group {
     /// Per codebook, `embedding_sum / max(cluster_usage, 1e-5)`: `[codebook_size][dim]`.
@@ -25,7 +25,7 @@ pub struct Quantizer {
 impl Group {
     fn load(
         backend: &dyn Backend,
-        file: &WeightFile,
+        file: &dyn Weights,
         prefix: &str,
         count: usize,
         cfg: &DecoderConfig,
@@ -58,7 +58,7 @@ impl Group {
 impl Quantizer {
     pub fn load(
         backend: &dyn Backend,
-        file: &WeightFile,
+        file: &dyn Weights,
         prefix: &str,
         cfg: &DecoderConfig,
     ) -> Result<Self> {

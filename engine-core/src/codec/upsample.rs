@@ -5,7 +5,7 @@ use kazeia_backend_abi::{Backend, Weight};
 
 use super::conv::{transpose, CausalConvTranspose1d, CausalDepthwiseConv1d};
 use crate::error::Result;
-use crate::weights::WeightFile;
+use crate::weights::Weights;
 
 /// ConvNeXt block: depthwise causal conv k7 → LayerNorm over channels → Linear ×4 → GELU → Linear → ×γ →
 /// + residual.
@@ -20,7 +20,7 @@ struct ConvNeXt {
 }
 
 impl ConvNeXt {
-    fn load(backend: &dyn Backend, file: &WeightFile, prefix: &str, dim: usize) -> Result<Self> {
+    fn load(backend: &dyn Backend, file: &dyn Weights, prefix: &str, dim: usize) -> Result<Self> {
         let t =
             |name: &str, shape: &[usize]| file.tensor_shaped(&format!("{prefix}.{name}"), shape);
         let w1 = t("pwconv1.weight", &[4 * dim, dim])?;
@@ -70,7 +70,7 @@ pub struct UpsampleStage {
 impl UpsampleStage {
     pub fn load(
         backend: &dyn Backend,
-        file: &WeightFile,
+        file: &dyn Weights,
         prefix: &str,
         dim: usize,
         factor: usize,
