@@ -17,6 +17,13 @@ Usage:
     ~/qwen-ref/bin/python tools/make_fixtures.py                # all committed fixtures into tests/fixtures/
     ~/qwen-ref/bin/python tools/make_fixtures.py --codec-case NAME --seed 7 --out /tmp/fx   # one case, other seed
 
+LM fixtures (`tests/fixtures/lm/<case>/`) are tiny CustomVoice models in the released layout (config.json,
+generation_config.json, BF16 model.safetensors, a small tokenizer cut from the real Qwen2 vocabulary, and a tiny
+speech_tokenizer/), with `golden.json` (per run: text, template ids, speaker, language, instruct, mode, greedy
+codes) and `golden.safetensors` (first run's prefill embeddings and hidden states, first-frame talker logits and
+code-predictor logits, and the decoded waveform). The real vocabulary comes from `tools/qwen_vocab.py`
+(tests/fixtures/qwen2-tokenizer/), which also gets `cases.json`: Python Qwen2Tokenizer ids for tricky strings.
+
 Codec fixture layout (`tests/fixtures/codec/<case>/`):
     speech_tokenizer/config.json        released layout (top-level codec config with `decoder_config`)
     speech_tokenizer/model.safetensors  `decoder.*` tensors (F32, or F16/BF16 for the dtype cases)
@@ -38,6 +45,8 @@ from safetensors.torch import save_file
 
 from qwen_tts.core.tokenizer_12hz.configuration_qwen3_tts_tokenizer_v2 import Qwen3TTSTokenizerV2Config
 from qwen_tts.core.tokenizer_12hz.modeling_qwen3_tts_tokenizer_v2 import Qwen3TTSTokenizerV2Decoder
+from qwen_tts.core.models.configuration_qwen3_tts import Qwen3TTSConfig
+from qwen_tts.core.models.modeling_qwen3_tts import Qwen3TTSForConditionalGeneration
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -134,7 +143,9 @@ def run_stages(dec, codes):
     return stages
 
 
-def make_codec_case(name, case, out_root, seed=None):
+def make_codec_case(name, case, out_root, seed=None, codes=None, out=None):
+    """Builds one tiny decoder and its goldens; returns the stages. With `out` given, only the model is written
+    there (`speech_tokenizer/`), for the LM fixtures, decoding the given `codes` ([frame][quantizer])."""
     seed = case["seed"] if seed is None else seed
     gen = torch.Generator().manual_seed(seed)
     cfg = dict(case["config"])
@@ -152,7 +163,10 @@ def make_codec_case(name, case, out_root, seed=None):
             p.copy_(p.to(dtype).to(torch.float32))
 
     frames = case["frames"]
-    codes = torch.randint(0, cfg["codebook_size"], (1, cfg["num_quantizers"], frames), generator=gen)
+    if codes is None:
+        codes = torch.randint(0, cfg["codebook_size"], (1, cfg["num_quantizers"], frames), generator=gen)
+    else:
+        codes = torch.tensor(codes).T.unsqueeze(0)
     with torch.no_grad():
         stages = run_stages(dec, codes)
         # Keep the signal below the clamp: rescale the final conv so the peak is 0.8.
@@ -169,12 +183,15 @@ def make_codec_case(name, case, out_root, seed=None):
         if frames > 300:
             stages["wav_official_chunked"] = dec.chunked_decode(codes)
 
-    out = os.path.join(out_root, "codec", name)
+    model_only = out is not None
+    out = out or os.path.join(out_root, "codec", name)
     st_dir = os.path.join(out, "speech_tokenizer")
     os.makedirs(st_dir, exist_ok=True)
     top.to_json_file(os.path.join(st_dir, "config.json"))
     tensors = {f"decoder.{k}": v.detach().to(dtype).contiguous() for k, v in dec.state_dict().items()}
     save_file(tensors, os.path.join(st_dir, "model.safetensors"))
+    if model_only:
+        return stages
     with open(os.path.join(out, "codes.json"), "w") as f:
         rows = codes[0].T.tolist()
         f.write('{"codes": [\n  ' + ",\n  ".join(json.dumps(r) for r in rows) + "\n]}\n")
@@ -182,6 +199,270 @@ def make_codec_case(name, case, out_root, seed=None):
     save_file(golden, os.path.join(out, "golden.safetensors"))
     peak = golden["wav"].abs().max().item()
     print(f"codec/{name}: {frames} frames, {golden['wav'].shape[-1]} samples, peak {peak:.3f}, weights {case['dtype']}")
+    return stages
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Tokenizer fixtures
+
+QWEN2_DIR = os.path.join(REPO, "tests", "fixtures", "qwen2-tokenizer")
+
+TOKENIZER_CASES = [
+    "Hello world", "Hello world.", " leading space", "  two leading spaces", "\nleading newline",
+    "trailing space ", "MiXeD CaSe and camelCase HelloWorld iPhone", "Numbers 1234567 and 3.14159, 1e-9",
+    "Punctuation!?... (brackets) [x] {y} \"quotes\" 'single' — dash – en-dash", "don't can't I'm we'll they've",
+    "Accents: café, naïve, Ærøskøbing, déjà vu, Straße", "Decomposed: cafe\u0301 e\u0301te\u0301",
+    "CJK: 你好，世界。今天天气很好。日本語のテキスト。한국어 문장.", "Emoji 😀👍🏽 👨‍👩‍👧 ❤️", "Tabs\tand\nnewlines\r\nmixed\n\n\n",
+    "Über-long-word-with-hyphens-and_underscores_and.dots", "URL https://example.org/a?b=c&d=e#f",
+    "<|im_start|>assistant\nSpecial tokens inline<|im_end|>\n", "   ", "", "a", "Ωμέγα русский текст العربية",
+    "$100.00 — 50% off!!! #hashtag @mention", "line1\n  indented line2\n\tTabbed",
+]
+
+
+def make_tokenizer_cases():
+    from transformers import Qwen2Tokenizer
+
+    tok = Qwen2Tokenizer.from_pretrained(QWEN2_DIR)
+    cases = [{"text": t, "ids": tok.encode(t)} for t in TOKENIZER_CASES]
+    assert tok.encode("Hello world") == [9707, 1879], "not the Qwen2 vocabulary"
+    with open(os.path.join(QWEN2_DIR, "cases.json"), "w", encoding="utf-8") as f:
+        json.dump(cases, f, ensure_ascii=False, indent=1)
+    print(f"qwen2-tokenizer: {len(cases)} cases")
+
+
+def make_tiny_tokenizer(out, words):
+    """A small byte-level BPE cut from the real Qwen2 vocabulary: the 256 byte tokens, every token the real
+    tokenizer produces for `words` with the merges that build it, renumbered densely, then the 33 specials."""
+    from transformers import Qwen2Tokenizer
+
+    real = Qwen2Tokenizer.from_pretrained(QWEN2_DIR)
+    with open(os.path.join(QWEN2_DIR, "vocab.json"), encoding="utf-8") as f:
+        vocab = json.load(f)
+    with open(os.path.join(QWEN2_DIR, "merges.txt"), encoding="utf-8") as f:
+        merges = [tuple(l.rstrip("\n").split(" ")) for l in f if not l.startswith("#version")]
+    ranks = {m: r for r, m in enumerate(merges)}
+    import regex
+
+    keep_tokens, keep_merges = set(), set()
+    for w in words:
+        for piece in regex.findall(real.pat, w):
+            # Byte-level BPE exactly as the full tokenizer runs it, keeping every merge it applies.
+            symbols = ["".join(real.byte_encoder[b] for b in ch.encode("utf-8")) for ch in piece]
+            symbols = [c for sym in symbols for c in sym]
+            while len(symbols) > 1:
+                pairs = [(ranks.get((a, b), 1 << 60), i) for i, (a, b) in enumerate(zip(symbols, symbols[1:]))]
+                rank, i = min(pairs)
+                if rank == 1 << 60:
+                    break
+                keep_merges.add(rank)
+                symbols[i:i + 2] = [symbols[i] + symbols[i + 1]]
+                keep_tokens.add(symbols[i])
+    byte_tokens = sorted((t for t, i in vocab.items() if i < 256), key=lambda t: vocab[t])
+    merged = sorted(keep_tokens, key=lambda t: vocab[t])
+    tiny = {t: i for i, t in enumerate(byte_tokens + merged)}
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "vocab.json"), "w", encoding="utf-8") as f:
+        json.dump(tiny, f, ensure_ascii=False)
+    with open(os.path.join(out, "merges.txt"), "w", encoding="utf-8") as f:
+        f.write("#version: 0.2\n")
+        for rank in sorted(keep_merges):
+            f.write(" ".join(merges[rank]) + "\n")
+    with open(os.path.join(QWEN2_DIR, "tokenizer_config.json"), encoding="utf-8") as f:
+        config = json.load(f)
+    specials = [v["content"] for _, v in sorted(config["added_tokens_decoder"].items(), key=lambda kv: int(kv[0]))]
+    base = len(tiny)
+    config["added_tokens_decoder"] = {
+        str(base + i): dict(content=s, lstrip=False, normalized=False, rstrip=False, single_word=False, special=True)
+        for i, s in enumerate(specials)
+    }
+    with open(os.path.join(out, "tokenizer_config.json"), "w", encoding="utf-8") as f:
+        json.dump(config, f, ensure_ascii=False, indent=2)
+    ids = {s: base + i for i, s in enumerate(specials)}
+    return base + len(specials), ids
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# LM (talker + code predictor) fixtures
+
+GENERATION_CONFIG = {
+    "do_sample": True, "top_k": 50, "top_p": 1.0, "temperature": 0.9, "repetition_penalty": 1.05,
+    "subtalker_dosample": True, "subtalker_top_k": 50, "subtalker_top_p": 1.0, "subtalker_temperature": 0.9,
+    "max_new_tokens": 8192,
+}
+
+LM_WORDS = ["<|im_start|>assistant\n", "<|im_end|>\n<|im_start|>user\n", "Hello world.", "The quick brown fox jumps over the lazy dog.", "Speak slowly and warmly.",
+            "Good morning, how are you today?", "assistant", "user", "你好，世界。", "12 apples cost 3 dollars!"]
+
+# cb = codebook size; the talker vocabulary is cb + 1024 so that the official suppression window
+# [vocab − 1024, vocab) holds exactly the control ids, as 2048..3071 do in the released models.
+LM_CASES = {
+    # talker hidden = code-predictor hidden (the 0.6B shape: no small_to_mtp_projection)
+    "shape_0b6": dict(seed=101, cb=128, hidden=32, cp_hidden=32, text_hidden=24, layers=2, cp_layers=2,
+                      heads=4, kv_heads=2, head_dim=8, inter=48, cp_inter=40, rope_theta=1000000.0, eos_boost=1.4),
+    # talker hidden ≠ code-predictor hidden (the 1.7B shape: small_to_mtp_projection, D-wide CP embeddings)
+    "shape_1b7": dict(seed=202, cb=96, hidden=48, cp_hidden=32, text_hidden=40, layers=3, cp_layers=2,
+                      heads=4, kv_heads=2, head_dim=12, inter=64, cp_inter=48, rope_theta=1000000.0, eos_boost=1.8),
+}
+
+LM_RUNS = [
+    dict(name="en_nonstream", text="Hello world.", speaker="ryan", language="english", instruct="",
+         non_streaming_mode=True, max_new_tokens=24),
+    dict(name="en_stream", text="Hello world.", speaker="ryan", language="english", instruct="",
+         non_streaming_mode=False, max_new_tokens=24),
+    dict(name="dialect_auto", text="你好，世界。", speaker="dylan", language="auto", instruct="",
+         non_streaming_mode=True, max_new_tokens=20),
+    dict(name="chinese_plain", text="你好，世界。", speaker="vivian", language="chinese", instruct="",
+         non_streaming_mode=False, max_new_tokens=20),
+    dict(name="instruct", text="The quick brown fox jumps over the lazy dog.", speaker="vivian",
+         language="english", instruct="Speak slowly and warmly.", non_streaming_mode=True, max_new_tokens=30),
+    dict(name="no_speaker_stream_long_text", text="Good morning, how are you today? 12 apples cost 3 dollars!",
+         speaker="", language="auto", instruct="", non_streaming_mode=False, max_new_tokens=40),
+    dict(name="one_token", text="a", speaker="ryan", language="english", instruct="", non_streaming_mode=False,
+         max_new_tokens=6),
+    dict(name="max_two", text="Hello world.", speaker="ryan", language="english", instruct="",
+         non_streaming_mode=True, max_new_tokens=2),
+]
+
+
+def lm_config(case, text_vocab, special_ids):
+    cb = case["cb"]
+    vocab = cb + 1024
+    ctrl = lambda k: cb + k  # control ids inside the suppressed window
+    talker = dict(
+        vocab_size=vocab, hidden_size=case["hidden"], intermediate_size=case["inter"],
+        num_hidden_layers=case["layers"], num_attention_heads=case["heads"], num_key_value_heads=case["kv_heads"],
+        head_dim=case["head_dim"], hidden_act="silu", max_position_embeddings=4096, rms_norm_eps=1e-6,
+        rope_theta=case["rope_theta"], attention_bias=False, num_code_groups=16,
+        rope_scaling={"rope_type": "default", "mrope_section": [case["head_dim"] // 4, case["head_dim"] // 8,
+                                                                 case["head_dim"] // 2 - case["head_dim"] // 4 - case["head_dim"] // 8],
+                      "interleaved": True},
+        text_hidden_size=case["text_hidden"], text_vocab_size=text_vocab,
+        codec_pad_id=ctrl(100), codec_bos_id=ctrl(101), codec_eos_token_id=ctrl(102), codec_think_id=ctrl(106),
+        codec_nothink_id=ctrl(107), codec_think_bos_id=ctrl(108), codec_think_eos_id=ctrl(109),
+        codec_language_id={"english": ctrl(2), "german": ctrl(5), "chinese": ctrl(7), "japanese": ctrl(10),
+                           "sichuan_dialect": ctrl(14), "beijing_dialect": ctrl(26)},
+        spk_id={"ryan": ctrl(900), "vivian": ctrl(904), "eric": ctrl(714), "dylan": ctrl(717)},
+        spk_is_dialect={"ryan": False, "vivian": False, "eric": "sichuan_dialect", "dylan": "beijing_dialect"},
+        code_predictor_config=dict(
+            vocab_size=cb, hidden_size=case["cp_hidden"], intermediate_size=case["cp_inter"],
+            num_hidden_layers=case["cp_layers"], num_attention_heads=case["heads"],
+            num_key_value_heads=case["kv_heads"], head_dim=case["head_dim"], hidden_act="silu",
+            max_position_embeddings=65536, rms_norm_eps=1e-6, rope_theta=case["rope_theta"], num_code_groups=16,
+        ),
+    )
+    config = Qwen3TTSConfig(
+        talker_config=talker, tts_model_type="custom_voice", tts_model_size="1b7",
+        tokenizer_type="qwen3_tts_tokenizer_12hz", im_start_token_id=special_ids["<|im_start|>"],
+        im_end_token_id=special_ids["<|im_end|>"], tts_pad_token_id=special_ids["<tts_pad>"],
+        tts_bos_token_id=special_ids["<tts_text_bos>"], tts_eos_token_id=special_ids["<tts_text_eod>"],
+    )
+    config._attn_implementation = "eager"
+    return config
+
+
+def reinit_lm(model, gen):
+    for name, p in model.named_parameters():
+        shape = tuple(p.shape)
+        leaf = name.rsplit(".", 1)[-1]
+        if "embedding" in name:
+            v = torch.randn(shape, generator=gen)
+        elif leaf == "bias":
+            v = 0.05 * torch.randn(shape, generator=gen)
+        elif len(shape) == 1:  # RMSNorm weights, including the per-head q/k norms
+            v = 1.0 + 0.1 * torch.randn(shape, generator=gen)
+        else:
+            v = torch.randn(shape, generator=gen) / math.sqrt(shape[1])
+        with torch.no_grad():
+            p.copy_(v.to(torch.bfloat16).to(torch.float32))  # released checkpoints are BF16
+
+
+class Capture:
+    """Forward hooks that keep the first call's tensors of interest."""
+
+    def __init__(self, model):
+        self.t = {}
+        self.cp_logits = []
+        talker = model.talker
+
+        def on_talker_model(mod, args, kwargs, out):
+            emb = kwargs.get("inputs_embeds")
+            if "prefill_embeds" not in self.t and emb is not None and emb.shape[1] > 1:
+                self.t["prefill_embeds"] = emb[0].detach().clone()
+                self.t["prefill_hidden"] = out.last_hidden_state[0].detach().clone()
+
+        def on_codec_head(mod, args, out):
+            if "first_logits" not in self.t:
+                self.t["first_logits"] = out[0, -1].detach().clone()
+
+        self.handles = [talker.model.register_forward_hook(on_talker_model, with_kwargs=True),
+                        talker.codec_head.register_forward_hook(on_codec_head)]
+        for j, head in enumerate(talker.code_predictor.lm_head):
+            self.handles.append(head.register_forward_hook(
+                lambda mod, args, out, j=j: self.cp_logits.append((j, out[0, -1].detach().clone()))))
+
+    def tensors(self):
+        n = len(self.cp_logits)
+        first = [logits for (j, logits) in self.cp_logits[:15]]
+        assert [j for j, _ in self.cp_logits[:15]] == list(range(15)), "unexpected code-predictor call order"
+        out = dict(self.t)
+        out["cp_logits_frame0"] = torch.stack(first)
+        return out
+
+
+def make_lm_case(name, case, out_root, seed=None):
+    from transformers import Qwen2Tokenizer
+
+    seed = case["seed"] if seed is None else seed
+    out = os.path.join(out_root, "lm", name)
+    text_vocab, special_ids = make_tiny_tokenizer(out, LM_WORDS)
+    tok = Qwen2Tokenizer.from_pretrained(out)
+    config = lm_config(case, text_vocab, special_ids)
+    gen = torch.Generator().manual_seed(seed)
+    model = Qwen3TTSForConditionalGeneration(config).eval()
+    reinit_lm(model, gen)
+    # Make stopping reachable: a stronger EOS row in the codec head lets some runs end on EOS before their
+    # max_new_tokens, so both ways of ending are covered.
+    with torch.no_grad():
+        eos = config.talker_config.codec_eos_token_id
+        head = model.talker.codec_head.weight
+        head[eos] = (head[eos] * case["eos_boost"]).to(torch.bfloat16).to(torch.float32)
+
+    runs, golden = [], {}
+    for i, run in enumerate(LM_RUNS):
+        input_ids = tok(f"<|im_start|>assistant\n{run['text']}<|im_end|>\n<|im_start|>assistant\n")["input_ids"]
+        instruct_ids = (tok(f"<|im_start|>user\n{run['instruct']}<|im_end|>\n")["input_ids"]
+                        if run["instruct"] else None)
+        capture = Capture(model) if i == 0 else None
+        with torch.no_grad():
+            codes_list, _ = model.generate(
+                input_ids=[torch.tensor([input_ids])],
+                instruct_ids=[torch.tensor([instruct_ids]) if instruct_ids else None],
+                languages=[run["language"]], speakers=[run["speaker"] or None],
+                non_streaming_mode=run["non_streaming_mode"], max_new_tokens=run["max_new_tokens"],
+                do_sample=False, subtalker_dosample=False,
+            )
+        if capture:
+            golden = capture.tensors()
+            for h in capture.handles:
+                h.remove()
+        codes = codes_list[0].tolist()
+        runs.append(dict(run, input_ids=input_ids, instruct_ids=instruct_ids, codes=codes))
+        print(f"lm/{name}/{run['name']}: {len(input_ids)} ids, {len(codes)} frames")
+
+    # A tiny codec that can decode these codes, for text → waveform tests.
+    codec_case = dict(seed=seed + 1, frames=len(runs[0]["codes"]), dtype="f32",
+                      config=dict(CODEC_CASES["window"]["config"], codebook_size=case["cb"], num_quantizers=16))
+    stages = make_codec_case(name, codec_case, out_root, codes=runs[0]["codes"], out=out)
+    golden["wav_en_nonstream"] = stages["wav"][0, 0]
+
+    config.to_json_file(os.path.join(out, "config.json"))
+    with open(os.path.join(out, "generation_config.json"), "w") as f:
+        json.dump(GENERATION_CONFIG, f, indent=2)
+    tensors = {k: v.detach().to(torch.bfloat16).contiguous() for k, v in model.state_dict().items()}
+    save_file(tensors, os.path.join(out, "model.safetensors"))
+    with open(os.path.join(out, "golden.json"), "w", encoding="utf-8") as f:
+        json.dump({"runs": runs}, f, ensure_ascii=False, indent=1)
+    save_file({k: v.float().contiguous() for k, v in golden.items()}, os.path.join(out, "golden.safetensors"))
 
 
 def main():
@@ -189,14 +470,24 @@ def main():
     ap.add_argument("--out", default=os.path.join(REPO, "tests", "fixtures"))
     ap.add_argument("--codec-case", action="append", help="only this codec case (repeatable)")
     ap.add_argument("--seed", type=int, help="override the case's seed")
+    ap.add_argument("--lm-case", action="append", help="only this LM case (repeatable)")
+    ap.add_argument("--skip", action="append", default=[], choices=["codec", "lm", "tokenizer"])
     args = ap.parse_args()
 
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
-    for name, case in CODEC_CASES.items():
-        if args.codec_case and name not in args.codec_case:
-            continue
-        make_codec_case(name, case, args.out, args.seed)
+    if "tokenizer" not in args.skip:
+        make_tokenizer_cases()
+    if "codec" not in args.skip:
+        for name, case in CODEC_CASES.items():
+            if args.codec_case and name not in args.codec_case:
+                continue
+            make_codec_case(name, case, args.out, args.seed)
+    if "lm" not in args.skip:
+        for name, case in LM_CASES.items():
+            if args.lm_case and name not in args.lm_case:
+                continue
+            make_lm_case(name, case, args.out, args.seed)
 
 
 if __name__ == "__main__":
