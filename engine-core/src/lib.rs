@@ -6,7 +6,9 @@
 pub mod codec;
 pub mod codes;
 pub mod error;
+pub mod lm;
 pub mod random_weights;
+pub mod tokenizer;
 pub mod wav;
 pub mod weights;
 

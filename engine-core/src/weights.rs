@@ -1,6 +1,7 @@
 //! Memory-mapped `safetensors` files with tensors read as `f32` (F32, F16 and BF16 are accepted).
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use memmap2::Mmap;
 use safetensors::tensor::Metadata;
@@ -13,11 +14,137 @@ use crate::error::{Error, Result};
 pub trait Weights {
     /// Tensor `name` as `f32`, checked to have `shape`.
     fn tensor_shaped(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>>;
+
+    /// A `[rows, cols]` table whose rows are read on demand (the 151936-row text embedding would take 1.2 GB
+    /// as `f32`; a prompt needs a few dozen rows of it).
+    fn embedding_table(&self, name: &str, rows: usize, cols: usize) -> Result<EmbeddingTable> {
+        Ok(EmbeddingTable::Dense {
+            data: self.tensor_shaped(name, &[rows, cols])?,
+            rows,
+            cols,
+        })
+    }
 }
 
 impl Weights for WeightFile {
     fn tensor_shaped(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
         WeightFile::tensor_shaped(self, name, shape)
+    }
+
+    fn embedding_table(&self, name: &str, rows: usize, cols: usize) -> Result<EmbeddingTable> {
+        let info = self
+            .metadata
+            .info(name)
+            .ok_or_else(|| self.error(format!("missing tensor `{name}`")))?;
+        if info.shape != [rows, cols] {
+            return Err(self.error(format!(
+                "tensor `{name}` has shape {:?}; the config implies {:?}",
+                info.shape,
+                [rows, cols]
+            )));
+        }
+        let element = match info.dtype {
+            Dtype::F32 => ElementType::F32,
+            Dtype::F16 => ElementType::F16,
+            Dtype::BF16 => ElementType::BF16,
+            other => {
+                return Err(self.error(format!("tensor `{name}` has unsupported dtype {other:?}")))
+            }
+        };
+        Ok(EmbeddingTable::Mapped {
+            mmap: self.mmap.clone(),
+            offset: self.data_start + info.data_offsets.0,
+            element,
+            rows,
+            cols,
+        })
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+pub enum ElementType {
+    F32,
+    F16,
+    BF16,
+}
+
+impl ElementType {
+    fn size(self) -> usize {
+        match self {
+            ElementType::F32 => 4,
+            _ => 2,
+        }
+    }
+}
+
+fn convert(element: ElementType, bytes: &[u8], out: &mut Vec<f32>) {
+    match element {
+        ElementType::F32 => out.extend(
+            bytes
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+        ),
+        ElementType::F16 => out.extend(
+            bytes
+                .chunks_exact(2)
+                .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32()),
+        ),
+        ElementType::BF16 => out.extend(
+            bytes
+                .chunks_exact(2)
+                .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32()),
+        ),
+    }
+}
+
+/// An embedding table: converted in memory, or rows read from the mapped file when asked for.
+pub enum EmbeddingTable {
+    Dense {
+        data: Vec<f32>,
+        rows: usize,
+        cols: usize,
+    },
+    Mapped {
+        mmap: Arc<Mmap>,
+        offset: usize,
+        element: ElementType,
+        rows: usize,
+        cols: usize,
+    },
+}
+
+impl EmbeddingTable {
+    pub fn rows(&self) -> usize {
+        match self {
+            EmbeddingTable::Dense { rows, .. } | EmbeddingTable::Mapped { rows, .. } => *rows,
+        }
+    }
+
+    pub fn cols(&self) -> usize {
+        match self {
+            EmbeddingTable::Dense { cols, .. } | EmbeddingTable::Mapped { cols, .. } => *cols,
+        }
+    }
+
+    /// Appends row `index` to `out`; the caller has checked `index < rows`.
+    pub fn push_row(&self, index: usize, out: &mut Vec<f32>) {
+        assert!(index < self.rows(), "embedding row {index} out of range");
+        match self {
+            EmbeddingTable::Dense { data, cols, .. } => {
+                out.extend_from_slice(&data[index * cols..][..*cols])
+            }
+            EmbeddingTable::Mapped {
+                mmap,
+                offset,
+                element,
+                cols,
+                ..
+            } => {
+                let row_bytes = cols * element.size();
+                let start = offset + index * row_bytes;
+                convert(*element, &mmap[start..start + row_bytes], out);
+            }
+        }
     }
 }
 
@@ -31,7 +158,7 @@ pub struct Tensor {
 /// An open, validated `safetensors` file.
 pub struct WeightFile {
     path: PathBuf,
-    mmap: Mmap,
+    mmap: Arc<Mmap>,
     /// Start of the data section (after the 8-byte length and the JSON header).
     data_start: usize,
     metadata: Metadata,
@@ -53,7 +180,7 @@ impl WeightFile {
         let (header_len, metadata) = SafeTensors::read_metadata(&mmap).map_err(invalid)?;
         Ok(WeightFile {
             path: path.to_owned(),
-            mmap,
+            mmap: Arc::new(mmap),
             data_start: 8 + header_len,
             metadata,
         })
@@ -82,25 +209,18 @@ impl WeightFile {
             .ok_or_else(|| self.error(format!("missing tensor `{name}`")))?;
         let (start, end) = info.data_offsets;
         let bytes = &self.mmap[self.data_start + start..self.data_start + end];
-        let data: Vec<f32> = match info.dtype {
-            Dtype::F32 => bytes
-                .chunks_exact(4)
-                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                .collect(),
-            Dtype::F16 => bytes
-                .chunks_exact(2)
-                .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
-                .collect(),
-            Dtype::BF16 => bytes
-                .chunks_exact(2)
-                .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32())
-                .collect(),
+        let element = match info.dtype {
+            Dtype::F32 => ElementType::F32,
+            Dtype::F16 => ElementType::F16,
+            Dtype::BF16 => ElementType::BF16,
             other => {
                 return Err(self.error(format!(
                     "tensor `{name}` has dtype {other:?}; expected F32, F16 or BF16"
                 )))
             }
         };
+        let mut data = Vec::with_capacity(bytes.len() / element.size());
+        convert(element, bytes, &mut data);
         Ok(Tensor {
             shape: info.shape.clone(),
             data,

@@ -127,6 +127,8 @@ pub trait Backend: Send + Sync {
     fn snake_beta(&self, x: &mut [f32], len: usize, alpha: &[f32], inv_beta: &[f32]);
     /// In-place exact (erf) GELU.
     fn gelu(&self, x: &mut [f32]);
+    /// In-place SiLU, `x · sigmoid(x)`.
+    fn silu(&self, x: &mut [f32]);
     /// In-place `gate = silu(gate) · up` (the SwiGLU product).
     fn silu_mul(&self, gate: &mut [f32], up: &[f32]);
 }

@@ -84,6 +84,14 @@ pub fn gelu(x: &mut [f32]) {
     });
 }
 
+pub fn silu(x: &mut [f32]) {
+    x.par_chunks_mut(CHUNK).for_each(|chunk| {
+        for v in chunk {
+            *v /= 1.0 + (-*v).exp();
+        }
+    });
+}
+
 pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
     assert_eq!(gate.len(), up.len(), "silu_mul sizes");
     gate.par_chunks_mut(CHUNK)

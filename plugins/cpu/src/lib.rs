@@ -155,6 +155,10 @@ impl Backend for CpuBackend {
         self.pool.install(|| activations::gelu(x));
     }
 
+    fn silu(&self, x: &mut [f32]) {
+        self.pool.install(|| activations::silu(x));
+    }
+
     fn silu_mul(&self, gate: &mut [f32], up: &[f32]) {
         self.pool.install(|| activations::silu_mul(gate, up));
     }

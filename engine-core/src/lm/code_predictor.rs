@@ -1,0 +1,148 @@
+//! The code predictor ("MTP"): a small LM run once per frame over `[talker hidden, embed(cb0)]` and then its own
+//! outputs, emitting codebooks 1..N−1 one per step, each through its own embedding and head. Inputs live in
+//! the talker's width and go through `small_to_mtp_projection` when the widths differ (1.7B).
+
+use kazeia_backend_abi::{Backend, Heads, Weight};
+
+use super::config::CodePredictorConfig;
+use super::transformer::{load_linear, DecoderStack, KvCache, StackShape};
+use crate::error::Result;
+use crate::weights::Weights;
+
+pub struct CodePredictor {
+    /// `codec_embedding.{k}` for codebooks 1..N−1, each `[vocab][talker_hidden]`.
+    embeddings: Vec<Vec<f32>>,
+    projection: Option<Weight>,
+    stack: DecoderStack,
+    heads: Vec<Weight>,
+    talker_hidden: usize,
+    hidden: usize,
+    vocab: usize,
+}
+
+impl CodePredictor {
+    pub fn load(
+        backend: &dyn Backend,
+        weights: &dyn Weights,
+        cfg: &CodePredictorConfig,
+        talker_hidden: usize,
+    ) -> Result<Self> {
+        let (h, v, groups) = (cfg.hidden_size, cfg.vocab_size, cfg.num_code_groups);
+        let shape = StackShape {
+            hidden: h,
+            intermediate: cfg.intermediate_size,
+            layers: cfg.num_hidden_layers,
+            heads: Heads {
+                q_heads: cfg.num_attention_heads,
+                kv_heads: cfg.num_key_value_heads,
+                head_dim: cfg.head_dim,
+            },
+            eps: cfg.rms_norm_eps as f32,
+            rope_theta: cfg.rope_theta as f32,
+            attention_bias: cfg.attention_bias,
+            windows: (0..cfg.num_hidden_layers)
+                .map(|i| cfg.window_of(i))
+                .collect(),
+        };
+        let prefix = "talker.code_predictor";
+        let embeddings = (0..groups - 1)
+            .map(|k| {
+                weights.tensor_shaped(
+                    &format!("{prefix}.model.codec_embedding.{k}.weight"),
+                    &[v, talker_hidden],
+                )
+            })
+            .collect::<Result<_>>()?;
+        let projection = if h != talker_hidden {
+            Some(load_linear(
+                backend,
+                weights,
+                &format!("{prefix}.small_to_mtp_projection"),
+                (h, talker_hidden),
+                true,
+            )?)
+        } else {
+            None
+        };
+        let heads = (0..groups - 1)
+            .map(|k| {
+                load_linear(
+                    backend,
+                    weights,
+                    &format!("{prefix}.lm_head.{k}"),
+                    (v, h),
+                    false,
+                )
+            })
+            .collect::<Result<_>>()?;
+        Ok(CodePredictor {
+            embeddings,
+            projection,
+            stack: DecoderStack::load(backend, weights, &format!("{prefix}.model"), shape)?,
+            heads,
+            talker_hidden,
+            hidden: h,
+            vocab: v,
+        })
+    }
+
+    pub fn vocab(&self) -> usize {
+        self.vocab
+    }
+
+    /// Codebooks predicted per frame (N − 1).
+    pub fn steps(&self) -> usize {
+        self.heads.len()
+    }
+
+    /// Embedding of code `code` of codebook `k + 1`, in talker width.
+    pub fn embedding(&self, k: usize, code: u32) -> &[f32] {
+        &self.embeddings[k][code as usize * self.talker_hidden..][..self.talker_hidden]
+    }
+
+    /// A cache for one frame (N positions).
+    pub fn new_cache(&self) -> KvCache {
+        self.stack.new_cache(self.heads.len() + 1)
+    }
+
+    /// Predicts codebooks 1..N−1 of one frame. `choose(step, logits)` picks each code from head `step`'s logits.
+    pub fn predict(
+        &self,
+        backend: &dyn Backend,
+        talker_hidden_state: &[f32],
+        cb0_embedding: &[f32],
+        cache: &mut KvCache,
+        choose: &mut dyn FnMut(usize, &mut [f32]) -> u32,
+    ) -> Vec<u32> {
+        cache.clear();
+        let mut input = Vec::with_capacity(2 * self.talker_hidden);
+        input.extend_from_slice(talker_hidden_state);
+        input.extend_from_slice(cb0_embedding);
+        let mut rows = 2;
+        let mut codes = Vec::with_capacity(self.heads.len());
+        let mut logits = vec![0.0; self.vocab];
+        for (step, head) in self.heads.iter().enumerate() {
+            let x = self.project(backend, &input, rows);
+            let hidden = self.stack.forward(backend, &x, rows, cache);
+            let last = &hidden[(rows - 1) * self.hidden..];
+            backend.linear(head, last, 1, &mut logits);
+            let code = choose(step, &mut logits);
+            codes.push(code);
+            input.clear();
+            input.extend_from_slice(self.embedding(step, code));
+            rows = 1;
+        }
+        codes
+    }
+
+    fn project(&self, backend: &dyn Backend, x: &[f32], rows: usize) -> Vec<f32> {
+        match &self.projection {
+            Some(w) => {
+                let mut y = vec![0.0; rows * self.hidden];
+                backend.linear(w, x, rows, &mut y);
+                y
+            }
+            None => x.to_vec(),
+        }
+    }
+}

@@ -1,0 +1,81 @@
+//! The generation loop: prefill the talker, then per frame choose codebook 0, run the code predictor for the
+//! other codebooks, and feed the frame's embedding sum plus the next trailing text vector back to the talker.
+//!
+//! `max_new_tokens` has the official meaning: it counts sampled codebook-0 tokens, and the last one is never fed
+//! back, so at most `max_new_tokens − 1` frames come out; EOS ends generation and is not a frame.
+
+use kazeia_backend_abi::Backend;
+
+use super::prompt::Prompt;
+use super::sampler::{choose, SamplingParams, TalkerRules};
+use super::TtsModel;
+
+/// Settings of one generation.
+#[derive(Clone, Debug)]
+pub struct GenerateOptions {
+    pub talker: SamplingParams,
+    pub code_predictor: SamplingParams,
+    pub repetition_penalty: f32,
+    pub max_new_tokens: usize,
+}
+
+/// Generates frames of codes (`[frame][codebook]`), calling `on_frame` as each frame completes; `uniform`
+/// supplies the random draws when sampling. Stops early when `on_frame` returns `false`.
+pub fn generate(
+    model: &TtsModel,
+    prompt: &Prompt,
+    options: &GenerateOptions,
+    uniform: &mut dyn FnMut() -> f64,
+    on_frame: &mut dyn FnMut(&[u32]) -> bool,
+) -> Vec<Vec<u32>> {
+    let backend: &dyn Backend = model.backend.as_ref();
+    let t = &model.config.talker_config;
+    let talker = &model.talker;
+    let cp = &model.code_predictor;
+    let rules = TalkerRules {
+        repetition_penalty: options.repetition_penalty,
+        min_new_tokens: 2,
+        eos: t.codec_eos_token_id,
+        suppress: (talker.vocab() - 1024, talker.vocab()),
+    };
+
+    let mut cache = talker.new_cache(prompt.rows + options.max_new_tokens);
+    let mut cp_cache = cp.new_cache();
+    let (mut hidden, mut logits) = talker.forward(backend, &prompt.embeds, prompt.rows, &mut cache);
+    let mut generated: Vec<u32> = Vec::new();
+    let mut frames = Vec::new();
+    let h = talker.hidden();
+    while generated.len() < options.max_new_tokens {
+        rules.apply(&mut logits, &generated);
+        let token = choose(&mut logits, &options.talker, uniform);
+        generated.push(token);
+        if token == rules.eos || generated.len() == options.max_new_tokens {
+            break;
+        }
+        let cb0 = talker.codec_vector(token);
+        let rest = cp.predict(backend, &hidden, cb0, &mut cp_cache, &mut |_, logits| {
+            choose(logits, &options.code_predictor, uniform)
+        });
+        let mut frame = Vec::with_capacity(rest.len() + 1);
+        frame.push(token);
+        frame.extend(&rest);
+
+        let mut next = cb0.to_vec();
+        for (k, &code) in rest.iter().enumerate() {
+            for (a, b) in next.iter_mut().zip(cp.embedding(k, code)) {
+                *a += b;
+            }
+        }
+        for (a, b) in next.iter_mut().zip(prompt.trailing_at(frames.len())) {
+            *a += b;
+        }
+        let keep_going = on_frame(&frame);
+        frames.push(frame);
+        if !keep_going {
+            break;
+        }
+        (hidden, logits) = talker.forward(backend, &next, 1, &mut cache);
+        debug_assert_eq!(hidden.len(), h);
+    }
+    frames
+}

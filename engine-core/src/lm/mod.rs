@@ -1,0 +1,121 @@
+//! Text → codes: the talker, the code predictor, the sampler and the prompt layouts of Qwen3-TTS-12Hz, loaded
+//! from a released model directory.
+
+pub mod code_predictor;
+pub mod config;
+pub mod generate;
+pub mod prompt;
+pub mod sampler;
+pub mod talker;
+pub mod transformer;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use kazeia_backend_abi::Backend;
+
+pub use config::{GenerationConfig, ModelConfig};
+pub use generate::{generate, GenerateOptions};
+pub use prompt::{build_prompt, Prompt, PromptRequest};
+pub use sampler::SamplingParams;
+
+use crate::error::{Error, Result};
+use crate::weights::{WeightFile, Weights};
+
+/// The talker and code predictor of one model, resident in a backend.
+pub struct TtsModel {
+    pub backend: Arc<dyn Backend>,
+    pub config: ModelConfig,
+    pub generation: GenerationConfig,
+    pub talker: talker::Talker,
+    pub code_predictor: code_predictor::CodePredictor,
+}
+
+impl TtsModel {
+    /// Loads `config.json`, `generation_config.json` (optional) and `model.safetensors` of a model directory.
+    pub fn load(dir: &Path, backend: Arc<dyn Backend>) -> Result<Self> {
+        let config_path = dir.join("config.json");
+        if !config_path.is_file() {
+            return Err(Error::Input(format!(
+                "{} is not a Qwen3-TTS model directory (no config.json)",
+                dir.display()
+            )));
+        }
+        let config = ModelConfig::load(&config_path)?;
+        let generation = GenerationConfig::load_or_default(&dir.join("generation_config.json"))?;
+        let weights = WeightFile::open(&dir.join("model.safetensors"))?;
+        Self::from_parts(config, generation, &weights, backend)
+    }
+
+    pub fn from_parts(
+        config: ModelConfig,
+        generation: GenerationConfig,
+        weights: &dyn Weights,
+        backend: Arc<dyn Backend>,
+    ) -> Result<Self> {
+        let t = &config.talker_config;
+        let talker = talker::Talker::load(backend.as_ref(), weights, t)?;
+        let code_predictor = code_predictor::CodePredictor::load(
+            backend.as_ref(),
+            weights,
+            &t.code_predictor_config,
+            t.hidden_size,
+        )?;
+        Ok(TtsModel {
+            backend,
+            config,
+            generation,
+            talker,
+            code_predictor,
+        })
+    }
+
+    pub fn prompt(&self, request: &PromptRequest) -> Result<Prompt> {
+        build_prompt(self.backend.as_ref(), &self.config, &self.talker, request)
+    }
+
+    /// The options of `generation_config.json`, greedy if asked.
+    pub fn default_options(&self, greedy: bool) -> GenerateOptions {
+        let g = &self.generation;
+        GenerateOptions {
+            talker: SamplingParams {
+                do_sample: g.do_sample && !greedy,
+                temperature: g.temperature,
+                top_k: g.top_k,
+                top_p: g.top_p,
+            },
+            code_predictor: SamplingParams {
+                do_sample: g.subtalker_dosample && !greedy,
+                temperature: g.subtalker_temperature,
+                top_k: g.subtalker_top_k,
+                top_p: g.subtalker_top_p,
+            },
+            repetition_penalty: g.repetition_penalty,
+            max_new_tokens: g.max_new_tokens,
+        }
+    }
+
+    /// Speaker names this model knows (CustomVoice), sorted.
+    pub fn speakers(&self) -> Vec<&str> {
+        self.config
+            .talker_config
+            .spk_id
+            .keys()
+            .map(String::as_str)
+            .collect()
+    }
+
+    /// Languages this model accepts: `auto` and every non-dialect language.
+    pub fn languages(&self) -> Vec<&str> {
+        std::iter::once("auto")
+            .chain(
+                self.config
+                    .talker_config
+                    .codec_language_id
+                    .keys()
+                    .map(String::as_str)
+                    .filter(|l| !l.contains("dialect")),
+            )
+            .collect()
+    }
+}

@@ -1,0 +1,140 @@
+//! The talker: the main LM that emits codebook 0 of each 12.5 Hz frame. Its input at each position is the sum
+//! of a text-track vector (a text token through `text_projection`) and a codec-track vector (a row of
+//! `codec_embedding`); `codec_head` scores the next codebook-0 token.
+
+use kazeia_backend_abi::{Backend, Heads, Weight};
+
+use super::config::TalkerConfig;
+use super::transformer::{load_linear, DecoderStack, KvCache, StackShape};
+use crate::error::{Error, Result};
+use crate::weights::{EmbeddingTable, Weights};
+
+pub struct Talker {
+    text_embedding: EmbeddingTable,
+    text_fc1: Weight,
+    text_fc2: Weight,
+    codec_embedding: Vec<f32>,
+    pub(crate) stack: DecoderStack,
+    codec_head: Weight,
+    hidden: usize,
+    text_hidden: usize,
+    vocab: usize,
+}
+
+impl Talker {
+    pub fn load(backend: &dyn Backend, weights: &dyn Weights, cfg: &TalkerConfig) -> Result<Self> {
+        let (h, th) = (cfg.hidden_size, cfg.text_hidden_size);
+        let shape = StackShape {
+            hidden: h,
+            intermediate: cfg.intermediate_size,
+            layers: cfg.num_hidden_layers,
+            heads: Heads {
+                q_heads: cfg.num_attention_heads,
+                kv_heads: cfg.num_key_value_heads,
+                head_dim: cfg.head_dim(),
+            },
+            eps: cfg.rms_norm_eps as f32,
+            rope_theta: cfg.rope_theta as f32,
+            attention_bias: cfg.attention_bias,
+            windows: vec![cfg.sliding_window; cfg.num_hidden_layers],
+        };
+        Ok(Talker {
+            text_embedding: weights.embedding_table(
+                "talker.model.text_embedding.weight",
+                cfg.text_vocab_size,
+                th,
+            )?,
+            text_fc1: load_linear(
+                backend,
+                weights,
+                "talker.text_projection.linear_fc1",
+                (th, th),
+                true,
+            )?,
+            text_fc2: load_linear(
+                backend,
+                weights,
+                "talker.text_projection.linear_fc2",
+                (h, th),
+                true,
+            )?,
+            codec_embedding: weights
+                .tensor_shaped("talker.model.codec_embedding.weight", &[cfg.vocab_size, h])?,
+            stack: DecoderStack::load(backend, weights, "talker.model", shape)?,
+            codec_head: load_linear(
+                backend,
+                weights,
+                "talker.codec_head",
+                (cfg.vocab_size, h),
+                false,
+            )?,
+            hidden: h,
+            text_hidden: th,
+            vocab: cfg.vocab_size,
+        })
+    }
+
+    pub fn hidden(&self) -> usize {
+        self.hidden
+    }
+
+    pub fn vocab(&self) -> usize {
+        self.vocab
+    }
+
+    /// Text-track vectors `fc2(silu(fc1(E_text[id])))` for `ids`, `[ids.len()][hidden]`.
+    pub fn text_vectors(&self, backend: &dyn Backend, ids: &[u32]) -> Result<Vec<f32>> {
+        let n = ids.len();
+        let mut rows = Vec::with_capacity(n * self.text_hidden);
+        for &id in ids {
+            if id as usize >= self.text_embedding.rows() {
+                return Err(Error::Input(format!(
+                    "text token id {id} is outside the model's text vocabulary of {}",
+                    self.text_embedding.rows()
+                )));
+            }
+            self.text_embedding.push_row(id as usize, &mut rows);
+        }
+        let mut mid = vec![0.0; n * self.text_hidden];
+        backend.linear(&self.text_fc1, &rows, n, &mut mid);
+        backend.silu(&mut mid);
+        let mut out = vec![0.0; n * self.hidden];
+        backend.linear(&self.text_fc2, &mid, n, &mut out);
+        Ok(out)
+    }
+
+    /// Codec-track vector of codec id `id` (checked by the caller to be in the vocabulary).
+    pub fn codec_vector(&self, id: u32) -> &[f32] {
+        &self.codec_embedding[id as usize * self.hidden..][..self.hidden]
+    }
+
+    pub fn new_cache(&self, capacity: usize) -> KvCache {
+        self.stack.new_cache(capacity)
+    }
+
+    /// Runs `rows` input vectors; returns the last position's normed hidden state and its codec logits.
+    pub fn forward(
+        &self,
+        backend: &dyn Backend,
+        x: &[f32],
+        rows: usize,
+        cache: &mut KvCache,
+    ) -> (Vec<f32>, Vec<f32>) {
+        let hidden = self.stack.forward(backend, x, rows, cache);
+        let last = hidden[(rows - 1) * self.hidden..].to_vec();
+        let mut logits = vec![0.0; self.vocab];
+        backend.linear(&self.codec_head, &last, 1, &mut logits);
+        (last, logits)
+    }
+
+    /// Like [`Talker::forward`] but keeps every position's hidden state (for tests of the prefill).
+    pub fn forward_all(
+        &self,
+        backend: &dyn Backend,
+        x: &[f32],
+        rows: usize,
+        cache: &mut KvCache,
+    ) -> Vec<f32> {
+        self.stack.forward(backend, x, rows, cache)
+    }
+}

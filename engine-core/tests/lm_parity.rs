@@ -1,0 +1,209 @@
+//! Text → codes against the official implementation (`tests/fixtures/lm/*`, made by `tools/make_fixtures.py`):
+//! greedy codes must be identical for every prompt layout, in both model shapes; the prefill and first-frame
+//! intermediates are compared first so a failure points at the component.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use kazeia_engine::lm::sampler::{argmax, TalkerRules};
+use kazeia_engine::lm::{generate, PromptRequest, TtsModel};
+use kazeia_engine::tokenizer::{assistant_text, instruct_text, TextTokenizer};
+use kazeia_engine::weights::WeightFile;
+use kazeia_engine::CpuBackend;
+use serde_json::Value;
+
+const CASES: [&str; 2] = ["shape_0b6", "shape_1b7"];
+
+fn fixture(case: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/fixtures/lm")
+        .join(case)
+}
+
+fn runs(case: &str) -> Vec<Value> {
+    let text = std::fs::read_to_string(fixture(case).join("golden.json")).unwrap();
+    let golden: Value = serde_json::from_str(&text).unwrap();
+    golden["runs"].as_array().unwrap().clone()
+}
+
+fn ids(v: &Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}
+
+fn request(run: &Value) -> PromptRequest {
+    PromptRequest {
+        input_ids: ids(&run["input_ids"]),
+        instruct_ids: run["instruct_ids"]
+            .as_array()
+            .map(|_| ids(&run["instruct_ids"])),
+        speaker: run["speaker"].as_str().map(str::to_owned),
+        language: run["language"].as_str().unwrap().to_owned(),
+        non_streaming_mode: run["non_streaming_mode"].as_bool().unwrap(),
+    }
+}
+
+fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len(), "lengths differ");
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+fn assert_close(case: &str, what: &str, ours: &[f32], reference: &[f32]) {
+    let peak = reference.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    let err = max_abs_diff(ours, reference);
+    assert!(
+        err <= 1e-4 * peak.max(1.0),
+        "{case}: {what} differs by {err:e} (peak {peak})"
+    );
+}
+
+#[test]
+fn prefill_and_first_frame_intermediates_match_official() {
+    for case in CASES {
+        let model = TtsModel::load(&fixture(case), Arc::new(CpuBackend::new(1))).unwrap();
+        let golden = WeightFile::open(&fixture(case).join("golden.safetensors")).unwrap();
+        let run = &runs(case)[0];
+        let prompt = model.prompt(&request(run)).unwrap();
+        assert_close(
+            case,
+            "prefill embeddings",
+            &prompt.embeds,
+            &golden.tensor("prefill_embeds").unwrap().data,
+        );
+
+        let backend = model.backend.as_ref();
+        let mut cache = model.talker.new_cache(prompt.rows + 1);
+        let hidden = model
+            .talker
+            .forward_all(backend, &prompt.embeds, prompt.rows, &mut cache);
+        assert_close(
+            case,
+            "prefill hidden states",
+            &hidden,
+            &golden.tensor("prefill_hidden").unwrap().data,
+        );
+
+        let mut cache = model.talker.new_cache(prompt.rows + 1);
+        let (last, mut logits) =
+            model
+                .talker
+                .forward(backend, &prompt.embeds, prompt.rows, &mut cache);
+        assert_close(
+            case,
+            "first talker logits",
+            &logits,
+            &golden.tensor("first_logits").unwrap().data,
+        );
+
+        let t = &model.config.talker_config;
+        let rules = TalkerRules {
+            repetition_penalty: 1.05,
+            min_new_tokens: 2,
+            eos: t.codec_eos_token_id,
+            suppress: (t.vocab_size - 1024, t.vocab_size),
+        };
+        rules.apply(&mut logits, &[]);
+        let cb0 = argmax(&logits);
+        assert_eq!(
+            cb0 as u64,
+            run["codes"][0][0].as_u64().unwrap(),
+            "{case}: first codebook-0 token"
+        );
+        let mut cp_logits = Vec::new();
+        let mut cp_cache = model.code_predictor.new_cache();
+        model.code_predictor.predict(
+            backend,
+            &last,
+            model.talker.codec_vector(cb0),
+            &mut cp_cache,
+            &mut |_, l| {
+                cp_logits.extend_from_slice(l);
+                argmax(l)
+            },
+        );
+        assert_close(
+            case,
+            "first-frame code-predictor logits",
+            &cp_logits,
+            &golden.tensor("cp_logits_frame0").unwrap().data,
+        );
+    }
+}
+
+#[test]
+fn greedy_codes_are_identical_to_official_for_every_layout() {
+    let mut checked = 0;
+    for case in CASES {
+        let model = TtsModel::load(&fixture(case), Arc::new(CpuBackend::new(1))).unwrap();
+        for run in runs(case) {
+            let name = run["name"].as_str().unwrap();
+            let prompt = model.prompt(&request(&run)).unwrap();
+            let mut options = model.default_options(true);
+            options.max_new_tokens = run["max_new_tokens"].as_u64().unwrap() as usize;
+            let codes = generate(
+                &model,
+                &prompt,
+                &options,
+                &mut || unreachable!("greedy"),
+                &mut |_| true,
+            );
+            let expected: Vec<Vec<u32>> =
+                run["codes"].as_array().unwrap().iter().map(ids).collect();
+            assert_eq!(codes, expected, "{case}/{name}: codes differ");
+            checked += 1;
+        }
+    }
+    assert!(checked >= 16);
+}
+
+#[test]
+fn tokenizing_the_run_texts_gives_the_official_template_ids() {
+    for case in CASES {
+        let tok = TextTokenizer::load(&fixture(case)).unwrap();
+        for run in runs(case) {
+            let text = run["text"].as_str().unwrap();
+            assert_eq!(
+                tok.encode(&assistant_text(text)).unwrap(),
+                ids(&run["input_ids"]),
+                "{text}"
+            );
+            if let Some(instruct) = run["instruct"].as_str().filter(|s| !s.is_empty()) {
+                assert_eq!(
+                    tok.encode(&instruct_text(instruct)).unwrap(),
+                    ids(&run["instruct_ids"])
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn bad_requests_are_rejected_with_a_reason() {
+    let model = TtsModel::load(&fixture("shape_0b6"), Arc::new(CpuBackend::new(1))).unwrap();
+    let run = &runs("shape_0b6")[0];
+    let mut req = request(run);
+    req.speaker = Some("nobody".into());
+    let err = model.prompt(&req).err().unwrap().to_string();
+    assert!(
+        err.contains("unknown speaker `nobody`") && err.contains("ryan"),
+        "{err}"
+    );
+    let mut req = request(run);
+    req.language = "klingon".into();
+    let err = model.prompt(&req).err().unwrap().to_string();
+    assert!(err.contains("unknown language `klingon`"), "{err}");
+    let mut req = request(run);
+    req.input_ids.truncate(8);
+    let err = model.prompt(&req).err().unwrap().to_string();
+    assert!(err.contains("at least 9"), "{err}");
+    let mut req = request(run);
+    req.input_ids[4] = 1_000_000;
+    let err = model.prompt(&req).err().unwrap().to_string();
+    assert!(err.contains("outside the model's text vocabulary"), "{err}");
+}
