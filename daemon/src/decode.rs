@@ -25,16 +25,12 @@ pub struct DecodeArgs {
     #[arg(long, default_value = "s16", value_parser = ["s16", "f32"])]
     sample_format: String,
     /// Worker threads for the CPU backend.
-    #[arg(long, default_value_t = default_threads())]
+    #[arg(long, default_value_t = crate::default_threads())]
     threads: usize,
     /// Reproduce the official decoder's 300-frame chunking (25 frames of context) instead of one seamless
     /// causal pass; only differs beyond 300 frames.
     #[arg(long)]
     official_chunking: bool,
-}
-
-fn default_threads() -> usize {
-    std::thread::available_parallelism().map_or(1, usize::from)
 }
 
 pub fn run(args: DecodeArgs) -> Result<()> {

@@ -2,6 +2,9 @@
 
 mod bench;
 mod decode;
+mod generate;
+mod model_path;
+mod synth;
 
 use std::process::ExitCode;
 
@@ -22,14 +25,24 @@ struct Cli {
 enum Command {
     /// Decode codec codes (JSON) to a WAV file with the model's 12 Hz codec decoder.
     Decode(decode::DecodeArgs),
+    /// Generate codec codes from template token ids (as the official generate(input_ids=...)).
+    Generate(generate::GenerateArgs),
+    /// Speak text to a WAV file, in process.
+    Synth(synth::SynthArgs),
     /// Time each stage on real-size random weights or on a model directory.
     Bench(bench::BenchArgs),
+}
+
+pub fn default_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, usize::from)
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Decode(args) => decode::run(args),
+        Command::Generate(args) => generate::run(args),
+        Command::Synth(args) => synth::run(args),
         Command::Bench(args) => bench::run(args),
     };
     match result {

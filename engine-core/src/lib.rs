@@ -6,8 +6,11 @@
 pub mod codec;
 pub mod codes;
 pub mod error;
+pub mod hub;
 pub mod lm;
 pub mod random_weights;
+pub mod synth;
+pub mod text;
 pub mod tokenizer;
 pub mod wav;
 pub mod weights;

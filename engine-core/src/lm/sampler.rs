@@ -125,6 +125,13 @@ pub fn choose(
     last_possible as u32
 }
 
+/// A seed for sampling when the user gives none.
+pub fn random_seed() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+}
+
 /// A small seeded generator (SplitMix64) for reproducible sampling with `--seed`.
 pub struct SeededRng(u64);
 

@@ -1,0 +1,146 @@
+//! `kazeia synth`: text → WAV, in process.
+
+use std::io::Read;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use kazeia_engine::synth::{SynthOptions, Synthesizer, Voice};
+use kazeia_engine::text::DEFAULT_CHUNK_CHARS;
+use kazeia_engine::wav::{write_wav, SampleFormat};
+use kazeia_engine::CpuBackend;
+
+use crate::model_path::resolve_model;
+
+#[derive(Args)]
+pub struct SynthArgs {
+    /// Model directory in the released layout, or a Hugging Face repo id
+    /// (e.g. Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice).
+    #[arg(long)]
+    model: String,
+    /// The text to speak.
+    #[arg(
+        long,
+        conflicts_with = "text_file",
+        required_unless_present = "text_file"
+    )]
+    text: Option<String>,
+    /// Read the text from a file (`-`: standard input).
+    #[arg(long)]
+    text_file: Option<PathBuf>,
+    /// CustomVoice speaker (default: the model's first speaker).
+    #[arg(long)]
+    speaker: Option<String>,
+    /// Language name known to the model, or auto.
+    #[arg(long, default_value = "auto")]
+    language: String,
+    /// Voice instruction (VoiceDesign and 1.7B CustomVoice models).
+    #[arg(long)]
+    instruct: Option<String>,
+    /// Output WAV file.
+    #[arg(long)]
+    out: PathBuf,
+    #[arg(long, default_value = "s16", value_parser = ["s16", "f32"])]
+    sample_format: String,
+    /// Greedy decoding instead of sampling.
+    #[arg(long)]
+    greedy: bool,
+    /// Seed of the sampler (reproducible sampling).
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Codebook-0 tokens per chunk at most (default: generation_config.json).
+    #[arg(long)]
+    max_new_tokens: Option<usize>,
+    /// Text placement in the prompt; default: the official default for the model type.
+    #[arg(long)]
+    non_streaming_mode: Option<bool>,
+    /// Longest piece of text synthesised at once; longer text is split at sentences.
+    #[arg(long, default_value_t = DEFAULT_CHUNK_CHARS)]
+    chunk_chars: usize,
+    /// Worker threads for the CPU backend.
+    #[arg(long, default_value_t = crate::default_threads())]
+    threads: usize,
+}
+
+fn read_text(args: &SynthArgs) -> Result<String> {
+    if let Some(text) = &args.text {
+        return Ok(text.clone());
+    }
+    let path = args
+        .text_file
+        .as_ref()
+        .expect("clap requires text or text_file");
+    let bytes = if path.as_os_str() == "-" {
+        let mut bytes = Vec::new();
+        std::io::stdin()
+            .read_to_end(&mut bytes)
+            .context("cannot read standard input")?;
+        bytes
+    } else {
+        std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?
+    };
+    String::from_utf8(bytes).map_err(|e| {
+        anyhow::anyhow!(
+            "{}: the text is not valid UTF-8 (invalid byte at offset {})",
+            path.display(),
+            e.utf8_error().valid_up_to()
+        )
+    })
+}
+
+pub fn run(args: SynthArgs) -> Result<()> {
+    let format: SampleFormat = args.sample_format.parse().map_err(anyhow::Error::msg)?;
+    let text = read_text(&args)?;
+    if text.trim().is_empty() {
+        bail!("the text is empty: nothing to say");
+    }
+    if args.max_new_tokens == Some(0) || args.chunk_chars == 0 {
+        bail!("--max-new-tokens and --chunk-chars must be positive");
+    }
+    let dir = resolve_model(&args.model)?;
+    let load_start = Instant::now();
+    let synth = Synthesizer::load(&dir, Arc::new(CpuBackend::new(args.threads)))
+        .with_context(|| format!("cannot load the model from {}", dir.display()))?;
+    let load_time = load_start.elapsed();
+    let speaker = args
+        .speaker
+        .clone()
+        .or_else(|| synth.model.speakers().first().map(|s| s.to_string()));
+    let voice = Voice {
+        speaker,
+        language: args.language.clone(),
+        instruct: args.instruct.clone(),
+        non_streaming_mode: args.non_streaming_mode,
+    };
+    let options = SynthOptions {
+        greedy: args.greedy,
+        seed: args.seed,
+        max_new_tokens: args.max_new_tokens,
+        chunk_chars: args.chunk_chars,
+    };
+    let mut samples = Vec::new();
+    let report = synth.synthesize(&text, &voice, &options, &mut |chunk| {
+        samples.extend_from_slice(chunk);
+        Ok(())
+    })?;
+    for warning in &report.warnings {
+        eprintln!("kazeia: warning: {warning}");
+    }
+    let mut bytes = Vec::new();
+    write_wav(&mut bytes, &samples, synth.sample_rate(), format)?;
+    std::fs::write(&args.out, bytes)
+        .with_context(|| format!("cannot write {}", args.out.display()))?;
+    let audio_s = samples.len() as f64 / synth.sample_rate() as f64;
+    eprintln!(
+        "kazeia: {:.2} s of audio ({} frames, {} chunk(s)) in {:.2} s generate + {:.2} s decode; model load {:.2} s",
+        audio_s,
+        report.frames,
+        report.chunks,
+        report.generate_time.as_secs_f64(),
+        report.decode_time.as_secs_f64(),
+        load_time.as_secs_f64()
+    );
+    Ok(())
+}

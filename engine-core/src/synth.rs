@@ -1,0 +1,171 @@
+//! Text → waveform: tokenizer, talker + code predictor, codec decoder, with long text split into chunks that
+//! are synthesised in order and handed out as they are ready.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kazeia_backend_abi::Backend;
+
+use crate::codec::CodecDecoder;
+use crate::error::{Error, Result};
+use crate::lm::sampler::{random_seed, SeededRng};
+use crate::lm::{generate, PromptRequest, TtsModel};
+use crate::text::split_for_synthesis;
+use crate::tokenizer::{assistant_text, instruct_text, TextTokenizer};
+
+/// Who speaks and how.
+#[derive(Clone, Debug, Default)]
+pub struct Voice {
+    /// CustomVoice speaker name; `None` for models without speakers.
+    pub speaker: Option<String>,
+    /// A language the model knows, or `auto`.
+    pub language: String,
+    /// VoiceDesign / 1.7B CustomVoice style instruction.
+    pub instruct: Option<String>,
+    /// Where the text goes in the prompt; `None`: the official default for the model type.
+    pub non_streaming_mode: Option<bool>,
+}
+
+#[derive(Clone, Debug)]
+pub struct SynthOptions {
+    pub greedy: bool,
+    /// Seed of the sampler; `None` draws one.
+    pub seed: Option<u64>,
+    /// Overrides `generation_config.json`'s `max_new_tokens` (per chunk).
+    pub max_new_tokens: Option<usize>,
+    /// Longest chunk of text synthesised at once.
+    pub chunk_chars: usize,
+}
+
+impl Default for SynthOptions {
+    fn default() -> Self {
+        SynthOptions {
+            greedy: false,
+            seed: None,
+            max_new_tokens: None,
+            chunk_chars: crate::text::DEFAULT_CHUNK_CHARS,
+        }
+    }
+}
+
+/// What a synthesis did.
+#[derive(Clone, Debug, Default)]
+pub struct SynthReport {
+    pub chunks: usize,
+    pub frames: usize,
+    pub samples: usize,
+    pub generate_time: Duration,
+    pub decode_time: Duration,
+    pub warnings: Vec<String>,
+}
+
+/// A resident model with its tokenizer and codec.
+pub struct Synthesizer {
+    pub model: TtsModel,
+    pub tokenizer: TextTokenizer,
+    pub codec: CodecDecoder,
+}
+
+impl Synthesizer {
+    /// Loads a released model directory: LM, tokenizer files and `speech_tokenizer/`.
+    pub fn load(dir: &Path, backend: Arc<dyn Backend>) -> Result<Self> {
+        let model = TtsModel::load(dir, backend.clone())?;
+        let tokenizer = TextTokenizer::load(dir)?;
+        let codec = CodecDecoder::load(dir, backend)?;
+        let cb0_range = model.config.talker_config.vocab_size - 1024;
+        if cb0_range > codec.config().decoder_config.codebook_size {
+            return Err(Error::Input(format!(
+                "{}: the talker emits codes up to {cb0_range} but the codec's codebooks hold {}",
+                dir.display(),
+                codec.config().decoder_config.codebook_size
+            )));
+        }
+        Ok(Synthesizer {
+            model,
+            tokenizer,
+            codec,
+        })
+    }
+
+    pub fn sample_rate(&self) -> u32 {
+        self.codec.sample_rate()
+    }
+
+    /// The prompt request for one chunk of text, as the official wrapper builds it.
+    pub fn request(
+        &self,
+        text: &str,
+        voice: &Voice,
+        warnings: &mut Vec<String>,
+    ) -> Result<PromptRequest> {
+        let config = &self.model.config;
+        let mut instruct = voice.instruct.as_deref().filter(|s| !s.trim().is_empty());
+        if instruct.is_some() && config.drops_instruct() {
+            warnings.push(
+                "this model (0.6B CustomVoice) ignores instructions, as the official one does"
+                    .into(),
+            );
+            instruct = None;
+        }
+        Ok(PromptRequest {
+            input_ids: self.tokenizer.encode(&assistant_text(text))?,
+            instruct_ids: instruct
+                .map(|i| self.tokenizer.encode(&instruct_text(i)))
+                .transpose()?,
+            speaker: voice.speaker.clone(),
+            language: voice.language.clone(),
+            non_streaming_mode: voice
+                .non_streaming_mode
+                .unwrap_or_else(|| config.default_non_streaming_mode()),
+        })
+    }
+
+    /// Synthesises `text`, handing each chunk's audio to `on_audio` as soon as it is decoded.
+    pub fn synthesize(
+        &self,
+        text: &str,
+        voice: &Voice,
+        options: &SynthOptions,
+        on_audio: &mut dyn FnMut(&[f32]) -> Result<()>,
+    ) -> Result<SynthReport> {
+        let chunks = split_for_synthesis(text, options.chunk_chars);
+        if chunks.is_empty() {
+            return Err(Error::Input("the text is empty: nothing to say".into()));
+        }
+        let mut report = SynthReport::default();
+        // Check the voice once, up front, so a bad speaker fails before any audio.
+        let first = self.request(&chunks[0], voice, &mut report.warnings)?;
+        self.model.prompt(&first)?;
+
+        let mut gen_options = self.model.default_options(options.greedy);
+        if let Some(n) = options.max_new_tokens {
+            gen_options.max_new_tokens = n;
+        }
+        let mut rng = SeededRng::new(options.seed.unwrap_or_else(random_seed));
+        for chunk in &chunks {
+            let request = self.request(chunk, voice, &mut Vec::new())?;
+            let prompt = self.model.prompt(&request)?;
+            let start = Instant::now();
+            let codes = generate(
+                &self.model,
+                &prompt,
+                &gen_options,
+                &mut || rng.uniform(),
+                &mut |_| true,
+            );
+            report.generate_time += start.elapsed();
+            report.chunks += 1;
+            if codes.is_empty() {
+                continue;
+            }
+            let start = Instant::now();
+            let wav = self.codec.decode(&codes)?;
+            report.decode_time += start.elapsed();
+            report.frames += codes.len();
+            report.samples += wav.len();
+            on_audio(&wav)?;
+        }
+        Ok(report)
+    }
+}
