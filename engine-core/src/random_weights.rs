@@ -5,7 +5,7 @@
 use std::hash::{Hash, Hasher};
 
 use crate::error::Result;
-use crate::weights::Weights;
+use crate::weights::{EmbeddingTable, Weights};
 
 pub struct RandomWeights {
     seed: u64,
@@ -29,18 +29,38 @@ impl Rng {
         bits as f32 / (1u64 << 24) as f32
     }
 
-    /// Approximately normal: the sum of four uniforms, centred and scaled to unit variance.
+    /// Zero mean, unit variance (uniform on ±√3: cheap, and the kernels only need ordinary numbers).
     fn normal(&mut self) -> f32 {
-        let s: f32 = (0..4).map(|_| self.next_f32()).sum();
-        (s - 2.0) * 3.0f32.sqrt()
+        (self.next_f32() * 2.0 - 1.0) * 3.0f32.sqrt()
+    }
+}
+
+impl RandomWeights {
+    fn rng(&self, name: &str, row: Option<usize>) -> Rng {
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        (self.seed, name, row).hash(&mut hasher);
+        Rng(hasher.finish() | 1)
+    }
+
+    /// Row `index` of a random `[rows, cols]` embedding table.
+    pub fn embedding_row(seed: u64, name: &str, index: usize, cols: usize, out: &mut Vec<f32>) {
+        let mut rng = RandomWeights { seed }.rng(name, Some(index));
+        out.extend((0..cols).map(|_| rng.normal()));
     }
 }
 
 impl Weights for RandomWeights {
+    fn embedding_table(&self, name: &str, rows: usize, cols: usize) -> Result<EmbeddingTable> {
+        Ok(EmbeddingTable::Random {
+            seed: self.seed,
+            name: name.to_owned(),
+            rows,
+            cols,
+        })
+    }
+
     fn tensor_shaped(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
-        let mut hasher = std::collections::hash_map::DefaultHasher::new();
-        (self.seed, name).hash(&mut hasher);
-        let mut rng = Rng(hasher.finish() | 1);
+        let mut rng = self.rng(name, None);
         let count: usize = shape.iter().product();
         let leaf = name.rsplit('.').next().unwrap_or(name);
         let values = match (leaf, shape.len()) {

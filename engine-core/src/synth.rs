@@ -153,7 +153,8 @@ impl Synthesizer {
                 &gen_options,
                 &mut || rng.uniform(),
                 &mut |_| true,
-            );
+            )
+            .codes;
             report.generate_time += start.elapsed();
             report.chunks += 1;
             if codes.is_empty() {

@@ -111,18 +111,29 @@ pub enum EmbeddingTable {
         rows: usize,
         cols: usize,
     },
+    /// Rows of [`crate::random_weights::RandomWeights`], generated when read.
+    Random {
+        seed: u64,
+        name: String,
+        rows: usize,
+        cols: usize,
+    },
 }
 
 impl EmbeddingTable {
     pub fn rows(&self) -> usize {
         match self {
-            EmbeddingTable::Dense { rows, .. } | EmbeddingTable::Mapped { rows, .. } => *rows,
+            EmbeddingTable::Dense { rows, .. }
+            | EmbeddingTable::Mapped { rows, .. }
+            | EmbeddingTable::Random { rows, .. } => *rows,
         }
     }
 
     pub fn cols(&self) -> usize {
         match self {
-            EmbeddingTable::Dense { cols, .. } | EmbeddingTable::Mapped { cols, .. } => *cols,
+            EmbeddingTable::Dense { cols, .. }
+            | EmbeddingTable::Mapped { cols, .. }
+            | EmbeddingTable::Random { cols, .. } => *cols,
         }
     }
 
@@ -143,6 +154,11 @@ impl EmbeddingTable {
                 let row_bytes = cols * element.size();
                 let start = offset + index * row_bytes;
                 convert(*element, &mmap[start..start + row_bytes], out);
+            }
+            EmbeddingTable::Random {
+                seed, name, cols, ..
+            } => {
+                crate::random_weights::RandomWeights::embedding_row(*seed, name, index, *cols, out)
             }
         }
     }

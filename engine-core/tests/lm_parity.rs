@@ -152,7 +152,8 @@ fn greedy_codes_are_identical_to_official_for_every_layout() {
                 &options,
                 &mut || unreachable!("greedy"),
                 &mut |_| true,
-            );
+            )
+            .codes;
             let expected: Vec<Vec<u32>> =
                 run["codes"].as_array().unwrap().iter().map(ids).collect();
             assert_eq!(codes, expected, "{case}/{name}: codes differ");

@@ -195,6 +195,16 @@ fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<T> {
 }
 
 impl ModelConfig {
+    /// The released CustomVoice configs (`0.6b`, `1.7b`), for benchmarks on random weights of the real shapes.
+    pub fn released(size: &str) -> Option<Self> {
+        let text = match size {
+            "0.6b" => include_str!("../released/qwen3_tts_0.6b_custom_voice.json"),
+            "1.7b" => include_str!("../released/qwen3_tts_1.7b_custom_voice.json"),
+            _ => return None,
+        };
+        Some(serde_json::from_str(text).expect("built-in config is valid"))
+    }
+
     pub fn load(path: &Path) -> Result<Self> {
         let config: ModelConfig = read_json(path)?;
         config.validate().map_err(|message| Error::Config {

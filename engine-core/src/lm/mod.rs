@@ -15,7 +15,7 @@ use std::sync::Arc;
 use kazeia_backend_abi::Backend;
 
 pub use config::{GenerationConfig, ModelConfig};
-pub use generate::{generate, GenerateOptions};
+pub use generate::{generate, GenerateOptions, GenerateTimings, Generated};
 pub use prompt::{build_prompt, Prompt, PromptRequest};
 pub use sampler::SamplingParams;
 
@@ -92,6 +92,7 @@ impl TtsModel {
             },
             repetition_penalty: g.repetition_penalty,
             max_new_tokens: g.max_new_tokens,
+            ignore_eos: false,
         }
     }
 

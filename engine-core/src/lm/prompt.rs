@@ -138,25 +138,23 @@ pub fn build_prompt(
     }
 
     let text_ids = &ids[3..ids.len() - 5];
-    let trailing;
-    if req.non_streaming_mode {
+    let trailing = if req.non_streaming_mode {
         let texts = talker.text_vectors(backend, text_ids)?;
         let pad_codec = talker.codec_vector(t.codec_pad_id);
         for row in texts.chunks_exact(h).chain(std::iter::once(eos)) {
             push_sum(&mut embeds, row, pad_codec);
         }
         push_sum(&mut embeds, &pad, talker.codec_vector(t.codec_bos_id));
-        trailing = Vec::new();
+        Vec::new()
     } else {
         let first = talker.text_vectors(backend, &ids[3..4])?;
         push_sum(&mut embeds, &first, talker.codec_vector(t.codec_bos_id));
         let rest = talker.text_vectors(backend, &ids[4..ids.len() - 5])?;
-        trailing = rest
-            .chunks_exact(h)
+        rest.chunks_exact(h)
             .chain(std::iter::once(eos))
             .map(<[f32]>::to_vec)
-            .collect();
-    }
+            .collect()
+    };
     let rows = embeds.len() / h;
     Ok(Prompt {
         embeds,
