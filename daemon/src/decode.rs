@@ -29,8 +29,11 @@ pub struct DecodeArgs {
     threads: usize,
     /// Reproduce the official decoder's 300-frame chunking (25 frames of context) instead of one seamless
     /// causal pass; only differs beyond 300 frames.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "stream_chunk")]
     official_chunking: bool,
+    /// Decode in chunks of N frames with the streaming decoder (same samples as one pass).
+    #[arg(long)]
+    stream_chunk: Option<usize>,
 }
 
 pub fn run(args: DecodeArgs) -> Result<()> {
@@ -48,10 +51,18 @@ pub fn run(args: DecodeArgs) -> Result<()> {
             args.model.display()
         )
     })?;
-    let wav = if args.official_chunking {
-        decoder.decode_official_chunking(&codes)?
-    } else {
-        decoder.decode(&codes)?
+    let wav = match args.stream_chunk {
+        Some(0) => anyhow::bail!("--stream-chunk must be positive"),
+        Some(n) => {
+            let mut state = decoder.new_state();
+            let mut wav = Vec::with_capacity(codes.len() * decoder.samples_per_frame());
+            for chunk in codes.chunks(n) {
+                wav.extend(decoder.decode_chunk(&mut state, chunk, &mut |_, _| {})?);
+            }
+            wav
+        }
+        None if args.official_chunking => decoder.decode_official_chunking(&codes)?,
+        None => decoder.decode(&codes)?,
     };
     let mut bytes = Vec::new();
     write_wav(&mut bytes, &wav, decoder.sample_rate(), format)?;

@@ -87,6 +87,43 @@ fn decode_reproduces_the_official_waveform() {
 }
 
 #[test]
+fn stream_chunk_decodes_the_same_samples() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = fixture("window");
+    let codes = dir.join("codes.json");
+    let whole = tmp.path().join("whole.wav");
+    let chunked = tmp.path().join("chunked.wav");
+    assert!(decode(&dir, &codes, &whole, "f32").status.success());
+    let output = kazeia(&[
+        "decode",
+        "--model",
+        dir.to_str().unwrap(),
+        "--codes",
+        codes.to_str().unwrap(),
+        "--out",
+        chunked.to_str().unwrap(),
+        "--sample-format",
+        "f32",
+        "--stream-chunk",
+        "3",
+    ]);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let (_, a) = read_wav(&std::fs::read(&whole).unwrap()).unwrap();
+    let (_, b) = read_wav(&std::fs::read(&chunked).unwrap()).unwrap();
+    assert_eq!(a.len(), b.len());
+    let err = a
+        .iter()
+        .zip(&b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max);
+    assert!(err <= 1e-5, "{err:e}");
+}
+
+#[test]
 fn s16_output_is_16_bit_pcm_of_the_same_signal() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = fixture("window");

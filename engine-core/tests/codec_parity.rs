@@ -169,3 +169,39 @@ fn bad_codes_are_rejected_with_a_reason() {
     assert!(err.contains("frame 7 has 15 codes"), "{err}");
     assert!(decoder.decode(&[]).unwrap().is_empty());
 }
+
+/// Streaming: any chunking of the frames gives the one-shot waveform (issue bound: 1e-5).
+#[test]
+fn chunked_decoding_equals_one_shot_for_every_chunk_size() {
+    let mut worst = 0.0f32;
+    for case in ["window", "rates", "bf16_gqa", "long"] {
+        let dir = fixture(case);
+        let decoder = CodecDecoder::load(&dir, Arc::new(CpuBackend::new(1))).unwrap();
+        let codes = load_codes(&dir);
+        let one_shot = decoder.decode(&codes).unwrap();
+        let patterns: [&[usize]; 6] = [&[1], &[2], &[3], &[7], &[1, 4, 2, 9], &[13, 1]];
+        for pattern in patterns {
+            let mut state = decoder.new_state();
+            let mut streamed = Vec::new();
+            let (mut start, mut i) = (0, 0);
+            while start < codes.len() {
+                let end = (start + pattern[i % pattern.len()]).min(codes.len());
+                let chunk = decoder
+                    .decode_chunk(&mut state, &codes[start..end], &mut |_, _| {})
+                    .unwrap();
+                assert_eq!(chunk.len(), (end - start) * decoder.samples_per_frame());
+                streamed.extend(chunk);
+                start = end;
+                i += 1;
+            }
+            assert_eq!(state.frames(), codes.len());
+            let err = max_abs_diff(&streamed, &one_shot);
+            assert!(
+                err <= 1e-5,
+                "{case}, chunks {pattern:?}: differs from one-shot by {err:e}"
+            );
+            worst = worst.max(err);
+        }
+    }
+    eprintln!("chunked vs one-shot: worst max abs difference {worst:e}");
+}

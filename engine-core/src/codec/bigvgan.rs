@@ -4,7 +4,7 @@
 use kazeia_backend_abi::Backend;
 
 use super::config::DecoderConfig;
-use super::conv::{CausalConv1d, CausalConvTranspose1d, SnakeBeta};
+use super::conv::{CausalConv1d, CausalConvTranspose1d, ConvState, SnakeBeta};
 use crate::error::Result;
 use crate::weights::Weights;
 
@@ -38,12 +38,14 @@ impl ResidualUnit {
         })
     }
 
-    fn forward(&self, backend: &dyn Backend, x: &mut [f32], len: usize) {
+    fn forward(&self, backend: &dyn Backend, state: &mut ConvState, x: &mut [f32], len: usize) {
         let mut h = x.to_vec();
         self.act1.forward(backend, &mut h, len);
-        let mut h = self.conv1.forward(backend, &h, len);
+        let mut h = self.conv1.forward(backend, state, &h, len);
         self.act2.forward(backend, &mut h, len);
-        let h = self.conv2.forward(backend, &h, len);
+        let h = self
+            .conv2
+            .forward(backend, &mut self.conv2.new_state(), &h, len);
         for (a, b) in x.iter_mut().zip(&h) {
             *a += b;
         }
@@ -84,15 +86,42 @@ impl DecoderBlock {
         })
     }
 
-    fn forward(&self, backend: &dyn Backend, mut x: Vec<f32>, len: usize) -> (Vec<f32>, usize) {
+    fn new_state(&self) -> BlockState {
+        BlockState {
+            carry: self.upsample.new_state(),
+            units: self.units.iter().map(|u| u.conv1.new_state()).collect(),
+        }
+    }
+
+    fn forward(
+        &self,
+        backend: &dyn Backend,
+        state: &mut BlockState,
+        mut x: Vec<f32>,
+        len: usize,
+    ) -> (Vec<f32>, usize) {
         self.snake.forward(backend, &mut x, len);
-        let mut y = self.upsample.forward(backend, &x, len);
+        let mut y = self.upsample.forward(backend, &mut state.carry, &x, len);
         let out_len = self.upsample.out_len(len);
-        for unit in &self.units {
-            unit.forward(backend, &mut y, out_len);
+        for (unit, unit_state) in self.units.iter().zip(&mut state.units) {
+            unit.forward(backend, unit_state, &mut y, out_len);
         }
         (y, out_len)
     }
+}
+
+#[derive(Clone)]
+struct BlockState {
+    carry: Vec<f32>,
+    units: Vec<ConvState>,
+}
+
+/// What the vocoder carries between chunks.
+#[derive(Clone)]
+pub struct VocoderState {
+    input_conv: ConvState,
+    blocks: Vec<BlockState>,
+    output_conv: ConvState,
 }
 
 pub struct Vocoder {
@@ -142,25 +171,39 @@ impl Vocoder {
         })
     }
 
-    /// `x[latent][len]` → the unclamped waveform; `trace` sees the output of every `decoder.decoder.{i}`.
+    pub fn new_state(&self) -> VocoderState {
+        VocoderState {
+            input_conv: self.input_conv.new_state(),
+            blocks: self.blocks.iter().map(DecoderBlock::new_state).collect(),
+            output_conv: self.output_conv.new_state(),
+        }
+    }
+
+    /// `x[latent][len]` → the unclamped waveform, continuing after `state`; `trace` sees the output of every
+    /// `decoder.decoder.{i}`.
     pub fn forward(
         &self,
         backend: &dyn Backend,
+        state: &mut VocoderState,
         x: &[f32],
         len: usize,
         trace: &mut dyn FnMut(&str, &[f32]),
     ) -> Vec<f32> {
-        let mut h = self.input_conv.forward(backend, x, len);
+        let mut h = self
+            .input_conv
+            .forward(backend, &mut state.input_conv, x, len);
         trace("decoder.0", &h);
         let mut len = len;
-        for (i, block) in self.blocks.iter().enumerate() {
-            (h, len) = block.forward(backend, h, len);
+        for (i, (block, block_state)) in self.blocks.iter().zip(&mut state.blocks).enumerate() {
+            (h, len) = block.forward(backend, block_state, h, len);
             trace(&format!("decoder.{}", i + 1), &h);
         }
         let n = self.blocks.len();
         self.final_snake.forward(backend, &mut h, len);
         trace(&format!("decoder.{}", n + 1), &h);
-        let wav = self.output_conv.forward(backend, &h, len);
+        let wav = self
+            .output_conv
+            .forward(backend, &mut state.output_conv, &h, len);
         trace(&format!("decoder.{}", n + 2), &wav);
         wav
     }

@@ -1,19 +1,45 @@
 //! The codec's causal convolution modules: zero left padding of `(k−1)·dilation` (all decoder convs have
 //! stride 1, so the official "extra" right padding is always zero), transposed convolutions trimmed on the right
 //! by `k − stride`, and SnakeBeta.
+//!
+//! Each module runs on a chunk of new columns with a state carried from the previous chunk: a convolution keeps
+//! its last `(k−1)·dilation` input columns (initially zeros: the causal padding), a transposed convolution keeps
+//! the `k − stride` output columns that later input still adds to. A one-shot decode is one chunk from a fresh
+//! state, so chunked and one-shot decodes run the same code.
 
 use kazeia_backend_abi::{Backend, Weight};
 
 use crate::error::Result;
 use crate::weights::Weights;
 
-/// Prepends `pad` zero columns to each channel of `x[channels][len]`.
-pub fn left_pad(x: &[f32], channels: usize, len: usize, pad: usize) -> Vec<f32> {
-    let mut out = vec![0.0; channels * (len + pad)];
-    for (dst, src) in out.chunks_exact_mut(len + pad).zip(x.chunks_exact(len)) {
-        dst[pad..].copy_from_slice(src);
+/// The last `pad` input columns of a causal convolution, `[channels][pad]`; zeros before the first chunk.
+#[derive(Clone)]
+pub struct ConvState {
+    tail: Vec<f32>,
+    pad: usize,
+}
+
+impl ConvState {
+    pub fn new(channels: usize, pad: usize) -> Self {
+        ConvState {
+            tail: vec![0.0; channels * pad],
+            pad,
+        }
     }
-    out
+
+    /// `[channels][pad + len]`: the carried columns then `x`; keeps the last `pad` columns for the next chunk.
+    fn extend(&mut self, x: &[f32], channels: usize, len: usize) -> Vec<f32> {
+        let pad = self.pad;
+        let width = pad + len;
+        let mut out = vec![0.0; channels * width];
+        for c in 0..channels {
+            let row = &mut out[c * width..(c + 1) * width];
+            row[..pad].copy_from_slice(&self.tail[c * pad..(c + 1) * pad]);
+            row[pad..].copy_from_slice(&x[c * len..(c + 1) * len]);
+            self.tail[c * pad..(c + 1) * pad].copy_from_slice(&row[len..]);
+        }
+        out
+    }
 }
 
 /// `Qwen3TTSTokenizerV2CausalConvNet` (groups = 1, stride 1), tensors `{prefix}.conv.{weight,bias}`.
@@ -44,15 +70,30 @@ impl CausalConv1d {
         })
     }
 
-    /// `x[cin][len]` → `y[cout][len]`.
-    pub fn forward(&self, backend: &dyn Backend, x: &[f32], len: usize) -> Vec<f32> {
-        let pad = (self.k - 1) * self.dilation;
+    pub fn new_state(&self) -> ConvState {
+        ConvState::new(self.cin, (self.k - 1) * self.dilation)
+    }
+
+    /// `x[cin][len]` → `y[cout][len]`, continuing after `state`.
+    pub fn forward(
+        &self,
+        backend: &dyn Backend,
+        state: &mut ConvState,
+        x: &[f32],
+        len: usize,
+    ) -> Vec<f32> {
         let mut y = vec![0.0; self.cout * len];
-        if pad == 0 {
+        if state.pad == 0 {
             backend.conv1d(&self.weight, x, len, self.dilation, &mut y);
         } else {
-            let padded = left_pad(x, self.cin, len, pad);
-            backend.conv1d(&self.weight, &padded, len + pad, self.dilation, &mut y);
+            let extended = state.extend(x, self.cin, len);
+            backend.conv1d(
+                &self.weight,
+                &extended,
+                len + state.pad,
+                self.dilation,
+                &mut y,
+            );
         }
         y
     }
@@ -82,10 +123,20 @@ impl CausalDepthwiseConv1d {
         })
     }
 
-    pub fn forward(&self, backend: &dyn Backend, x: &[f32], len: usize) -> Vec<f32> {
-        let padded = left_pad(x, self.channels, len, self.k - 1);
+    pub fn new_state(&self) -> ConvState {
+        ConvState::new(self.channels, self.k - 1)
+    }
+
+    pub fn forward(
+        &self,
+        backend: &dyn Backend,
+        state: &mut ConvState,
+        x: &[f32],
+        len: usize,
+    ) -> Vec<f32> {
+        let extended = state.extend(x, self.channels, len);
         let mut y = vec![0.0; self.channels * len];
-        backend.depthwise_conv1d(&self.weight, &padded, len + self.k - 1, &mut y);
+        backend.depthwise_conv1d(&self.weight, &extended, len + self.k - 1, &mut y);
         y
     }
 }
@@ -119,20 +170,41 @@ impl CausalConvTranspose1d {
         })
     }
 
-    /// Output length for `len` input columns.
+    /// Output columns per input column (the official trim keeps exactly `len · stride`).
     pub fn out_len(&self, len: usize) -> usize {
-        let full = (len - 1) * self.stride + self.k;
-        full - self.k.saturating_sub(self.stride)
+        len * self.stride
     }
 
-    /// `x[cin][len]` → `y[cout][out_len(len)]`.
-    pub fn forward(&self, backend: &dyn Backend, x: &[f32], len: usize) -> Vec<f32> {
+    /// The `[cout][k − stride]` overlap carried between chunks (bias not yet added).
+    pub fn new_state(&self) -> Vec<f32> {
+        vec![0.0; self.cout * self.k.saturating_sub(self.stride)]
+    }
+
+    /// `x[cin][len]` → `y[cout][len · stride]`: the full transposed convolution plus the previous chunk's
+    /// overlap; the new overlap is carried (the one-shot decode drops it: the official right trim).
+    pub fn forward(
+        &self,
+        backend: &dyn Backend,
+        carry: &mut [f32],
+        x: &[f32],
+        len: usize,
+    ) -> Vec<f32> {
+        assert!(
+            self.k >= self.stride,
+            "kernel shorter than the stride is not a causal upsampler"
+        );
         let full = (len - 1) * self.stride + self.k;
+        let overlap = self.k - self.stride;
+        let out_len = self.out_len(len);
         let mut y_full = vec![0.0; self.cout * full];
         backend.conv_transpose1d(&self.weight, x, len, &mut y_full);
-        let out_len = self.out_len(len);
         let mut y = Vec::with_capacity(self.cout * out_len);
-        for (row, b) in y_full.chunks_exact(full).zip(&self.bias) {
+        for (c, (row, b)) in y_full.chunks_exact_mut(full).zip(&self.bias).enumerate() {
+            let carried = &mut carry[c * overlap..(c + 1) * overlap];
+            for (v, old) in row.iter_mut().zip(carried.iter()) {
+                *v += old;
+            }
+            carried.copy_from_slice(&row[out_len..]);
             y.extend(row[..out_len].iter().map(|v| v + b));
         }
         y

@@ -2,6 +2,10 @@
 //!
 //! `codes → quantizer → pre_conv → pre_transformer → upsample stages → vocoder → clamp(−1, 1)`, all causal,
 //! exactly `samples_per_frame` samples per frame.
+//!
+//! Decoding is chunked: [`CodecDecoder::decode_chunk`] takes the next frames and a [`DecoderState`] (every
+//! causal conv's left context, every transposed conv's overlap, the pre-transformer's key/value window with
+//! positions continuing), and returns exactly their samples, equal to the one-shot decode's.
 
 mod bigvgan;
 pub mod config;
@@ -16,7 +20,7 @@ use std::sync::Arc;
 use kazeia_backend_abi::Backend;
 
 pub use config::{CodecConfig, DecoderConfig};
-use conv::{transpose, CausalConv1d};
+use conv::{transpose, CausalConv1d, ConvState};
 
 use crate::error::{Error, Result};
 use crate::weights::{WeightFile, Weights};
@@ -24,6 +28,23 @@ use crate::weights::{WeightFile, Weights};
 /// Frames per chunk and left-context frames of the official `chunked_decode`.
 pub const OFFICIAL_CHUNK_FRAMES: usize = 300;
 pub const OFFICIAL_CHUNK_CONTEXT: usize = 25;
+
+/// Everything a chunked decode carries from one chunk to the next.
+#[derive(Clone)]
+pub struct DecoderState {
+    pre_conv: ConvState,
+    pre_transformer: pre_transformer::PreTransformerState,
+    upsample: Vec<upsample::UpsampleState>,
+    vocoder: bigvgan::VocoderState,
+    frames: usize,
+}
+
+impl DecoderState {
+    /// Frames decoded so far.
+    pub fn frames(&self) -> usize {
+        self.frames
+    }
+}
 
 /// A loaded codec decoder, its weights resident in `backend`.
 pub struct CodecDecoder {
@@ -150,6 +171,31 @@ impl CodecDecoder {
         codes: &[Vec<u32>],
         trace: &mut dyn FnMut(&str, &[f32]),
     ) -> Result<Vec<f32>> {
+        self.decode_chunk(&mut self.new_state(), codes, trace)
+    }
+
+    /// A fresh state: nothing decoded yet.
+    pub fn new_state(&self) -> DecoderState {
+        DecoderState {
+            pre_conv: self.pre_conv.new_state(),
+            pre_transformer: self.pre_transformer.new_state(),
+            upsample: self
+                .upsample
+                .iter()
+                .map(upsample::UpsampleStage::new_state)
+                .collect(),
+            vocoder: self.vocoder.new_state(),
+            frames: 0,
+        }
+    }
+
+    /// Decodes the next frames after `state` → exactly `codes.len() × samples_per_frame` samples.
+    pub fn decode_chunk(
+        &self,
+        state: &mut DecoderState,
+        codes: &[Vec<u32>],
+        trace: &mut dyn FnMut(&str, &[f32]),
+    ) -> Result<Vec<f32>> {
         self.validate_codes(codes)?;
         let frames = codes.len();
         if frames == 0 {
@@ -161,22 +207,25 @@ impl CodecDecoder {
         let z = self.quantizer.decode(b, codes);
         let z = transpose(&z, frames, cfg.codebook_dim);
         trace("quantizer", &z);
-        let x = self.pre_conv.forward(b, &z, frames);
+        let x = self.pre_conv.forward(b, &mut state.pre_conv, &z, frames);
         trace("pre_conv", &x);
         let rows = transpose(&x, cfg.latent_dim, frames);
-        let rows = self.pre_transformer.forward(b, &rows, frames);
+        let rows = self
+            .pre_transformer
+            .forward(b, &mut state.pre_transformer, &rows, frames);
         let mut h = transpose(&rows, frames, cfg.latent_dim);
         trace("pre_transformer", &h);
         let mut len = frames;
-        for (i, stage) in self.upsample.iter().enumerate() {
-            (h, len) = stage.forward(b, &h, len);
+        for (i, (stage, stage_state)) in self.upsample.iter().zip(&mut state.upsample).enumerate() {
+            (h, len) = stage.forward(b, stage_state, &h, len);
             trace(&format!("upsample.{i}"), &h);
         }
-        let mut wav = self.vocoder.forward(b, &h, len, trace);
+        let mut wav = self.vocoder.forward(b, &mut state.vocoder, &h, len, trace);
         for s in &mut wav {
             *s = s.clamp(-1.0, 1.0);
         }
         trace("wav", &wav);
+        state.frames += frames;
         Ok(wav)
     }
 

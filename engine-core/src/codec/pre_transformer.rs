@@ -21,6 +21,18 @@ struct Layer {
     mlp_scale: Vec<f32>,
 }
 
+/// Keys and values of the positions a new chunk can still attend to, per layer, with positions continuing
+/// across chunks. With a sliding window of `w` only the last `w − 1` positions are kept.
+#[derive(Clone)]
+pub struct PreTransformerState {
+    keys: Vec<Vec<f32>>,
+    values: Vec<Vec<f32>>,
+    /// Absolute position of the first kept key.
+    first: usize,
+    /// Absolute position of the next new frame.
+    next: usize,
+}
+
 pub struct PreTransformer {
     input_proj: Weight,
     layers: Vec<Layer>,
@@ -157,13 +169,30 @@ impl PreTransformer {
         })
     }
 
-    /// `x[frames][latent]` at positions `0..frames` → `y[frames][latent]`.
-    pub fn forward(&self, backend: &dyn Backend, x: &[f32], frames: usize) -> Vec<f32> {
+    pub fn new_state(&self) -> PreTransformerState {
+        PreTransformerState {
+            keys: vec![Vec::new(); self.layers.len()],
+            values: vec![Vec::new(); self.layers.len()],
+            first: 0,
+            next: 0,
+        }
+    }
+
+    /// `x[frames][latent]` → `y[frames][latent]`, at the positions following `state`'s.
+    pub fn forward(
+        &self,
+        backend: &dyn Backend,
+        state: &mut PreTransformerState,
+        x: &[f32],
+        frames: usize,
+    ) -> Vec<f32> {
         let (h, heads) = (self.hidden, self.heads);
         let (q_out, kv_out) = (
             heads.q_heads * heads.head_dim,
             heads.kv_heads * heads.head_dim,
         );
+        let start = state.next;
+        let kept = start - state.first;
         let mut hidden = vec![0.0; frames * h];
         backend.linear(&self.input_proj, x, frames, &mut hidden);
 
@@ -177,21 +206,43 @@ impl PreTransformer {
         let mut up = vec![0.0; frames * self.intermediate];
         let span = AttentionSpan {
             queries: frames,
-            query_start: 0,
-            keys: frames,
-            key_start: 0,
+            query_start: start,
+            keys: kept + frames,
+            key_start: state.first,
             window: self.window,
         };
         let scale = 1.0 / (heads.head_dim as f32).sqrt();
-        for layer in &self.layers {
+        for (i, layer) in self.layers.iter().enumerate() {
             normed.copy_from_slice(&hidden);
             backend.rms_norm(&mut normed, h, &layer.input_norm, self.eps);
             backend.linear(&layer.q_proj, &normed, frames, &mut q);
             backend.linear(&layer.k_proj, &normed, frames, &mut k);
             backend.linear(&layer.v_proj, &normed, frames, &mut v);
-            backend.rope(&mut q, heads.q_heads, heads.head_dim, 0, self.rope_theta);
-            backend.rope(&mut k, heads.kv_heads, heads.head_dim, 0, self.rope_theta);
-            backend.attention(&q, &k, &v, heads, span, scale, &mut attn);
+            backend.rope(
+                &mut q,
+                heads.q_heads,
+                heads.head_dim,
+                start,
+                self.rope_theta,
+            );
+            backend.rope(
+                &mut k,
+                heads.kv_heads,
+                heads.head_dim,
+                start,
+                self.rope_theta,
+            );
+            state.keys[i].extend_from_slice(&k);
+            state.values[i].extend_from_slice(&v);
+            backend.attention(
+                &q,
+                &state.keys[i],
+                &state.values[i],
+                heads,
+                span,
+                scale,
+                &mut attn,
+            );
             backend.linear(&layer.o_proj, &attn, frames, &mut branch);
             add_scaled(&mut hidden, &branch, &layer.attn_scale);
 
@@ -202,6 +253,17 @@ impl PreTransformer {
             backend.silu_mul(&mut gate, &up);
             backend.linear(&layer.down_proj, &gate, frames, &mut branch);
             add_scaled(&mut hidden, &branch, &layer.mlp_scale);
+        }
+        state.next = start + frames;
+        if let Some(w) = self.window {
+            // The next query (position `next`) sees keys down to `next − w + 1`.
+            let keep_from = state.next.saturating_sub(w - 1).max(state.first);
+            let drop = (keep_from - state.first) * kv_out;
+            for i in 0..self.layers.len() {
+                state.keys[i].drain(..drop);
+                state.values[i].drain(..drop);
+            }
+            state.first = keep_from;
         }
         backend.rms_norm(&mut hidden, h, &self.norm, self.eps);
         let mut out = vec![0.0; frames * self.latent];

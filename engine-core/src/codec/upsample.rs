@@ -3,7 +3,7 @@
 
 use kazeia_backend_abi::{Backend, Weight};
 
-use super::conv::{transpose, CausalConvTranspose1d, CausalDepthwiseConv1d};
+use super::conv::{transpose, CausalConvTranspose1d, CausalDepthwiseConv1d, ConvState};
 use crate::error::Result;
 use crate::weights::Weights;
 
@@ -45,9 +45,9 @@ impl ConvNeXt {
     }
 
     /// In place on `x[dim][len]`.
-    fn forward(&self, backend: &dyn Backend, x: &mut [f32], len: usize) {
+    fn forward(&self, backend: &dyn Backend, state: &mut ConvState, x: &mut [f32], len: usize) {
         let dim = self.dim;
-        let dw = self.dwconv.forward(backend, x, len);
+        let dw = self.dwconv.forward(backend, state, x, len);
         let mut rows = transpose(&dw, dim, len);
         backend.layer_norm(&mut rows, dim, &self.norm_weight, &self.norm_bias, 1e-6);
         let mut wide = vec![0.0; len * 4 * dim];
@@ -65,6 +65,13 @@ impl ConvNeXt {
 pub struct UpsampleStage {
     transconv: CausalConvTranspose1d,
     convnext: ConvNeXt,
+}
+
+/// What a stage carries between chunks.
+#[derive(Clone)]
+pub struct UpsampleState {
+    carry: Vec<f32>,
+    dwconv: ConvState,
 }
 
 impl UpsampleStage {
@@ -87,11 +94,25 @@ impl UpsampleStage {
         })
     }
 
-    /// `x[dim][len]` → `(y[dim][len·factor], len·factor)`.
-    pub fn forward(&self, backend: &dyn Backend, x: &[f32], len: usize) -> (Vec<f32>, usize) {
-        let mut y = self.transconv.forward(backend, x, len);
+    pub fn new_state(&self) -> UpsampleState {
+        UpsampleState {
+            carry: self.transconv.new_state(),
+            dwconv: self.convnext.dwconv.new_state(),
+        }
+    }
+
+    /// `x[dim][len]` → `(y[dim][len·factor], len·factor)`, continuing after `state`.
+    pub fn forward(
+        &self,
+        backend: &dyn Backend,
+        state: &mut UpsampleState,
+        x: &[f32],
+        len: usize,
+    ) -> (Vec<f32>, usize) {
+        let mut y = self.transconv.forward(backend, &mut state.carry, x, len);
         let out_len = self.transconv.out_len(len);
-        self.convnext.forward(backend, &mut y, out_len);
+        self.convnext
+            .forward(backend, &mut state.dwconv, &mut y, out_len);
         (y, out_len)
     }
 }
