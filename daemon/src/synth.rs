@@ -7,9 +7,10 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use kazeia_engine::stream::{SessionControl, StreamConfig};
 use kazeia_engine::synth::{SynthOptions, Synthesizer, Voice};
 use kazeia_engine::text::DEFAULT_CHUNK_CHARS;
-use kazeia_engine::wav::{write_wav, SampleFormat};
+use kazeia_engine::wav::{SampleFormat, WavWriter};
 use kazeia_engine::CpuBackend;
 
 use crate::model_path::resolve_model;
@@ -59,6 +60,16 @@ pub struct SynthArgs {
     /// Longest piece of text synthesised at once; longer text is split at sentences.
     #[arg(long, default_value_t = DEFAULT_CHUNK_CHARS)]
     chunk_chars: usize,
+    /// Write the WAV file while generating (its header is completed at the end) and report the time to the
+    /// first audio.
+    #[arg(long)]
+    stream: bool,
+    /// Frames (80 ms each) in the first decoded chunk.
+    #[arg(long, default_value_t = StreamConfig::default().first_chunk_frames)]
+    first_chunk_frames: usize,
+    /// Frames in each later decoded chunk.
+    #[arg(long, default_value_t = StreamConfig::default().chunk_frames)]
+    chunk_frames: usize,
     /// Worker threads for the CPU backend.
     #[arg(long, default_value_t = crate::default_threads())]
     threads: usize,
@@ -120,24 +131,51 @@ pub fn run(args: SynthArgs) -> Result<()> {
         max_new_tokens: args.max_new_tokens,
         chunk_chars: args.chunk_chars,
     };
-    let mut samples = Vec::new();
-    let report = synth.synthesize(&text, &voice, &options, &mut |chunk| {
-        samples.extend_from_slice(chunk);
+    let stream = StreamConfig {
+        first_chunk_frames: args.first_chunk_frames.max(1),
+        chunk_frames: args.chunk_frames.max(1),
+    };
+    let mut wav = WavWriter::create(&args.out, synth.sample_rate(), format)
+        .with_context(|| format!("cannot write {}", args.out.display()))?;
+    let mut held = Vec::new();
+    let streaming = args.stream;
+    let out_path = args.out.clone();
+    let control = SessionControl::new();
+    let result = synth.synthesize(&text, &voice, &options, stream, &control, &mut |chunk| {
+        if streaming {
+            wav.append(chunk)
+                .map_err(|e| kazeia_engine::Error::io(&out_path, e))?;
+        } else {
+            held.extend_from_slice(chunk);
+        }
         Ok(())
-    })?;
-    for warning in &report.warnings {
+    });
+    let (report, warnings) = match result {
+        Ok(done) => done,
+        Err(e) => {
+            drop(wav);
+            let _ = std::fs::remove_file(&args.out);
+            return Err(e.into());
+        }
+    };
+    for warning in &warnings {
         eprintln!("kazeia: warning: {warning}");
     }
-    let mut bytes = Vec::new();
-    write_wav(&mut bytes, &samples, synth.sample_rate(), format)?;
-    std::fs::write(&args.out, bytes)
+    if !streaming {
+        wav.append(&held)?;
+    }
+    wav.finish()
         .with_context(|| format!("cannot write {}", args.out.display()))?;
-    let audio_s = samples.len() as f64 / synth.sample_rate() as f64;
+    let audio_s = report.samples as f64 / synth.sample_rate() as f64;
+    let first = report.first_audio.map_or(String::new(), |t| {
+        format!(", first audio after {:.0} ms", t.as_secs_f64() * 1e3)
+    });
     eprintln!(
-        "kazeia: {:.2} s of audio ({} frames, {} chunk(s)) in {:.2} s generate + {:.2} s decode; model load {:.2} s",
+        "kazeia: {:.2} s of audio ({} frames, {} text chunk(s)) in {:.2} s generate + {:.2} s decode{first}; \
+         model load {:.2} s",
         audio_s,
         report.frames,
-        report.chunks,
+        report.utterances,
         report.generate_time.as_secs_f64(),
         report.decode_time.as_secs_f64(),
         load_time.as_secs_f64()

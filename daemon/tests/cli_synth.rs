@@ -295,7 +295,7 @@ fn a_megabyte_of_text_is_split_and_spoken_in_bounded_pieces() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     // 1 MiB in chunks of at most 4000 characters: at least 263 chunks, each spoken.
     let chunks: usize = stderr
-        .split(" chunk(s)")
+        .split(" text chunk(s)")
         .next()
         .and_then(|s| s.rsplit(", ").next())
         .and_then(|s| s.parse().ok())

@@ -9,6 +9,7 @@ pub mod error;
 pub mod hub;
 pub mod lm;
 pub mod random_weights;
+pub mod stream;
 pub mod synth;
 pub mod text;
 pub mod tokenizer;

@@ -1,16 +1,16 @@
 //! Text → waveform: tokenizer, talker + code predictor, codec decoder, with long text split into chunks that
-//! are synthesised in order and handed out as they are ready.
+//! are synthesised in order and streamed out as they are decoded.
 
 use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use kazeia_backend_abi::Backend;
 
 use crate::codec::CodecDecoder;
 use crate::error::{Error, Result};
-use crate::lm::sampler::{random_seed, SeededRng};
-use crate::lm::{generate, PromptRequest, TtsModel};
+use crate::lm::sampler::random_seed;
+use crate::lm::{PromptRequest, TtsModel};
+use crate::stream::{stream_speech, SessionControl, StreamConfig, StreamReport};
 use crate::text::split_for_synthesis;
 use crate::tokenizer::{assistant_text, instruct_text, TextTokenizer};
 
@@ -47,17 +47,6 @@ impl Default for SynthOptions {
             chunk_chars: crate::text::DEFAULT_CHUNK_CHARS,
         }
     }
-}
-
-/// What a synthesis did.
-#[derive(Clone, Debug, Default)]
-pub struct SynthReport {
-    pub chunks: usize,
-    pub frames: usize,
-    pub samples: usize,
-    pub generate_time: Duration,
-    pub decode_time: Duration,
-    pub warnings: Vec<String>,
 }
 
 /// A resident model with its tokenizer and codec.
@@ -121,52 +110,46 @@ impl Synthesizer {
         })
     }
 
-    /// Synthesises `text`, handing each chunk's audio to `on_audio` as soon as it is decoded.
+    /// Synthesises `text` as a stream: chunks of audio go to `on_audio` (from the decoder thread) as soon as
+    /// they are decoded; `control` stops or pauses it from any thread. Returns the session report and any
+    /// warnings about the voice.
     pub fn synthesize(
         &self,
         text: &str,
         voice: &Voice,
         options: &SynthOptions,
-        on_audio: &mut dyn FnMut(&[f32]) -> Result<()>,
-    ) -> Result<SynthReport> {
+        stream: StreamConfig,
+        control: &SessionControl,
+        on_audio: &mut (dyn FnMut(&[f32]) -> Result<()> + Send),
+    ) -> Result<(StreamReport, Vec<String>)> {
         let chunks = split_for_synthesis(text, options.chunk_chars);
         if chunks.is_empty() {
             return Err(Error::Input("the text is empty: nothing to say".into()));
         }
-        let mut report = SynthReport::default();
         // Check the voice once, up front, so a bad speaker fails before any audio.
-        let first = self.request(&chunks[0], voice, &mut report.warnings)?;
+        let mut warnings = Vec::new();
+        let first = self.request(&chunks[0], voice, &mut warnings)?;
         self.model.prompt(&first)?;
 
         let mut gen_options = self.model.default_options(options.greedy);
         if let Some(n) = options.max_new_tokens {
             gen_options.max_new_tokens = n;
         }
-        let mut rng = SeededRng::new(options.seed.unwrap_or_else(random_seed));
-        for chunk in &chunks {
+        let mut prompts = chunks.iter().map(|chunk| {
             let request = self.request(chunk, voice, &mut Vec::new())?;
-            let prompt = self.model.prompt(&request)?;
-            let start = Instant::now();
-            let codes = generate(
-                &self.model,
-                &prompt,
-                &gen_options,
-                &mut || rng.uniform(),
-                &mut |_| true,
-            )
-            .codes;
-            report.generate_time += start.elapsed();
-            report.chunks += 1;
-            if codes.is_empty() {
-                continue;
-            }
-            let start = Instant::now();
-            let wav = self.codec.decode(&codes)?;
-            report.decode_time += start.elapsed();
-            report.frames += codes.len();
-            report.samples += wav.len();
-            on_audio(&wav)?;
-        }
-        Ok(report)
+            self.model.prompt(&request)
+        });
+        let seed = options.seed.unwrap_or_else(random_seed);
+        let report = stream_speech(
+            &self.model,
+            &self.codec,
+            &mut prompts,
+            &gen_options,
+            seed,
+            stream,
+            control,
+            on_audio,
+        )?;
+        Ok((report, warnings))
     }
 }

@@ -1,6 +1,7 @@
 //! Mono WAV files: 16-bit PCM or 32-bit IEEE float.
 
-use std::io::{self, Write};
+use std::io::{self, Seek, SeekFrom, Write};
+use std::path::Path;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SampleFormat {
@@ -21,18 +22,16 @@ impl std::str::FromStr for SampleFormat {
     }
 }
 
-/// Writes `samples` (nominally in [−1, 1]) as a mono WAV file.
-pub fn write_wav(
-    out: &mut impl Write,
-    samples: &[f32],
-    sample_rate: u32,
-    format: SampleFormat,
-) -> io::Result<()> {
-    let (format_tag, bytes_per_sample): (u16, u32) = match format {
+fn format_fields(format: SampleFormat) -> (u16, u32) {
+    match format {
         SampleFormat::S16 => (1, 2),
         SampleFormat::F32 => (3, 4),
-    };
-    let data_len = samples.len() as u64 * bytes_per_sample as u64;
+    }
+}
+
+fn header(sample_rate: u32, format: SampleFormat, samples: u64) -> io::Result<Vec<u8>> {
+    let (format_tag, bytes_per_sample) = format_fields(format);
+    let data_len = samples * bytes_per_sample as u64;
     // The RIFF size field is 32 bits; a larger file cannot be described.
     let riff_len = u32::try_from(36 + data_len).map_err(|_| {
         io::Error::new(io::ErrorKind::InvalidInput, "audio too long for a WAV file")
@@ -50,9 +49,11 @@ pub fn write_wav(
     header.extend_from_slice(&(bytes_per_sample as u16 * 8).to_le_bytes());
     header.extend_from_slice(b"data");
     header.extend_from_slice(&(data_len as u32).to_le_bytes());
-    out.write_all(&header)?;
+    Ok(header)
+}
 
-    let mut body = Vec::with_capacity(data_len as usize);
+fn encode(samples: &[f32], format: SampleFormat) -> Vec<u8> {
+    let mut body = Vec::with_capacity(samples.len() * format_fields(format).1 as usize);
     for &s in samples {
         match format {
             SampleFormat::S16 => {
@@ -62,7 +63,52 @@ pub fn write_wav(
             SampleFormat::F32 => body.extend_from_slice(&s.to_le_bytes()),
         }
     }
-    out.write_all(&body)
+    body
+}
+
+/// Writes `samples` (nominally in [−1, 1]) as a mono WAV file.
+pub fn write_wav(
+    out: &mut impl Write,
+    samples: &[f32],
+    sample_rate: u32,
+    format: SampleFormat,
+) -> io::Result<()> {
+    out.write_all(&header(sample_rate, format, samples.len() as u64)?)?;
+    out.write_all(&encode(samples, format))
+}
+
+/// A WAV file written as audio arrives; the header's lengths are filled in by [`WavWriter::finish`].
+pub struct WavWriter {
+    file: io::BufWriter<std::fs::File>,
+    sample_rate: u32,
+    format: SampleFormat,
+    samples: u64,
+}
+
+impl WavWriter {
+    pub fn create(path: &Path, sample_rate: u32, format: SampleFormat) -> io::Result<Self> {
+        let mut file = io::BufWriter::new(std::fs::File::create(path)?);
+        file.write_all(&header(sample_rate, format, 0)?)?;
+        Ok(WavWriter {
+            file,
+            sample_rate,
+            format,
+            samples: 0,
+        })
+    }
+
+    pub fn append(&mut self, samples: &[f32]) -> io::Result<()> {
+        self.file.write_all(&encode(samples, self.format))?;
+        self.samples += samples.len() as u64;
+        Ok(())
+    }
+
+    pub fn finish(mut self) -> io::Result<()> {
+        let header = header(self.sample_rate, self.format, self.samples)?;
+        self.file.seek(SeekFrom::Start(0))?;
+        self.file.write_all(&header)?;
+        self.file.flush()
+    }
 }
 
 /// Reads a mono WAV written by [`write_wav`] back to samples (for tests and tools).

@@ -1,0 +1,227 @@
+//! Streaming synthesis: the talker and code predictor produce frames on the calling thread while the codec
+//! decoder turns them into audio on its own worker, chunk by chunk (a small first chunk for a fast first sound,
+//! larger ones after for efficiency). Audio is handed out as soon as each chunk is decoded.
+//!
+//! A [`SessionControl`] stops or pauses a session from any thread: after [`SessionControl::stop`] returns no
+//! more audio is delivered, and generation ends within one frame.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::sync::{Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::codec::CodecDecoder;
+use crate::error::{Error, Result};
+use crate::lm::sampler::SeededRng;
+use crate::lm::{generate, GenerateOptions, Prompt, TtsModel};
+
+/// Chunking of the decoder's work.
+#[derive(Clone, Copy, Debug)]
+pub struct StreamConfig {
+    /// Frames in the first audio chunk of a session (80 ms each): small, for latency.
+    pub first_chunk_frames: usize,
+    /// Frames in every later chunk: larger, for throughput.
+    pub chunk_frames: usize,
+}
+
+impl Default for StreamConfig {
+    fn default() -> Self {
+        StreamConfig {
+            first_chunk_frames: 2,
+            chunk_frames: 8,
+        }
+    }
+}
+
+/// Stop and pause for one session, shared between the caller and the session's threads.
+#[derive(Default)]
+pub struct SessionControl {
+    stopped: AtomicBool,
+    paused: Mutex<bool>,
+    resumed: Condvar,
+    /// Held while audio is handed out, so that `stop` can wait out a delivery in progress.
+    delivery: Mutex<()>,
+}
+
+impl SessionControl {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Ends the session: no audio is delivered once this returns; generation stops within a frame.
+    pub fn stop(&self) {
+        self.stopped.store(true, Ordering::SeqCst);
+        self.resume();
+        let _wait_for_delivery = self.delivery.lock().unwrap_or_else(|e| e.into_inner());
+    }
+
+    pub fn is_stopped(&self) -> bool {
+        self.stopped.load(Ordering::SeqCst)
+    }
+
+    /// Holds generation and delivery until [`SessionControl::resume`] (or `stop`).
+    pub fn pause(&self) {
+        *self.paused.lock().unwrap_or_else(|e| e.into_inner()) = true;
+    }
+
+    pub fn resume(&self) {
+        *self.paused.lock().unwrap_or_else(|e| e.into_inner()) = false;
+        self.resumed.notify_all();
+    }
+
+    pub fn is_paused(&self) -> bool {
+        *self.paused.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn wait_while_paused(&self) {
+        let mut paused = self.paused.lock().unwrap_or_else(|e| e.into_inner());
+        while *paused && !self.is_stopped() {
+            paused = self.resumed.wait(paused).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    /// Runs `deliver` unless the session was stopped; `false` if it was.
+    fn deliver(&self, deliver: impl FnOnce() -> Result<()>) -> Result<bool> {
+        let _guard = self.delivery.lock().unwrap_or_else(|e| e.into_inner());
+        if self.is_stopped() {
+            return Ok(false);
+        }
+        deliver().map(|()| true)
+    }
+}
+
+/// What a streaming session did.
+#[derive(Clone, Debug, Default)]
+pub struct StreamReport {
+    /// From the start of the session to the first audio delivered.
+    pub first_audio: Option<Duration>,
+    /// Prompts (text chunks) spoken.
+    pub utterances: usize,
+    pub frames: usize,
+    pub samples: usize,
+    pub chunks_delivered: usize,
+    pub generate_time: Duration,
+    pub decode_time: Duration,
+    pub stopped: bool,
+}
+
+enum Work {
+    Frames(Vec<Vec<u32>>),
+    /// The next frames start a new utterance (a new text chunk): fresh decoder state.
+    Restart,
+}
+
+/// Speaks each prompt in turn, streaming audio to `on_audio` from the decoder thread.
+#[allow(clippy::too_many_arguments)]
+pub fn stream_speech(
+    model: &TtsModel,
+    codec: &CodecDecoder,
+    prompts: &mut dyn Iterator<Item = Result<Prompt>>,
+    options: &GenerateOptions,
+    seed: u64,
+    config: StreamConfig,
+    control: &SessionControl,
+    on_audio: &mut (dyn FnMut(&[f32]) -> Result<()> + Send),
+) -> Result<StreamReport> {
+    let start = Instant::now();
+    let failed = AtomicBool::new(false);
+    let (tx, rx) = mpsc::channel::<Work>();
+    let mut report = StreamReport::default();
+    let mut rng = SeededRng::new(seed);
+
+    std::thread::scope(|scope| {
+        let failed = &failed;
+        let decoder = scope.spawn(
+            move || -> Result<(Option<Duration>, usize, usize, Duration)> {
+                let mut state = codec.new_state();
+                let (mut first, mut samples, mut delivered, mut decode_time) =
+                    (None, 0, 0, Duration::ZERO);
+                for work in rx {
+                    if control.is_stopped() || failed.load(Ordering::SeqCst) {
+                        continue; // drain: the generator stops on its own
+                    }
+                    let frames = match work {
+                        Work::Restart => {
+                            state = codec.new_state();
+                            continue;
+                        }
+                        Work::Frames(frames) => frames,
+                    };
+                    control.wait_while_paused();
+                    let t = Instant::now();
+                    let wav = codec.decode_chunk(&mut state, &frames, &mut |_, _| {});
+                    decode_time += t.elapsed();
+                    let wav = match wav {
+                        Ok(wav) => wav,
+                        Err(e) => {
+                            failed.store(true, Ordering::SeqCst);
+                            return Err(e);
+                        }
+                    };
+                    match control.deliver(|| on_audio(&wav)) {
+                        Ok(true) => {
+                            first.get_or_insert_with(|| start.elapsed());
+                            samples += wav.len();
+                            delivered += 1;
+                        }
+                        Ok(false) => {}
+                        Err(e) => {
+                            failed.store(true, Ordering::SeqCst);
+                            return Err(e);
+                        }
+                    }
+                }
+                Ok((first, samples, delivered, decode_time))
+            },
+        );
+
+        let mut target = config.first_chunk_frames.max(1);
+        let generation: Result<()> = (|| {
+            for (i, prompt) in prompts.enumerate() {
+                if control.is_stopped() || failed.load(Ordering::SeqCst) {
+                    break;
+                }
+                let prompt = prompt?;
+                if i > 0 {
+                    tx.send(Work::Restart).ok();
+                }
+                let mut pending: Vec<Vec<u32>> = Vec::new();
+                let t = Instant::now();
+                let generated = generate(
+                    model,
+                    &prompt,
+                    options,
+                    &mut || rng.uniform(),
+                    &mut |frame| {
+                        pending.push(frame.to_vec());
+                        if pending.len() >= target {
+                            tx.send(Work::Frames(std::mem::take(&mut pending))).ok();
+                            target = config.chunk_frames.max(1);
+                        }
+                        control.wait_while_paused();
+                        !(control.is_stopped() || failed.load(Ordering::SeqCst))
+                    },
+                );
+                report.generate_time += t.elapsed();
+                report.utterances += 1;
+                report.frames += generated.codes.len();
+                if !pending.is_empty() {
+                    tx.send(Work::Frames(pending)).ok();
+                }
+            }
+            Ok(())
+        })();
+        drop(tx);
+        let decoded = decoder
+            .join()
+            .map_err(|_| Error::Input("the decoder thread panicked".into()))?;
+        generation?;
+        let (first, samples, delivered, decode_time) = decoded?;
+        report.first_audio = first;
+        report.samples = samples;
+        report.chunks_delivered = delivered;
+        report.decode_time = decode_time;
+        report.stopped = control.is_stopped();
+        Ok(report)
+    })
+}

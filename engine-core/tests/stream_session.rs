@@ -1,0 +1,235 @@
+//! Streaming synthesis sessions on a fixture model: the streamed audio is the one-shot audio, stop silences
+//! at once and ends generation, pause holds delivery until resume.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use kazeia_engine::stream::{SessionControl, StreamConfig};
+use kazeia_engine::synth::{SynthOptions, Synthesizer, Voice};
+use kazeia_engine::weights::WeightFile;
+use kazeia_engine::CpuBackend;
+
+fn fixture(case: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/fixtures/lm")
+        .join(case)
+}
+
+fn voice() -> Voice {
+    Voice {
+        speaker: Some("ryan".into()),
+        language: "english".into(),
+        instruct: None,
+        non_streaming_mode: None,
+    }
+}
+
+fn greedy(max_new_tokens: usize) -> SynthOptions {
+    SynthOptions {
+        greedy: true,
+        seed: None,
+        max_new_tokens: Some(max_new_tokens),
+        chunk_chars: 400,
+    }
+}
+
+#[test]
+fn streamed_audio_equals_the_official_one_shot_waveform_for_any_chunking() {
+    for case in ["shape_0b6", "shape_1b7"] {
+        let synth = Synthesizer::load(&fixture(case), Arc::new(CpuBackend::new(2))).unwrap();
+        let golden = WeightFile::open(&fixture(case).join("golden.safetensors"))
+            .unwrap()
+            .tensor("wav_en_nonstream")
+            .unwrap()
+            .data;
+        for (first, later) in [(1, 1), (2, 8), (3, 5), (100, 100)] {
+            let config = StreamConfig {
+                first_chunk_frames: first,
+                chunk_frames: later,
+            };
+            let mut audio = Vec::new();
+            let mut deliveries = 0;
+            let control = SessionControl::new();
+            let (report, _) = synth
+                .synthesize(
+                    "Hello world.",
+                    &voice(),
+                    &greedy(24),
+                    config,
+                    &control,
+                    &mut |chunk| {
+                        audio.extend_from_slice(chunk);
+                        deliveries += 1;
+                        Ok(())
+                    },
+                )
+                .unwrap();
+            assert_eq!(audio.len(), golden.len(), "{case} {first}/{later}");
+            let err = audio
+                .iter()
+                .zip(&golden)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0, f32::max);
+            assert!(err <= 1e-4, "{case} {first}/{later}: {err:e}");
+            let frames = report.frames;
+            let expected = if frames <= first {
+                1
+            } else {
+                1 + (frames - first).div_ceil(later)
+            };
+            assert_eq!(
+                deliveries, expected,
+                "{case} {first}/{later}: {frames} frames"
+            );
+            assert!(report.first_audio.is_some());
+        }
+    }
+}
+
+/// Long text that never runs out during the test.
+fn long_text() -> String {
+    "Good morning, how are you today? ".repeat(200)
+}
+
+#[test]
+fn stop_silences_at_once_and_ends_generation_within_a_frame() {
+    let synth = Synthesizer::load(&fixture("shape_0b6"), Arc::new(CpuBackend::new(2))).unwrap();
+    let control = Arc::new(SessionControl::new());
+    let delivered = Arc::new(AtomicUsize::new(0));
+    let after_stop = Arc::new(AtomicUsize::new(0));
+    let stopped_at = Arc::new(Mutex::new(None::<Instant>));
+
+    let stopper = {
+        let (control, delivered, stopped_at) =
+            (control.clone(), delivered.clone(), stopped_at.clone());
+        std::thread::spawn(move || {
+            while delivered.load(Ordering::SeqCst) < 3 {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            let t = Instant::now();
+            control.stop();
+            *stopped_at.lock().unwrap() = Some(t);
+            t.elapsed()
+        })
+    };
+    let options = SynthOptions {
+        seed: Some(3),
+        max_new_tokens: Some(50),
+        ..greedy(50)
+    };
+    let config = StreamConfig {
+        first_chunk_frames: 1,
+        chunk_frames: 1,
+    };
+    let (report, _) = synth
+        .synthesize(
+            &long_text(),
+            &voice(),
+            &options,
+            config,
+            &control,
+            &mut |_| {
+                if stopped_at.lock().unwrap().is_some() {
+                    after_stop.fetch_add(1, Ordering::SeqCst);
+                }
+                delivered.fetch_add(1, Ordering::SeqCst);
+                Ok(())
+            },
+        )
+        .unwrap();
+    let returned = Instant::now();
+    let stop_call = stopper.join().unwrap();
+    let stop_began = stopped_at.lock().unwrap().unwrap();
+    assert!(report.stopped);
+    assert_eq!(
+        after_stop.load(Ordering::SeqCst),
+        0,
+        "audio delivered after stop returned"
+    );
+    assert!(
+        stop_call < Duration::from_millis(20),
+        "stop took {stop_call:?}"
+    );
+    // Generation noticed the stop within a frame or so (a tiny model: well under 200 ms) and the session ended.
+    let wind_down = returned - stop_began;
+    assert!(
+        wind_down < Duration::from_millis(500),
+        "session ended {wind_down:?} after stop"
+    );
+    assert!(
+        report.utterances < 20,
+        "kept generating after stop: {} utterances",
+        report.utterances
+    );
+}
+
+#[test]
+fn pause_holds_delivery_until_resume_and_loses_nothing() {
+    let synth = Synthesizer::load(&fixture("shape_0b6"), Arc::new(CpuBackend::new(2))).unwrap();
+    let text = "Hello world. Good morning, how are you today?";
+    let config = StreamConfig {
+        first_chunk_frames: 1,
+        chunk_frames: 2,
+    };
+    let mut reference = Vec::new();
+    synth
+        .synthesize(
+            text,
+            &voice(),
+            &greedy(20),
+            config,
+            &SessionControl::new(),
+            &mut |c| {
+                reference.extend_from_slice(c);
+                Ok(())
+            },
+        )
+        .unwrap();
+
+    let control = Arc::new(SessionControl::new());
+    let log = Arc::new(Mutex::new(Vec::<(Instant, usize)>::new()));
+    let resumer = {
+        let (control, log) = (control.clone(), log.clone());
+        std::thread::spawn(move || {
+            while log.lock().unwrap().is_empty() {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            control.pause();
+            let paused_at = Instant::now();
+            std::thread::sleep(Duration::from_millis(300));
+            let resumed_at = Instant::now();
+            control.resume();
+            (paused_at, resumed_at)
+        })
+    };
+    let mut audio = Vec::new();
+    synth
+        .synthesize(text, &voice(), &greedy(20), config, &control, &mut |c| {
+            audio.extend_from_slice(c);
+            log.lock().unwrap().push((Instant::now(), c.len()));
+            Ok(())
+        })
+        .unwrap();
+    let finished = Instant::now();
+    let (paused_at, resumed_at) = resumer.join().unwrap();
+    assert!(
+        finished > resumed_at,
+        "the session ended before the pause took effect"
+    );
+    assert_eq!(audio, reference, "pause changed the audio");
+    // Apart from a delivery already under way when pause was called, nothing arrives while paused.
+    let during: Vec<_> = log
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(t, _)| *t > paused_at + Duration::from_millis(50) && *t < resumed_at)
+        .cloned()
+        .collect();
+    assert!(
+        during.is_empty(),
+        "{} deliveries while paused",
+        during.len()
+    );
+}
