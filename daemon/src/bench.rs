@@ -14,8 +14,9 @@ use kazeia_engine::codec::{CodecConfig, CodecDecoder};
 use kazeia_engine::lm::sampler::SeededRng;
 use kazeia_engine::lm::{generate, GenerationConfig, ModelConfig, PromptRequest, TtsModel};
 use kazeia_engine::random_weights::RandomWeights;
+use kazeia_engine::stream::{stream_speech, SessionControl, StreamConfig};
 use kazeia_engine::tokenizer::{assistant_text, TextTokenizer};
-use kazeia_engine::CpuBackend;
+use kazeia_engine::{CpuBackend, WeightFormat};
 
 use crate::model_path::resolve_model;
 
@@ -39,6 +40,12 @@ pub struct BenchArgs {
     /// Timed runs after one warm-up run; the table shows the fastest.
     #[arg(long, default_value_t = 3)]
     repeat: usize,
+    /// Storage of the talker's and code predictor's weights: f32, f16, bf16, q8_0 or q4_0.
+    #[arg(long, default_value = "bf16")]
+    weights: WeightFormat,
+    /// Frames in the first streamed chunk (the first-audio measurement).
+    #[arg(long, default_value_t = StreamConfig::default().first_chunk_frames)]
+    first_chunk_frames: usize,
     /// Only time the codec decoder.
     #[arg(long)]
     decoder_only: bool,
@@ -93,8 +100,13 @@ fn load(args: &BenchArgs) -> Result<Loaded> {
                 (None, None)
             } else {
                 let config = ModelConfig::released(size).context("unknown model size")?;
-                let model =
-                    TtsModel::from_parts(config, GenerationConfig::default(), &weights, backend)?;
+                let model = TtsModel::from_parts(
+                    config,
+                    GenerationConfig::default(),
+                    &weights,
+                    backend,
+                    args.weights,
+                )?;
                 // The template of a 10-word sentence: 3 role ids, 13 text ids, 5 closing ids.
                 let mut ids = vec![151644, 77091, 198];
                 ids.extend((0..13).map(|i| 1000 + 37 * i));
@@ -112,7 +124,7 @@ fn load(args: &BenchArgs) -> Result<Loaded> {
                 model,
                 decoder,
                 request,
-                source: format!("random {size} weights (f32)"),
+                source: format!("random {size} weights ({})", args.weights),
             })
         }
         (None, Some(spec)) => {
@@ -121,7 +133,7 @@ fn load(args: &BenchArgs) -> Result<Loaded> {
             let (model, request) = if args.decoder_only {
                 (None, None)
             } else {
-                let model = TtsModel::load(&dir, backend)?;
+                let model = TtsModel::load_as(&dir, backend, args.weights)?;
                 let tokenizer = TextTokenizer::load(&dir)?;
                 let request = PromptRequest {
                     input_ids: tokenizer.encode(&assistant_text(SENTENCE))?,
@@ -136,7 +148,7 @@ fn load(args: &BenchArgs) -> Result<Loaded> {
                 model,
                 decoder,
                 request,
-                source: dir.display().to_string(),
+                source: format!("{} ({})", dir.display(), args.weights),
             })
         }
         _ => bail!("give either --random 0.6b|1.7b or --model DIR"),
@@ -182,6 +194,86 @@ fn run_once(loaded: &Loaded, frames: usize) -> Result<Run> {
     Ok(run)
 }
 
+/// Streaming latencies: request → first audio delivered; stop request → delivery over (stop returned), and
+/// → session ended.
+struct Latency {
+    first_audio_ms: f64,
+    stop_ms: f64,
+    stop_session_ms: f64,
+}
+
+fn measure_latency(
+    loaded: &Loaded,
+    frames: usize,
+    first_chunk_frames: usize,
+) -> Result<Option<Latency>> {
+    let (Some(model), Some(request)) = (&loaded.model, &loaded.request) else {
+        return Ok(None);
+    };
+    let mut options = model.default_options(false);
+    options.max_new_tokens = frames + 1;
+    options.ignore_eos = true;
+    let config = StreamConfig {
+        first_chunk_frames,
+        ..StreamConfig::default()
+    };
+    // First audio: one whole session, timed from the request (prompt building included).
+    let control = SessionControl::new();
+    let mut prompts = std::iter::once(()).map(|()| model.prompt(request));
+    let report = stream_speech(
+        model,
+        &loaded.decoder,
+        &mut prompts,
+        &options,
+        1,
+        config,
+        &control,
+        &mut |_| Ok(()),
+    )?;
+    let first_audio_ms = report
+        .first_audio
+        .map_or(f64::NAN, |d| d.as_secs_f64() * 1e3);
+
+    // Stop: a session stopped from another thread once its second chunk is out.
+    let control = SessionControl::new();
+    let delivered = std::sync::atomic::AtomicUsize::new(0);
+    let (stop_ms, stop_session_ms) = std::thread::scope(|scope| -> Result<(f64, f64)> {
+        let stopper = scope.spawn(|| {
+            while delivered.load(std::sync::atomic::Ordering::SeqCst) < 2 {
+                std::thread::sleep(std::time::Duration::from_micros(200));
+            }
+            let t = Instant::now();
+            control.stop();
+            (t, t.elapsed())
+        });
+        let mut prompts = std::iter::once(()).map(|()| model.prompt(request));
+        stream_speech(
+            model,
+            &loaded.decoder,
+            &mut prompts,
+            &options,
+            1,
+            config,
+            &control,
+            &mut |_| {
+                delivered.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                Ok(())
+            },
+        )?;
+        let ended = Instant::now();
+        let (stop_began, stop_call) = stopper.join().expect("stopper thread");
+        Ok((
+            stop_call.as_secs_f64() * 1e3,
+            (ended - stop_began).as_secs_f64() * 1e3,
+        ))
+    })?;
+    Ok(Some(Latency {
+        first_audio_ms,
+        stop_ms,
+        stop_session_ms,
+    }))
+}
+
 pub fn run(args: BenchArgs) -> Result<()> {
     if args.frames == 0 || args.repeat == 0 {
         bail!("--frames and --repeat must be positive");
@@ -198,6 +290,11 @@ pub fn run(args: BenchArgs) -> Result<()> {
         }
     }
     let r = best.expect("at least one run");
+    let latency = if args.frames >= 4 {
+        measure_latency(&loaded, args.frames, args.first_chunk_frames.max(1))?
+    } else {
+        None
+    };
     let frames = args.frames as f64;
     let audio_s =
         frames * loaded.decoder.samples_per_frame() as f64 / loaded.decoder.sample_rate() as f64;
@@ -215,7 +312,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
             "{{\"source\": \"{}\", \"frames\": {}, \"threads\": {}, \"audio_s\": {audio_s:.3}, \"rtf\": {rtf:.4}, \
              \"total_ms\": {:.1}, \"prefill_ms\": {:.2}, \"talker_ms_per_frame\": {:.3}, \"cp_ms_per_frame\": {:.3}, \
              \"decoder_ms\": {:.1}, \"decoder_s_per_audio_s\": {:.4}, {}, \"load_s\": {load_s:.2}, \
-             \"peak_rss_mb\": {rss:.1}}}",
+             \"peak_rss_mb\": {rss:.1}{}}}",
             loaded.source,
             args.frames,
             args.threads,
@@ -225,7 +322,11 @@ pub fn run(args: BenchArgs) -> Result<()> {
             r.cp_s * 1e3 / frames,
             decoder_total * 1e3,
             decoder_total / audio_s,
-            stages.join(", ")
+            stages.join(", "),
+            latency.as_ref().map_or(String::new(), |l| format!(
+                ", \"first_audio_ms\": {:.1}, \"stop_ms\": {:.3}, \"stop_session_ms\": {:.1}",
+                l.first_audio_ms, l.stop_ms, l.stop_session_ms
+            ))
         );
         return Ok(());
     }
@@ -264,6 +365,13 @@ pub fn run(args: BenchArgs) -> Result<()> {
         decoder_total / audio_s
     );
     println!("{:<30}{:>12.1}", "total", r.total_s * 1e3);
+    if let Some(l) = &latency {
+        println!(
+            "streaming: first audio {:.0} ms after the request ({} frame(s) first chunk); stop {:.3} ms to silence, \
+             {:.1} ms to end the session",
+            l.first_audio_ms, args.first_chunk_frames, l.stop_ms, l.stop_session_ms
+        );
+    }
     println!("RTF {rtf:.3} (wall time / audio time); load {load_s:.1} s; peak RSS {rss:.0} MB");
     Ok(())
 }

@@ -9,7 +9,7 @@ use kazeia_engine::codes::codes_to_json;
 use kazeia_engine::lm::sampler::{random_seed, SeededRng};
 use kazeia_engine::lm::{generate, PromptRequest, TtsModel};
 use kazeia_engine::tokenizer::{instruct_text, TextTokenizer};
-use kazeia_engine::CpuBackend;
+use kazeia_engine::{CpuBackend, WeightFormat};
 
 use crate::model_path::resolve_model;
 
@@ -48,6 +48,10 @@ pub struct GenerateArgs {
     /// Output codes file.
     #[arg(long)]
     codes_out: PathBuf,
+    /// Storage of the talker's and code predictor's weights: bf16 (the released precision, lossless), f32,
+    /// f16, q8_0 or q4_0.
+    #[arg(long, default_value = "bf16")]
+    weights: WeightFormat,
     /// Worker threads for the CPU backend.
     #[arg(long, default_value_t = crate::default_threads())]
     threads: usize,
@@ -77,7 +81,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     if args.max_new_tokens == Some(0) {
         bail!("--max-new-tokens must be positive");
     }
-    let model = TtsModel::load(&dir, Arc::new(CpuBackend::new(args.threads)))
+    let model = TtsModel::load_as(&dir, Arc::new(CpuBackend::new(args.threads)), args.weights)
         .with_context(|| format!("cannot load the model from {}", dir.display()))?;
     let request = PromptRequest {
         input_ids,

@@ -11,7 +11,7 @@ use kazeia_engine::stream::{SessionControl, StreamConfig};
 use kazeia_engine::synth::{SynthOptions, Synthesizer, Voice};
 use kazeia_engine::text::DEFAULT_CHUNK_CHARS;
 use kazeia_engine::wav::{SampleFormat, WavWriter};
-use kazeia_engine::CpuBackend;
+use kazeia_engine::{CpuBackend, WeightFormat};
 
 use crate::model_path::resolve_model;
 
@@ -70,6 +70,10 @@ pub struct SynthArgs {
     /// Frames in each later decoded chunk.
     #[arg(long, default_value_t = StreamConfig::default().chunk_frames)]
     chunk_frames: usize,
+    /// Storage of the talker's and code predictor's weights: bf16 (the released precision, lossless), f32,
+    /// f16, q8_0 or q4_0.
+    #[arg(long, default_value = "bf16")]
+    weights: WeightFormat,
     /// Worker threads for the CPU backend.
     #[arg(long, default_value_t = crate::default_threads())]
     threads: usize,
@@ -112,7 +116,7 @@ pub fn run(args: SynthArgs) -> Result<()> {
     }
     let dir = resolve_model(&args.model)?;
     let load_start = Instant::now();
-    let synth = Synthesizer::load(&dir, Arc::new(CpuBackend::new(args.threads)))
+    let synth = Synthesizer::load_as(&dir, Arc::new(CpuBackend::new(args.threads)), args.weights)
         .with_context(|| format!("cannot load the model from {}", dir.display()))?;
     let load_time = load_start.elapsed();
     let speaker = args

@@ -7,6 +7,7 @@ pub mod codec;
 pub mod codes;
 pub mod error;
 pub mod hub;
+pub mod linear;
 pub mod lm;
 pub mod random_weights;
 pub mod stream;
@@ -17,5 +18,5 @@ pub mod wav;
 pub mod weights;
 
 pub use error::{Error, Result};
-pub use kazeia_backend_abi::Backend;
+pub use kazeia_backend_abi::{Backend, WeightFormat};
 pub use kazeia_backend_cpu::CpuBackend;

@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use kazeia_backend_abi::Backend;
+use kazeia_backend_abi::{Backend, WeightFormat};
 
 use crate::codec::CodecDecoder;
 use crate::error::{Error, Result};
@@ -57,9 +57,15 @@ pub struct Synthesizer {
 }
 
 impl Synthesizer {
-    /// Loads a released model directory: LM, tokenizer files and `speech_tokenizer/`.
+    /// Loads a released model directory: LM, tokenizer files and `speech_tokenizer/`. The LM's linear
+    /// weights are kept as BF16, the released checkpoints' own precision (lossless for them).
     pub fn load(dir: &Path, backend: Arc<dyn Backend>) -> Result<Self> {
-        let model = TtsModel::load(dir, backend.clone())?;
+        Self::load_as(dir, backend, WeightFormat::BF16)
+    }
+
+    /// [`Synthesizer::load`] with the LM's linear weights stored as `format`.
+    pub fn load_as(dir: &Path, backend: Arc<dyn Backend>, format: WeightFormat) -> Result<Self> {
+        let model = TtsModel::load_as(dir, backend.clone(), format)?;
         let tokenizer = TextTokenizer::load(dir)?;
         let codec = CodecDecoder::load(dir, backend)?;
         let cb0_range = model.config.talker_config.vocab_size - 1024;

@@ -208,3 +208,48 @@ fn bad_requests_are_rejected_with_a_reason() {
     let err = model.prompt(&req).err().unwrap().to_string();
     assert!(err.contains("outside the model's text vocabulary"), "{err}");
 }
+
+/// BF16 storage of the BF16 checkpoints is lossless: the codes stay identical. The lossy formats are reported
+/// (share of codes equal to the f32 run) and must still produce valid, mostly agreeing codes.
+#[test]
+fn weight_formats_against_f32_codes() {
+    use kazeia_engine::WeightFormat;
+    for case in CASES {
+        for format in [
+            WeightFormat::BF16,
+            WeightFormat::F16,
+            WeightFormat::Q8_0,
+            WeightFormat::Q4_0,
+        ] {
+            let model =
+                TtsModel::load_as(&fixture(case), Arc::new(CpuBackend::new(1)), format).unwrap();
+            let (mut same, mut total, mut first_frames_same) = (0usize, 0usize, 0usize);
+            let all = runs(case);
+            for run in &all {
+                let prompt = model.prompt(&request(run)).unwrap();
+                let mut options = model.default_options(true);
+                options.max_new_tokens = run["max_new_tokens"].as_u64().unwrap() as usize;
+                let codes = generate(
+                    &model,
+                    &prompt,
+                    &options,
+                    &mut || unreachable!(),
+                    &mut |_| true,
+                )
+                .codes;
+                let expected: Vec<Vec<u32>> =
+                    run["codes"].as_array().unwrap().iter().map(ids).collect();
+                if format == WeightFormat::BF16 {
+                    assert_eq!(codes, expected, "{case} {format}: {}", run["name"]);
+                }
+                first_frames_same += usize::from(codes.first() == expected.first());
+                for (a, b) in codes.iter().zip(&expected) {
+                    same += a.iter().zip(b).filter(|(x, y)| x == y).count();
+                }
+                total += expected.len() * 16;
+            }
+            let share = same as f64 / total.max(1) as f64;
+            eprintln!("{case} {format}: {:.1}% of codes equal to f32, first frame equal in {first_frames_same}/{} runs", share * 100.0, all.len());
+        }
+    }
+}

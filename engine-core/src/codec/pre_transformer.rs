@@ -1,10 +1,11 @@
 //! The codec's pre-transformer: `input_proj` → N pre-norm layers (RoPE attention over a causal sliding window,
 //! SwiGLU MLP, each residual branch scaled per channel by LayerScale) → final RMSNorm → `output_proj`.
 
-use kazeia_backend_abi::{AttentionSpan, Backend, Heads, Weight};
+use kazeia_backend_abi::{AttentionSpan, Backend, Heads, Weight, WeightFormat};
 
 use super::config::DecoderConfig;
 use crate::error::Result;
+use crate::linear::load_linear;
 use crate::weights::Weights;
 
 struct Layer {
@@ -51,16 +52,11 @@ fn linear(
     backend: &dyn Backend,
     file: &dyn Weights,
     name: &str,
-    (out, inp): (usize, usize),
+    dims: (usize, usize),
     bias: bool,
 ) -> Result<Weight> {
-    let w = file.tensor_shaped(&format!("{name}.weight"), &[out, inp])?;
-    let b = if bias {
-        Some(file.tensor_shaped(&format!("{name}.bias"), &[out])?)
-    } else {
-        None
-    };
-    Ok(backend.upload_linear(&w, out, inp, b.as_deref()))
+    // The codec decoder is compute-bound; it keeps f32 weights.
+    load_linear(backend, file, name, dims, bias, WeightFormat::F32)
 }
 
 impl PreTransformer {

@@ -1,7 +1,7 @@
 //! RVQ dequantisation (`SplitResidualVectorQuantizer.decode`): one semantic codebook and the acoustic rest, each
 //! group summed and projected by its own bias-free 1×1 conv.
 
-use kazeia_backend_abi::{Backend, Weight};
+use kazeia_backend_abi::{Backend, Weight, WeightFormat};
 
 use super::config::DecoderConfig;
 use crate::error::Result;
@@ -50,7 +50,7 @@ impl Group {
             file.tensor_shaped(&format!("{prefix}.output_proj.weight"), &[out_dim, dim, 1])?;
         Ok(Group {
             codebooks,
-            output_proj: backend.upload_linear(&proj, out_dim, dim, None),
+            output_proj: backend.upload_linear(&proj, out_dim, dim, None, WeightFormat::F32),
         })
     }
 }

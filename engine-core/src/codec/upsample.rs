@@ -1,7 +1,7 @@
 //! The two ×ratio upsampling stages between the pre-transformer and the vocoder: a transposed convolution
 //! (kernel = stride) followed by a ConvNeXt block.
 
-use kazeia_backend_abi::{Backend, Weight};
+use kazeia_backend_abi::{Backend, Weight, WeightFormat};
 
 use super::conv::{transpose, CausalConvTranspose1d, CausalDepthwiseConv1d, ConvState};
 use crate::error::Result;
@@ -37,8 +37,8 @@ impl ConvNeXt {
             )?,
             norm_weight: t("norm.weight", &[dim])?,
             norm_bias: t("norm.bias", &[dim])?,
-            pwconv1: backend.upload_linear(&w1, 4 * dim, dim, Some(&b1)),
-            pwconv2: backend.upload_linear(&w2, dim, 4 * dim, Some(&b2)),
+            pwconv1: backend.upload_linear(&w1, 4 * dim, dim, Some(&b1), WeightFormat::F32),
+            pwconv2: backend.upload_linear(&w2, dim, 4 * dim, Some(&b2), WeightFormat::F32),
             gamma: t("gamma", &[dim])?,
             dim,
         })

@@ -2,11 +2,12 @@
 //! outputs, emitting codebooks 1..N−1 one per step, each through its own embedding and head. Inputs live in
 //! the talker's width and go through `small_to_mtp_projection` when the widths differ (1.7B).
 
-use kazeia_backend_abi::{Backend, Heads, Weight};
+use kazeia_backend_abi::{Backend, Heads, Weight, WeightFormat};
 
 use super::config::CodePredictorConfig;
-use super::transformer::{load_linear, DecoderStack, KvCache, StackShape};
+use super::transformer::{DecoderStack, KvCache, StackShape};
 use crate::error::Result;
+use crate::linear::load_linear;
 use crate::weights::Weights;
 
 pub struct CodePredictor {
@@ -26,6 +27,7 @@ impl CodePredictor {
         weights: &dyn Weights,
         cfg: &CodePredictorConfig,
         talker_hidden: usize,
+        format: WeightFormat,
     ) -> Result<Self> {
         let (h, v, groups) = (cfg.hidden_size, cfg.vocab_size, cfg.num_code_groups);
         let shape = StackShape {
@@ -43,6 +45,7 @@ impl CodePredictor {
             windows: (0..cfg.num_hidden_layers)
                 .map(|i| cfg.window_of(i))
                 .collect(),
+            format,
         };
         let prefix = "talker.code_predictor";
         let embeddings = (0..groups - 1)
@@ -60,6 +63,7 @@ impl CodePredictor {
                 &format!("{prefix}.small_to_mtp_projection"),
                 (h, talker_hidden),
                 true,
+                format,
             )?)
         } else {
             None
@@ -72,6 +76,7 @@ impl CodePredictor {
                     &format!("{prefix}.lm_head.{k}"),
                     (v, h),
                     false,
+                    format,
                 )
             })
             .collect::<Result<_>>()?;

@@ -12,7 +12,7 @@ pub mod transformer;
 use std::path::Path;
 use std::sync::Arc;
 
-use kazeia_backend_abi::Backend;
+use kazeia_backend_abi::{Backend, WeightFormat};
 
 pub use config::{GenerationConfig, ModelConfig};
 pub use generate::{generate, GenerateOptions, GenerateTimings, Generated};
@@ -32,8 +32,14 @@ pub struct TtsModel {
 }
 
 impl TtsModel {
-    /// Loads `config.json`, `generation_config.json` (optional) and `model.safetensors` of a model directory.
+    /// Loads `config.json`, `generation_config.json` (optional) and `model.safetensors` of a model directory,
+    /// with f32 weights.
     pub fn load(dir: &Path, backend: Arc<dyn Backend>) -> Result<Self> {
+        Self::load_as(dir, backend, WeightFormat::F32)
+    }
+
+    /// [`TtsModel::load`] with the talker's and code predictor's linear weights stored as `format`.
+    pub fn load_as(dir: &Path, backend: Arc<dyn Backend>, format: WeightFormat) -> Result<Self> {
         let config_path = dir.join("config.json");
         if !config_path.is_file() {
             return Err(Error::Input(format!(
@@ -44,7 +50,7 @@ impl TtsModel {
         let config = ModelConfig::load(&config_path)?;
         let generation = GenerationConfig::load_or_default(&dir.join("generation_config.json"))?;
         let weights = WeightFile::open(&dir.join("model.safetensors"))?;
-        Self::from_parts(config, generation, &weights, backend)
+        Self::from_parts(config, generation, &weights, backend, format)
     }
 
     pub fn from_parts(
@@ -52,14 +58,16 @@ impl TtsModel {
         generation: GenerationConfig,
         weights: &dyn Weights,
         backend: Arc<dyn Backend>,
+        format: WeightFormat,
     ) -> Result<Self> {
         let t = &config.talker_config;
-        let talker = talker::Talker::load(backend.as_ref(), weights, t)?;
+        let talker = talker::Talker::load(backend.as_ref(), weights, t, format)?;
         let code_predictor = code_predictor::CodePredictor::load(
             backend.as_ref(),
             weights,
             &t.code_predictor_config,
             t.hidden_size,
+            format,
         )?;
         Ok(TtsModel {
             backend,

@@ -1,9 +1,10 @@
 //! The Qwen3 decoder-layer stack shared by the talker and the code predictor: pre-norm layers with per-head
 //! q/k RMSNorm, grouped-query attention with split-half RoPE over a KV cache, SwiGLU MLP, and a final RMSNorm.
 
-use kazeia_backend_abi::{AttentionSpan, Backend, Heads, Weight};
+use kazeia_backend_abi::{AttentionSpan, Backend, Heads, Weight, WeightFormat};
 
 use crate::error::Result;
+use crate::linear::load_linear;
 use crate::weights::Weights;
 
 /// Shapes of one stack, from the talker's or the code predictor's config.
@@ -18,6 +19,8 @@ pub struct StackShape {
     pub attention_bias: bool,
     /// Sliding window per layer (`None`: full causal attention).
     pub windows: Vec<Option<usize>>,
+    /// How the layers' linear weights are stored.
+    pub format: WeightFormat,
 }
 
 struct Layer {
@@ -63,22 +66,6 @@ impl KvCache {
     }
 }
 
-pub fn load_linear(
-    backend: &dyn Backend,
-    weights: &dyn Weights,
-    name: &str,
-    (out, inp): (usize, usize),
-    bias: bool,
-) -> Result<Weight> {
-    let w = weights.tensor_shaped(&format!("{name}.weight"), &[out, inp])?;
-    let b = if bias {
-        Some(weights.tensor_shaped(&format!("{name}.bias"), &[out])?)
-    } else {
-        None
-    };
-    Ok(backend.upload_linear(&w, out, inp, b.as_deref()))
-}
-
 impl DecoderStack {
     /// Loads `{prefix}.layers.{i}.*` and `{prefix}.norm.weight`.
     pub fn load(
@@ -94,7 +81,14 @@ impl DecoderStack {
         for i in 0..shape.layers {
             let p = format!("{prefix}.layers.{i}");
             let lin = |name: &str, dims, bias| {
-                load_linear(backend, weights, &format!("{p}.{name}"), dims, bias)
+                load_linear(
+                    backend,
+                    weights,
+                    &format!("{p}.{name}"),
+                    dims,
+                    bias,
+                    shape.format,
+                )
             };
             layers.push(Layer {
                 input_norm: weights.tensor_shaped(&format!("{p}.input_layernorm.weight"), &[h])?,

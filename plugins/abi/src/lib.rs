@@ -29,6 +29,47 @@ impl Weight {
     }
 }
 
+/// How a backend stores a linear layer's weights (quantised formats are made from the `f32` values at upload).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum WeightFormat {
+    #[default]
+    F32,
+    F16,
+    BF16,
+    /// Blocks of 32 weights: one scale and 32 signed bytes (as ggml's Q8_0).
+    Q8_0,
+    /// Blocks of 32 weights: one scale and 32 signed nibbles, value = (nibble − 8) · scale (as ggml's Q4_0).
+    Q4_0,
+}
+
+impl std::str::FromStr for WeightFormat {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "f32" => Ok(WeightFormat::F32),
+            "f16" => Ok(WeightFormat::F16),
+            "bf16" => Ok(WeightFormat::BF16),
+            "q8_0" | "q8" => Ok(WeightFormat::Q8_0),
+            "q4_0" | "q4" => Ok(WeightFormat::Q4_0),
+            other => Err(format!(
+                "unknown weight format `{other}` (expected f32, f16, bf16, q8_0 or q4_0)"
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for WeightFormat {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            WeightFormat::F32 => "f32",
+            WeightFormat::F16 => "f16",
+            WeightFormat::BF16 => "bf16",
+            WeightFormat::Q8_0 => "q8_0",
+            WeightFormat::Q4_0 => "q4_0",
+        })
+    }
+}
+
 /// Where attention may look: keys at absolute positions `key_start..key_start + keys`, queries at
 /// `query_start..query_start + queries`. A key is visible to a query when it is not in the future and, with a
 /// sliding window `w`, when `query_pos - key_pos < w`.
@@ -55,13 +96,14 @@ pub trait Backend: Send + Sync {
     /// Short name shown to users ("cpu", "vulkan", …).
     fn name(&self) -> &str;
 
-    /// `Linear`: `w[out][in]`, optional `bias[out]`.
+    /// `Linear`: `w[out][in]`, optional `bias[out]`, stored as `format`.
     fn upload_linear(
         &self,
         w: &[f32],
         out_features: usize,
         in_features: usize,
         bias: Option<&[f32]>,
+        format: WeightFormat,
     ) -> Weight;
     /// `Conv1d` (groups = 1): `w[cout][cin][k]`, optional `bias[cout]`.
     fn upload_conv1d(

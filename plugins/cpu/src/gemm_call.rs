@@ -117,6 +117,15 @@ impl SharedOut {
             len: data.len(),
         }
     }
+
+    /// Writes one element.
+    ///
+    /// # Safety
+    /// No other thread may access element `i` concurrently.
+    pub unsafe fn write(&self, i: usize, value: f32) {
+        assert!(i < self.len, "shared output index out of bounds");
+        *self.ptr.add(i) = value;
+    }
 }
 
 /// Runs `f(first_col, end_col, parallelism)` over column tiles of `cols`: tiles in parallel, each one GEMM-serial,

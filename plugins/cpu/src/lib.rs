@@ -5,9 +5,11 @@ mod attention;
 mod conv;
 mod gemm_call;
 mod linear;
+#[cfg(target_arch = "x86_64")]
+mod linear_x86;
 mod norms;
 
-use kazeia_backend_abi::{AttentionSpan, Backend, Heads, Weight};
+use kazeia_backend_abi::{AttentionSpan, Backend, Heads, Weight, WeightFormat};
 
 pub use conv::{ConvTransposeWeight, ConvWeight, DepthwiseWeight};
 pub use linear::LinearWeight;
@@ -60,8 +62,15 @@ impl Backend for CpuBackend {
         out_features: usize,
         in_features: usize,
         bias: Option<&[f32]>,
+        format: WeightFormat,
     ) -> Weight {
-        Weight::new(LinearWeight::new(w, out_features, in_features, bias))
+        Weight::new(LinearWeight::new(
+            w,
+            out_features,
+            in_features,
+            bias,
+            format,
+        ))
     }
 
     fn upload_conv1d(

@@ -1,27 +1,154 @@
-//! Linear layers (`y = x · wᵀ + b`) as one GEMM.
+//! Linear layers `y = x · wᵀ + b` with the weights resident as F32, F16, BF16, Q8_0 or Q4_0.
+//!
+//! F32 goes through the `gemm` crate. The other formats are decoded 32 weights at a time: a few rows (token
+//! steps of the talker and code predictor) run a fused decode-and-dot kernel that streams each weight once
+//! for up to four rows; many rows (a prefill) decode output tiles to f32 and hand them to `gemm`. The kernels
+//! are plain Rust compiled three times (AVX-512, AVX2+FMA, baseline) and picked at run time; on aarch64 the
+//! baseline build is NEON-vectorised.
 
-use crate::gemm_call::{matmul, MatMut, MatRef};
+use kazeia_backend_abi::WeightFormat;
+use rayon::prelude::*;
 
-/// A `Linear` weight kept in PyTorch's `[out][in]` layout: GEMM reads it as the transposed right operand, so no
-/// copy is needed.
+use crate::gemm_call::{matmul, MatMut, MatRef, SharedOut};
+
+pub(crate) const BLOCK: usize = 32;
+/// From this many rows on, decode tiles to f32 and use GEMM.
+const GEMM_ROWS: usize = 8;
+/// Output rows per decoded tile on the GEMM path.
+const TILE_OUT: usize = 64;
+/// Output rows per parallel task on the kernel path.
+const TASK_OUT: usize = 64;
+
+pub(crate) enum Storage {
+    F32(Vec<f32>),
+    F16(Vec<u16>),
+    BF16(Vec<u16>),
+    Q8_0 { scales: Vec<f32>, quants: Vec<i8> },
+    Q4_0 { scales: Vec<f32>, nibbles: Vec<u8> },
+}
+
+/// A linear layer resident in the CPU backend.
 pub struct LinearWeight {
-    w: Vec<f32>,
+    pub(crate) storage: Storage,
     bias: Option<Vec<f32>>,
-    out_features: usize,
+    pub(crate) out_features: usize,
     in_features: usize,
+    /// `in_features` rounded up to whole blocks (quantised rows are zero-padded).
+    pub(crate) padded_in: usize,
+}
+
+fn f32_to_bf16(v: f32) -> u16 {
+    // Round to nearest even, as torch's `.to(torch.bfloat16)`.
+    let bits = v.to_bits();
+    if v.is_nan() {
+        return 0x7fc0;
+    }
+    let rounding = 0x7fff + ((bits >> 16) & 1);
+    ((bits + rounding) >> 16) as u16
+}
+
+/// IEEE half → f32 with integer operations only (branch-free, so it vectorises). Finite inputs only matter
+/// here; infinities and NaNs keep their class.
+#[inline(always)]
+fn f16_to_f32(h: u16) -> f32 {
+    let h = h as u32;
+    let sign = (h & 0x8000) << 16;
+    let magnitude = h & 0x7fff;
+    // Shift exponent and mantissa into place and rescale by 2^112: exact for normals and subnormals.
+    let value = f32::from_bits(magnitude << 13) * f32::from_bits(0x7780_0000);
+    let special = if magnitude >= 0x7c00 {
+        0x7f80_0000 | (magnitude << 13)
+    } else {
+        value.to_bits()
+    };
+    f32::from_bits(sign | special)
+}
+
+fn quantize_q8_0(block: &[f32], quants: &mut [i8]) -> f32 {
+    let amax = block.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    let d = amax / 127.0;
+    let inv = if d != 0.0 { 1.0 / d } else { 0.0 };
+    for (q, v) in quants.iter_mut().zip(block) {
+        *q = (v * inv).round().clamp(-127.0, 127.0) as i8;
+    }
+    d
+}
+
+fn quantize_q4_0(block: &[f32], nibbles: &mut [u8]) -> f32 {
+    // ggml's rule: the value of largest magnitude maps to −8.
+    let max = block
+        .iter()
+        .fold(0.0f32, |m, &v| if v.abs() > m.abs() { v } else { m });
+    let d = max / -8.0;
+    let inv = if d != 0.0 { 1.0 / d } else { 0.0 };
+    let q = |v: f32| ((v * inv + 8.5) as i32).clamp(0, 15) as u8;
+    for j in 0..BLOCK / 2 {
+        nibbles[j] = q(block[j]) | (q(block[j + BLOCK / 2]) << 4);
+    }
+    d
 }
 
 impl LinearWeight {
-    pub fn new(w: &[f32], out_features: usize, in_features: usize, bias: Option<&[f32]>) -> Self {
+    pub fn new(
+        w: &[f32],
+        out_features: usize,
+        in_features: usize,
+        bias: Option<&[f32]>,
+        format: WeightFormat,
+    ) -> Self {
         assert_eq!(w.len(), out_features * in_features, "linear weight size");
         if let Some(b) = bias {
             assert_eq!(b.len(), out_features, "linear bias size");
         }
+        let padded_in = in_features.div_ceil(BLOCK) * BLOCK;
+        let padded_rows = || {
+            w.chunks_exact(in_features).flat_map(move |row| {
+                row.iter()
+                    .copied()
+                    .chain(std::iter::repeat_n(0.0, padded_in - in_features))
+            })
+        };
+        let storage = match format {
+            WeightFormat::F32 => Storage::F32(w.to_vec()),
+            WeightFormat::F16 => Storage::F16(padded_rows().map(half_bits).collect()),
+            WeightFormat::BF16 => Storage::BF16(padded_rows().map(f32_to_bf16).collect()),
+            WeightFormat::Q8_0 => {
+                let padded: Vec<f32> = padded_rows().collect();
+                let mut quants = vec![0i8; padded.len()];
+                let scales = padded
+                    .chunks_exact(BLOCK)
+                    .zip(quants.chunks_exact_mut(BLOCK))
+                    .map(|(b, q)| quantize_q8_0(b, q))
+                    .collect();
+                Storage::Q8_0 { scales, quants }
+            }
+            WeightFormat::Q4_0 => {
+                let padded: Vec<f32> = padded_rows().collect();
+                let mut nibbles = vec![0u8; padded.len() / 2];
+                let scales = padded
+                    .chunks_exact(BLOCK)
+                    .zip(nibbles.chunks_exact_mut(BLOCK / 2))
+                    .map(|(b, q)| quantize_q4_0(b, q))
+                    .collect();
+                Storage::Q4_0 { scales, nibbles }
+            }
+        };
         LinearWeight {
-            w: w.to_vec(),
+            storage,
             bias: bias.map(<[f32]>::to_vec),
             out_features,
             in_features,
+            padded_in,
+        }
+    }
+
+    /// Resident bytes of the weights.
+    pub fn bytes(&self) -> usize {
+        match &self.storage {
+            Storage::F32(w) => w.len() * 4,
+            Storage::F16(w) | Storage::BF16(w) => w.len() * 2,
+            Storage::Q8_0 { scales, quants } => scales.len() * 4 + quants.len(),
+            Storage::Q4_0 { scales, nibbles } => scales.len() * 4 + nibbles.len(),
         }
     }
 
@@ -29,21 +156,348 @@ impl LinearWeight {
         let (n, k) = (self.out_features, self.in_features);
         assert_eq!(x.len(), rows * k, "linear input size");
         assert_eq!(y.len(), rows * n, "linear output size");
-        let accumulate = match &self.bias {
+        if rows == 0 {
+            return;
+        }
+        if let Storage::F32(w) = &self.storage {
+            let accumulate = self.init_bias(y);
+            matmul(
+                MatMut::new(y, rows, n, n as isize, 1),
+                MatRef::new(x, 0, rows, k, k as isize, 1),
+                MatRef::new(w, 0, k, n, 1, k as isize),
+                accumulate,
+                par,
+            );
+            return;
+        }
+        // Quantised rows are padded to whole blocks; pad the activations to match.
+        let padded;
+        let x = if self.padded_in == k {
+            x
+        } else {
+            padded = pad_rows(x, k, self.padded_in);
+            &padded[..]
+        };
+        let threads = match par {
+            gemm::Parallelism::Rayon(t) => t,
+            _ => 1,
+        };
+        if rows >= GEMM_ROWS {
+            self.forward_tiles(x, rows, y, threads);
+        } else {
+            self.forward_kernel(x, rows, y, threads);
+        }
+    }
+
+    fn init_bias(&self, y: &mut [f32]) -> bool {
+        match &self.bias {
             Some(b) => {
-                for row in y.chunks_exact_mut(n) {
+                for row in y.chunks_exact_mut(self.out_features) {
                     row.copy_from_slice(b);
                 }
                 true
             }
             None => false,
+        }
+    }
+
+    /// Few rows: fused decode-and-dot, output rows split across threads.
+    fn forward_kernel(&self, x: &[f32], rows: usize, y: &mut [f32], threads: usize) {
+        let n = self.out_features;
+        let out = SharedOut::new(y);
+        let run = |o0: usize, o1: usize| {
+            let mut partial = vec![0.0f32; rows * (o1 - o0)];
+            dispatch_dot(self, x, rows, o0, o1, &mut partial);
+            for r in 0..rows {
+                for o in o0..o1 {
+                    let b = self.bias.as_ref().map_or(0.0, |b| b[o]);
+                    // SAFETY: tasks own disjoint output columns o0..o1 of every row.
+                    unsafe { out.write(r * n + o, partial[r * (o1 - o0) + (o - o0)] + b) };
+                }
+            }
         };
-        matmul(
-            MatMut::new(y, rows, n, n as isize, 1),
-            MatRef::new(x, 0, rows, k, k as isize, 1),
-            MatRef::new(&self.w, 0, k, n, 1, k as isize),
-            accumulate,
-            par,
+        if threads > 1 && n >= 2 * TASK_OUT {
+            (0..n.div_ceil(TASK_OUT))
+                .into_par_iter()
+                .for_each(|t| run(t * TASK_OUT, ((t + 1) * TASK_OUT).min(n)));
+        } else {
+            run(0, n);
+        }
+    }
+
+    /// Many rows: decode tiles of output rows to f32 and multiply with GEMM.
+    fn forward_tiles(&self, x: &[f32], rows: usize, y: &mut [f32], threads: usize) {
+        let (n, k) = (self.out_features, self.padded_in);
+        let accumulate = self.init_bias(y);
+        let out = SharedOut::new(y);
+        let run = |t: usize| {
+            let (o0, o1) = (t * TILE_OUT, ((t + 1) * TILE_OUT).min(n));
+            let mut tile = vec![0.0f32; (o1 - o0) * k];
+            for (o, row) in (o0..o1).zip(tile.chunks_exact_mut(k)) {
+                decode_row(self, o, row);
+            }
+            // SAFETY: tiles own disjoint output columns.
+            let dst = unsafe { MatMut::from_shared(out, o0, rows, o1 - o0, n as isize, 1) };
+            let lhs = MatRef::new(x, 0, rows, k, k as isize, 1);
+            let rhs = MatRef::new(&tile, 0, k, o1 - o0, 1, k as isize);
+            matmul(dst, lhs, rhs, accumulate, gemm::Parallelism::None);
+        };
+        let tiles = n.div_ceil(TILE_OUT);
+        if threads > 1 {
+            (0..tiles).into_par_iter().for_each(run);
+        } else {
+            (0..tiles).for_each(run);
+        }
+    }
+}
+
+fn half_bits(v: f32) -> u16 {
+    // f32 → f16 with round-to-nearest-even.
+    let bits = v.to_bits();
+    let sign = ((bits >> 16) & 0x8000) as u16;
+    let abs = bits & 0x7fff_ffff;
+    if abs >= 0x7f80_0000 {
+        return sign | 0x7c00 | if abs > 0x7f80_0000 { 0x200 } else { 0 };
+    }
+    if abs >= 0x4780_0000 {
+        return sign | 0x7c00; // overflow → infinity
+    }
+    if abs < 0x3880_0000 {
+        // Subnormal (or zero) in f16: a multiple of 2⁻²⁴.
+        let units = f32::from_bits(abs) / f32::from_bits(0x3380_0000);
+        return sign | (units.round_ties_even() as u16);
+    }
+    let mantissa_round = 0xfff + ((abs >> 13) & 1);
+    sign | (((abs + mantissa_round) >> 13) - (112 << 10)) as u16
+}
+
+fn pad_rows(x: &[f32], k: usize, padded: usize) -> Vec<f32> {
+    let mut out = vec![0.0; x.len() / k * padded];
+    for (dst, src) in out.chunks_exact_mut(padded).zip(x.chunks_exact(k)) {
+        dst[..k].copy_from_slice(src);
+    }
+    out
+}
+
+/// Decodes block `b` of output row `o` into 32 f32 weights.
+#[inline(always)]
+fn decode_block(w: &LinearWeight, o: usize, b: usize, out: &mut [f32; BLOCK]) {
+    let base = o * w.padded_in + b * BLOCK;
+    let nb = w.padded_in / BLOCK;
+    match &w.storage {
+        Storage::F32(_) => unreachable!("f32 weights use GEMM"),
+        Storage::BF16(data) => {
+            for (d, &v) in out.iter_mut().zip(&data[base..base + BLOCK]) {
+                *d = f32::from_bits((v as u32) << 16);
+            }
+        }
+        Storage::F16(data) => {
+            for (d, &v) in out.iter_mut().zip(&data[base..base + BLOCK]) {
+                *d = f16_to_f32(v);
+            }
+        }
+        Storage::Q8_0 { scales, quants } => {
+            let s = scales[o * nb + b];
+            for (d, &q) in out.iter_mut().zip(&quants[base..base + BLOCK]) {
+                *d = q as f32 * s;
+            }
+        }
+        Storage::Q4_0 { scales, nibbles } => {
+            let s = scales[o * nb + b];
+            let bytes = &nibbles[base / 2..base / 2 + BLOCK / 2];
+            for j in 0..BLOCK / 2 {
+                out[j] = ((bytes[j] & 0x0f) as i32 - 8) as f32 * s;
+                out[j + BLOCK / 2] = ((bytes[j] >> 4) as i32 - 8) as f32 * s;
+            }
+        }
+    }
+}
+
+fn decode_row(w: &LinearWeight, o: usize, row: &mut [f32]) {
+    let mut block = [0.0f32; BLOCK];
+    for (b, chunk) in row.chunks_exact_mut(BLOCK).enumerate() {
+        decode_block(w, o, b, &mut block);
+        chunk.copy_from_slice(&block);
+    }
+}
+
+/// `partial[r][o − o0] = Σ_i x[r][i] · w[o][i]` for `o` in `o0..o1`.
+fn dispatch_dot(
+    w: &LinearWeight,
+    x: &[f32],
+    rows: usize,
+    o0: usize,
+    o1: usize,
+    partial: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512bw")
+        {
+            // SAFETY: the features were detected at run time (AVX-512 implies FMA and F16C).
+            return unsafe { crate::linear_x86::dot_avx512(w, x, rows, o0, o1, partial) };
+        }
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+        {
+            // SAFETY: the features were detected at run time.
+            return unsafe { dot_avx2(w, x, rows, o0, o1, partial) };
+        }
+    }
+    dot_rows::<false>(w, x, rows, o0, o1, partial)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_avx2(
+    w: &LinearWeight,
+    x: &[f32],
+    rows: usize,
+    o0: usize,
+    o1: usize,
+    partial: &mut [f32],
+) {
+    dot_rows::<true>(w, x, rows, o0, o1, partial)
+}
+
+#[inline(always)]
+fn dot_rows<const FMA: bool>(
+    w: &LinearWeight,
+    x: &[f32],
+    rows: usize,
+    o0: usize,
+    o1: usize,
+    partial: &mut [f32],
+) {
+    let width = o1 - o0;
+    let mut r = 0;
+    while r < rows {
+        let group = (rows - r).min(4);
+        match group {
+            4 => dot_group::<4, FMA>(w, x, r, o0, o1, partial, width),
+            3 => dot_group::<3, FMA>(w, x, r, o0, o1, partial, width),
+            2 => dot_group::<2, FMA>(w, x, r, o0, o1, partial, width),
+            _ => dot_group::<1, FMA>(w, x, r, o0, o1, partial, width),
+        }
+        r += group;
+    }
+}
+
+/// Rows `r0..r0+R` against output rows `o0..o1`: each weight block is decoded once for the `R` rows.
+#[inline(always)]
+fn dot_group<const R: usize, const FMA: bool>(
+    w: &LinearWeight,
+    x: &[f32],
+    r0: usize,
+    o0: usize,
+    o1: usize,
+    partial: &mut [f32],
+    width: usize,
+) {
+    let k = w.padded_in;
+    let nb = k / BLOCK;
+    let mut block = [0.0f32; BLOCK];
+    for o in o0..o1 {
+        let mut acc = [[0.0f32; BLOCK]; R];
+        for b in 0..nb {
+            decode_block(w, o, b, &mut block);
+            for (r, acc_r) in acc.iter_mut().enumerate() {
+                let xs = &x[(r0 + r) * k + b * BLOCK..][..BLOCK];
+                for l in 0..BLOCK {
+                    acc_r[l] = if FMA {
+                        block[l].mul_add(xs[l], acc_r[l])
+                    } else {
+                        acc_r[l] + block[l] * xs[l]
+                    };
+                }
+            }
+        }
+        for (r, acc_r) in acc.iter().enumerate() {
+            partial[(r0 + r) * width + (o - o0)] = acc_r.iter().sum();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reference(
+        w: &[f32],
+        x: &[f32],
+        rows: usize,
+        out: usize,
+        inp: usize,
+        bias: &[f32],
+    ) -> Vec<f32> {
+        let mut y = vec![0.0; rows * out];
+        for r in 0..rows {
+            for o in 0..out {
+                let dot: f64 = (0..inp)
+                    .map(|i| x[r * inp + i] as f64 * w[o * inp + i] as f64)
+                    .sum();
+                y[r * out + o] = dot as f32 + bias[o];
+            }
+        }
+        y
+    }
+
+    fn values(n: usize, seed: u32) -> Vec<f32> {
+        (0..n)
+            .map(|i| {
+                let v = (i as u32).wrapping_mul(2654435761).wrapping_add(seed) >> 8;
+                (v % 2001) as f32 / 1000.0 - 1.0
+            })
+            .collect()
+    }
+
+    #[test]
+    fn every_format_and_row_count_matches_the_f64_reference_within_its_precision() {
+        let (out, inp) = (150, 70); // not multiples of the block or tile sizes
+        let w = values(out * inp, 1);
+        let bias = values(out, 2);
+        for rows in [1, 2, 3, 4, 5, 9, 20] {
+            let x = values(rows * inp, 3 + rows as u32);
+            let want = reference(&w, &x, rows, out, inp, &bias);
+            let scale = want.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+            for (format, tolerance) in [
+                (WeightFormat::F32, 1e-5),
+                (WeightFormat::F16, 2e-3),
+                (WeightFormat::BF16, 1e-2),
+                (WeightFormat::Q8_0, 2e-2),
+                (WeightFormat::Q4_0, 2e-1),
+            ] {
+                let lw = LinearWeight::new(&w, out, inp, Some(&bias), format);
+                for par in [gemm::Parallelism::None, gemm::Parallelism::Rayon(2)] {
+                    let mut y = vec![0.0; rows * out];
+                    lw.forward(&x, rows, &mut y, par);
+                    let err = y
+                        .iter()
+                        .zip(&want)
+                        .map(|(a, b)| (a - b).abs())
+                        .fold(0.0, f32::max);
+                    assert!(
+                        err <= tolerance * scale,
+                        "{format} rows {rows}: error {err} (scale {scale})"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn half_conversions_round_trip_and_round_to_nearest() {
+        for v in [
+            0.0f32, -0.0, 1.0, -2.5, 65504.0, 6.1e-5, 5.96e-8, 0.1, 1.234567,
+        ] {
+            let h = half_bits(v);
+            assert_eq!(h, half::f16::from_f32(v).to_bits(), "{v}");
+            assert_eq!(f16_to_f32(h), half::f16::from_bits(h).to_f32(), "{v}");
+        }
+        assert_eq!(f32_to_bf16(1.0), half::bf16::from_f32(1.0).to_bits());
+        assert_eq!(
+            f32_to_bf16(1.234567),
+            half::bf16::from_f32(1.234567).to_bits()
         );
     }
 }
