@@ -12,8 +12,9 @@ use rayon::prelude::*;
 use crate::gemm_call::{matmul, MatMut, MatRef, SharedOut};
 
 pub(crate) const BLOCK: usize = 32;
-/// From this many rows on, decode tiles to f32 and use GEMM.
-const GEMM_ROWS: usize = 8;
+/// From this many rows on, decode tiles to f32 and use GEMM (below, the kernel: GEMM on few rows measured
+/// 4–8× slower here).
+const GEMM_ROWS: usize = 64;
 /// Output rows per decoded tile on the GEMM path.
 const TILE_OUT: usize = 64;
 /// Output rows per parallel task on the kernel path.
@@ -109,7 +110,7 @@ impl LinearWeight {
             })
         };
         let storage = match format {
-            WeightFormat::F32 => Storage::F32(w.to_vec()),
+            WeightFormat::F32 => Storage::F32(padded_rows().collect()),
             WeightFormat::F16 => Storage::F16(padded_rows().map(half_bits).collect()),
             WeightFormat::BF16 => Storage::BF16(padded_rows().map(f32_to_bf16).collect()),
             WeightFormat::Q8_0 => {
@@ -159,18 +160,7 @@ impl LinearWeight {
         if rows == 0 {
             return;
         }
-        if let Storage::F32(w) = &self.storage {
-            let accumulate = self.init_bias(y);
-            matmul(
-                MatMut::new(y, rows, n, n as isize, 1),
-                MatRef::new(x, 0, rows, k, k as isize, 1),
-                MatRef::new(w, 0, k, n, 1, k as isize),
-                accumulate,
-                par,
-            );
-            return;
-        }
-        // Quantised rows are padded to whole blocks; pad the activations to match.
+        // Rows are padded to whole blocks; pad the activations to match.
         let padded;
         let x = if self.padded_in == k {
             x
@@ -225,10 +215,25 @@ impl LinearWeight {
         }
     }
 
-    /// Many rows: decode tiles of output rows to f32 and multiply with GEMM.
+    /// Many rows: decode tiles of output rows to f32 and multiply with GEMM (f32 weights directly).
     fn forward_tiles(&self, x: &[f32], rows: usize, y: &mut [f32], threads: usize) {
         let (n, k) = (self.out_features, self.padded_in);
         let accumulate = self.init_bias(y);
+        if let Storage::F32(w) = &self.storage {
+            let par = if threads > 1 {
+                gemm::Parallelism::Rayon(threads)
+            } else {
+                gemm::Parallelism::None
+            };
+            matmul(
+                MatMut::new(y, rows, n, n as isize, 1),
+                MatRef::new(x, 0, rows, k, k as isize, 1),
+                MatRef::new(w, 0, k, n, 1, k as isize),
+                accumulate,
+                par,
+            );
+            return;
+        }
         let out = SharedOut::new(y);
         let run = |t: usize| {
             let (o0, o1) = (t * TILE_OUT, ((t + 1) * TILE_OUT).min(n));
@@ -285,7 +290,7 @@ fn decode_block(w: &LinearWeight, o: usize, b: usize, out: &mut [f32; BLOCK]) {
     let base = o * w.padded_in + b * BLOCK;
     let nb = w.padded_in / BLOCK;
     match &w.storage {
-        Storage::F32(_) => unreachable!("f32 weights use GEMM"),
+        Storage::F32(data) => out.copy_from_slice(&data[base..base + BLOCK]),
         Storage::BF16(data) => {
             for (d, &v) in out.iter_mut().zip(&data[base..base + BLOCK]) {
                 *d = f32::from_bits((v as u32) << 16);

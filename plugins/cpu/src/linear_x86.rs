@@ -12,10 +12,21 @@ trait Lanes16 {
     fn scale(&self, o: usize, b: usize) -> f32;
 }
 
+struct F32<'a>(&'a [f32], usize);
 struct Bf16<'a>(&'a [u16], usize);
 struct F16<'a>(&'a [u16], usize);
 struct Q8<'a>(&'a [f32], &'a [i8], usize);
 struct Q4<'a>(&'a [f32], &'a [u8], usize);
+
+impl Lanes16 for F32<'_> {
+    #[inline(always)]
+    unsafe fn load16(&self, o: usize, i: usize, _: __m512) -> __m512 {
+        _mm512_loadu_ps(self.0.as_ptr().add(o * self.1 + i))
+    }
+    fn scale(&self, _: usize, _: usize) -> f32 {
+        1.0
+    }
+}
 
 impl Lanes16 for Bf16<'_> {
     #[inline(always)]
@@ -77,45 +88,33 @@ impl Lanes16 for Q4<'_> {
     }
 }
 
-/// Rows `r0..r0+R` against output rows `o..o+O`: every weight block is decoded once for the `R` rows, and the
-/// `O × R × 2` accumulators are independent so the FMAs pipeline instead of waiting on each other.
+/// Rows `r0..r0+R` against output row `o`: each weight block is decoded once for the `R` rows; two
+/// accumulators per row keep the FMAs independent. (Several output rows at once — more weight streams in
+/// flight — measured 2× slower here.)
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn tile<const O: usize, const R: usize, L: Lanes16>(
+unsafe fn dot_row<const R: usize, L: Lanes16>(
     l: &L,
     x: &[f32],
     k: usize,
     r0: usize,
     o: usize,
-    o0: usize,
-    width: usize,
-    partial: &mut [f32],
-) {
-    let mut acc = [[[_mm512_setzero_ps(); 2]; R]; O];
+) -> [f32; R] {
+    let mut acc = [[_mm512_setzero_ps(); 2]; R];
     for b in 0..k / BLOCK {
-        let mut xs = [[_mm512_setzero_ps(); 2]; R];
-        for (r, xr) in xs.iter_mut().enumerate() {
+        let scale = _mm512_set1_ps(l.scale(o, b));
+        let w0 = l.load16(o, b * BLOCK, scale);
+        let w1 = l.load16(o, b * BLOCK + 16, scale);
+        for (r, a) in acc.iter_mut().enumerate() {
             let xp = x.as_ptr().add((r0 + r) * k + b * BLOCK);
-            *xr = [_mm512_loadu_ps(xp), _mm512_loadu_ps(xp.add(16))];
-        }
-        for (j, acc_o) in acc.iter_mut().enumerate() {
-            let scale = _mm512_set1_ps(l.scale(o + j, b));
-            let w = [
-                l.load16(o + j, b * BLOCK, scale),
-                l.load16(o + j, b * BLOCK + 16, scale),
-            ];
-            for (acc_r, xr) in acc_o.iter_mut().zip(&xs) {
-                acc_r[0] = _mm512_fmadd_ps(w[0], xr[0], acc_r[0]);
-                acc_r[1] = _mm512_fmadd_ps(w[1], xr[1], acc_r[1]);
-            }
+            a[0] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xp), a[0]);
+            a[1] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xp.add(16)), a[1]);
         }
     }
-    for (j, acc_o) in acc.iter().enumerate() {
-        for (r, acc_r) in acc_o.iter().enumerate() {
-            partial[(r0 + r) * width + (o + j - o0)] =
-                _mm512_reduce_add_ps(_mm512_add_ps(acc_r[0], acc_r[1]));
-        }
+    let mut out = [0.0; R];
+    for (o, a) in out.iter_mut().zip(&acc) {
+        *o = _mm512_reduce_add_ps(_mm512_add_ps(a[0], a[1]));
     }
+    out
 }
 
 #[inline(always)]
@@ -129,22 +128,11 @@ unsafe fn group<const R: usize, L: Lanes16>(
     partial: &mut [f32],
 ) {
     let width = o1 - o0;
-    let mut o = o0;
-    // Four outputs at a time for one or two rows, two for three or four (the accumulators must fit in registers).
-    if R <= 2 {
-        while o + 4 <= o1 {
-            tile::<4, R, L>(l, x, k, r0, o, o0, width, partial);
-            o += 4;
+    for o in o0..o1 {
+        let sums = dot_row::<R, L>(l, x, k, r0, o);
+        for (r, v) in sums.iter().enumerate() {
+            partial[(r0 + r) * width + (o - o0)] = *v;
         }
-    } else {
-        while o + 2 <= o1 {
-            tile::<2, R, L>(l, x, k, r0, o, o0, width, partial);
-            o += 2;
-        }
-    }
-    while o < o1 {
-        tile::<1, R, L>(l, x, k, r0, o, o0, width, partial);
-        o += 1;
     }
 }
 
@@ -160,8 +148,12 @@ unsafe fn rows<L: Lanes16>(
 ) {
     let mut r = 0;
     while r < rows {
-        let n = (rows - r).min(4);
+        let n = (rows - r).min(8);
         match n {
+            8 => group::<8, L>(l, x, k, r, o0, o1, partial),
+            7 => group::<7, L>(l, x, k, r, o0, o1, partial),
+            6 => group::<6, L>(l, x, k, r, o0, o1, partial),
+            5 => group::<5, L>(l, x, k, r, o0, o1, partial),
             4 => group::<4, L>(l, x, k, r, o0, o1, partial),
             3 => group::<3, L>(l, x, k, r, o0, o1, partial),
             2 => group::<2, L>(l, x, k, r, o0, o1, partial),
@@ -194,6 +186,6 @@ pub unsafe fn dot_avx512(
         Storage::Q4_0 { scales, nibbles } => {
             rows(&Q4(scales, nibbles, k), x, k, n, o0, o1, partial)
         }
-        Storage::F32(_) => unreachable!("f32 weights use GEMM"),
+        Storage::F32(d) => rows(&F32(d, k), x, k, n, o0, o1, partial),
     }
 }
