@@ -1,16 +1,16 @@
 //! Elementwise activations.
 
-use rayon::prelude::*;
+use crate::par::chunks_mut;
 
 const CHUNK: usize = 4096;
 
 /// SnakeBeta on `x[channels][len]`: `x + inv_beta[c] · sin²(alpha[c] · x)`.
-pub fn snake_beta(x: &mut [f32], len: usize, alpha: &[f32], inv_beta: &[f32]) {
+pub fn snake_beta(parallel: bool, x: &mut [f32], len: usize, alpha: &[f32], inv_beta: &[f32]) {
     assert_eq!(x.len(), alpha.len() * len, "snake_beta input size");
     assert_eq!(alpha.len(), inv_beta.len(), "snake_beta parameters");
-    x.par_chunks_mut(len)
-        .enumerate()
-        .for_each(|(c, row)| snake_row(row, alpha[c], inv_beta[c]));
+    chunks_mut(parallel, x, len, |c, row| {
+        snake_row(row, alpha[c], inv_beta[c])
+    });
 }
 
 /// Runtime ISA dispatch: the same branch-free loop compiled for AVX-512, AVX2+FMA and the baseline.
@@ -76,31 +76,29 @@ pub(crate) fn sin_squared(y: f32) -> f32 {
     }
 }
 
-pub fn gelu(x: &mut [f32]) {
-    x.par_chunks_mut(CHUNK).for_each(|chunk| {
+pub fn gelu(parallel: bool, x: &mut [f32]) {
+    chunks_mut(parallel, x, CHUNK, |_, chunk| {
         for v in chunk {
             *v = *v * 0.5 * (1.0 + libm::erff(*v * std::f32::consts::FRAC_1_SQRT_2));
         }
     });
 }
 
-pub fn silu(x: &mut [f32]) {
-    x.par_chunks_mut(CHUNK).for_each(|chunk| {
+pub fn silu(parallel: bool, x: &mut [f32]) {
+    chunks_mut(parallel, x, CHUNK, |_, chunk| {
         for v in chunk {
             *v /= 1.0 + (-*v).exp();
         }
     });
 }
 
-pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
+pub fn silu_mul(parallel: bool, gate: &mut [f32], up: &[f32]) {
     assert_eq!(gate.len(), up.len(), "silu_mul sizes");
-    gate.par_chunks_mut(CHUNK)
-        .zip(up.par_chunks(CHUNK))
-        .for_each(|(g, u)| {
-            for (g, u) in g.iter_mut().zip(u) {
-                *g = *g / (1.0 + (-*g).exp()) * u;
-            }
-        });
+    chunks_mut(parallel, gate, CHUNK, |i, g| {
+        for (g, u) in g.iter_mut().zip(&up[i * CHUNK..]) {
+            *g = *g / (1.0 + (-*g).exp()) * u;
+        }
+    });
 }
 
 #[cfg(test)]

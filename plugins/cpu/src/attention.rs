@@ -1,7 +1,7 @@
 //! Rotary position embedding and causal (optionally sliding-window) softmax attention.
 
+use crate::par::chunks_mut;
 use kazeia_backend_abi::{AttentionSpan, Heads};
-use rayon::prelude::*;
 
 /// `inv_freq[i] = 1 / theta^(2i / head_dim)`, computed in f32 as the reference does.
 fn inv_freq(head_dim: usize, theta: f32) -> Vec<f32> {
@@ -34,7 +34,9 @@ pub fn rope(x: &mut [f32], heads: usize, head_dim: usize, start_pos: usize, thet
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 pub fn attention(
+    parallel: bool,
     q: &[f32],
     k: &[f32],
     v: &[f32],
@@ -58,7 +60,7 @@ pub fn attention(
     assert_eq!(v.len(), span.keys * kv_heads * d, "attention v size");
     assert_eq!(out.len(), q.len(), "attention out size");
 
-    out.par_chunks_mut(d).enumerate().for_each(|(idx, o)| {
+    chunks_mut(parallel, out, d, |idx, o| {
         let (qi, h) = (idx / q_heads, idx % q_heads);
         let kvh = h / group;
         let qpos = span.query_start + qi;

@@ -5,7 +5,7 @@
 //! the stride. Both are tiled in time so the output tile stays in cache while the taps accumulate into it.
 
 use crate::gemm_call::{for_column_tiles, matmul, MatMut, MatRef, SharedOut};
-use rayon::prelude::*;
+use crate::par::chunks_mut;
 
 /// Output columns per time tile: the output tile stays in L2 across the taps.
 const TIME_TILE: usize = 256;
@@ -100,14 +100,14 @@ impl DepthwiseWeight {
         }
     }
 
-    pub fn forward(&self, x: &[f32], len: usize, y: &mut [f32]) {
+    pub fn forward(&self, parallel: bool, x: &[f32], len: usize, y: &mut [f32]) {
         let k = self.k;
         let channels = self.bias.len();
         assert!(len >= k, "depthwise input shorter than the kernel");
         let lout = len - (k - 1);
         assert_eq!(x.len(), channels * len, "depthwise input size");
         assert_eq!(y.len(), channels * lout, "depthwise output size");
-        y.par_chunks_mut(lout).enumerate().for_each(|(c, row)| {
+        chunks_mut(parallel, y, lout, |c, row| {
             let xs = &x[c * len..(c + 1) * len];
             let ws = &self.w[c * k..(c + 1) * k];
             row.fill(self.bias[c]);

@@ -8,13 +8,17 @@ mod linear;
 #[cfg(target_arch = "x86_64")]
 mod linear_x86;
 mod norms;
+mod par;
 
 use kazeia_backend_abi::{AttentionSpan, Backend, Heads, Weight, WeightFormat};
 
 pub use conv::{ConvTransposeWeight, ConvWeight, DepthwiseWeight};
 pub use linear::LinearWeight;
 
-/// The CPU backend: a fixed-size thread pool that every op runs in.
+/// Elements below which an op runs inline rather than on the pool.
+const PARALLEL_MIN_WORK: usize = 1 << 15;
+
+/// The CPU backend: a fixed-size thread pool that large ops run in; small ones run on the caller's thread.
 pub struct CpuBackend {
     pool: rayon::ThreadPool,
     threads: usize,
@@ -34,6 +38,16 @@ impl CpuBackend {
 
     pub fn threads(&self) -> usize {
         self.threads
+    }
+
+    /// Runs `op(parallel)`: on the pool when there are several threads and `work` elements make a hand-off
+    /// worth it, else inline on the caller's thread (sequentially).
+    fn run<R: Send>(&self, work: usize, op: impl FnOnce(bool) -> R + Send) -> R {
+        if self.threads > 1 && work >= PARALLEL_MIN_WORK {
+            self.pool.install(|| op(true))
+        } else {
+            op(false)
+        }
     }
 
     fn parallelism(&self) -> gemm::Parallelism {
@@ -108,33 +122,57 @@ impl Backend for CpuBackend {
     fn linear(&self, w: &Weight, x: &[f32], rows: usize, y: &mut [f32]) {
         let w = expect::<LinearWeight>(w, "linear");
         let par = self.parallelism();
-        self.pool.install(|| w.forward(x, rows, y, par));
+        self.run(w.macs(rows), |parallel| {
+            let par = if parallel {
+                par
+            } else {
+                gemm::Parallelism::None
+            };
+            w.forward(x, rows, y, par)
+        });
     }
 
     fn conv1d(&self, w: &Weight, x: &[f32], len: usize, dilation: usize, y: &mut [f32]) {
         let w = expect::<ConvWeight>(w, "conv1d");
         let par = self.parallelism();
-        self.pool.install(|| w.forward(x, len, dilation, y, par));
+        self.run(y.len() * 64, |parallel| {
+            let par = if parallel {
+                par
+            } else {
+                gemm::Parallelism::None
+            };
+            w.forward(x, len, dilation, y, par)
+        });
     }
 
     fn depthwise_conv1d(&self, w: &Weight, x: &[f32], len: usize, y: &mut [f32]) {
         let w = expect::<DepthwiseWeight>(w, "depthwise conv1d");
-        self.pool.install(|| w.forward(x, len, y));
+        self.run(y.len() * 8, |parallel| w.forward(parallel, x, len, y));
     }
 
     fn conv_transpose1d(&self, w: &Weight, x: &[f32], len: usize, y: &mut [f32]) {
         let w = expect::<ConvTransposeWeight>(w, "transposed conv1d");
         let par = self.parallelism();
-        self.pool.install(|| w.forward(x, len, y, par));
+        self.run(y.len() * 64, |parallel| {
+            let par = if parallel {
+                par
+            } else {
+                gemm::Parallelism::None
+            };
+            w.forward(x, len, y, par)
+        });
     }
 
     fn rms_norm(&self, x: &mut [f32], dim: usize, weight: &[f32], eps: f32) {
-        self.pool.install(|| norms::rms_norm(x, dim, weight, eps));
+        self.run(x.len(), |parallel| {
+            norms::rms_norm(parallel, x, dim, weight, eps)
+        });
     }
 
     fn layer_norm(&self, x: &mut [f32], dim: usize, weight: &[f32], bias: &[f32], eps: f32) {
-        self.pool
-            .install(|| norms::layer_norm(x, dim, weight, bias, eps));
+        self.run(x.len(), |parallel| {
+            norms::layer_norm(parallel, x, dim, weight, bias, eps)
+        });
     }
 
     fn rope(&self, x: &mut [f32], heads: usize, head_dim: usize, start_pos: usize, theta: f32) {
@@ -151,24 +189,29 @@ impl Backend for CpuBackend {
         scale: f32,
         out: &mut [f32],
     ) {
-        self.pool
-            .install(|| attention::attention(q, k, v, heads, span, scale, out));
+        let work = span.queries * span.keys * heads.q_heads * heads.head_dim;
+        self.run(work, |parallel| {
+            attention::attention(parallel, q, k, v, heads, span, scale, out)
+        });
     }
 
     fn snake_beta(&self, x: &mut [f32], len: usize, alpha: &[f32], inv_beta: &[f32]) {
-        self.pool
-            .install(|| activations::snake_beta(x, len, alpha, inv_beta));
+        self.run(x.len() * 8, |parallel| {
+            activations::snake_beta(parallel, x, len, alpha, inv_beta)
+        });
     }
 
     fn gelu(&self, x: &mut [f32]) {
-        self.pool.install(|| activations::gelu(x));
+        self.run(x.len() * 8, |parallel| activations::gelu(parallel, x));
     }
 
     fn silu(&self, x: &mut [f32]) {
-        self.pool.install(|| activations::silu(x));
+        self.run(x.len() * 4, |parallel| activations::silu(parallel, x));
     }
 
     fn silu_mul(&self, gate: &mut [f32], up: &[f32]) {
-        self.pool.install(|| activations::silu_mul(gate, up));
+        self.run(gate.len() * 4, |parallel| {
+            activations::silu_mul(parallel, gate, up)
+        });
     }
 }

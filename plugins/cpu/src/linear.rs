@@ -143,6 +143,11 @@ impl LinearWeight {
         }
     }
 
+    /// Multiply-adds for `rows` rows (the size of the op, to decide on parallelism).
+    pub fn macs(&self, rows: usize) -> usize {
+        rows * self.out_features * self.in_features
+    }
+
     /// Resident bytes of the weights.
     pub fn bytes(&self) -> usize {
         match &self.storage {

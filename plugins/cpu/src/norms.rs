@@ -1,11 +1,11 @@
 //! Row-wise normalisations. Sums are accumulated in f64: the reference (PyTorch f32) is within rounding of the
 //! exact value, and so is this.
 
-use rayon::prelude::*;
+use crate::par::chunks_mut;
 
-pub fn rms_norm(x: &mut [f32], dim: usize, weight: &[f32], eps: f32) {
+pub fn rms_norm(parallel: bool, x: &mut [f32], dim: usize, weight: &[f32], eps: f32) {
     assert_eq!(weight.len(), dim, "rms_norm weight size");
-    x.par_chunks_mut(dim).for_each(|row| {
+    chunks_mut(parallel, x, dim, |_, row| {
         let mean_sq = row.iter().map(|&v| (v as f64) * (v as f64)).sum::<f64>() / dim as f64;
         let inv = 1.0 / ((mean_sq as f32) + eps).sqrt();
         for (v, w) in row.iter_mut().zip(weight) {
@@ -14,10 +14,17 @@ pub fn rms_norm(x: &mut [f32], dim: usize, weight: &[f32], eps: f32) {
     });
 }
 
-pub fn layer_norm(x: &mut [f32], dim: usize, weight: &[f32], bias: &[f32], eps: f32) {
+pub fn layer_norm(
+    parallel: bool,
+    x: &mut [f32],
+    dim: usize,
+    weight: &[f32],
+    bias: &[f32],
+    eps: f32,
+) {
     assert_eq!(weight.len(), dim, "layer_norm weight size");
     assert_eq!(bias.len(), dim, "layer_norm bias size");
-    x.par_chunks_mut(dim).for_each(|row| {
+    chunks_mut(parallel, x, dim, |_, row| {
         let mean = row.iter().map(|&v| v as f64).sum::<f64>() / dim as f64;
         let var = row.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / dim as f64;
         let inv = 1.0 / ((var as f32) + eps).sqrt();
