@@ -1,7 +1,6 @@
 //! `kazeia generate`: template ids → codec codes JSON, as the official `generate(input_ids=...)`.
 
 use std::path::PathBuf;
-use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
@@ -9,8 +8,8 @@ use kazeia_engine::codes::codes_to_json;
 use kazeia_engine::lm::sampler::{random_seed, SeededRng};
 use kazeia_engine::lm::{generate, PromptRequest, TtsModel};
 use kazeia_engine::tokenizer::{instruct_text, TextTokenizer};
-use kazeia_engine::{CpuBackend, WeightFormat};
 
+use crate::common_args::{EngineArgs, SamplingArgs};
 use crate::model_path::resolve_model;
 
 #[derive(Args)]
@@ -33,28 +32,13 @@ pub struct GenerateArgs {
     /// Instruction template ids, comma-separated (instead of --instruct).
     #[arg(long)]
     instruct_ids: Option<String>,
-    /// Greedy decoding for the talker and the code predictor.
-    #[arg(long)]
-    greedy: bool,
-    /// Seed of the sampler (reproducible sampling).
-    #[arg(long)]
-    seed: Option<u64>,
-    /// Codebook-0 tokens to sample at most (official meaning: at most N − 1 frames come out).
-    #[arg(long)]
-    max_new_tokens: Option<usize>,
-    /// Text placement in the prompt; default: the official wrapper's default for the model type.
-    #[arg(long)]
-    non_streaming_mode: Option<bool>,
     /// Output codes file.
     #[arg(long)]
     codes_out: PathBuf,
-    /// Storage of the talker's and code predictor's weights: bf16 (the released precision, lossless), f32,
-    /// f16, q8_0 or q4_0.
-    #[arg(long, default_value = "bf16")]
-    weights: WeightFormat,
-    /// Worker threads for the CPU backend.
-    #[arg(long, default_value_t = crate::default_threads())]
-    threads: usize,
+    #[command(flatten)]
+    sampling: SamplingArgs,
+    #[command(flatten)]
+    engine: EngineArgs,
 }
 
 fn parse_ids(text: &str, what: &str) -> Result<Vec<u32>> {
@@ -78,10 +62,10 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         (_, Some(ids)) => Some(parse_ids(ids, "--instruct-ids")?),
         _ => None,
     };
-    if args.max_new_tokens == Some(0) {
+    if args.sampling.max_new_tokens == Some(0) {
         bail!("--max-new-tokens must be positive");
     }
-    let model = TtsModel::load_as(&dir, Arc::new(CpuBackend::new(args.threads)), args.weights)
+    let model = TtsModel::load_as(&dir, args.engine.backend(), args.engine.weights)
         .with_context(|| format!("cannot load the model from {}", dir.display()))?;
     let request = PromptRequest {
         input_ids,
@@ -89,15 +73,16 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         speaker: args.speaker,
         language: args.language,
         non_streaming_mode: args
+            .sampling
             .non_streaming_mode
             .unwrap_or_else(|| model.config.default_non_streaming_mode()),
     };
     let prompt = model.prompt(&request)?;
-    let mut options = model.default_options(args.greedy);
-    if let Some(n) = args.max_new_tokens {
+    let mut options = model.default_options(args.sampling.greedy);
+    if let Some(n) = args.sampling.max_new_tokens {
         options.max_new_tokens = n;
     }
-    let mut rng = SeededRng::new(args.seed.unwrap_or_else(random_seed));
+    let mut rng = SeededRng::new(args.sampling.seed.unwrap_or_else(random_seed));
     let codes = generate(
         &model,
         &prompt,

@@ -2,7 +2,6 @@
 
 use std::io::Read;
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
@@ -11,8 +10,8 @@ use kazeia_engine::stream::{SessionControl, StreamConfig};
 use kazeia_engine::synth::{SynthOptions, Synthesizer, Voice};
 use kazeia_engine::text::DEFAULT_CHUNK_CHARS;
 use kazeia_engine::wav::{SampleFormat, WavWriter};
-use kazeia_engine::{CpuBackend, WeightFormat};
 
+use crate::common_args::{EngineArgs, SamplingArgs};
 use crate::model_path::resolve_model;
 
 #[derive(Args)]
@@ -45,18 +44,6 @@ pub struct SynthArgs {
     out: PathBuf,
     #[arg(long, default_value = "s16", value_parser = ["s16", "f32"])]
     sample_format: String,
-    /// Greedy decoding instead of sampling.
-    #[arg(long)]
-    greedy: bool,
-    /// Seed of the sampler (reproducible sampling).
-    #[arg(long)]
-    seed: Option<u64>,
-    /// Codebook-0 tokens per chunk at most (default: generation_config.json).
-    #[arg(long)]
-    max_new_tokens: Option<usize>,
-    /// Text placement in the prompt; default: the official default for the model type.
-    #[arg(long)]
-    non_streaming_mode: Option<bool>,
     /// Longest piece of text synthesised at once; longer text is split at sentences.
     #[arg(long, default_value_t = DEFAULT_CHUNK_CHARS)]
     chunk_chars: usize,
@@ -70,13 +57,10 @@ pub struct SynthArgs {
     /// Frames in each later decoded chunk.
     #[arg(long, default_value_t = StreamConfig::default().chunk_frames)]
     chunk_frames: usize,
-    /// Storage of the talker's and code predictor's weights: bf16 (the released precision, lossless), f32,
-    /// f16, q8_0 or q4_0.
-    #[arg(long, default_value = "bf16")]
-    weights: WeightFormat,
-    /// Worker threads for the CPU backend.
-    #[arg(long, default_value_t = crate::default_threads())]
-    threads: usize,
+    #[command(flatten)]
+    sampling: SamplingArgs,
+    #[command(flatten)]
+    engine: EngineArgs,
 }
 
 fn read_text(args: &SynthArgs) -> Result<String> {
@@ -111,12 +95,12 @@ pub fn run(args: SynthArgs) -> Result<()> {
     if text.trim().is_empty() {
         bail!("the text is empty: nothing to say");
     }
-    if args.max_new_tokens == Some(0) || args.chunk_chars == 0 {
+    if args.sampling.max_new_tokens == Some(0) || args.chunk_chars == 0 {
         bail!("--max-new-tokens and --chunk-chars must be positive");
     }
     let dir = resolve_model(&args.model)?;
     let load_start = Instant::now();
-    let synth = Synthesizer::load_as(&dir, Arc::new(CpuBackend::new(args.threads)), args.weights)
+    let synth = Synthesizer::load_as(&dir, args.engine.backend(), args.engine.weights)
         .with_context(|| format!("cannot load the model from {}", dir.display()))?;
     let load_time = load_start.elapsed();
     let speaker = args
@@ -127,12 +111,12 @@ pub fn run(args: SynthArgs) -> Result<()> {
         speaker,
         language: args.language.clone(),
         instruct: args.instruct.clone(),
-        non_streaming_mode: args.non_streaming_mode,
+        non_streaming_mode: args.sampling.non_streaming_mode,
     };
     let options = SynthOptions {
-        greedy: args.greedy,
-        seed: args.seed,
-        max_new_tokens: args.max_new_tokens,
+        greedy: args.sampling.greedy,
+        seed: args.sampling.seed,
+        max_new_tokens: args.sampling.max_new_tokens,
         chunk_chars: args.chunk_chars,
     };
     let stream = StreamConfig {
