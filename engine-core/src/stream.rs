@@ -26,8 +26,10 @@ pub struct StreamConfig {
 
 impl Default for StreamConfig {
     fn default() -> Self {
+        // One frame first: the first sound comes as soon as one 80 ms frame is decoded (375 ms after the
+        // request on the development machine with q4_0 weights, against 503 ms with two frames).
         StreamConfig {
-            first_chunk_frames: 2,
+            first_chunk_frames: 1,
             chunk_frames: 8,
         }
     }
