@@ -52,9 +52,15 @@ impl SessionControl {
 
     /// Ends the session: no audio is delivered once this returns; generation stops within a frame.
     pub fn stop(&self) {
+        self.stop_async();
+        let _wait_for_delivery = self.delivery.lock().unwrap_or_else(|e| e.into_inner());
+    }
+
+    /// Requests a stop without waiting for a delivery in progress: for use from inside the audio callback,
+    /// where [`SessionControl::stop`] would wait on itself.
+    pub fn stop_async(&self) {
         self.stopped.store(true, Ordering::SeqCst);
         self.resume();
-        let _wait_for_delivery = self.delivery.lock().unwrap_or_else(|e| e.into_inner());
     }
 
     pub fn is_stopped(&self) -> bool {

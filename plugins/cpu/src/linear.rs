@@ -200,8 +200,20 @@ impl LinearWeight {
     fn forward_kernel(&self, x: &[f32], rows: usize, y: &mut [f32], threads: usize) {
         let n = self.out_features;
         let out = SharedOut::new(y);
+        #[cfg(target_arch = "x86_64")]
+        let quantized = crate::linear_x86::vnni_q4_usable(self)
+            .then(|| crate::linear_x86::QuantizedRows::new(x, rows, self.padded_in));
         let run = |o0: usize, o1: usize| {
             let mut partial = vec![0.0f32; rows * (o1 - o0)];
+            #[cfg(target_arch = "x86_64")]
+            match &quantized {
+                // SAFETY: `vnni_q4_usable` checked the CPU features and the layout.
+                Some(q) => unsafe {
+                    crate::linear_x86::dot_q4_vnni(self, q, rows, o0, o1, &mut partial)
+                },
+                None => dispatch_dot(self, x, rows, o0, o1, &mut partial),
+            }
+            #[cfg(not(target_arch = "x86_64"))]
             dispatch_dot(self, x, rows, o0, o1, &mut partial);
             for r in 0..rows {
                 for o in o0..o1 {
@@ -492,6 +504,38 @@ mod tests {
                     );
                 }
             }
+        }
+    }
+
+    #[test]
+    fn q4_0_integer_dot_products_agree_with_the_f32_kernel() {
+        // 128 inputs: whole 64-value chunks, so the AVX512-VNNI path runs where the CPU has it.
+        let (out, inp) = (96, 128);
+        let w = values(out * inp, 5);
+        let bias = values(out, 6);
+        let lw = LinearWeight::new(&w, out, inp, Some(&bias), WeightFormat::Q4_0);
+        for rows in [1, 3, 8] {
+            let x = values(rows * inp, 7 + rows as u32);
+            let mut fast = vec![0.0; rows * out];
+            lw.forward(&x, rows, &mut fast, gemm::Parallelism::None);
+            // The decode-and-dot kernel on f32 activations, without integer products.
+            let mut exact = vec![0.0; rows * out];
+            dispatch_dot(&lw, &x, rows, 0, out, &mut exact);
+            let scale = exact.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+            for r in 0..rows {
+                for o in 0..out {
+                    let diff = (fast[r * out + o] - bias[o] - exact[r * out + o]).abs();
+                    // Only the int8 rounding of the activations (≤ 1/254 of each block's range) separates them.
+                    assert!(diff <= 0.02 * scale, "rows {rows}: {diff} vs scale {scale}");
+                }
+            }
+            let want = reference(&w, &x, rows, out, inp, &bias);
+            let err = fast
+                .iter()
+                .zip(&want)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0, f32::max);
+            assert!(err <= 0.2 * scale, "rows {rows}: {err}");
         }
     }
 

@@ -189,3 +189,165 @@ pub unsafe fn dot_avx512(
         Storage::F32(d) => rows(&F32(d, k), x, k, n, o0, o1, partial),
     }
 }
+
+/// Whether Q4_0 × int8 VNNI dot products apply: Q4_0 weights, whole 64-value chunks, a CPU with AVX512-VNNI.
+/// (`KAZEIA_NO_VNNI=1` turns it off, to compare.)
+pub fn vnni_q4_usable(w: &LinearWeight) -> bool {
+    static CPU: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let cpu = *CPU.get_or_init(|| {
+        std::arch::is_x86_feature_detected!("avx512vnni")
+            && std::arch::is_x86_feature_detected!("avx512bw")
+            && std::arch::is_x86_feature_detected!("avx512vl")
+            && std::arch::is_x86_feature_detected!("avx512dq")
+            && std::env::var_os("KAZEIA_NO_VNNI").is_none()
+    });
+    cpu && matches!(w.storage, Storage::Q4_0 { .. }) && w.padded_in.is_multiple_of(2 * BLOCK)
+}
+
+/// Activations quantised for integer dot products: per row, 32-value blocks of `i8` with one scale each, and
+/// per 64-value chunk the vectors the Q4_0 kernel needs (`8 · Σx` per 4-lane group, and the block scales spread
+/// over their 8 lanes).
+pub struct QuantizedRows {
+    quants: Vec<i8>,
+    /// `[rows][chunks]` of 16 lanes: `8 · Σ x_q` over each lane's four values.
+    corrections: Vec<i32>,
+    /// `[rows][chunks]` of 16 lanes: block scale of lanes 0–7, then of lanes 8–15.
+    scales: Vec<f32>,
+    k: usize,
+}
+
+impl QuantizedRows {
+    /// Quantises `rows` rows of `k` values (`k` a multiple of 64).
+    pub fn new(x: &[f32], rows: usize, k: usize) -> Self {
+        assert!(k.is_multiple_of(2 * BLOCK));
+        let chunks = k / (2 * BLOCK);
+        let mut quants = vec![0i8; rows * k];
+        let mut block_scales = vec![0.0f32; rows * k / BLOCK];
+        for ((xb, qb), s) in x
+            .chunks_exact(BLOCK)
+            .zip(quants.chunks_exact_mut(BLOCK))
+            .zip(block_scales.iter_mut())
+        {
+            let amax = xb.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+            let d = amax / 127.0;
+            let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
+            for (q, v) in qb.iter_mut().zip(xb) {
+                *q = (v * inv).round().clamp(-127.0, 127.0) as i8;
+            }
+            *s = d;
+        }
+        let mut corrections = vec![0i32; rows * chunks * 16];
+        let mut scales = vec![0.0f32; rows * chunks * 16];
+        for (c, (corr, sc)) in corrections
+            .chunks_exact_mut(16)
+            .zip(scales.chunks_exact_mut(16))
+            .enumerate()
+        {
+            let q = &quants[c * 2 * BLOCK..(c + 1) * 2 * BLOCK];
+            for (lane, v) in corr.iter_mut().enumerate() {
+                *v = 8 * q[lane * 4..lane * 4 + 4]
+                    .iter()
+                    .map(|&b| b as i32)
+                    .sum::<i32>();
+            }
+            sc[..8].fill(block_scales[2 * c]);
+            sc[8..].fill(block_scales[2 * c + 1]);
+        }
+        QuantizedRows {
+            quants,
+            corrections,
+            scales,
+            k,
+        }
+    }
+}
+
+/// Q4_0 weights × int8 activations with AVX512-VNNI: `vpdpbusd` multiplies the unsigned nibbles by the signed
+/// activations 64 at a time; `8 · Σx` turns nibble values back into `nibble − 8`.
+///
+/// # Safety
+/// The CPU must support AVX-512F/BW/VL/DQ and AVX512-VNNI; `w` must be Q4_0 with `padded_in` a multiple of 64.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma")]
+pub unsafe fn dot_q4_vnni(
+    w: &LinearWeight,
+    x: &QuantizedRows,
+    n: usize,
+    o0: usize,
+    o1: usize,
+    partial: &mut [f32],
+) {
+    let Storage::Q4_0 { scales, nibbles } = &w.storage else {
+        unreachable!("the VNNI kernel is for Q4_0 weights")
+    };
+    let k = w.padded_in;
+    assert_eq!(x.k, k);
+    assert!(k.is_multiple_of(2 * BLOCK) && o1 <= w.out_features);
+    assert!(x.quants.len() >= n * k && partial.len() >= n * (o1 - o0));
+    let mut r0 = 0;
+    while r0 < n {
+        let rows = (n - r0).min(8);
+        match rows {
+            8 => q4_vnni_rows::<8>(nibbles, scales, k, x, r0, o0, o1, partial),
+            7 => q4_vnni_rows::<7>(nibbles, scales, k, x, r0, o0, o1, partial),
+            6 => q4_vnni_rows::<6>(nibbles, scales, k, x, r0, o0, o1, partial),
+            5 => q4_vnni_rows::<5>(nibbles, scales, k, x, r0, o0, o1, partial),
+            4 => q4_vnni_rows::<4>(nibbles, scales, k, x, r0, o0, o1, partial),
+            3 => q4_vnni_rows::<3>(nibbles, scales, k, x, r0, o0, o1, partial),
+            2 => q4_vnni_rows::<2>(nibbles, scales, k, x, r0, o0, o1, partial),
+            _ => q4_vnni_rows::<1>(nibbles, scales, k, x, r0, o0, o1, partial),
+        }
+        r0 += rows;
+    }
+}
+
+#[inline]
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma")]
+unsafe fn q4_vnni_rows<const R: usize>(
+    nibbles: &[u8],
+    scales: &[f32],
+    k: usize,
+    x: &QuantizedRows,
+    r0: usize,
+    o0: usize,
+    o1: usize,
+    partial: &mut [f32],
+) {
+    let chunks = k / (2 * BLOCK);
+    let blocks = k / BLOCK;
+    let width = o1 - o0;
+    let mask = _mm256_set1_epi8(0x0f);
+    for o in o0..o1 {
+        let mut acc = [_mm512_setzero_ps(); R];
+        let wrow = nibbles.as_ptr().add(o * k / 2);
+        for c in 0..chunks {
+            let v = _mm256_loadu_si256(wrow.add(c * BLOCK) as *const __m256i);
+            let lo = _mm256_and_si256(v, mask);
+            let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), mask);
+            // Block 2c: low nibbles are its elements 0–15, high nibbles 16–31; likewise block 2c+1.
+            let first = _mm256_permute2x128_si256::<0x20>(lo, hi);
+            let second = _mm256_permute2x128_si256::<0x31>(lo, hi);
+            let wv = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(first), second);
+            let s0 = *scales.get_unchecked(o * blocks + 2 * c);
+            let s1 = *scales.get_unchecked(o * blocks + 2 * c + 1);
+            let sw = _mm512_insertf32x8::<1>(
+                _mm512_castps256_ps512(_mm256_set1_ps(s0)),
+                _mm256_set1_ps(s1),
+            );
+            for (r, a) in acc.iter_mut().enumerate() {
+                let row = r0 + r;
+                let xq =
+                    _mm512_loadu_si512(x.quants.as_ptr().add(row * k + c * 2 * BLOCK) as *const _);
+                let lane = (row * chunks + c) * 16;
+                let dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv, xq);
+                let corr = _mm512_loadu_si512(x.corrections.as_ptr().add(lane) as *const _);
+                let sx = _mm512_loadu_ps(x.scales.as_ptr().add(lane));
+                let exact = _mm512_cvtepi32_ps(_mm512_sub_epi32(dot, corr));
+                *a = _mm512_fmadd_ps(exact, _mm512_mul_ps(sw, sx), *a);
+            }
+        }
+        for (r, a) in acc.iter().enumerate() {
+            partial[(r0 + r) * width + (o - o0)] = _mm512_reduce_add_ps(*a);
+        }
+    }
+}
