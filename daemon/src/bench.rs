@@ -16,7 +16,7 @@ use kazeia_engine::lm::{generate, GenerationConfig, ModelConfig, PromptRequest, 
 use kazeia_engine::random_weights::RandomWeights;
 use kazeia_engine::stream::{stream_speech, SessionControl, StreamConfig};
 use kazeia_engine::tokenizer::{assistant_text, TextTokenizer};
-use kazeia_engine::{CpuBackend, WeightFormat};
+use kazeia_engine::{CpuBackend, WeightStorage};
 
 use crate::model_path::resolve_model;
 
@@ -40,9 +40,10 @@ pub struct BenchArgs {
     /// Timed runs after one warm-up run; the table shows the fastest.
     #[arg(long, default_value_t = 3)]
     repeat: usize,
-    /// Storage of the talker's and code predictor's weights: f32, f16, bf16, q8_0 or q4_0.
+    /// Storage of the talker's and code predictor's weights: f32, f16, bf16, q8_0, q4_0, or auto (as stored;
+    /// f32 for random weights).
     #[arg(long, default_value = "bf16")]
-    weights: WeightFormat,
+    weights: WeightStorage,
     /// Frames in the first streamed chunk (the first-audio measurement).
     #[arg(long, default_value_t = StreamConfig::default().first_chunk_frames)]
     first_chunk_frames: usize,

@@ -1,7 +1,7 @@
 //! Options shared by the commands that run the model.
 
 use clap::Args;
-use kazeia_engine::{CpuBackend, WeightFormat};
+use kazeia_engine::{CpuBackend, WeightStorage};
 
 #[derive(Args)]
 pub struct SamplingArgs {
@@ -22,10 +22,10 @@ pub struct SamplingArgs {
 
 #[derive(Args)]
 pub struct EngineArgs {
-    /// Storage of the talker's and code predictor's weights: bf16 (the released precision, lossless), f32,
-    /// f16, q8_0 or q4_0.
-    #[arg(long, default_value = "bf16")]
-    pub weights: WeightFormat,
+    /// Storage of the talker's and code predictor's weights: auto (as stored in the checkpoint: BF16 for the
+    /// released models, lossless), f32, f16, bf16, q8_0 or q4_0.
+    #[arg(long, default_value = "auto")]
+    pub weights: WeightStorage,
     /// Worker threads for the CPU backend.
     #[arg(long, default_value_t = crate::default_threads())]
     pub threads: usize,

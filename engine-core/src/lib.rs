@@ -20,3 +20,4 @@ pub mod weights;
 pub use error::{Error, Result};
 pub use kazeia_backend_abi::{Backend, WeightFormat};
 pub use kazeia_backend_cpu::CpuBackend;
+pub use linear::WeightStorage;

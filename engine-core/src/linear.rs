@@ -5,15 +5,48 @@ use kazeia_backend_abi::{Backend, Weight, WeightFormat};
 use crate::error::Result;
 use crate::weights::Weights;
 
+/// How linear weights stay resident: in the checkpoint's own precision (lossless: BF16 for the released
+/// models), or converted to a chosen format.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum WeightStorage {
+    #[default]
+    AsStored,
+    Convert(WeightFormat),
+}
+
+impl std::str::FromStr for WeightStorage {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(WeightStorage::AsStored),
+            other => other.parse().map(WeightStorage::Convert),
+        }
+    }
+}
+
+impl std::fmt::Display for WeightStorage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            WeightStorage::AsStored => f.write_str("auto"),
+            WeightStorage::Convert(format) => format.fmt(f),
+        }
+    }
+}
+
 pub fn load_linear(
     backend: &dyn Backend,
     weights: &dyn Weights,
     name: &str,
     (out, inp): (usize, usize),
     bias: bool,
-    format: WeightFormat,
+    storage: WeightStorage,
 ) -> Result<Weight> {
-    let w = weights.tensor_shaped(&format!("{name}.weight"), &[out, inp])?;
+    let weight_name = format!("{name}.weight");
+    let format = match storage {
+        WeightStorage::AsStored => weights.stored_format(&weight_name),
+        WeightStorage::Convert(format) => format,
+    };
+    let w = weights.tensor_shaped(&weight_name, &[out, inp])?;
     let b = if bias {
         Some(weights.tensor_shaped(&format!("{name}.bias"), &[out])?)
     } else {

@@ -4,10 +4,11 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use kazeia_backend_abi::{Backend, WeightFormat};
+use kazeia_backend_abi::Backend;
 
 use crate::codec::CodecDecoder;
 use crate::error::{Error, Result};
+use crate::linear::WeightStorage;
 use crate::lm::sampler::random_seed;
 use crate::lm::{PromptRequest, TtsModel};
 use crate::stream::{stream_speech, SessionControl, StreamConfig, StreamReport};
@@ -60,12 +61,12 @@ impl Synthesizer {
     /// Loads a released model directory: LM, tokenizer files and `speech_tokenizer/`. The LM's linear
     /// weights are kept as BF16, the released checkpoints' own precision (lossless for them).
     pub fn load(dir: &Path, backend: Arc<dyn Backend>) -> Result<Self> {
-        Self::load_as(dir, backend, WeightFormat::BF16)
+        Self::load_as(dir, backend, WeightStorage::AsStored)
     }
 
     /// [`Synthesizer::load`] with the LM's linear weights stored as `format`.
-    pub fn load_as(dir: &Path, backend: Arc<dyn Backend>, format: WeightFormat) -> Result<Self> {
-        let model = TtsModel::load_as(dir, backend.clone(), format)?;
+    pub fn load_as(dir: &Path, backend: Arc<dyn Backend>, storage: WeightStorage) -> Result<Self> {
+        let model = TtsModel::load_as(dir, backend.clone(), storage)?;
         let tokenizer = TextTokenizer::load(dir)?;
         let codec = CodecDecoder::load(dir, backend)?;
         let cb0_range = model.config.talker_config.vocab_size - 1024;

@@ -7,6 +7,8 @@ use memmap2::Mmap;
 use safetensors::tensor::Metadata;
 use safetensors::{Dtype, SafeTensors};
 
+use kazeia_backend_abi::WeightFormat;
+
 use crate::error::{Error, Result};
 
 /// Where model code gets its tensors: a released `safetensors` file, or generated random weights of the real
@@ -14,6 +16,11 @@ use crate::error::{Error, Result};
 pub trait Weights {
     /// Tensor `name` as `f32`, checked to have `shape`.
     fn tensor_shaped(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>>;
+
+    /// The precision tensor `name` is stored in (what keeping it "as stored" means); F32 by default.
+    fn stored_format(&self, _name: &str) -> WeightFormat {
+        WeightFormat::F32
+    }
 
     /// A `[rows, cols]` table whose rows are read on demand (the 151936-row text embedding would take 1.2 GB
     /// as `f32`; a prompt needs a few dozen rows of it).
@@ -29,6 +36,14 @@ pub trait Weights {
 impl Weights for WeightFile {
     fn tensor_shaped(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
         WeightFile::tensor_shaped(self, name, shape)
+    }
+
+    fn stored_format(&self, name: &str) -> WeightFormat {
+        match self.metadata.info(name).map(|i| i.dtype) {
+            Some(Dtype::BF16) => WeightFormat::BF16,
+            Some(Dtype::F16) => WeightFormat::F16,
+            _ => WeightFormat::F32,
+        }
     }
 
     fn embedding_table(&self, name: &str, rows: usize, cols: usize) -> Result<EmbeddingTable> {

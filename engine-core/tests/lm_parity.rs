@@ -209,20 +209,26 @@ fn bad_requests_are_rejected_with_a_reason() {
     assert!(err.contains("outside the model's text vocabulary"), "{err}");
 }
 
-/// BF16 storage of the BF16 checkpoints is lossless: the codes stay identical. The lossy formats are reported
+/// F32, and BF16 storage of the BF16 checkpoints, are lossless: the codes stay identical (the default keeps the
+/// checkpoint's own precision). The lossy formats are reported
 /// (share of codes equal to the f32 run) and must still produce valid, mostly agreeing codes.
 #[test]
 fn weight_formats_against_f32_codes() {
-    use kazeia_engine::WeightFormat;
+    use kazeia_engine::{WeightFormat, WeightStorage};
     for case in CASES {
         for format in [
+            WeightFormat::F32,
             WeightFormat::BF16,
             WeightFormat::F16,
             WeightFormat::Q8_0,
             WeightFormat::Q4_0,
         ] {
-            let model =
-                TtsModel::load_as(&fixture(case), Arc::new(CpuBackend::new(1)), format).unwrap();
+            let model = TtsModel::load_as(
+                &fixture(case),
+                Arc::new(CpuBackend::new(1)),
+                WeightStorage::Convert(format),
+            )
+            .unwrap();
             let (mut same, mut total, mut first_frames_same) = (0usize, 0usize, 0usize);
             let all = runs(case);
             for run in &all {
@@ -239,7 +245,7 @@ fn weight_formats_against_f32_codes() {
                 .codes;
                 let expected: Vec<Vec<u32>> =
                     run["codes"].as_array().unwrap().iter().map(ids).collect();
-                if format == WeightFormat::BF16 {
+                if matches!(format, WeightFormat::F32 | WeightFormat::BF16) {
                     assert_eq!(codes, expected, "{case} {format}: {}", run["name"]);
                 }
                 first_frames_same += usize::from(codes.first() == expected.first());

@@ -5,7 +5,7 @@ use kazeia_backend_abi::{AttentionSpan, Backend, Heads, Weight, WeightFormat};
 
 use super::config::DecoderConfig;
 use crate::error::Result;
-use crate::linear::load_linear;
+use crate::linear::{load_linear, WeightStorage};
 use crate::weights::Weights;
 
 struct Layer {
@@ -56,7 +56,14 @@ fn linear(
     bias: bool,
 ) -> Result<Weight> {
     // The codec decoder is compute-bound; it keeps f32 weights.
-    load_linear(backend, file, name, dims, bias, WeightFormat::F32)
+    load_linear(
+        backend,
+        file,
+        name,
+        dims,
+        bias,
+        WeightStorage::Convert(WeightFormat::F32),
+    )
 }
 
 impl PreTransformer {

@@ -2,12 +2,12 @@
 //! outputs, emitting codebooks 1..N−1 one per step, each through its own embedding and head. Inputs live in
 //! the talker's width and go through `small_to_mtp_projection` when the widths differ (1.7B).
 
-use kazeia_backend_abi::{Backend, Heads, Weight, WeightFormat};
+use kazeia_backend_abi::{Backend, Heads, Weight};
 
 use super::config::CodePredictorConfig;
 use super::transformer::{DecoderStack, KvCache, StackShape};
 use crate::error::Result;
-use crate::linear::load_linear;
+use crate::linear::{load_linear, WeightStorage};
 use crate::weights::Weights;
 
 pub struct CodePredictor {
@@ -27,7 +27,7 @@ impl CodePredictor {
         weights: &dyn Weights,
         cfg: &CodePredictorConfig,
         talker_hidden: usize,
-        format: WeightFormat,
+        storage: WeightStorage,
     ) -> Result<Self> {
         let (h, v, groups) = (cfg.hidden_size, cfg.vocab_size, cfg.num_code_groups);
         let shape = StackShape {
@@ -45,7 +45,7 @@ impl CodePredictor {
             windows: (0..cfg.num_hidden_layers)
                 .map(|i| cfg.window_of(i))
                 .collect(),
-            format,
+            storage,
         };
         let prefix = "talker.code_predictor";
         let embeddings = (0..groups - 1)
@@ -63,7 +63,7 @@ impl CodePredictor {
                 &format!("{prefix}.small_to_mtp_projection"),
                 (h, talker_hidden),
                 true,
-                format,
+                storage,
             )?)
         } else {
             None
@@ -76,7 +76,7 @@ impl CodePredictor {
                     &format!("{prefix}.lm_head.{k}"),
                     (v, h),
                     false,
-                    format,
+                    storage,
                 )
             })
             .collect::<Result<_>>()?;

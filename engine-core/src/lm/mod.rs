@@ -12,7 +12,7 @@ pub mod transformer;
 use std::path::Path;
 use std::sync::Arc;
 
-use kazeia_backend_abi::{Backend, WeightFormat};
+use kazeia_backend_abi::Backend;
 
 pub use config::{GenerationConfig, ModelConfig};
 pub use generate::{generate, GenerateOptions, GenerateTimings, Generated};
@@ -20,6 +20,7 @@ pub use prompt::{build_prompt, Prompt, PromptRequest};
 pub use sampler::SamplingParams;
 
 use crate::error::{Error, Result};
+use crate::linear::WeightStorage;
 use crate::weights::{WeightFile, Weights};
 
 /// The talker and code predictor of one model, resident in a backend.
@@ -35,11 +36,11 @@ impl TtsModel {
     /// Loads `config.json`, `generation_config.json` (optional) and `model.safetensors` of a model directory,
     /// with f32 weights.
     pub fn load(dir: &Path, backend: Arc<dyn Backend>) -> Result<Self> {
-        Self::load_as(dir, backend, WeightFormat::F32)
+        Self::load_as(dir, backend, WeightStorage::AsStored)
     }
 
     /// [`TtsModel::load`] with the talker's and code predictor's linear weights stored as `format`.
-    pub fn load_as(dir: &Path, backend: Arc<dyn Backend>, format: WeightFormat) -> Result<Self> {
+    pub fn load_as(dir: &Path, backend: Arc<dyn Backend>, storage: WeightStorage) -> Result<Self> {
         let config_path = dir.join("config.json");
         if !config_path.is_file() {
             return Err(Error::Input(format!(
@@ -50,7 +51,7 @@ impl TtsModel {
         let config = ModelConfig::load(&config_path)?;
         let generation = GenerationConfig::load_or_default(&dir.join("generation_config.json"))?;
         let weights = WeightFile::open(&dir.join("model.safetensors"))?;
-        Self::from_parts(config, generation, &weights, backend, format)
+        Self::from_parts(config, generation, &weights, backend, storage)
     }
 
     pub fn from_parts(
@@ -58,16 +59,16 @@ impl TtsModel {
         generation: GenerationConfig,
         weights: &dyn Weights,
         backend: Arc<dyn Backend>,
-        format: WeightFormat,
+        storage: WeightStorage,
     ) -> Result<Self> {
         let t = &config.talker_config;
-        let talker = talker::Talker::load(backend.as_ref(), weights, t, format)?;
+        let talker = talker::Talker::load(backend.as_ref(), weights, t, storage)?;
         let code_predictor = code_predictor::CodePredictor::load(
             backend.as_ref(),
             weights,
             &t.code_predictor_config,
             t.hidden_size,
-            format,
+            storage,
         )?;
         Ok(TtsModel {
             backend,

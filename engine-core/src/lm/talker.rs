@@ -2,12 +2,12 @@
 //! of a text-track vector (a text token through `text_projection`) and a codec-track vector (a row of
 //! `codec_embedding`); `codec_head` scores the next codebook-0 token.
 
-use kazeia_backend_abi::{Backend, Heads, Weight, WeightFormat};
+use kazeia_backend_abi::{Backend, Heads, Weight};
 
 use super::config::TalkerConfig;
 use super::transformer::{DecoderStack, KvCache, StackShape};
 use crate::error::{Error, Result};
-use crate::linear::load_linear;
+use crate::linear::{load_linear, WeightStorage};
 use crate::weights::{EmbeddingTable, Weights};
 
 pub struct Talker {
@@ -27,7 +27,7 @@ impl Talker {
         backend: &dyn Backend,
         weights: &dyn Weights,
         cfg: &TalkerConfig,
-        format: WeightFormat,
+        storage: WeightStorage,
     ) -> Result<Self> {
         let (h, th) = (cfg.hidden_size, cfg.text_hidden_size);
         let shape = StackShape {
@@ -43,7 +43,7 @@ impl Talker {
             rope_theta: cfg.rope_theta as f32,
             attention_bias: cfg.attention_bias,
             windows: vec![cfg.sliding_window; cfg.num_hidden_layers],
-            format,
+            storage,
         };
         Ok(Talker {
             text_embedding: weights.embedding_table(
@@ -57,7 +57,7 @@ impl Talker {
                 "talker.text_projection.linear_fc1",
                 (th, th),
                 true,
-                format,
+                storage,
             )?,
             text_fc2: load_linear(
                 backend,
@@ -65,7 +65,7 @@ impl Talker {
                 "talker.text_projection.linear_fc2",
                 (h, th),
                 true,
-                format,
+                storage,
             )?,
             codec_embedding: weights
                 .tensor_shaped("talker.model.codec_embedding.weight", &[cfg.vocab_size, h])?,
@@ -76,7 +76,7 @@ impl Talker {
                 "talker.codec_head",
                 (cfg.vocab_size, h),
                 false,
-                format,
+                storage,
             )?,
             hidden: h,
             text_hidden: th,

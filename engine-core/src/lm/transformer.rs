@@ -1,10 +1,10 @@
 //! The Qwen3 decoder-layer stack shared by the talker and the code predictor: pre-norm layers with per-head
 //! q/k RMSNorm, grouped-query attention with split-half RoPE over a KV cache, SwiGLU MLP, and a final RMSNorm.
 
-use kazeia_backend_abi::{AttentionSpan, Backend, Heads, Weight, WeightFormat};
+use kazeia_backend_abi::{AttentionSpan, Backend, Heads, Weight};
 
 use crate::error::Result;
-use crate::linear::load_linear;
+use crate::linear::{load_linear, WeightStorage};
 use crate::weights::Weights;
 
 /// Shapes of one stack, from the talker's or the code predictor's config.
@@ -20,7 +20,7 @@ pub struct StackShape {
     /// Sliding window per layer (`None`: full causal attention).
     pub windows: Vec<Option<usize>>,
     /// How the layers' linear weights are stored.
-    pub format: WeightFormat,
+    pub storage: WeightStorage,
 }
 
 struct Layer {
@@ -87,7 +87,7 @@ impl DecoderStack {
                     &format!("{p}.{name}"),
                     dims,
                     bias,
-                    shape.format,
+                    shape.storage,
                 )
             };
             layers.push(Layer {
