@@ -224,6 +224,22 @@ impl WeightFile {
         }
     }
 
+    /// Drops the mapped pages of a converted tensor from memory, so that loading a model does not keep the
+    /// whole file resident next to its converted weights (the pages come back from the file if read again).
+    fn release(&self, offset: usize, len: usize) {
+        #[cfg(unix)]
+        // SAFETY: the mapping is a read-only view of a file; MADV_DONTNEED only discards clean page-cache
+        // pages of this mapping, which are re-read from the file on the next access. No slice into them is
+        // alive here (the tensor was copied out).
+        unsafe {
+            let _ =
+                self.mmap
+                    .unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, offset, len);
+        }
+        #[cfg(not(unix))]
+        let _ = (offset, len);
+    }
+
     pub fn path(&self) -> &Path {
         &self.path
     }
@@ -252,6 +268,7 @@ impl WeightFile {
         };
         let mut data = Vec::with_capacity(bytes.len() / element.size());
         convert(element, bytes, &mut data);
+        self.release(self.data_start + start, end - start);
         Ok(Tensor {
             shape: info.shape.clone(),
             data,
