@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use kazeia_engine::codec::{CodecConfig, CodecDecoder};
+use kazeia_engine::codec::{profile_stage, CodecConfig, CodecDecoder, PROFILE_STAGES};
 use kazeia_engine::lm::sampler::SeededRng;
 use kazeia_engine::lm::{generate, GenerationConfig, ModelConfig, PromptRequest, TtsModel};
 use kazeia_engine::random_weights::RandomWeights;
@@ -53,25 +53,6 @@ pub struct BenchArgs {
     /// Print one JSON object instead of the table.
     #[arg(long)]
     json: bool,
-}
-
-/// Decoder stage groups, in pipeline order.
-const DECODER_STAGES: [&str; 5] = [
-    "quantizer",
-    "pre_conv",
-    "pre_transformer",
-    "upsample",
-    "bigvgan",
-];
-
-fn decoder_stage(trace_name: &str) -> usize {
-    match trace_name {
-        "quantizer" => 0,
-        "pre_conv" => 1,
-        "pre_transformer" => 2,
-        n if n.starts_with("upsample.") => 3,
-        _ => 4,
-    }
 }
 
 #[derive(Clone, Copy, Default)]
@@ -188,7 +169,7 @@ fn run_once(loaded: &Loaded, frames: usize) -> Result<Run> {
     let mut last = Instant::now();
     loaded.decoder.decode_traced(&codes, &mut |name, _| {
         let now = Instant::now();
-        run.decoder_s[decoder_stage(name)] += (now - last).as_secs_f64();
+        run.decoder_s[profile_stage(name)] += (now - last).as_secs_f64();
         last = now;
     })?;
     run.total_s = start.elapsed().as_secs_f64();
@@ -304,7 +285,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let rtf = r.total_s / audio_s;
 
     if args.json {
-        let stages: Vec<String> = DECODER_STAGES
+        let stages: Vec<String> = PROFILE_STAGES
             .iter()
             .zip(r.decoder_s)
             .map(|(n, s)| format!("\"decoder_{n}_ms\": {:.2}", s * 1e3))
@@ -351,7 +332,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
             r.cp_s * 1e3 / frames
         );
     }
-    for (name, s) in DECODER_STAGES.iter().zip(r.decoder_s) {
+    for (name, s) in PROFILE_STAGES.iter().zip(r.decoder_s) {
         println!(
             "{:<30}{:>12.1}{:>14.3} s/s",
             format!("decoder: {name}"),

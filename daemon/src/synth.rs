@@ -146,6 +146,9 @@ pub fn run(args: SynthArgs) -> Result<()> {
             return Err(e.into());
         }
     };
+    if std::env::var_os("KAZEIA_PROFILE").is_some_and(|v| v == "1") {
+        eprintln!("{}", report.profile(synth.sample_rate()));
+    }
     for warning in &warnings {
         eprintln!("kazeia: warning: {warning}");
     }

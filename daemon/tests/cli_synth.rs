@@ -445,3 +445,42 @@ fn a_repo_id_downloads_into_the_hub_cache_once_then_works_offline() {
         "cannot download model Kazeia/not-there",
     );
 }
+
+#[test]
+fn kazeia_profile_prints_the_stage_breakdown() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = lm_fixture("shape_1b7");
+    let out = tmp.path().join("p.wav");
+    let output = kazeia(
+        &synth_args(
+            model.to_str().unwrap(),
+            "Hello world.",
+            out.to_str().unwrap(),
+        ),
+        &[("KAZEIA_PROFILE", "1")],
+    );
+    assert_ok(&output);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    for stage in [
+        "prefill",
+        "talker",
+        "code predictor",
+        "decoder bigvgan",
+        "first audio",
+        "RTF",
+    ] {
+        assert!(
+            stderr.contains(stage),
+            "no `{stage}` in the profile: {stderr}"
+        );
+    }
+    let quiet = kazeia(
+        &synth_args(
+            model.to_str().unwrap(),
+            "Hello world.",
+            out.to_str().unwrap(),
+        ),
+        &[],
+    );
+    assert!(!String::from_utf8_lossy(&quiet.stderr).contains("profile:"));
+}

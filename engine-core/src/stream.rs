@@ -10,10 +10,10 @@ use std::sync::mpsc;
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::codec::CodecDecoder;
+use crate::codec::{profile_stage, CodecDecoder};
 use crate::error::{Error, Result};
 use crate::lm::sampler::SeededRng;
-use crate::lm::{generate, GenerateOptions, Prompt, TtsModel};
+use crate::lm::{generate, GenerateOptions, GenerateTimings, Prompt, TtsModel};
 
 /// Chunking of the decoder's work.
 #[derive(Clone, Copy, Debug)]
@@ -110,7 +110,61 @@ pub struct StreamReport {
     pub chunks_delivered: usize,
     pub generate_time: Duration,
     pub decode_time: Duration,
+    /// Where generation went: prefill, talker steps, code predictor.
+    pub timings: GenerateTimings,
+    /// Decoder time per [`crate::codec::PROFILE_STAGES`] entry.
+    pub decoder_stages: [Duration; 5],
     pub stopped: bool,
+}
+
+impl StreamReport {
+    /// The per-stage breakdown (what `KAZEIA_PROFILE=1` prints), for `sample_rate` audio.
+    pub fn profile(&self, sample_rate: u32) -> String {
+        let audio_s = self.samples as f64 / sample_rate.max(1) as f64;
+        let frames = self.frames.max(1) as f64;
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        let mut out = format!(
+            "profile: {} frames, {:.2} s of audio in {} utterance(s)\n\
+             \x20 prefill            {:9.1} ms ({} prompt rows)\n\
+             \x20 talker             {:9.1} ms  {:7.2} ms/frame\n\
+             \x20 code predictor     {:9.1} ms  {:7.2} ms/frame\n",
+            self.frames,
+            audio_s,
+            self.utterances,
+            ms(self.timings.prefill),
+            self.timings.prompt_rows,
+            ms(self.timings.talker),
+            ms(self.timings.talker) / frames,
+            ms(self.timings.code_predictor),
+            ms(self.timings.code_predictor) / frames,
+        );
+        for (name, d) in crate::codec::PROFILE_STAGES.iter().zip(self.decoder_stages) {
+            out += &format!(
+                "  decoder {name:<15}{:7.1} ms  {:7.3} s/s\n",
+                ms(d),
+                d.as_secs_f64() / audio_s.max(1e-9)
+            );
+        }
+        let rtf = (self.generate_time + self.decode_time).as_secs_f64() / audio_s.max(1e-9);
+        out += &format!(
+            "  first audio {}, RTF (generate + decode) {rtf:.3}",
+            match self.first_audio {
+                Some(d) => format!("{:.0} ms", ms(d)),
+                None => "—".into(),
+            }
+        );
+        out
+    }
+}
+
+/// What the decoder worker measured.
+#[derive(Default)]
+struct DecodeStats {
+    first: Option<Duration>,
+    samples: usize,
+    delivered: usize,
+    time: Duration,
+    stages: [Duration; 5],
 }
 
 enum Work {
@@ -139,49 +193,51 @@ pub fn stream_speech(
 
     std::thread::scope(|scope| {
         let failed = &failed;
-        let decoder = scope.spawn(
-            move || -> Result<(Option<Duration>, usize, usize, Duration)> {
-                let mut state = codec.new_state();
-                let (mut first, mut samples, mut delivered, mut decode_time) =
-                    (None, 0, 0, Duration::ZERO);
-                for work in rx {
-                    if control.is_stopped() || failed.load(Ordering::SeqCst) {
-                        continue; // drain: the generator stops on its own
+        let decoder = scope.spawn(move || -> Result<DecodeStats> {
+            let mut state = codec.new_state();
+            let mut stats = DecodeStats::default();
+            for work in rx {
+                if control.is_stopped() || failed.load(Ordering::SeqCst) {
+                    continue; // drain: the generator stops on its own
+                }
+                let frames = match work {
+                    Work::Restart => {
+                        state = codec.new_state();
+                        continue;
                     }
-                    let frames = match work {
-                        Work::Restart => {
-                            state = codec.new_state();
-                            continue;
-                        }
-                        Work::Frames(frames) => frames,
-                    };
-                    control.wait_while_paused();
-                    let t = Instant::now();
-                    let wav = codec.decode_chunk(&mut state, &frames, &mut |_, _| {});
-                    decode_time += t.elapsed();
-                    let wav = match wav {
-                        Ok(wav) => wav,
-                        Err(e) => {
-                            failed.store(true, Ordering::SeqCst);
-                            return Err(e);
-                        }
-                    };
-                    match control.deliver(|| on_audio(&wav)) {
-                        Ok(true) => {
-                            first.get_or_insert_with(|| start.elapsed());
-                            samples += wav.len();
-                            delivered += 1;
-                        }
-                        Ok(false) => {}
-                        Err(e) => {
-                            failed.store(true, Ordering::SeqCst);
-                            return Err(e);
-                        }
+                    Work::Frames(frames) => frames,
+                };
+                control.wait_while_paused();
+                let t = Instant::now();
+                let mut last = t;
+                let wav = codec.decode_chunk(&mut state, &frames, &mut |name, _| {
+                    let now = Instant::now();
+                    stats.stages[profile_stage(name)] += now - last;
+                    last = now;
+                });
+                stats.time += t.elapsed();
+                let wav = match wav {
+                    Ok(wav) => wav,
+                    Err(e) => {
+                        failed.store(true, Ordering::SeqCst);
+                        return Err(e);
+                    }
+                };
+                match control.deliver(|| on_audio(&wav)) {
+                    Ok(true) => {
+                        stats.first.get_or_insert_with(|| start.elapsed());
+                        stats.samples += wav.len();
+                        stats.delivered += 1;
+                    }
+                    Ok(false) => {}
+                    Err(e) => {
+                        failed.store(true, Ordering::SeqCst);
+                        return Err(e);
                     }
                 }
-                Ok((first, samples, delivered, decode_time))
-            },
-        );
+            }
+            Ok(stats)
+        });
 
         let mut target = config.first_chunk_frames.max(1);
         let generation: Result<()> = (|| {
@@ -211,6 +267,11 @@ pub fn stream_speech(
                     },
                 );
                 report.generate_time += t.elapsed();
+                let g = &generated.timings;
+                report.timings.prefill += g.prefill;
+                report.timings.prompt_rows += g.prompt_rows;
+                report.timings.talker += g.talker;
+                report.timings.code_predictor += g.code_predictor;
                 report.utterances += 1;
                 report.frames += generated.codes.len();
                 if !pending.is_empty() {
@@ -224,11 +285,12 @@ pub fn stream_speech(
             .join()
             .map_err(|_| Error::Input("the decoder thread panicked".into()))?;
         generation?;
-        let (first, samples, delivered, decode_time) = decoded?;
-        report.first_audio = first;
-        report.samples = samples;
-        report.chunks_delivered = delivered;
-        report.decode_time = decode_time;
+        let stats = decoded?;
+        report.first_audio = stats.first;
+        report.samples = stats.samples;
+        report.chunks_delivered = stats.delivered;
+        report.decode_time = stats.time;
+        report.decoder_stages = stats.stages;
         report.stopped = control.is_stopped();
         Ok(report)
     })

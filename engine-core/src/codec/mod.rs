@@ -25,6 +25,26 @@ use conv::{transpose, CausalConv1d, ConvState};
 use crate::error::{Error, Result};
 use crate::weights::{WeightFile, Weights};
 
+/// The decoder's stages as profiles report them.
+pub const PROFILE_STAGES: [&str; 5] = [
+    "quantizer",
+    "pre_conv",
+    "pre_transformer",
+    "upsample",
+    "bigvgan",
+];
+
+/// Which of [`PROFILE_STAGES`] a trace point of [`CodecDecoder::decode_chunk`] closes.
+pub fn profile_stage(trace_name: &str) -> usize {
+    match trace_name {
+        "quantizer" => 0,
+        "pre_conv" => 1,
+        "pre_transformer" => 2,
+        n if n.starts_with("upsample.") => 3,
+        _ => 4,
+    }
+}
+
 /// Frames per chunk and left-context frames of the official `chunked_decode`.
 pub const OFFICIAL_CHUNK_FRAMES: usize = 300;
 pub const OFFICIAL_CHUNK_CONTEXT: usize = 25;
