@@ -5,7 +5,6 @@
 //! fastest of `--repeat` runs after one warm-up run.
 
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
@@ -16,8 +15,9 @@ use kazeia_engine::lm::{generate, GenerationConfig, ModelConfig, PromptRequest, 
 use kazeia_engine::random_weights::RandomWeights;
 use kazeia_engine::stream::{stream_speech, SessionControl, StreamConfig};
 use kazeia_engine::tokenizer::{assistant_text, TextTokenizer};
-use kazeia_engine::{CpuBackend, WeightStorage};
+use kazeia_engine::WeightStorage;
 
+use crate::common_args::BackendArgs;
 use crate::model_path::resolve_model;
 
 /// The benchmark sentence (10 words).
@@ -47,6 +47,8 @@ pub struct BenchArgs {
     /// Frames in the first streamed chunk (the first-audio measurement).
     #[arg(long, default_value_t = StreamConfig::default().first_chunk_frames)]
     first_chunk_frames: usize,
+    #[command(flatten)]
+    backends: BackendArgs,
     /// Only time the codec decoder.
     #[arg(long)]
     decoder_only: bool,
@@ -72,12 +74,12 @@ struct Loaded {
 }
 
 fn load(args: &BenchArgs) -> Result<Loaded> {
-    let backend = Arc::new(CpuBackend::new(args.threads));
+    let (lm, decoder_backend) = args.backends.resolve(args.threads);
     match (&args.random, &args.model) {
         (Some(size), None) => {
             let weights = RandomWeights::new(0x5eed);
             let decoder =
-                CodecDecoder::from_parts(CodecConfig::released(), &weights, backend.clone())?;
+                CodecDecoder::from_parts(CodecConfig::released(), &weights, decoder_backend)?;
             let (model, request) = if args.decoder_only {
                 (None, None)
             } else {
@@ -86,7 +88,7 @@ fn load(args: &BenchArgs) -> Result<Loaded> {
                     config,
                     GenerationConfig::default(),
                     &weights,
-                    backend,
+                    lm,
                     args.weights,
                 )?;
                 // The template of a 10-word sentence: 3 role ids, 13 text ids, 5 closing ids.
@@ -111,11 +113,11 @@ fn load(args: &BenchArgs) -> Result<Loaded> {
         }
         (None, Some(spec)) => {
             let dir: PathBuf = resolve_model(spec)?;
-            let decoder = CodecDecoder::load(&dir, backend.clone())?;
+            let decoder = CodecDecoder::load(&dir, decoder_backend)?;
             let (model, request) = if args.decoder_only {
                 (None, None)
             } else {
-                let model = TtsModel::load_as(&dir, backend, args.weights)?;
+                let model = TtsModel::load_on(&dir, lm, args.weights)?;
                 let tokenizer = TextTokenizer::load(&dir)?;
                 let request = PromptRequest {
                     input_ids: tokenizer.encode(&assistant_text(SENTENCE))?,

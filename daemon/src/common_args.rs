@@ -1,7 +1,12 @@
 //! Options shared by the commands that run the model.
 
+use std::path::PathBuf;
+use std::sync::Arc;
+
 use clap::Args;
-use kazeia_engine::{CpuBackend, WeightStorage};
+use kazeia_engine::lm::LmBackends;
+use kazeia_engine::plugins::{backend_named, discover, search_path};
+use kazeia_engine::{Backend, WeightStorage};
 
 #[derive(Args)]
 pub struct SamplingArgs {
@@ -29,10 +34,55 @@ pub struct EngineArgs {
     /// Worker threads for the CPU backend.
     #[arg(long, default_value_t = crate::default_threads())]
     pub threads: usize,
+    #[command(flatten)]
+    pub backends: BackendArgs,
 }
 
-impl EngineArgs {
-    pub fn backend(&self) -> std::sync::Arc<CpuBackend> {
-        std::sync::Arc::new(CpuBackend::new(self.threads))
+/// Which backend runs each stage.
+#[derive(Args)]
+pub struct BackendArgs {
+    /// Backend of every stage (`cpu`, or a plugin's name such as `vulkan`); unavailable → cpu, with a warning.
+    #[arg(long, default_value = "cpu")]
+    pub backend: String,
+    /// Backend of the talker (default: --backend).
+    #[arg(long)]
+    pub talker_backend: Option<String>,
+    /// Backend of the code predictor (default: --backend).
+    #[arg(long)]
+    pub cp_backend: Option<String>,
+    /// Backend of the codec decoder (default: --backend).
+    #[arg(long)]
+    pub decoder_backend: Option<String>,
+    /// Extra directory searched for backend plugins (repeatable; also KAZEIA_PLUGIN_PATH).
+    #[arg(long)]
+    pub plugin_path: Vec<PathBuf>,
+}
+
+impl BackendArgs {
+    /// The LM stages' backends and the decoder's, logging every fallback to the CPU.
+    pub fn resolve(&self, threads: usize) -> (LmBackends, Arc<dyn Backend>) {
+        let plugins = discover(&search_path(&self.plugin_path));
+        let mut chosen: Vec<(String, Arc<dyn Backend>)> = Vec::new();
+        let mut pick = |name: &str| -> Arc<dyn Backend> {
+            if let Some((_, b)) = chosen.iter().find(|(n, _)| n == name) {
+                return b.clone();
+            }
+            let (backend, warning) = backend_named(name, threads, &plugins);
+            if let Some(w) = warning {
+                eprintln!("kazeia: warning: {w}");
+            }
+            chosen.push((name.to_owned(), backend.clone()));
+            backend
+        };
+        let talker = pick(self.talker_backend.as_deref().unwrap_or(&self.backend));
+        let code_predictor = pick(self.cp_backend.as_deref().unwrap_or(&self.backend));
+        let decoder = pick(self.decoder_backend.as_deref().unwrap_or(&self.backend));
+        (
+            LmBackends {
+                talker,
+                code_predictor,
+            },
+            decoder,
+        )
     }
 }

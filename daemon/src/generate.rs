@@ -65,8 +65,12 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     if args.sampling.max_new_tokens == Some(0) {
         bail!("--max-new-tokens must be positive");
     }
-    let model = TtsModel::load_as(&dir, args.engine.backend(), args.engine.weights)
-        .with_context(|| format!("cannot load the model from {}", dir.display()))?;
+    let model = TtsModel::load_on(
+        &dir,
+        args.engine.backends.resolve(args.engine.threads).0,
+        args.engine.weights,
+    )
+    .with_context(|| format!("cannot load the model from {}", dir.display()))?;
     let request = PromptRequest {
         input_ids,
         instruct_ids,

@@ -1,5 +1,6 @@
 //! `kazeia`: the command line of the Kazeia speech engine.
 
+mod backends;
 mod bench;
 mod common_args;
 mod decode;
@@ -32,6 +33,8 @@ enum Command {
     Synth(synth::SynthArgs),
     /// Time each stage on real-size random weights or on a model directory.
     Bench(bench::BenchArgs),
+    /// List the compute backends (built in and plugins) and why any is unavailable.
+    Backends(backends::BackendsArgs),
 }
 
 pub fn default_threads() -> usize {
@@ -45,6 +48,7 @@ fn main() -> ExitCode {
         Command::Generate(args) => generate::run(args),
         Command::Synth(args) => synth::run(args),
         Command::Bench(args) => bench::run(args),
+        Command::Backends(args) => backends::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

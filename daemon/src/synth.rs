@@ -99,8 +99,9 @@ pub fn run(args: SynthArgs) -> Result<()> {
         bail!("--max-new-tokens and --chunk-chars must be positive");
     }
     let dir = resolve_model(&args.model)?;
+    let (lm, decoder) = args.engine.backends.resolve(args.engine.threads);
     let load_start = Instant::now();
-    let synth = Synthesizer::load_as(&dir, args.engine.backend(), args.engine.weights)
+    let synth = Synthesizer::load_on(&dir, lm, decoder, args.engine.weights)
         .with_context(|| format!("cannot load the model from {}", dir.display()))?;
     let load_time = load_start.elapsed();
     let speaker = args

@@ -484,3 +484,48 @@ fn kazeia_profile_prints_the_stage_breakdown() {
     );
     assert!(!String::from_utf8_lossy(&quiet.stderr).contains("profile:"));
 }
+
+#[test]
+fn backends_lists_plugins_and_a_missing_backend_falls_back_to_cpu() {
+    let tmp = tempfile::tempdir().unwrap();
+    let broken = tmp.path().join(format!(
+        "libkazeia_backend_broken{}",
+        std::env::consts::DLL_SUFFIX
+    ));
+    std::fs::write(&broken, b"garbage").unwrap();
+    let output = kazeia(
+        &["backends"],
+        &[("KAZEIA_PLUGIN_PATH", tmp.path().to_str().unwrap())],
+    );
+    assert_ok(&output);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(stdout.contains("cpu (built in): available"), "{stdout}");
+    assert!(
+        stdout.contains("libkazeia_backend_broken") && stdout.contains("unavailable — cannot load"),
+        "{stdout}"
+    );
+    // The CPU plugin built next to the binary is found and usable.
+    assert!(
+        stdout.contains("libkazeia_backend_cpu") && stdout.contains("available, score"),
+        "{stdout}"
+    );
+
+    let model = lm_fixture("shape_0b6");
+    let out = tmp.path().join("o.wav");
+    let mut args = synth_args(
+        model.to_str().unwrap(),
+        "Hello world.",
+        out.to_str().unwrap(),
+    );
+    args.extend(["--decoder-backend", "hexagon"]);
+    let output = kazeia(&args, &[]);
+    assert_ok(&output);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("backend `hexagon` is unavailable")
+            && stderr.contains("falling back to cpu"),
+        "{stderr}"
+    );
+    let (_, samples) = read_wav(&std::fs::read(&out).unwrap()).unwrap();
+    assert!(max_abs_diff(&samples, &golden_wav("shape_0b6")) <= 1e-4);
+}

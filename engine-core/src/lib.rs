@@ -9,6 +9,7 @@ pub mod error;
 pub mod hub;
 pub mod linear;
 pub mod lm;
+pub mod plugins;
 pub mod random_weights;
 pub mod stream;
 pub mod synth;

@@ -10,7 +10,7 @@ use crate::codec::CodecDecoder;
 use crate::error::{Error, Result};
 use crate::linear::WeightStorage;
 use crate::lm::sampler::random_seed;
-use crate::lm::{PromptRequest, TtsModel};
+use crate::lm::{LmBackends, PromptRequest, TtsModel};
 use crate::stream::{stream_speech, SessionControl, StreamConfig, StreamReport};
 use crate::text::split_for_synthesis;
 use crate::tokenizer::{assistant_text, instruct_text, TextTokenizer};
@@ -64,11 +64,21 @@ impl Synthesizer {
         Self::load_as(dir, backend, WeightStorage::AsStored)
     }
 
-    /// [`Synthesizer::load`] with the LM's linear weights stored as `format`.
+    /// [`Synthesizer::load`] with the LM's linear weights stored as `storage`.
     pub fn load_as(dir: &Path, backend: Arc<dyn Backend>, storage: WeightStorage) -> Result<Self> {
-        let model = TtsModel::load_as(dir, backend.clone(), storage)?;
+        Self::load_on(dir, LmBackends::same(backend.clone()), backend, storage)
+    }
+
+    /// [`Synthesizer::load_as`] with one backend per stage.
+    pub fn load_on(
+        dir: &Path,
+        lm: LmBackends,
+        decoder: Arc<dyn Backend>,
+        storage: WeightStorage,
+    ) -> Result<Self> {
+        let model = TtsModel::load_on(dir, lm, storage)?;
         let tokenizer = TextTokenizer::load(dir)?;
-        let codec = CodecDecoder::load(dir, backend)?;
+        let codec = CodecDecoder::load(dir, decoder)?;
         let cb0_range = model.config.talker_config.vocab_size - 1024;
         if cb0_range > codec.config().decoder_config.codebook_size {
             return Err(Error::Input(format!(

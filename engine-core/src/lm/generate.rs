@@ -84,9 +84,13 @@ pub fn generate(
         }
         let cb0 = talker.codec_vector(token);
         let start = Instant::now();
-        let rest = cp.predict(backend, &hidden, cb0, &mut cp_cache, &mut |_, logits| {
-            choose(logits, &options.code_predictor, uniform)
-        });
+        let rest = cp.predict(
+            model.cp_backend.as_ref(),
+            &hidden,
+            cb0,
+            &mut cp_cache,
+            &mut |_, logits| choose(logits, &options.code_predictor, uniform),
+        );
         timings.code_predictor += start.elapsed();
         let mut frame = Vec::with_capacity(rest.len() + 1);
         frame.push(token);

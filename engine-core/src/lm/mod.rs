@@ -23,9 +23,27 @@ use crate::error::{Error, Result};
 use crate::linear::WeightStorage;
 use crate::weights::{WeightFile, Weights};
 
-/// The talker and code predictor of one model, resident in a backend.
+/// The backends of the two LM stages (they may differ: configuration chooses one per stage).
+#[derive(Clone)]
+pub struct LmBackends {
+    pub talker: Arc<dyn Backend>,
+    pub code_predictor: Arc<dyn Backend>,
+}
+
+impl LmBackends {
+    pub fn same(backend: Arc<dyn Backend>) -> Self {
+        LmBackends {
+            talker: backend.clone(),
+            code_predictor: backend,
+        }
+    }
+}
+
+/// The talker and code predictor of one model, resident in their backends.
 pub struct TtsModel {
+    /// The talker's backend (also used to build prompts).
     pub backend: Arc<dyn Backend>,
+    pub cp_backend: Arc<dyn Backend>,
     pub config: ModelConfig,
     pub generation: GenerationConfig,
     pub talker: talker::Talker,
@@ -41,6 +59,11 @@ impl TtsModel {
 
     /// [`TtsModel::load`] with the talker's and code predictor's linear weights stored as `format`.
     pub fn load_as(dir: &Path, backend: Arc<dyn Backend>, storage: WeightStorage) -> Result<Self> {
+        Self::load_on(dir, LmBackends::same(backend), storage)
+    }
+
+    /// [`TtsModel::load_as`] with one backend per stage.
+    pub fn load_on(dir: &Path, backends: LmBackends, storage: WeightStorage) -> Result<Self> {
         let config_path = dir.join("config.json");
         if !config_path.is_file() {
             return Err(Error::Input(format!(
@@ -51,27 +74,28 @@ impl TtsModel {
         let config = ModelConfig::load(&config_path)?;
         let generation = GenerationConfig::load_or_default(&dir.join("generation_config.json"))?;
         let weights = WeightFile::open(&dir.join("model.safetensors"))?;
-        Self::from_parts(config, generation, &weights, backend, storage)
+        Self::from_parts(config, generation, &weights, backends, storage)
     }
 
     pub fn from_parts(
         config: ModelConfig,
         generation: GenerationConfig,
         weights: &dyn Weights,
-        backend: Arc<dyn Backend>,
+        backends: LmBackends,
         storage: WeightStorage,
     ) -> Result<Self> {
         let t = &config.talker_config;
-        let talker = talker::Talker::load(backend.as_ref(), weights, t, storage)?;
+        let talker = talker::Talker::load(backends.talker.as_ref(), weights, t, storage)?;
         let code_predictor = code_predictor::CodePredictor::load(
-            backend.as_ref(),
+            backends.code_predictor.as_ref(),
             weights,
             &t.code_predictor_config,
             t.hidden_size,
             storage,
         )?;
         Ok(TtsModel {
-            backend,
+            backend: backends.talker,
+            cp_backend: backends.code_predictor,
             config,
             generation,
             talker,

@@ -9,6 +9,8 @@
 //! `ConvTranspose1d` `[cin, cout, k]`) and come back as opaque [`Weight`] handles in whatever layout the backend
 //! prefers.
 
+pub mod plugin;
+
 use std::any::Any;
 
 /// A weight resident in a backend, in a layout only that backend knows.
@@ -40,6 +42,30 @@ pub enum WeightFormat {
     Q8_0,
     /// Blocks of 32 weights: one scale and 32 signed nibbles, value = (nibble − 8) · scale (as ggml's Q4_0).
     Q4_0,
+}
+
+impl WeightFormat {
+    /// The code used across the plugin ABI.
+    pub fn code(self) -> u32 {
+        match self {
+            WeightFormat::F32 => 0,
+            WeightFormat::F16 => 1,
+            WeightFormat::BF16 => 2,
+            WeightFormat::Q8_0 => 3,
+            WeightFormat::Q4_0 => 4,
+        }
+    }
+
+    pub fn from_code(code: u32) -> Option<Self> {
+        Some(match code {
+            0 => WeightFormat::F32,
+            1 => WeightFormat::F16,
+            2 => WeightFormat::BF16,
+            3 => WeightFormat::Q8_0,
+            4 => WeightFormat::Q4_0,
+            _ => return None,
+        })
+    }
 }
 
 impl std::str::FromStr for WeightFormat {

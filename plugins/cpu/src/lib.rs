@@ -9,6 +9,7 @@ mod linear;
 mod linear_x86;
 mod norms;
 mod par;
+pub mod plugin;
 
 use kazeia_backend_abi::{AttentionSpan, Backend, Heads, Weight, WeightFormat};
 

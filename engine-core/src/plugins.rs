@@ -1,0 +1,492 @@
+//! Backend plugins: finding them, checking them, and using them as [`Backend`]s.
+//!
+//! Search order: directories from the configuration, `KAZEIA_PLUGIN_PATH` (colon-separated), the directory of
+//! the running binary, then the install prefixes (`../lib/kazeia/plugins` next to the binary,
+//! `/usr/local/lib/kazeia/plugins`, `/usr/lib/kazeia/plugins`). Files named `libkazeia_backend_*.so` are
+//! candidates. A plugin that fails to load, lacks the entry symbol, speaks another ABI version or scores ≤ 0 on
+//! this machine is reported unavailable with the reason; nothing crashes. Loaded plugins are never unloaded.
+//!
+//! Stage backends are chosen by name: `cpu` takes the best-scoring `cpu` plugin build, else the built-in CPU
+//! backend (always there); any other name falls back to the built-in CPU backend with a warning when no
+//! usable plugin of that name exists.
+
+use std::ffi::{c_void, CStr};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use kazeia_backend_abi::plugin::{
+    EntryFn, ErrorBuffer, OpKind, OpRecord, PluginApi, WeightDesc, WeightKind, ENTRY_SYMBOL,
+    PLUGIN_ABI_VERSION, PLUGIN_MAGIC,
+};
+use kazeia_backend_abi::{AttentionSpan, Backend, Heads, Weight, WeightFormat};
+
+use crate::CpuBackend;
+
+/// What the loader found at one path.
+#[derive(Clone)]
+pub struct PluginInfo {
+    pub path: PathBuf,
+    /// The plugin's own name (empty if it could not be asked).
+    pub name: String,
+    pub score: i32,
+    pub devices: Vec<String>,
+    /// `None` when usable, else why not.
+    pub unavailable: Option<String>,
+    api: Option<&'static PluginApi>,
+}
+
+impl PluginInfo {
+    pub fn is_available(&self) -> bool {
+        self.unavailable.is_none()
+    }
+}
+
+/// The directories searched for plugins, in order.
+pub fn search_path(configured: &[PathBuf]) -> Vec<PathBuf> {
+    let mut dirs: Vec<PathBuf> = configured.to_vec();
+    if let Some(paths) = std::env::var_os("KAZEIA_PLUGIN_PATH") {
+        dirs.extend(std::env::split_paths(&paths).filter(|p| !p.as_os_str().is_empty()));
+    }
+    if let Some(exe_dir) = std::env::current_exe()
+        .ok()
+        .and_then(|e| e.parent().map(Path::to_owned))
+    {
+        dirs.push(exe_dir.clone());
+        dirs.push(exe_dir.join("../lib/kazeia/plugins"));
+    }
+    dirs.push(PathBuf::from("/usr/local/lib/kazeia/plugins"));
+    dirs.push(PathBuf::from("/usr/lib/kazeia/plugins"));
+    dirs
+}
+
+fn is_candidate(path: &Path) -> bool {
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+    name.starts_with("libkazeia_backend_") && name.ends_with(std::env::consts::DLL_SUFFIX)
+}
+
+/// Every candidate plugin in `dirs` (each path once), loaded and checked.
+pub fn discover(dirs: &[PathBuf]) -> Vec<PluginInfo> {
+    let mut seen = std::collections::BTreeSet::new();
+    let mut found = Vec::new();
+    for dir in dirs {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            continue;
+        };
+        let mut paths: Vec<PathBuf> = entries
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| is_candidate(p))
+            .collect();
+        paths.sort();
+        for path in paths {
+            let key = path.canonicalize().unwrap_or_else(|_| path.clone());
+            if seen.insert(key) {
+                found.push(inspect(&path));
+            }
+        }
+    }
+    found
+}
+
+fn unavailable(path: &Path, reason: String) -> PluginInfo {
+    PluginInfo {
+        path: path.to_owned(),
+        name: String::new(),
+        score: 0,
+        devices: Vec::new(),
+        unavailable: Some(reason),
+        api: None,
+    }
+}
+
+/// Loads one plugin file and asks it about itself.
+pub fn inspect(path: &Path) -> PluginInfo {
+    // SAFETY: loading a library runs its initialisers; plugins are trusted code installed by the user.
+    let library = match unsafe { libloading::Library::new(path) } {
+        Ok(library) => library,
+        Err(e) => {
+            let detail = std::error::Error::source(&e)
+                .map(|s| format!(": {s}"))
+                .unwrap_or_default();
+            return unavailable(path, format!("cannot load: {e}{detail}"));
+        }
+    };
+    // Plugins are never unloaded: their code and static tables live for the whole process.
+    let library: &'static libloading::Library = Box::leak(Box::new(library));
+    // SAFETY: the symbol's type is fixed by the ABI.
+    let entry = match unsafe { library.get::<EntryFn>(ENTRY_SYMBOL) } {
+        Ok(entry) => entry,
+        Err(_) => {
+            return unavailable(
+                path,
+                "not a Kazeia plugin (no kazeia_backend_plugin_v1 symbol)".into(),
+            )
+        }
+    };
+    // SAFETY: calling the entry of a plugin that exports it; it returns a static table or null.
+    let api = unsafe { entry().as_ref() };
+    let Some(api) = api else {
+        return unavailable(path, "the plugin's entry returned no table".into());
+    };
+    if api.magic != PLUGIN_MAGIC {
+        return unavailable(
+            path,
+            format!("bad magic {:#x} in the plugin table", api.magic),
+        );
+    }
+    if api.abi_version != PLUGIN_ABI_VERSION
+        || (api.struct_size as usize) < std::mem::size_of::<PluginApi>()
+    {
+        return unavailable(
+            path,
+            format!(
+                "built for plugin ABI version {} (table of {} bytes); this Kazeia speaks version {PLUGIN_ABI_VERSION}",
+                api.abi_version, api.struct_size
+            ),
+        );
+    }
+    // SAFETY: the table passed its checks; its functions follow the ABI.
+    unsafe {
+        let name = if api.name.is_null() {
+            String::new()
+        } else {
+            CStr::from_ptr(api.name).to_string_lossy().into_owned()
+        };
+        let score = (api.score)();
+        let mut devices = Vec::new();
+        for i in 0..(api.device_count)() {
+            let mut out = ErrorBuffer::default();
+            if (api.device_name)(i, &mut out) == 0 {
+                devices.push(out.text());
+            }
+        }
+        let unavailable = if score <= 0 {
+            let mut reason = ErrorBuffer::default();
+            (api.unavailable_reason)(&mut reason);
+            Some(reason.text())
+        } else {
+            None
+        };
+        PluginInfo {
+            path: path.to_owned(),
+            name,
+            score,
+            devices,
+            unavailable,
+            api: Some(api),
+        }
+    }
+}
+
+/// A backend for a stage by name, with the message to log when it had to fall back to the built-in CPU backend.
+pub fn backend_named(
+    name: &str,
+    threads: usize,
+    plugins: &[PluginInfo],
+) -> (Arc<dyn Backend>, Option<String>) {
+    let best = plugins
+        .iter()
+        .filter(|p| p.name == name && p.is_available())
+        .max_by_key(|p| p.score);
+    if let Some(plugin) = best {
+        match PluginBackend::create(plugin, 0, threads) {
+            Ok(backend) => return (Arc::new(backend), None),
+            Err(e) if name == "cpu" => {
+                return (
+                    Arc::new(CpuBackend::new(threads)),
+                    Some(format!("cpu plugin: {e}; using the built-in CPU backend")),
+                )
+            }
+            Err(e) => {
+                return (
+                    Arc::new(CpuBackend::new(threads)),
+                    Some(format!("backend `{name}`: {e}; falling back to cpu")),
+                )
+            }
+        }
+    }
+    let message = (name != "cpu").then(|| {
+        let why = plugins
+            .iter()
+            .find(|p| p.name == name)
+            .and_then(|p| p.unavailable.clone())
+            .unwrap_or_else(|| "no plugin of that name was found".into());
+        format!("backend `{name}` is unavailable ({why}); falling back to cpu")
+    });
+    (Arc::new(CpuBackend::new(threads)), message)
+}
+
+struct Handle {
+    api: &'static PluginApi,
+    backend: *mut c_void,
+}
+
+// SAFETY: plugin backends are thread-safe by contract (the same as `Backend: Send + Sync`).
+unsafe impl Send for Handle {}
+unsafe impl Sync for Handle {}
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        // SAFETY: created by this plugin's `create`, destroyed once.
+        unsafe { (self.api.destroy)(self.backend) }
+    }
+}
+
+/// A plugin's backend behind the [`Backend`] trait.
+pub struct PluginBackend {
+    handle: Arc<Handle>,
+    name: String,
+}
+
+/// A weight uploaded to a plugin; it keeps the plugin backend alive and frees itself there.
+struct PluginWeight {
+    handle: Arc<Handle>,
+    weight: *mut c_void,
+}
+
+unsafe impl Send for PluginWeight {}
+unsafe impl Sync for PluginWeight {}
+
+impl Drop for PluginWeight {
+    fn drop(&mut self) {
+        // SAFETY: uploaded to this backend, freed once.
+        unsafe { (self.handle.api.free_weight)(self.handle.backend, self.weight) }
+    }
+}
+
+impl PluginBackend {
+    pub fn create(plugin: &PluginInfo, device: u32, threads: usize) -> Result<Self, String> {
+        let api = plugin.api.ok_or("the plugin is not loaded")?;
+        let mut err = ErrorBuffer::default();
+        // SAFETY: a checked table.
+        let backend = unsafe { (api.create)(device, threads as u32, &mut err) };
+        if backend.is_null() {
+            return Err(format!("cannot create a backend: {}", err.text()));
+        }
+        Ok(PluginBackend {
+            handle: Arc::new(Handle { api, backend }),
+            name: plugin.name.clone(),
+        })
+    }
+
+    fn upload(
+        &self,
+        kind: WeightKind,
+        format: WeightFormat,
+        dims: [usize; 4],
+        data: &[f32],
+        bias: Option<&[f32]>,
+    ) -> Weight {
+        let desc = WeightDesc {
+            kind: kind as u32,
+            format: format.code(),
+            dims: dims.map(|d| d as u64),
+            data: data.as_ptr(),
+            data_len: data.len(),
+            bias: bias.map_or(std::ptr::null(), <[f32]>::as_ptr),
+            bias_len: bias.map_or(0, <[f32]>::len),
+        };
+        let mut err = ErrorBuffer::default();
+        // SAFETY: `desc` points at live slices for the duration of the call.
+        let weight = unsafe { (self.handle.api.upload)(self.handle.backend, &desc, &mut err) };
+        assert!(
+            !weight.is_null(),
+            "backend `{}` refused a weight: {}",
+            self.name,
+            err.text()
+        );
+        Weight::new(PluginWeight {
+            handle: self.handle.clone(),
+            weight,
+        })
+    }
+
+    fn run(&self, op: OpRecord) {
+        let mut err = ErrorBuffer::default();
+        // SAFETY: the record points at live buffers for the duration of the call.
+        let status = unsafe { (self.handle.api.run_ops)(self.handle.backend, &op, 1, &mut err) };
+        assert!(
+            status == 0,
+            "backend `{}` failed an op: {}",
+            self.name,
+            err.text()
+        );
+    }
+
+    fn weight_ptr(&self, w: &Weight) -> *const c_void {
+        let w = w.downcast::<PluginWeight>().unwrap_or_else(|| {
+            panic!(
+                "backend `{}` was handed a weight made by another backend",
+                self.name
+            )
+        });
+        w.weight
+    }
+
+    fn weighted(&self, kind: OpKind, w: &Weight, x: &[f32], y: &mut [f32], n: [usize; 2]) {
+        let mut op = OpRecord::new(kind);
+        op.weight = self.weight_ptr(w);
+        (op.a, op.a_len) = (x.as_ptr(), x.len());
+        (op.out, op.out_len) = (y.as_mut_ptr(), y.len());
+        op.n[0] = n[0] as u64;
+        op.n[1] = n[1] as u64;
+        self.run(op);
+    }
+
+    fn in_place(&self, kind: OpKind, x: &mut [f32], a: &[f32], b: &[f32], n: [usize; 3], f: f32) {
+        let mut op = OpRecord::new(kind);
+        (op.out, op.out_len) = (x.as_mut_ptr(), x.len());
+        (op.a, op.a_len) = (a.as_ptr(), a.len());
+        (op.b, op.b_len) = (b.as_ptr(), b.len());
+        op.n[..3].copy_from_slice(&n.map(|v| v as u64));
+        op.f[0] = f;
+        self.run(op);
+    }
+}
+
+impl Backend for PluginBackend {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn upload_linear(
+        &self,
+        w: &[f32],
+        out: usize,
+        inp: usize,
+        bias: Option<&[f32]>,
+        format: WeightFormat,
+    ) -> Weight {
+        self.upload(WeightKind::Linear, format, [out, inp, 0, 0], w, bias)
+    }
+
+    fn upload_conv1d(
+        &self,
+        w: &[f32],
+        cout: usize,
+        cin: usize,
+        k: usize,
+        bias: Option<&[f32]>,
+    ) -> Weight {
+        self.upload(
+            WeightKind::Conv1d,
+            WeightFormat::F32,
+            [cout, cin, k, 0],
+            w,
+            bias,
+        )
+    }
+
+    fn upload_depthwise_conv1d(
+        &self,
+        w: &[f32],
+        channels: usize,
+        k: usize,
+        bias: Option<&[f32]>,
+    ) -> Weight {
+        self.upload(
+            WeightKind::DepthwiseConv1d,
+            WeightFormat::F32,
+            [channels, k, 0, 0],
+            w,
+            bias,
+        )
+    }
+
+    fn upload_conv_transpose1d(
+        &self,
+        w: &[f32],
+        cin: usize,
+        cout: usize,
+        k: usize,
+        stride: usize,
+    ) -> Weight {
+        self.upload(
+            WeightKind::ConvTranspose1d,
+            WeightFormat::F32,
+            [cin, cout, k, stride],
+            w,
+            None,
+        )
+    }
+
+    fn linear(&self, w: &Weight, x: &[f32], rows: usize, y: &mut [f32]) {
+        self.weighted(OpKind::Linear, w, x, y, [rows, 0]);
+    }
+
+    fn conv1d(&self, w: &Weight, x: &[f32], len: usize, dilation: usize, y: &mut [f32]) {
+        self.weighted(OpKind::Conv1d, w, x, y, [len, dilation]);
+    }
+
+    fn depthwise_conv1d(&self, w: &Weight, x: &[f32], len: usize, y: &mut [f32]) {
+        self.weighted(OpKind::DepthwiseConv1d, w, x, y, [len, 0]);
+    }
+
+    fn conv_transpose1d(&self, w: &Weight, x: &[f32], len: usize, y: &mut [f32]) {
+        self.weighted(OpKind::ConvTranspose1d, w, x, y, [len, 0]);
+    }
+
+    fn rms_norm(&self, x: &mut [f32], dim: usize, weight: &[f32], eps: f32) {
+        self.in_place(OpKind::RmsNorm, x, weight, &[], [dim, 0, 0], eps);
+    }
+
+    fn layer_norm(&self, x: &mut [f32], dim: usize, weight: &[f32], bias: &[f32], eps: f32) {
+        self.in_place(OpKind::LayerNorm, x, weight, bias, [dim, 0, 0], eps);
+    }
+
+    fn rope(&self, x: &mut [f32], heads: usize, head_dim: usize, start_pos: usize, theta: f32) {
+        self.in_place(
+            OpKind::Rope,
+            x,
+            &[],
+            &[],
+            [heads, head_dim, start_pos],
+            theta,
+        );
+    }
+
+    fn attention(
+        &self,
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        heads: Heads,
+        span: AttentionSpan,
+        scale: f32,
+        out: &mut [f32],
+    ) {
+        let mut op = OpRecord::new(OpKind::Attention);
+        (op.a, op.a_len) = (q.as_ptr(), q.len());
+        (op.b, op.b_len) = (k.as_ptr(), k.len());
+        (op.c, op.c_len) = (v.as_ptr(), v.len());
+        (op.out, op.out_len) = (out.as_mut_ptr(), out.len());
+        op.n = [
+            heads.q_heads,
+            heads.kv_heads,
+            heads.head_dim,
+            span.queries,
+            span.query_start,
+            span.keys,
+            span.key_start,
+            span.window.unwrap_or(0),
+        ]
+        .map(|v| v as u64);
+        op.f[0] = scale;
+        self.run(op);
+    }
+
+    fn snake_beta(&self, x: &mut [f32], len: usize, alpha: &[f32], inv_beta: &[f32]) {
+        self.in_place(OpKind::SnakeBeta, x, alpha, inv_beta, [len, 0, 0], 0.0);
+    }
+
+    fn gelu(&self, x: &mut [f32]) {
+        self.in_place(OpKind::Gelu, x, &[], &[], [0; 3], 0.0);
+    }
+
+    fn silu(&self, x: &mut [f32]) {
+        self.in_place(OpKind::Silu, x, &[], &[], [0; 3], 0.0);
+    }
+
+    fn silu_mul(&self, gate: &mut [f32], up: &[f32]) {
+        self.in_place(OpKind::SiluMul, gate, up, &[], [0; 3], 0.0);
+    }
+}

@@ -1,0 +1,176 @@
+//! Backend plugins for real: the CPU backend built as a `cdylib` (`libkazeia_backend_cpu.so`, built by
+//! `cargo test --workspace` / `cargo build`), loaded with `dlopen`, checked, and used for the codec decoder and
+//! the LM, giving the built-in backend's results; broken plugins are reported, never fatal.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use kazeia_engine::codec::CodecDecoder;
+use kazeia_engine::codes::parse_codes_json;
+use kazeia_engine::lm::{generate, LmBackends, PromptRequest, TtsModel};
+use kazeia_engine::plugins::{backend_named, discover, inspect, PluginBackend};
+use kazeia_engine::{CpuBackend, WeightStorage};
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures")
+}
+
+/// `target/<profile>/libkazeia_backend_cpu.so`, next to the test binary's `deps/` directory.
+fn cpu_plugin() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let dir = exe.parent().and_then(Path::parent).unwrap().to_owned();
+    let path = dir.join(format!(
+        "libkazeia_backend_cpu{}",
+        std::env::consts::DLL_SUFFIX
+    ));
+    assert!(
+        path.is_file(),
+        "{} is missing: build the workspace (cargo test --workspace)",
+        path.display()
+    );
+    path
+}
+
+#[test]
+fn the_cpu_plugin_loads_and_describes_itself() {
+    let info = inspect(&cpu_plugin());
+    assert!(info.is_available(), "{:?}", info.unavailable);
+    assert_eq!(info.name, "cpu");
+    assert!(info.score > 0);
+    assert_eq!(info.devices.len(), 1);
+    assert!(info.devices[0].contains("host CPU"));
+}
+
+#[test]
+fn decoding_through_the_plugin_equals_the_built_in_backend() {
+    let info = inspect(&cpu_plugin());
+    let plugin = Arc::new(PluginBackend::create(&info, 0, 2).unwrap());
+    let dir = fixtures().join("codec/rates");
+    let codes =
+        parse_codes_json(&std::fs::read_to_string(dir.join("codes.json")).unwrap()).unwrap();
+    let through_plugin = CodecDecoder::load(&dir, plugin)
+        .unwrap()
+        .decode(&codes)
+        .unwrap();
+    let built_in = CodecDecoder::load(&dir, Arc::new(CpuBackend::new(2)))
+        .unwrap()
+        .decode(&codes)
+        .unwrap();
+    let err = through_plugin
+        .iter()
+        .zip(&built_in)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0f32, f32::max);
+    assert_eq!(through_plugin.len(), built_in.len());
+    assert!(err <= 1e-6, "{err:e}");
+}
+
+#[test]
+fn greedy_codes_through_the_plugin_are_the_official_ones() {
+    let info = inspect(&cpu_plugin());
+    let talker = Arc::new(PluginBackend::create(&info, 0, 1).unwrap());
+    // Talker on the plugin, code predictor on the built-in backend: stages may differ.
+    let backends = LmBackends {
+        talker,
+        code_predictor: Arc::new(CpuBackend::new(1)),
+    };
+    let dir = fixtures().join("lm/shape_1b7");
+    let model = TtsModel::load_on(&dir, backends, WeightStorage::AsStored).unwrap();
+    let golden: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("golden.json")).unwrap()).unwrap();
+    let ids = |v: &serde_json::Value| -> Vec<u32> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_u64().unwrap() as u32)
+            .collect()
+    };
+    for run in golden["runs"].as_array().unwrap() {
+        let request = PromptRequest {
+            input_ids: ids(&run["input_ids"]),
+            instruct_ids: run["instruct_ids"]
+                .as_array()
+                .map(|_| ids(&run["instruct_ids"])),
+            speaker: run["speaker"]
+                .as_str()
+                .filter(|s| !s.is_empty())
+                .map(str::to_owned),
+            language: run["language"].as_str().unwrap().to_owned(),
+            non_streaming_mode: run["non_streaming_mode"].as_bool().unwrap(),
+        };
+        let prompt = model.prompt(&request).unwrap();
+        let mut options = model.default_options(true);
+        options.max_new_tokens = run["max_new_tokens"].as_u64().unwrap() as usize;
+        let codes = generate(
+            &model,
+            &prompt,
+            &options,
+            &mut || unreachable!(),
+            &mut |_| true,
+        )
+        .codes;
+        let expected: Vec<Vec<u32>> = run["codes"].as_array().unwrap().iter().map(ids).collect();
+        assert_eq!(codes, expected, "{}", run["name"]);
+    }
+}
+
+#[test]
+fn broken_plugins_are_reported_and_missing_backends_fall_back_to_cpu() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dll = std::env::consts::DLL_SUFFIX;
+    std::fs::write(
+        tmp.path().join(format!("libkazeia_backend_garbage{dll}")),
+        b"not a library",
+    )
+    .unwrap();
+    std::fs::copy(
+        cpu_plugin(),
+        tmp.path().join(format!("libkazeia_backend_cpu{dll}")),
+    )
+    .unwrap();
+    // A real shared library that is not a Kazeia plugin, if this system has one where we look.
+    let foreign = [
+        "/lib/x86_64-linux-gnu/libm.so.6",
+        "/usr/lib/x86_64-linux-gnu/libm.so.6",
+        "/lib64/libm.so.6",
+    ]
+    .iter()
+    .map(Path::new)
+    .find(|p| p.is_file());
+    if let Some(lib) = foreign {
+        std::fs::copy(
+            lib,
+            tmp.path().join(format!("libkazeia_backend_foreign{dll}")),
+        )
+        .unwrap();
+    }
+    let found = discover(&[tmp.path().to_owned()]);
+    let by_file = |stem: &str| {
+        found
+            .iter()
+            .find(|p| p.path.file_name().unwrap().to_string_lossy().contains(stem))
+            .unwrap()
+    };
+    let garbage = by_file("garbage");
+    assert!(
+        garbage
+            .unavailable
+            .as_deref()
+            .unwrap()
+            .starts_with("cannot load"),
+        "{:?}",
+        garbage.unavailable
+    );
+    assert!(by_file("backend_cpu").is_available());
+    if foreign.is_some() {
+        let reason = by_file("foreign").unavailable.clone().unwrap();
+        assert!(reason.contains("not a Kazeia plugin"), "{reason}");
+    }
+
+    let (backend, warning) = backend_named("vulkan", 1, &found);
+    assert_eq!(backend.name(), "cpu");
+    assert!(warning.unwrap().contains("falling back to cpu"));
+    let (backend, warning) = backend_named("cpu", 1, &found);
+    assert_eq!(backend.name(), "cpu");
+    assert!(warning.is_none());
+}

@@ -1,0 +1,185 @@
+//! The C ABI between Kazeia and a backend plugin (`dlopen`ed shared library).
+//!
+//! A plugin exports one symbol, [`ENTRY_SYMBOL`], returning a pointer to a static [`PluginApi`] table that
+//! starts with a magic, the ABI version and the table's size, so a loader can refuse a mismatched plugin before
+//! calling anything else. Everything else crosses as plain C data: opaque handles for backends and uploaded
+//! weights, [`OpRecord`]s describing ops on host `f32` buffers, and an [`ErrorBuffer`] for messages. Ops are
+//! submitted as a list ([`PluginApi::run_ops`]), so a device backend can take a whole stage at once; a plugin
+//! says per op kind what it supports ([`PluginApi::supports_op`]) and the engine keeps the rest on the CPU.
+//! Plugins catch their panics at this boundary and are never unloaded.
+
+use std::ffi::{c_char, c_void};
+
+/// `"KZBP"`.
+pub const PLUGIN_MAGIC: u32 = 0x4b5a_4250;
+/// Bumped on any incompatible change of the structures below.
+pub const PLUGIN_ABI_VERSION: u32 = 1;
+/// The one symbol a plugin exports: `extern "C" fn() -> *const PluginApi`.
+pub const ENTRY_SYMBOL: &[u8] = b"kazeia_backend_plugin_v1\0";
+
+pub type EntryFn = unsafe extern "C" fn() -> *const PluginApi;
+
+/// A message from the plugin, NUL-terminated, truncated to fit.
+#[repr(C)]
+pub struct ErrorBuffer {
+    pub message: [u8; 256],
+}
+
+impl Default for ErrorBuffer {
+    fn default() -> Self {
+        ErrorBuffer { message: [0; 256] }
+    }
+}
+
+impl ErrorBuffer {
+    pub fn set(&mut self, text: &str) {
+        let n = text.len().min(self.message.len() - 1);
+        self.message[..n].copy_from_slice(&text.as_bytes()[..n]);
+        self.message[n] = 0;
+    }
+
+    pub fn text(&self) -> String {
+        let end = self
+            .message
+            .iter()
+            .position(|&b| b == 0)
+            .unwrap_or(self.message.len());
+        String::from_utf8_lossy(&self.message[..end]).into_owned()
+    }
+}
+
+/// Kinds of weights a plugin uploads (and repacks as it likes).
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WeightKind {
+    /// `dims = [out, in]`, `format` = [`crate::WeightFormat`] as `u32`.
+    Linear = 1,
+    /// `dims = [cout, cin, k]`.
+    Conv1d = 2,
+    /// `dims = [channels, k]`.
+    DepthwiseConv1d = 3,
+    /// `dims = [cin, cout, k, stride]`.
+    ConvTranspose1d = 4,
+}
+
+/// What to upload: `data` holds the weight in PyTorch's layout, `bias` (may be null) its bias.
+#[repr(C)]
+pub struct WeightDesc {
+    pub kind: u32,
+    pub format: u32,
+    pub dims: [u64; 4],
+    pub data: *const f32,
+    pub data_len: usize,
+    pub bias: *const f32,
+    pub bias_len: usize,
+}
+
+/// Op kinds, with the meaning of an [`OpRecord`]'s fields for each (see [`crate::Backend`] for the math).
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OpKind {
+    /// weight, a = x, out = y, n[0] = rows.
+    Linear = 1,
+    /// weight, a = x, out = y, n[0] = len, n[1] = dilation.
+    Conv1d = 2,
+    /// weight, a = x, out = y, n[0] = len.
+    DepthwiseConv1d = 3,
+    /// weight, a = x, out = y, n[0] = len.
+    ConvTranspose1d = 4,
+    /// out = x (in place), a = weight, n[0] = dim, f[0] = eps.
+    RmsNorm = 5,
+    /// out = x (in place), a = weight, b = bias, n[0] = dim, f[0] = eps.
+    LayerNorm = 6,
+    /// out = x (in place), n = [heads, head_dim, start_pos], f[0] = theta.
+    Rope = 7,
+    /// a = q, b = k, c = v, out, n = [q_heads, kv_heads, head_dim, queries, query_start, keys, key_start,
+    /// window (0 = none)], f[0] = scale.
+    Attention = 8,
+    /// out = x (in place), a = alpha, b = inv_beta, n[0] = len.
+    SnakeBeta = 9,
+    /// out = x (in place).
+    Gelu = 10,
+    /// out = x (in place).
+    Silu = 11,
+    /// out = gate (in place), a = up.
+    SiluMul = 12,
+}
+
+/// One op on host buffers.
+#[repr(C)]
+pub struct OpRecord {
+    pub kind: u32,
+    pub weight: *const c_void,
+    pub a: *const f32,
+    pub a_len: usize,
+    pub b: *const f32,
+    pub b_len: usize,
+    pub c: *const f32,
+    pub c_len: usize,
+    pub out: *mut f32,
+    pub out_len: usize,
+    pub n: [u64; 8],
+    pub f: [f32; 2],
+}
+
+impl OpRecord {
+    pub fn new(kind: OpKind) -> Self {
+        OpRecord {
+            kind: kind as u32,
+            weight: std::ptr::null(),
+            a: std::ptr::null(),
+            a_len: 0,
+            b: std::ptr::null(),
+            b_len: 0,
+            c: std::ptr::null(),
+            c_len: 0,
+            out: std::ptr::null_mut(),
+            out_len: 0,
+            n: [0; 8],
+            f: [0.0; 2],
+        }
+    }
+}
+
+/// The table a plugin's entry symbol returns. All function pointers are required; status results are 0 on
+/// success and non-zero with a message in the [`ErrorBuffer`] on failure.
+#[repr(C)]
+pub struct PluginApi {
+    pub magic: u32,
+    pub abi_version: u32,
+    /// `size_of::<PluginApi>()` as the plugin was built.
+    pub struct_size: u32,
+    /// Short name, NUL-terminated, e.g. `cpu-avx512`.
+    pub name: *const c_char,
+    /// How well this build suits the running machine: > 0 usable (higher is better), ≤ 0 unusable.
+    pub score: unsafe extern "C" fn() -> i32,
+    /// Why the plugin cannot run here (when `score() <= 0`) into `err`.
+    pub unavailable_reason: unsafe extern "C" fn(err: *mut ErrorBuffer),
+    pub device_count: unsafe extern "C" fn() -> u32,
+    /// Writes device `index`'s name into `err.message` (reusing the buffer as a string out-parameter).
+    pub device_name: unsafe extern "C" fn(index: u32, out: *mut ErrorBuffer) -> i32,
+    /// A backend on device `device` with `threads` workers; null on failure.
+    pub create:
+        unsafe extern "C" fn(device: u32, threads: u32, err: *mut ErrorBuffer) -> *mut c_void,
+    pub destroy: unsafe extern "C" fn(backend: *mut c_void),
+    /// Uploads a weight; null on failure.
+    pub upload: unsafe extern "C" fn(
+        backend: *mut c_void,
+        desc: *const WeightDesc,
+        err: *mut ErrorBuffer,
+    ) -> *mut c_void,
+    pub free_weight: unsafe extern "C" fn(backend: *mut c_void, weight: *mut c_void),
+    /// Whether ops of this kind run on this backend.
+    pub supports_op: unsafe extern "C" fn(backend: *mut c_void, kind: u32) -> bool,
+    /// Runs `count` ops in order.
+    pub run_ops: unsafe extern "C" fn(
+        backend: *mut c_void,
+        ops: *const OpRecord,
+        count: usize,
+        err: *mut ErrorBuffer,
+    ) -> i32,
+}
+
+// The table is immutable static data shared across threads.
+unsafe impl Sync for PluginApi {}
+unsafe impl Send for PluginApi {}

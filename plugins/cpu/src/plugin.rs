@@ -1,0 +1,255 @@
+//! The CPU backend as a plugin: the C table of `kazeia_backend_abi::plugin`, each entry a thin wrapper around
+//! [`CpuBackend`] that checks its arguments and turns panics into error messages.
+
+use std::ffi::{c_char, c_void};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use kazeia_backend_abi::plugin::{
+    ErrorBuffer, OpKind, OpRecord, PluginApi, WeightDesc, WeightKind, PLUGIN_ABI_VERSION,
+    PLUGIN_MAGIC,
+};
+use kazeia_backend_abi::{AttentionSpan, Backend, Heads, Weight, WeightFormat};
+
+use crate::CpuBackend;
+
+static API: PluginApi = PluginApi {
+    magic: PLUGIN_MAGIC,
+    abi_version: PLUGIN_ABI_VERSION,
+    struct_size: std::mem::size_of::<PluginApi>() as u32,
+    name: c"cpu".as_ptr() as *const c_char,
+    score,
+    unavailable_reason,
+    device_count,
+    device_name,
+    create,
+    destroy,
+    upload,
+    free_weight,
+    supports_op,
+    run_ops,
+};
+
+/// The plugin's entry symbol.
+#[no_mangle]
+pub extern "C" fn kazeia_backend_plugin_v1() -> *const PluginApi {
+    &API
+}
+
+/// Higher on wider vector units, so that an AVX-512 build of the plugin wins over a baseline one.
+unsafe extern "C" fn score() -> i32 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            return 40;
+        }
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+        {
+            return 30;
+        }
+    }
+    #[cfg(target_arch = "aarch64")]
+    {
+        return 30; // NEON is baseline on aarch64
+    }
+    #[allow(unreachable_code)]
+    10
+}
+
+unsafe extern "C" fn unavailable_reason(err: *mut ErrorBuffer) {
+    if let Some(err) = err.as_mut() {
+        err.set("the CPU backend runs everywhere");
+    }
+}
+
+unsafe extern "C" fn device_count() -> u32 {
+    1
+}
+
+unsafe extern "C" fn device_name(index: u32, out: *mut ErrorBuffer) -> i32 {
+    let Some(out) = out.as_mut() else { return 1 };
+    if index != 0 {
+        out.set("no such device");
+        return 1;
+    }
+    let threads = std::thread::available_parallelism().map_or(1, usize::from);
+    out.set(&format!("host CPU ({threads} hardware threads)"));
+    0
+}
+
+/// Runs `f`, turning a panic into an error message.
+fn guarded<T>(err: *mut ErrorBuffer, fallback: T, f: impl FnOnce() -> Result<T, String>) -> T {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(value)) => value,
+        Ok(Err(message)) => {
+            // SAFETY: the caller passes a valid buffer or null.
+            if let Some(err) = unsafe { err.as_mut() } {
+                err.set(&message);
+            }
+            fallback
+        }
+        Err(panic) => {
+            let message = panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_else(|| "panic".into());
+            // SAFETY: as above.
+            if let Some(err) = unsafe { err.as_mut() } {
+                err.set(&format!("the CPU plugin panicked: {message}"));
+            }
+            fallback
+        }
+    }
+}
+
+unsafe extern "C" fn create(device: u32, threads: u32, err: *mut ErrorBuffer) -> *mut c_void {
+    guarded(err, std::ptr::null_mut(), || {
+        if device != 0 {
+            return Err(format!("no CPU device {device}"));
+        }
+        Ok(Box::into_raw(Box::new(CpuBackend::new(threads as usize))) as *mut c_void)
+    })
+}
+
+unsafe extern "C" fn destroy(backend: *mut c_void) {
+    if !backend.is_null() {
+        drop(Box::from_raw(backend as *mut CpuBackend));
+    }
+}
+
+unsafe fn slice<'a>(ptr: *const f32, len: usize) -> Result<&'a [f32], String> {
+    if len == 0 {
+        return Ok(&[]);
+    }
+    if ptr.is_null() {
+        return Err("null buffer".into());
+    }
+    Ok(std::slice::from_raw_parts(ptr, len))
+}
+
+unsafe extern "C" fn upload(
+    backend: *mut c_void,
+    desc: *const WeightDesc,
+    err: *mut ErrorBuffer,
+) -> *mut c_void {
+    guarded(err, std::ptr::null_mut(), || {
+        let backend = (backend as *const CpuBackend)
+            .as_ref()
+            .ok_or("null backend")?;
+        let d = desc.as_ref().ok_or("null weight description")?;
+        let data = slice(d.data, d.data_len)?;
+        let bias = if d.bias.is_null() {
+            None
+        } else {
+            Some(slice(d.bias, d.bias_len)?)
+        };
+        let n = d.dims.map(|v| v as usize);
+        let expected = match d.kind {
+            k if k == WeightKind::Linear as u32 => n[0] * n[1],
+            k if k == WeightKind::Conv1d as u32 => n[0] * n[1] * n[2],
+            k if k == WeightKind::DepthwiseConv1d as u32 => n[0] * n[1],
+            k if k == WeightKind::ConvTranspose1d as u32 => n[0] * n[1] * n[2],
+            other => return Err(format!("unknown weight kind {other}")),
+        };
+        if data.len() != expected {
+            return Err(format!(
+                "weight has {} values; its dims need {expected}",
+                data.len()
+            ));
+        }
+        let weight = match d.kind {
+            k if k == WeightKind::Linear as u32 => {
+                let format = WeightFormat::from_code(d.format).ok_or("unknown weight format")?;
+                backend.upload_linear(data, n[0], n[1], bias, format)
+            }
+            k if k == WeightKind::Conv1d as u32 => {
+                backend.upload_conv1d(data, n[0], n[1], n[2], bias)
+            }
+            k if k == WeightKind::DepthwiseConv1d as u32 => {
+                backend.upload_depthwise_conv1d(data, n[0], n[1], bias)
+            }
+            _ => backend.upload_conv_transpose1d(data, n[0], n[1], n[2], n[3]),
+        };
+        Ok(Box::into_raw(Box::new(weight)) as *mut c_void)
+    })
+}
+
+unsafe extern "C" fn free_weight(_backend: *mut c_void, weight: *mut c_void) {
+    if !weight.is_null() {
+        drop(Box::from_raw(weight as *mut Weight));
+    }
+}
+
+unsafe extern "C" fn supports_op(_backend: *mut c_void, kind: u32) -> bool {
+    (OpKind::Linear as u32..=OpKind::SiluMul as u32).contains(&kind)
+}
+
+unsafe fn run_op(backend: &CpuBackend, op: &OpRecord) -> Result<(), String> {
+    let weight = || -> Result<&Weight, String> {
+        (op.weight as *const Weight)
+            .as_ref()
+            .ok_or("null weight".into())
+    };
+    let a = slice(op.a, op.a_len)?;
+    let b = slice(op.b, op.b_len)?;
+    let c = slice(op.c, op.c_len)?;
+    if op.out.is_null() {
+        return Err("null output".into());
+    }
+    let out = std::slice::from_raw_parts_mut(op.out, op.out_len);
+    let n = op.n.map(|v| v as usize);
+    match op.kind {
+        k if k == OpKind::Linear as u32 => backend.linear(weight()?, a, n[0], out),
+        k if k == OpKind::Conv1d as u32 => backend.conv1d(weight()?, a, n[0], n[1], out),
+        k if k == OpKind::DepthwiseConv1d as u32 => {
+            backend.depthwise_conv1d(weight()?, a, n[0], out)
+        }
+        k if k == OpKind::ConvTranspose1d as u32 => {
+            backend.conv_transpose1d(weight()?, a, n[0], out)
+        }
+        k if k == OpKind::RmsNorm as u32 => backend.rms_norm(out, n[0], a, op.f[0]),
+        k if k == OpKind::LayerNorm as u32 => backend.layer_norm(out, n[0], a, b, op.f[0]),
+        k if k == OpKind::Rope as u32 => backend.rope(out, n[0], n[1], n[2], op.f[0]),
+        k if k == OpKind::Attention as u32 => {
+            let heads = Heads {
+                q_heads: n[0],
+                kv_heads: n[1],
+                head_dim: n[2],
+            };
+            let span = AttentionSpan {
+                queries: n[3],
+                query_start: n[4],
+                keys: n[5],
+                key_start: n[6],
+                window: (n[7] > 0).then_some(n[7]),
+            };
+            backend.attention(a, b, c, heads, span, op.f[0], out)
+        }
+        k if k == OpKind::SnakeBeta as u32 => backend.snake_beta(out, n[0], a, b),
+        k if k == OpKind::Gelu as u32 => backend.gelu(out),
+        k if k == OpKind::Silu as u32 => backend.silu(out),
+        k if k == OpKind::SiluMul as u32 => backend.silu_mul(out, a),
+        other => return Err(format!("unsupported op kind {other}")),
+    }
+    Ok(())
+}
+
+unsafe extern "C" fn run_ops(
+    backend: *mut c_void,
+    ops: *const OpRecord,
+    count: usize,
+    err: *mut ErrorBuffer,
+) -> i32 {
+    guarded(err, 1, || {
+        let backend = (backend as *const CpuBackend)
+            .as_ref()
+            .ok_or("null backend")?;
+        if count > 0 && ops.is_null() {
+            return Err("null op list".into());
+        }
+        for (i, op) in std::slice::from_raw_parts(ops, count).iter().enumerate() {
+            run_op(backend, op).map_err(|e| format!("op {i}: {e}"))?;
+        }
+        Ok(0)
+    })
+}
