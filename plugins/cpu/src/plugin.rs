@@ -35,29 +35,64 @@ pub extern "C" fn kazeia_backend_plugin_v1() -> *const PluginApi {
     &API
 }
 
-/// Higher on wider vector units, so that an AVX-512 build of the plugin wins over a baseline one.
-unsafe extern "C" fn score() -> i32 {
+/// What this build of the plugin was compiled for, and whether the running CPU has it.
+fn isa() -> (i32, Option<&'static str>) {
     #[cfg(target_arch = "x86_64")]
     {
-        if std::arch::is_x86_feature_detected!("avx512f") {
-            return 40;
+        let avx512 = std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512bw");
+        let avx2 = std::arch::is_x86_feature_detected!("avx2")
+            && std::arch::is_x86_feature_detected!("fma");
+        if cfg!(target_feature = "avx512f") && !avx512 {
+            return (0, Some("built for AVX-512 (x86-64-v4); this CPU lacks it"));
         }
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
-        {
-            return 30;
+        if cfg!(target_feature = "avx2") && !avx2 {
+            return (0, Some("built for AVX2 (x86-64-v3); this CPU lacks it"));
         }
+        // Runtime dispatch picks the kernels; a build compiled for the ISA also vectorises everything else.
+        let runtime = if avx512 {
+            40
+        } else if avx2 {
+            30
+        } else {
+            10
+        };
+        let compiled = if cfg!(target_feature = "avx512f") {
+            5
+        } else if cfg!(target_feature = "avx2") {
+            3
+        } else {
+            0
+        };
+        return (runtime + compiled, None);
     }
     #[cfg(target_arch = "aarch64")]
     {
-        return 30; // NEON is baseline on aarch64
+        // NEON is baseline; a dotprod build (armv8.2+) ranks above.
+        if cfg!(target_feature = "dotprod") && !std::arch::is_aarch64_feature_detected!("dotprod") {
+            return (0, Some("built for armv8.2 dotprod; this CPU lacks it"));
+        }
+        return (
+            30 + if cfg!(target_feature = "dotprod") {
+                5
+            } else {
+                0
+            },
+            None,
+        );
     }
     #[allow(unreachable_code)]
-    10
+    (10, None)
+}
+
+/// Higher for wider vector units and for builds compiled for them; 0 when this build cannot run here.
+unsafe extern "C" fn score() -> i32 {
+    isa().0
 }
 
 unsafe extern "C" fn unavailable_reason(err: *mut ErrorBuffer) {
     if let Some(err) = err.as_mut() {
-        err.set("the CPU backend runs everywhere");
+        err.set(isa().1.unwrap_or("available"));
     }
 }
 
