@@ -493,9 +493,11 @@ fn backends_lists_plugins_and_a_missing_backend_falls_back_to_cpu() {
         std::env::consts::DLL_SUFFIX
     ));
     std::fs::write(&broken, b"garbage").unwrap();
+    let plugin = kazeia_tests::cpu_plugin();
+    let path = std::env::join_paths([tmp.path(), plugin.parent().unwrap()]).unwrap();
     let output = kazeia(
         &["backends"],
-        &[("KAZEIA_PLUGIN_PATH", tmp.path().to_str().unwrap())],
+        &[("KAZEIA_PLUGIN_PATH", path.to_str().unwrap())],
     );
     assert_ok(&output);
     let stdout = String::from_utf8_lossy(&output.stdout);
@@ -504,7 +506,7 @@ fn backends_lists_plugins_and_a_missing_backend_falls_back_to_cpu() {
         stdout.contains("libkazeia_backend_broken") && stdout.contains("unavailable — cannot load"),
         "{stdout}"
     );
-    // The CPU plugin built next to the binary is found and usable.
+    // The CPU plugin is found and usable.
     assert!(
         stdout.contains("libkazeia_backend_cpu") && stdout.contains("available, score"),
         "{stdout}"

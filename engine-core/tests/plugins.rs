@@ -1,5 +1,4 @@
-//! Backend plugins for real: the CPU backend built as a `cdylib` (`libkazeia_backend_cpu.so`, built by
-//! `cargo test --workspace` / `cargo build`), loaded with `dlopen`, checked, and used for the codec decoder and
+//! Backend plugins for real: the CPU backend built as a `cdylib` (`libkazeia_backend_cpu.so`), loaded with `dlopen`, checked, and used for the codec decoder and
 //! the LM, giving the built-in backend's results; broken plugins are reported, never fatal.
 
 use std::path::{Path, PathBuf};
@@ -15,20 +14,8 @@ fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures")
 }
 
-/// `target/<profile>/libkazeia_backend_cpu.so`, next to the test binary's `deps/` directory.
 fn cpu_plugin() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let dir = exe.parent().and_then(Path::parent).unwrap().to_owned();
-    let path = dir.join(format!(
-        "libkazeia_backend_cpu{}",
-        std::env::consts::DLL_SUFFIX
-    ));
-    assert!(
-        path.is_file(),
-        "{} is missing: build the workspace (cargo test --workspace)",
-        path.display()
-    );
-    path
+    kazeia_tests::cpu_plugin()
 }
 
 #[test]
