@@ -205,3 +205,70 @@ fn chunked_decoding_equals_one_shot_for_every_chunk_size() {
     }
     eprintln!("chunked vs one-shot: worst max abs difference {worst:e}");
 }
+
+/// Weights that reach the decoder rounded to a lower precision, to measure what F16 or BF16 storage would do
+/// to the waveform (the CPU decoder itself keeps f32: it is compute-bound, and f16 GEMM is slower on x86).
+struct Rounded<'a> {
+    inner: &'a WeightFile,
+    to: fn(f32) -> f32,
+}
+
+impl kazeia_engine::weights::Weights for Rounded<'_> {
+    fn tensor_shaped(&self, name: &str, shape: &[usize]) -> kazeia_engine::Result<Vec<f32>> {
+        let mut data = self.inner.tensor_shaped(name, shape)?;
+        data.iter_mut().for_each(|v| *v = (self.to)(*v));
+        Ok(data)
+    }
+}
+
+fn snr_db(signal: &[f32], test: &[f32]) -> f64 {
+    let power: f64 = signal.iter().map(|&v| (v as f64).powi(2)).sum();
+    let noise: f64 = signal
+        .iter()
+        .zip(test)
+        .map(|(&a, &b)| (a as f64 - b as f64).powi(2))
+        .sum();
+    10.0 * (power / noise.max(1e-30)).log10()
+}
+
+#[test]
+fn decoder_snr_with_f16_and_bf16_weights() {
+    for case in ["window", "rates"] {
+        let dir = fixture(case);
+        let file = WeightFile::open(&dir.join("speech_tokenizer/model.safetensors")).unwrap();
+        let config =
+            kazeia_engine::codec::CodecConfig::load(&dir.join("speech_tokenizer/config.json"))
+                .unwrap();
+        let codes = load_codes(&dir);
+        let reference = golden_names(&dir);
+        assert!(reference.contains(&"wav".to_string()));
+        let golden = WeightFile::open(&dir.join("golden.safetensors"))
+            .unwrap()
+            .tensor("wav")
+            .unwrap()
+            .data;
+        let mut results = Vec::new();
+        for (label, to) in [
+            (
+                "f16",
+                (|v: f32| half::f16::from_f32(v).to_f32()) as fn(f32) -> f32,
+            ),
+            ("bf16", |v: f32| half::bf16::from_f32(v).to_f32()),
+        ] {
+            let weights = Rounded { inner: &file, to };
+            let decoder =
+                CodecDecoder::from_parts(config.clone(), &weights, Arc::new(CpuBackend::new(1)))
+                    .unwrap();
+            let wav = decoder.decode(&codes).unwrap();
+            let snr = snr_db(&golden, &wav);
+            results.push(format!("{label} {snr:.1} dB"));
+            if label == "f16" {
+                assert!(
+                    snr >= 30.0,
+                    "{case}: decoder SNR with f16 weights {snr:.1} dB"
+                );
+            }
+        }
+        eprintln!("{case}: decoder SNR vs f32: {}", results.join(", "));
+    }
+}
