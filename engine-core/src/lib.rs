@@ -16,6 +16,7 @@ pub mod synth;
 pub mod text;
 pub mod tokenizer;
 pub mod wav;
+pub mod weight_cache;
 pub mod weights;
 
 pub use error::{Error, Result};

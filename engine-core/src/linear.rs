@@ -46,11 +46,24 @@ pub fn load_linear(
         WeightStorage::AsStored => weights.stored_format(&weight_name),
         WeightStorage::Convert(format) => format,
     };
+    if let Some(bytes) = weights.cached_linear(&weight_name) {
+        let imported = backend.import_linear(bytes, out, inp, format);
+        weights.release_cached(&weight_name);
+        if let Some(weight) = imported {
+            return Ok(weight);
+        }
+    }
     let w = weights.tensor_shaped(&weight_name, &[out, inp])?;
     let b = if bias {
         Some(weights.tensor_shaped(&format!("{name}.bias"), &[out])?)
     } else {
         None
     };
-    Ok(backend.upload_linear(&w, out, inp, b.as_deref(), format))
+    let weight = backend.upload_linear(&w, out, inp, b.as_deref(), format);
+    if format != WeightFormat::F32 {
+        if let Some(bytes) = backend.export_linear(&weight) {
+            weights.store_linear(&weight_name, bytes);
+        }
+    }
+    Ok(weight)
 }

@@ -139,8 +139,11 @@ pub fn inspect(path: &Path) -> PluginInfo {
         return unavailable(
             path,
             format!(
-                "built for plugin ABI version {} (table of {} bytes); this Kazeia speaks version {PLUGIN_ABI_VERSION}",
-                api.abi_version, api.struct_size
+                "built for plugin ABI version {} with a {}-byte table; this Kazeia needs version {PLUGIN_ABI_VERSION} \
+                 with {} bytes (rebuild the plugin)",
+                api.abi_version,
+                api.struct_size,
+                std::mem::size_of::<PluginApi>()
             ),
         );
     }
@@ -407,6 +410,49 @@ impl Backend for PluginBackend {
             w,
             None,
         )
+    }
+
+    fn export_linear(&self, w: &Weight) -> Option<Vec<u8>> {
+        let weight = w.downcast::<PluginWeight>()?.weight;
+        let (mut bytes, mut len) = (std::ptr::null_mut(), 0usize);
+        // SAFETY: a weight of this backend; the plugin hands over a buffer we copy and give back.
+        unsafe {
+            if (self.handle.api.export_linear)(self.handle.backend, weight, &mut bytes, &mut len)
+                != 0
+                || bytes.is_null()
+            {
+                return None;
+            }
+            let copy = std::slice::from_raw_parts(bytes, len).to_vec();
+            (self.handle.api.free_bytes)(bytes, len);
+            Some(copy)
+        }
+    }
+
+    fn import_linear(
+        &self,
+        bytes: &[u8],
+        out: usize,
+        inp: usize,
+        format: WeightFormat,
+    ) -> Option<Weight> {
+        // SAFETY: `bytes` is live for the call; the plugin validates them.
+        let weight = unsafe {
+            (self.handle.api.import_linear)(
+                self.handle.backend,
+                bytes.as_ptr(),
+                bytes.len(),
+                out as u64,
+                inp as u64,
+                format.code(),
+            )
+        };
+        (!weight.is_null()).then(|| {
+            Weight::new(PluginWeight {
+                handle: self.handle.clone(),
+                weight,
+            })
+        })
     }
 
     fn linear(&self, w: &Weight, x: &[f32], rows: usize, y: &mut [f32]) {

@@ -17,6 +17,17 @@ pub trait Weights {
     /// Tensor `name` as `f32`, checked to have `shape`.
     fn tensor_shaped(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>>;
 
+    /// Previously converted bytes of linear layer `name` (see [`crate::weight_cache`]).
+    fn cached_linear(&self, _name: &str) -> Option<&[u8]> {
+        None
+    }
+
+    /// Offers the converted bytes of linear layer `name` to the cache.
+    fn store_linear(&self, _name: &str, _bytes: Vec<u8>) {}
+
+    /// The backend has copied cached layer `name`; its bytes may leave memory.
+    fn release_cached(&self, _name: &str) {}
+
     /// The precision tensor `name` is stored in (what keeping it "as stored" means); F32 by default.
     fn stored_format(&self, _name: &str) -> WeightFormat {
         WeightFormat::F32
@@ -176,6 +187,38 @@ impl EmbeddingTable {
                 crate::random_weights::RandomWeights::embedding_row(*seed, name, index, *cols, out)
             }
         }
+    }
+}
+
+/// A checkpoint with an on-disk cache of converted linear layers in front of it.
+pub struct CachedWeights<'a> {
+    pub file: &'a WeightFile,
+    pub cache: crate::weight_cache::WeightCache,
+}
+
+impl Weights for CachedWeights<'_> {
+    fn tensor_shaped(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
+        self.file.tensor_shaped(name, shape)
+    }
+
+    fn stored_format(&self, name: &str) -> WeightFormat {
+        Weights::stored_format(self.file, name)
+    }
+
+    fn embedding_table(&self, name: &str, rows: usize, cols: usize) -> Result<EmbeddingTable> {
+        Weights::embedding_table(self.file, name, rows, cols)
+    }
+
+    fn cached_linear(&self, name: &str) -> Option<&[u8]> {
+        self.cache.get(name)
+    }
+
+    fn store_linear(&self, name: &str, bytes: Vec<u8>) {
+        self.cache.put(name, bytes)
+    }
+
+    fn release_cached(&self, name: &str) {
+        self.cache.release(name)
     }
 }
 

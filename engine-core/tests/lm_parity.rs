@@ -259,3 +259,50 @@ fn weight_formats_against_f32_codes() {
         }
     }
 }
+
+/// The converted-weight cache: a second load maps what the first one wrote and behaves identically; a cache
+/// file that is damaged is ignored and rewritten.
+#[test]
+fn converted_weights_are_cached_on_disk() {
+    use kazeia_engine::lm::LmBackends;
+    use kazeia_engine::{WeightFormat, WeightStorage};
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = fixture("shape_1b7");
+    let run = &runs("shape_1b7")[4];
+    let storage = WeightStorage::Convert(WeightFormat::Q8_0);
+    let load = || {
+        let backends = LmBackends::same(Arc::new(CpuBackend::new(1)));
+        TtsModel::load_cached(&dir, backends, storage, Some(tmp.path())).unwrap()
+    };
+    let codes_of = |model: &TtsModel| {
+        let prompt = model.prompt(&request(run)).unwrap();
+        let mut options = model.default_options(true);
+        options.max_new_tokens = 12;
+        generate(
+            model,
+            &prompt,
+            &options,
+            &mut || unreachable!(),
+            &mut |_| true,
+        )
+        .codes
+    };
+    let first = codes_of(&load());
+    let files: Vec<_> = std::fs::read_dir(tmp.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(files.len(), 1, "one cache file: {files:?}");
+    let written = std::fs::metadata(&files[0]).unwrap().modified().unwrap();
+    assert_eq!(codes_of(&load()), first, "warm cache");
+    assert_eq!(
+        std::fs::metadata(&files[0]).unwrap().modified().unwrap(),
+        written,
+        "a warm load rewrote it"
+    );
+    // Damage it: the next load ignores it, gives the same codes, and writes a good one.
+    let bytes = std::fs::read(&files[0]).unwrap();
+    std::fs::write(&files[0], &bytes[..bytes.len() / 2]).unwrap();
+    assert_eq!(codes_of(&load()), first, "damaged cache");
+    assert_eq!(std::fs::read(&files[0]).unwrap(), bytes, "rewritten whole");
+}

@@ -21,7 +21,8 @@ pub use sampler::SamplingParams;
 
 use crate::error::{Error, Result};
 use crate::linear::WeightStorage;
-use crate::weights::{WeightFile, Weights};
+use crate::weight_cache::WeightCache;
+use crate::weights::{CachedWeights, WeightFile, Weights};
 
 /// The backends of the two LM stages (they may differ: configuration chooses one per stage).
 #[derive(Clone)]
@@ -64,6 +65,17 @@ impl TtsModel {
 
     /// [`TtsModel::load_as`] with one backend per stage.
     pub fn load_on(dir: &Path, backends: LmBackends, storage: WeightStorage) -> Result<Self> {
+        Self::load_cached(dir, backends, storage, None)
+    }
+
+    /// [`TtsModel::load_on`] with the converted-weight cache in `cache_dir` (default: see
+    /// [`crate::weight_cache`]).
+    pub fn load_cached(
+        dir: &Path,
+        backends: LmBackends,
+        storage: WeightStorage,
+        cache_dir: Option<&Path>,
+    ) -> Result<Self> {
         let config_path = dir.join("config.json");
         if !config_path.is_file() {
             return Err(Error::Input(format!(
@@ -73,8 +85,27 @@ impl TtsModel {
         }
         let config = ModelConfig::load(&config_path)?;
         let generation = GenerationConfig::load_or_default(&dir.join("generation_config.json"))?;
-        let weights = WeightFile::open(&dir.join("model.safetensors"))?;
-        Self::from_parts(config, generation, &weights, backends, storage)
+        let checkpoint = dir.join("model.safetensors");
+        let file = WeightFile::open(&checkpoint)?;
+        // Converted layers are cached on disk unless they stay f32 (nothing to save then).
+        let variant = format!(
+            "{storage}:{}:{}",
+            backends.talker.name(),
+            backends.code_predictor.name()
+        );
+        let cache = if storage == WeightStorage::Convert(kazeia_backend_abi::WeightFormat::F32) {
+            WeightCache::disabled()
+        } else {
+            match cache_dir {
+                Some(cache_dir) => WeightCache::open_in(cache_dir, &checkpoint, &variant),
+                None => WeightCache::open(&checkpoint, &variant),
+            }
+        };
+        let weights = CachedWeights { file: &file, cache };
+        let model = Self::from_parts(config, generation, &weights, backends, storage)?;
+        // A cache that cannot be written only costs the next start its conversion time.
+        let _ = weights.cache.save();
+        Ok(model)
     }
 
     pub fn from_parts(

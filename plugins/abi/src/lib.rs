@@ -195,6 +195,24 @@ pub trait Backend: Send + Sync {
     fn snake_beta(&self, x: &mut [f32], len: usize, alpha: &[f32], inv_beta: &[f32]);
     /// In-place exact (erf) GELU.
     fn gelu(&self, x: &mut [f32]);
+    /// The resident bytes of a linear weight this backend made, for an on-disk cache; `None` if the backend
+    /// does not support caching.
+    fn export_linear(&self, _w: &Weight) -> Option<Vec<u8>> {
+        None
+    }
+
+    /// A linear weight back from [`Backend::export_linear`]'s bytes, if they are this backend's and describe
+    /// `w[out][in]` in `format`; `None` otherwise (the caller then uploads from the checkpoint).
+    fn import_linear(
+        &self,
+        _bytes: &[u8],
+        _out: usize,
+        _inp: usize,
+        _format: WeightFormat,
+    ) -> Option<Weight> {
+        None
+    }
+
     /// In-place SiLU, `x · sigmoid(x)`.
     fn silu(&self, x: &mut [f32]);
     /// In-place `gate = silu(gate) · up` (the SwiGLU product).

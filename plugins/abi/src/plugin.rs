@@ -178,6 +178,24 @@ pub struct PluginApi {
         count: usize,
         err: *mut ErrorBuffer,
     ) -> i32,
+    /// The resident bytes of a linear weight for the on-disk cache: 0 and `*bytes`/`*len` set (free them with
+    /// `free_bytes`), or non-zero when the plugin does not cache.
+    pub export_linear: unsafe extern "C" fn(
+        backend: *mut c_void,
+        weight: *mut c_void,
+        bytes: *mut *mut u8,
+        len: *mut usize,
+    ) -> i32,
+    pub free_bytes: unsafe extern "C" fn(bytes: *mut u8, len: usize),
+    /// A linear weight back from exported bytes if they describe `[out][in]` in `format`; null otherwise.
+    pub import_linear: unsafe extern "C" fn(
+        backend: *mut c_void,
+        bytes: *const u8,
+        len: usize,
+        out: u64,
+        inp: u64,
+        format: u32,
+    ) -> *mut c_void,
 }
 
 // The table is immutable static data shared across threads.

@@ -206,6 +206,20 @@ impl Backend for CpuBackend {
         self.run(x.len() * 8, |parallel| activations::gelu(parallel, x));
     }
 
+    fn export_linear(&self, w: &Weight) -> Option<Vec<u8>> {
+        w.downcast::<LinearWeight>().map(LinearWeight::export)
+    }
+
+    fn import_linear(
+        &self,
+        bytes: &[u8],
+        out: usize,
+        inp: usize,
+        format: WeightFormat,
+    ) -> Option<Weight> {
+        LinearWeight::import(bytes, out, inp, format).map(Weight::new)
+    }
+
     fn silu(&self, x: &mut [f32]) {
         self.run(x.len() * 4, |parallel| activations::silu(parallel, x));
     }

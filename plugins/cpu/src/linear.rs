@@ -143,6 +143,85 @@ impl LinearWeight {
         }
     }
 
+    /// The weight as bytes (`export`/`import` round-trip it; the on-disk cache stores them).
+    pub fn export(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.bytes() + 64);
+        let format = match &self.storage {
+            Storage::F32(_) => WeightFormat::F32,
+            Storage::F16(_) => WeightFormat::F16,
+            Storage::BF16(_) => WeightFormat::BF16,
+            Storage::Q8_0 { .. } => WeightFormat::Q8_0,
+            Storage::Q4_0 { .. } => WeightFormat::Q4_0,
+        };
+        out.extend_from_slice(EXPORT_MAGIC);
+        out.extend_from_slice(&format.code().to_le_bytes());
+        for v in [self.out_features, self.in_features, self.padded_in] {
+            out.extend_from_slice(&(v as u64).to_le_bytes());
+        }
+        out.push(u8::from(self.bias.is_some()));
+        let f32s = |out: &mut Vec<u8>, v: &[f32]| {
+            v.iter()
+                .for_each(|x| out.extend_from_slice(&x.to_le_bytes()))
+        };
+        match &self.storage {
+            Storage::F32(w) => f32s(&mut out, w),
+            Storage::F16(w) | Storage::BF16(w) => w
+                .iter()
+                .for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
+            Storage::Q8_0 { scales, quants } => {
+                f32s(&mut out, scales);
+                out.extend(quants.iter().map(|&q| q as u8));
+            }
+            Storage::Q4_0 { scales, nibbles } => {
+                f32s(&mut out, scales);
+                out.extend_from_slice(nibbles);
+            }
+        }
+        if let Some(b) = &self.bias {
+            f32s(&mut out, b);
+        }
+        out
+    }
+
+    /// Rebuilds a weight from [`LinearWeight::export`]'s bytes if they describe `w[out][inp]` in `format`.
+    pub fn import(bytes: &[u8], out: usize, inp: usize, format: WeightFormat) -> Option<Self> {
+        let mut r = Reader(bytes);
+        if r.take(4)? != EXPORT_MAGIC || WeightFormat::from_code(r.u32()?)? != format {
+            return None;
+        }
+        let (out_features, in_features, padded_in) =
+            (r.u64()? as usize, r.u64()? as usize, r.u64()? as usize);
+        if (out_features, in_features) != (out, inp) || padded_in != inp.div_ceil(BLOCK) * BLOCK {
+            return None;
+        }
+        let has_bias = r.take(1)?[0] != 0;
+        let n = out * padded_in;
+        let storage = match format {
+            WeightFormat::F32 => Storage::F32(r.f32s(n)?),
+            WeightFormat::F16 => Storage::F16(r.u16s(n)?),
+            WeightFormat::BF16 => Storage::BF16(r.u16s(n)?),
+            WeightFormat::Q8_0 => Storage::Q8_0 {
+                scales: r.f32s(n / BLOCK)?,
+                quants: r.take(n)?.iter().map(|&b| b as i8).collect(),
+            },
+            WeightFormat::Q4_0 => Storage::Q4_0 {
+                scales: r.f32s(n / BLOCK)?,
+                nibbles: r.take(n / 2)?.to_vec(),
+            },
+        };
+        let bias = if has_bias { Some(r.f32s(out)?) } else { None };
+        if !r.0.is_empty() {
+            return None;
+        }
+        Some(LinearWeight {
+            storage,
+            bias,
+            out_features,
+            in_features,
+            padded_in,
+        })
+    }
+
     /// Multiply-adds for `rows` rows (the size of the op, to decide on parallelism).
     pub fn macs(&self, rows: usize) -> usize {
         rows * self.out_features * self.in_features
@@ -291,6 +370,50 @@ fn half_bits(v: f32) -> u16 {
     }
     let mantissa_round = 0xfff + ((abs >> 13) & 1);
     sign | (((abs + mantissa_round) >> 13) - (112 << 10)) as u16
+}
+
+const EXPORT_MAGIC: &[u8; 4] = b"KZLW";
+
+/// Little-endian reads from a byte slice; `None` when it runs out.
+struct Reader<'a>(&'a [u8]);
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+        if self.0.len() < n {
+            return None;
+        }
+        let (head, tail) = self.0.split_at(n);
+        self.0 = tail;
+        Some(head)
+    }
+
+    fn u32(&mut self) -> Option<u32> {
+        self.take(4)
+            .map(|b| u32::from_le_bytes(b.try_into().unwrap()))
+    }
+
+    fn u64(&mut self) -> Option<u64> {
+        self.take(8)
+            .map(|b| u64::from_le_bytes(b.try_into().unwrap()))
+    }
+
+    fn f32s(&mut self, n: usize) -> Option<Vec<f32>> {
+        let b = self.take(n.checked_mul(4)?)?;
+        Some(
+            b.chunks_exact(4)
+                .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+                .collect(),
+        )
+    }
+
+    fn u16s(&mut self, n: usize) -> Option<Vec<u16>> {
+        let b = self.take(n.checked_mul(2)?)?;
+        Some(
+            b.chunks_exact(2)
+                .map(|c| u16::from_le_bytes(c.try_into().unwrap()))
+                .collect(),
+        )
+    }
 }
 
 fn pad_rows(x: &[f32], k: usize, padded: usize) -> Vec<f32> {
@@ -536,6 +659,37 @@ mod tests {
                 .map(|(a, b)| (a - b).abs())
                 .fold(0.0, f32::max);
             assert!(err <= 0.2 * scale, "rows {rows}: {err}");
+        }
+    }
+
+    #[test]
+    fn export_import_round_trips_every_format_and_rejects_mismatches() {
+        let (out, inp) = (40, 70);
+        let w = values(out * inp, 9);
+        let bias = values(out, 10);
+        let x = values(2 * inp, 11);
+        for format in [
+            WeightFormat::F32,
+            WeightFormat::F16,
+            WeightFormat::BF16,
+            WeightFormat::Q8_0,
+            WeightFormat::Q4_0,
+        ] {
+            let original = LinearWeight::new(&w, out, inp, Some(&bias), format);
+            let bytes = original.export();
+            let restored = LinearWeight::import(&bytes, out, inp, format).expect("round trip");
+            let (mut a, mut b) = (vec![0.0; 2 * out], vec![0.0; 2 * out]);
+            original.forward(&x, 2, &mut a, gemm::Parallelism::None);
+            restored.forward(&x, 2, &mut b, gemm::Parallelism::None);
+            assert_eq!(a, b, "{format}");
+            assert!(LinearWeight::import(&bytes, out + 1, inp, format).is_none());
+            assert!(LinearWeight::import(&bytes[..bytes.len() - 1], out, inp, format).is_none());
+            let other = if format == WeightFormat::Q4_0 {
+                WeightFormat::Q8_0
+            } else {
+                WeightFormat::Q4_0
+            };
+            assert!(LinearWeight::import(&bytes, out, inp, other).is_none());
         }
     }
 

@@ -27,6 +27,9 @@ static API: PluginApi = PluginApi {
     free_weight,
     supports_op,
     run_ops,
+    export_linear,
+    free_bytes,
+    import_linear,
 };
 
 /// The plugin's entry symbol.
@@ -286,5 +289,57 @@ unsafe extern "C" fn run_ops(
             run_op(backend, op).map_err(|e| format!("op {i}: {e}"))?;
         }
         Ok(0)
+    })
+}
+
+unsafe extern "C" fn export_linear(
+    backend: *mut c_void,
+    weight: *mut c_void,
+    bytes: *mut *mut u8,
+    len: *mut usize,
+) -> i32 {
+    guarded(std::ptr::null_mut(), 1, || {
+        let backend = (backend as *const CpuBackend)
+            .as_ref()
+            .ok_or("null backend")?;
+        let weight = (weight as *const Weight).as_ref().ok_or("null weight")?;
+        let exported = backend.export_linear(weight).ok_or("not a linear weight")?;
+        let boxed = exported.into_boxed_slice();
+        *len = boxed.len();
+        *bytes = Box::into_raw(boxed) as *mut u8;
+        Ok(0)
+    })
+}
+
+unsafe extern "C" fn free_bytes(bytes: *mut u8, len: usize) {
+    if !bytes.is_null() {
+        drop(Box::from_raw(std::ptr::slice_from_raw_parts_mut(
+            bytes, len,
+        )));
+    }
+}
+
+unsafe extern "C" fn import_linear(
+    backend: *mut c_void,
+    bytes: *const u8,
+    len: usize,
+    out: u64,
+    inp: u64,
+    format: u32,
+) -> *mut c_void {
+    guarded(std::ptr::null_mut(), std::ptr::null_mut(), || {
+        let backend = (backend as *const CpuBackend)
+            .as_ref()
+            .ok_or("null backend")?;
+        if bytes.is_null() {
+            return Err("null bytes".into());
+        }
+        let format = WeightFormat::from_code(format).ok_or("unknown format")?;
+        let data = std::slice::from_raw_parts(bytes, len);
+        Ok(backend
+            .import_linear(data, out as usize, inp as usize, format)
+            .map_or(std::ptr::null_mut(), |w| {
+                Box::into_raw(Box::new(w)) as *mut c_void
+            }))
     })
 }
