@@ -145,6 +145,6 @@ impl Talker {
         rows: usize,
         cache: &mut KvCache,
     ) -> Vec<f32> {
-        self.stack.forward(backend, x, rows, cache)
+        self.stack.forward(backend, x, rows, cache).to_vec()
     }
 }

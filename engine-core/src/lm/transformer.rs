@@ -43,13 +43,44 @@ pub struct DecoderStack {
     norm: Vec<f32>,
 }
 
-/// Keys and values of every layer for positions `0..len`, allocated once for `capacity` positions.
+/// Keys and values of every layer for positions `0..len`, allocated once for `capacity` positions, with the
+/// scratch buffers of a forward pass (sized on first use, then reused every step).
 pub struct KvCache {
     keys: Vec<Vec<f32>>,
     values: Vec<Vec<f32>>,
     len: usize,
     capacity: usize,
     row: usize,
+    scratch: Scratch,
+}
+
+#[derive(Default)]
+struct Scratch {
+    hidden: Vec<f32>,
+    normed: Vec<f32>,
+    q: Vec<f32>,
+    attn: Vec<f32>,
+    branch: Vec<f32>,
+    gate: Vec<f32>,
+    up: Vec<f32>,
+}
+
+impl Scratch {
+    /// Sizes every buffer for `rows` rows (no allocation once they have been that large).
+    fn fit(&mut self, rows: usize, s: &StackShape) {
+        let q_out = s.heads.q_heads * s.heads.head_dim;
+        for (buf, width) in [
+            (&mut self.hidden, s.hidden),
+            (&mut self.normed, s.hidden),
+            (&mut self.q, q_out),
+            (&mut self.attn, q_out),
+            (&mut self.branch, s.hidden),
+            (&mut self.gate, s.intermediate),
+            (&mut self.up, s.intermediate),
+        ] {
+            buf.resize(rows * width, 0.0);
+        }
+    }
 }
 
 impl KvCache {
@@ -128,21 +159,22 @@ impl DecoderStack {
             len: 0,
             capacity,
             row,
+            scratch: Scratch::default(),
         }
     }
 
     /// Runs `rows` new positions `x[rows][hidden]` (continuing after the cache) and returns the final-normed
-    /// hidden states `[rows][hidden]`.
-    pub fn forward(
+    /// hidden states `[rows][hidden]`, which live in the cache's scratch until the next call.
+    pub fn forward<'c>(
         &self,
         backend: &dyn Backend,
         x: &[f32],
         rows: usize,
-        cache: &mut KvCache,
-    ) -> Vec<f32> {
+        cache: &'c mut KvCache,
+    ) -> &'c [f32] {
         let s = &self.shape;
         let (h, hd) = (s.hidden, s.heads.head_dim);
-        let (q_out, kv_out) = (s.heads.q_heads * hd, s.heads.kv_heads * hd);
+        let kv_out = s.heads.kv_heads * hd;
         let start = cache.len;
         assert!(
             start + rows <= cache.capacity,
@@ -151,33 +183,34 @@ impl DecoderStack {
         );
         assert_eq!(x.len(), rows * h, "stack input size");
 
-        let mut hidden = x.to_vec();
-        let mut normed = vec![0.0; rows * h];
-        let mut q = vec![0.0; rows * q_out];
-        let mut attn = vec![0.0; rows * q_out];
-        let mut branch = vec![0.0; rows * h];
-        let mut gate = vec![0.0; rows * s.intermediate];
-        let mut up = vec![0.0; rows * s.intermediate];
+        let KvCache {
+            keys,
+            values,
+            row,
+            scratch: sc,
+            ..
+        } = cache;
+        sc.fit(rows, s);
+        sc.hidden.copy_from_slice(x);
         let scale = 1.0 / (hd as f32).sqrt();
         for (i, layer) in self.layers.iter().enumerate() {
-            normed.copy_from_slice(&hidden);
-            backend.rms_norm(&mut normed, h, &layer.input_norm, s.eps);
-            backend.linear(&layer.q_proj, &normed, rows, &mut q);
-            backend.rms_norm(&mut q, hd, &layer.q_norm, s.eps);
-            backend.rope(&mut q, s.heads.q_heads, hd, start, s.rope_theta);
+            sc.normed.copy_from_slice(&sc.hidden);
+            backend.rms_norm(&mut sc.normed, h, &layer.input_norm, s.eps);
+            backend.linear(&layer.q_proj, &sc.normed, rows, &mut sc.q);
+            backend.rms_norm(&mut sc.q, hd, &layer.q_norm, s.eps);
+            backend.rope(&mut sc.q, s.heads.q_heads, hd, start, s.rope_theta);
 
-            let new = start * cache.row..(start + rows) * cache.row;
-            let keys = &mut cache.keys[i];
-            backend.linear(&layer.k_proj, &normed, rows, &mut keys[new.clone()]);
-            backend.rms_norm(&mut keys[new.clone()], hd, &layer.k_norm, s.eps);
+            let new = start * *row..(start + rows) * *row;
+            backend.linear(&layer.k_proj, &sc.normed, rows, &mut keys[i][new.clone()]);
+            backend.rms_norm(&mut keys[i][new.clone()], hd, &layer.k_norm, s.eps);
             backend.rope(
-                &mut keys[new.clone()],
+                &mut keys[i][new.clone()],
                 s.heads.kv_heads,
                 hd,
                 start,
                 s.rope_theta,
             );
-            backend.linear(&layer.v_proj, &normed, rows, &mut cache.values[i][new]);
+            backend.linear(&layer.v_proj, &sc.normed, rows, &mut values[i][new]);
 
             let total = start + rows;
             let span = AttentionSpan {
@@ -188,28 +221,28 @@ impl DecoderStack {
                 window: s.windows[i],
             };
             backend.attention(
-                &q,
-                &cache.keys[i][..total * kv_out],
-                &cache.values[i][..total * kv_out],
+                &sc.q,
+                &keys[i][..total * kv_out],
+                &values[i][..total * kv_out],
                 s.heads,
                 span,
                 scale,
-                &mut attn,
+                &mut sc.attn,
             );
-            backend.linear(&layer.o_proj, &attn, rows, &mut branch);
-            add(&mut hidden, &branch);
+            backend.linear(&layer.o_proj, &sc.attn, rows, &mut sc.branch);
+            add(&mut sc.hidden, &sc.branch);
 
-            normed.copy_from_slice(&hidden);
-            backend.rms_norm(&mut normed, h, &layer.post_attention_norm, s.eps);
-            backend.linear(&layer.gate_proj, &normed, rows, &mut gate);
-            backend.linear(&layer.up_proj, &normed, rows, &mut up);
-            backend.silu_mul(&mut gate, &up);
-            backend.linear(&layer.down_proj, &gate, rows, &mut branch);
-            add(&mut hidden, &branch);
+            sc.normed.copy_from_slice(&sc.hidden);
+            backend.rms_norm(&mut sc.normed, h, &layer.post_attention_norm, s.eps);
+            backend.linear(&layer.gate_proj, &sc.normed, rows, &mut sc.gate);
+            backend.linear(&layer.up_proj, &sc.normed, rows, &mut sc.up);
+            backend.silu_mul(&mut sc.gate, &sc.up);
+            backend.linear(&layer.down_proj, &sc.gate, rows, &mut sc.branch);
+            add(&mut sc.hidden, &sc.branch);
         }
+        backend.rms_norm(&mut sc.hidden, h, &self.norm, s.eps);
         cache.len = start + rows;
-        backend.rms_norm(&mut hidden, h, &self.norm, s.eps);
-        hidden
+        &cache.scratch.hidden
     }
 }
 
