@@ -145,17 +145,20 @@ impl Synthesizer {
         }
         // Check the voice once, up front, so a bad speaker fails before any audio.
         let mut warnings = Vec::new();
-        let first = self.request(&chunks[0], voice, &mut warnings)?;
-        self.model.prompt(&first)?;
+        let first = self
+            .model
+            .prompt(&self.request(&chunks[0], voice, &mut warnings)?)?;
 
         let mut gen_options = self.model.default_options(options.greedy);
         if let Some(n) = options.max_new_tokens {
             gen_options.max_new_tokens = n;
         }
-        let mut prompts = chunks.iter().map(|chunk| {
+        // The first prompt is the one just checked; the rest are built as generation reaches them.
+        let rest = chunks[1..].iter().map(|chunk| {
             let request = self.request(chunk, voice, &mut Vec::new())?;
             self.model.prompt(&request)
         });
+        let mut prompts = std::iter::once(Ok(first)).chain(rest);
         let seed = options.seed.unwrap_or_else(random_seed);
         let report = stream_speech(
             &self.model,

@@ -69,14 +69,7 @@ impl Weights for WeightFile {
                 [rows, cols]
             )));
         }
-        let element = match info.dtype {
-            Dtype::F32 => ElementType::F32,
-            Dtype::F16 => ElementType::F16,
-            Dtype::BF16 => ElementType::BF16,
-            other => {
-                return Err(self.error(format!("tensor `{name}` has unsupported dtype {other:?}")))
-            }
-        };
+        let element = self.element_type(name, info.dtype)?;
         Ok(EmbeddingTable::Mapped {
             mmap: self.mmap.clone(),
             offset: self.data_start + info.data_offsets.0,
@@ -283,6 +276,17 @@ impl WeightFile {
         let _ = (offset, len);
     }
 
+    fn element_type(&self, name: &str, dtype: Dtype) -> Result<ElementType> {
+        match dtype {
+            Dtype::F32 => Ok(ElementType::F32),
+            Dtype::F16 => Ok(ElementType::F16),
+            Dtype::BF16 => Ok(ElementType::BF16),
+            other => Err(self.error(format!(
+                "tensor `{name}` has dtype {other:?}; expected F32, F16 or BF16"
+            ))),
+        }
+    }
+
     pub fn path(&self) -> &Path {
         &self.path
     }
@@ -299,16 +303,7 @@ impl WeightFile {
             .ok_or_else(|| self.error(format!("missing tensor `{name}`")))?;
         let (start, end) = info.data_offsets;
         let bytes = &self.mmap[self.data_start + start..self.data_start + end];
-        let element = match info.dtype {
-            Dtype::F32 => ElementType::F32,
-            Dtype::F16 => ElementType::F16,
-            Dtype::BF16 => ElementType::BF16,
-            other => {
-                return Err(self.error(format!(
-                    "tensor `{name}` has dtype {other:?}; expected F32, F16 or BF16"
-                )))
-            }
-        };
+        let element = self.element_type(name, info.dtype)?;
         let mut data = Vec::with_capacity(bytes.len() / element.size());
         convert(element, bytes, &mut data);
         self.release(self.data_start + start, end - start);

@@ -306,3 +306,34 @@ fn converted_weights_are_cached_on_disk() {
     assert_eq!(codes_of(&load()), first, "damaged cache");
     assert_eq!(std::fs::read(&files[0]).unwrap(), bytes, "rewritten whole");
 }
+
+/// The talker on the dlopen'ed CPU plugin, the code predictor on the built-in backend (stages may differ): the
+/// official greedy codes still come out.
+#[test]
+fn greedy_codes_through_the_plugin_are_the_official_ones() {
+    use kazeia_engine::lm::LmBackends;
+    use kazeia_engine::plugins::{inspect, PluginBackend};
+    use kazeia_engine::WeightStorage;
+    let info = inspect(&kazeia_tests::cpu_plugin());
+    let backends = LmBackends {
+        talker: Arc::new(PluginBackend::create(&info, 0, 1).unwrap()),
+        code_predictor: Arc::new(CpuBackend::new(1)),
+    };
+    let model =
+        TtsModel::load_on(&fixture("shape_1b7"), backends, WeightStorage::AsStored).unwrap();
+    for run in runs("shape_1b7") {
+        let prompt = model.prompt(&request(&run)).unwrap();
+        let mut options = model.default_options(true);
+        options.max_new_tokens = run["max_new_tokens"].as_u64().unwrap() as usize;
+        let codes = generate(
+            &model,
+            &prompt,
+            &options,
+            &mut || unreachable!(),
+            &mut |_| true,
+        )
+        .codes;
+        let expected: Vec<Vec<u32>> = run["codes"].as_array().unwrap().iter().map(ids).collect();
+        assert_eq!(codes, expected, "{}", run["name"]);
+    }
+}
