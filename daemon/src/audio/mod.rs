@@ -1,0 +1,51 @@
+//! Audio sinks: where the daemon plays speech. Configured as `pipewire[:TARGET]`, `wav:PATH` or `null`.
+//!
+//! One [`Playback`] per utterance, opened on a long-lived [`AudioSink`]. The daemon writes mono `f32`
+//! samples as they are decoded, waits on [`Playback::wait_played`] to report index marks when their point of
+//! audio is heard, and calls [`Playback::finish`] to wait for the audible end. [`Playback::stop`] silences
+//! within 20 ms.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Result;
+
+/// A long-lived audio output.
+pub trait AudioSink: Send + Sync {
+    /// Starts one utterance's playback: mono `f32` at `sample_rate`.
+    fn open(&self, sample_rate: u32) -> Result<Box<dyn Playback>>;
+    /// What it is, as configured (`pipewire`, `wav:/path`, `null`).
+    fn describe(&self) -> String;
+}
+
+/// One utterance being played.
+pub trait Playback: Send + Sync {
+    /// Queues samples; returns at once (the sink buffers).
+    fn write(&self, samples: &[f32]) -> Result<()>;
+    /// Samples of this playback heard so far.
+    fn played(&self) -> u64;
+    /// Blocks until `played() >= target`, a stop, or `timeout`; returns `played()`.
+    fn wait_played(&self, target: u64, timeout: Duration) -> u64;
+    /// Everything has been written: blocks until it has been heard (or stopped).
+    fn finish(&self) -> Result<()>;
+    /// Drops what is queued and silences now (within 20 ms); `finish` and `wait_played` return.
+    fn stop(&self);
+    fn pause(&self);
+    fn resume(&self);
+}
+
+/// Which sink, as written in the configuration.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SinkSpec {
+    /// PipeWire playback, to the default sink or the named target node.
+    PipeWire { target: Option<String> },
+    /// Append every utterance to one WAV file.
+    Wav(std::path::PathBuf),
+    /// Discard the audio (headless use, tests).
+    Null,
+}
+
+/// Opens the configured sink.
+pub fn open_sink(_spec: &SinkSpec) -> Result<Arc<dyn AudioSink>> {
+    anyhow::bail!("audio sinks are not written yet")
+}
