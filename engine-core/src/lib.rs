@@ -11,6 +11,7 @@ pub mod linear;
 pub mod lm;
 pub mod plugins;
 pub mod random_weights;
+pub mod ssml;
 pub mod stream;
 pub mod synth;
 pub mod text;
