@@ -10,6 +10,7 @@ pub mod hub;
 pub mod linear;
 pub mod lm;
 pub mod plugins;
+pub mod prosody_filter;
 pub mod random_weights;
 pub mod ssml;
 pub mod stream;
