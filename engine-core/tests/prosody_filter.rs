@@ -341,6 +341,62 @@ fn pitch_moves_frequencies_by_its_factor() {
     }
 }
 
+/// Least-squares fit of a sinusoid of known frequency: its amplitude, and the RMS of everything else.
+fn sine_fit(x: &[f32], freq: f64, sample_rate: u32) -> (f64, f64) {
+    let w = 2.0 * std::f64::consts::PI * freq / sample_rate as f64;
+    let (mut cc, mut ss, mut cs, mut xc, mut xs) = (0.0, 0.0, 0.0, 0.0, 0.0);
+    for (n, &v) in x.iter().enumerate() {
+        let (s, c) = (w * n as f64).sin_cos();
+        cc += c * c;
+        ss += s * s;
+        cs += c * s;
+        xc += v as f64 * c;
+        xs += v as f64 * s;
+    }
+    let det = cc * ss - cs * cs;
+    let a = (xc * ss - xs * cs) / det;
+    let b = (xs * cc - xc * cs) / det;
+    let residual = x
+        .iter()
+        .enumerate()
+        .map(|(n, &v)| {
+            let (s, c) = (w * n as f64).sin_cos();
+            (v as f64 - a * c - b * s).powi(2)
+        })
+        .sum::<f64>();
+    ((a * a + b * b).sqrt(), (residual / x.len() as f64).sqrt())
+}
+
+#[test]
+fn pitch_resampling_neither_aliases_nor_images() {
+    let amplitude = 0.5;
+    // In the passband: the tone moves, keeps its amplitude, and nothing else appears (an image of the
+    // 9 kHz tone read at half speed would sit at 7.5 kHz, an alias of a poor low-pass anywhere).
+    for (freq, pitch) in [(3000.0, 2.0), (9000.0, 0.5), (1000.0, 1.37), (5000.0, 0.8)] {
+        let out = one_shot(1.0, pitch, 1.0, &sine(freq, amplitude, 1.0, SR));
+        let (found, rest) = sine_fit(interior(&out), freq * pitch as f64, SR);
+        assert!(
+            (found / amplitude as f64 - 1.0).abs() < 0.01,
+            "{freq} Hz at pitch {pitch}: amplitude {found}, not {amplitude}"
+        );
+        let db = 20.0 * (rest / amplitude as f64).log10();
+        assert!(
+            db < -60.0,
+            "{freq} Hz at pitch {pitch}: other content at {db:.1} dB"
+        );
+    }
+    // Above the new Nyquist: 8 kHz doubled would fold back to 8 kHz; it must be filtered out instead.
+    let out = one_shot(1.0, 2.0, 1.0, &sine(8000.0, amplitude, 1.0, SR));
+    let rms = (interior(&out)
+        .iter()
+        .map(|&v| v as f64 * v as f64)
+        .sum::<f64>()
+        / interior(&out).len() as f64)
+        .sqrt();
+    let db = 20.0 * (rms / amplitude as f64).log10();
+    assert!(db < -60.0, "8 kHz at pitch 2 left {db:.1} dB");
+}
+
 #[test]
 fn stretched_sine_has_no_jumps_or_dips() {
     let amplitude = 0.5;
