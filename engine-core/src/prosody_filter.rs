@@ -525,3 +525,48 @@ fn bessel_i0(x: f64) -> f64 {
     }
     sum
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Streaming memory stays bounded: after each chunk, the stretch holds at most one frame, the search
+    /// span and one analysis hop; the resampler less than its taps — whatever the chunk size.
+    #[test]
+    fn held_input_is_bounded() {
+        let sample_rate = 24_000;
+        for (rate, pitch) in [(0.25, 2.0), (4.0, 0.5), (2.0, 1.0), (1.0, 1.5)] {
+            for chunk in [1, 1920, 48_000] {
+                let mut filter = ProsodyFilter::new(sample_rate, rate, pitch, 1.0);
+                let mut out = Vec::new();
+                let mut phase = 0.0f32;
+                let seconds = if chunk == 1 { 3 } else { 60 };
+                for _ in 0..(sample_rate as usize * seconds / chunk) {
+                    let input: Vec<f32> = (0..chunk)
+                        .map(|_| {
+                            phase += 0.037;
+                            0.5 * phase.sin()
+                        })
+                        .collect();
+                    filter.process(&input, &mut out);
+                    if let Some(stretch) = &filter.stretch {
+                        let analysis_hop = (stretch.hop as f64 * stretch.ratio).ceil() as usize;
+                        let bound = 2 * stretch.hop + 4 * stretch.tolerance + analysis_hop;
+                        let held = stretch.input.samples.len();
+                        assert!(
+                            held <= bound,
+                            "rate {rate} pitch {pitch}, chunks of {chunk}: {held} held"
+                        );
+                    }
+                    if let Some(resample) = &filter.resample {
+                        let held = resample.input.samples.len();
+                        assert!(
+                            held < 2 * resample.half,
+                            "rate {rate} pitch {pitch}: {held} held"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
