@@ -18,7 +18,7 @@ use kazeia_engine::tokenizer::{assistant_text, TextTokenizer};
 use kazeia_engine::WeightStorage;
 
 use crate::common_args::BackendArgs;
-use crate::model_path::resolve_model;
+use kazeia::model_path::resolve_model;
 
 /// The benchmark sentence (10 words).
 const SENTENCE: &str = "The quick brown fox jumps over the lazy dog today.";

@@ -1,10 +1,29 @@
-//! The Kazeia daemon's parts, shared by the `kazeia` command line, the daemon (`kazeia daemon` / `kazeiad`)
-//! and the speech-dispatcher module `sd_kazeia`.
+//! The Kazeia daemon's parts, shared by the `kazeia` command line, the daemon (`kazeiad`, also
+//! `kazeia daemon`) and the speech-dispatcher module `sd_kazeia`.
 //!
+//! - [`config`]: `kazeia.toml`.
+//! - [`engine`]: the resident model on its configured backends; [`voices`]: what clients may ask for.
+//! - [`request`], [`queue`]: utterances and the priority queue; [`player`]: the worker that speaks them.
+//! - [`service`]: request checks and live reconfiguration, behind [`dbus`] (Kazeia's API and Spiel).
+//! - [`daemon_cmd`]: the daemon's main loop (signals, reload, bus lifetime); [`say_cmd`], [`install_cmd`]:
+//!   `kazeia say` and `kazeia install`.
 //! - [`audio`]: where speech is played (PipeWire, a WAV file, nowhere).
 //! - [`spiel_stream`]: the Spiel provider stream format (`audio/x-spiel`) on a pipe.
 //! - [`speechd`]: the speech-dispatcher output module protocol.
 
 pub mod audio;
+pub mod config;
+pub mod daemon_cmd;
+pub mod dbus;
+pub mod engine;
+pub mod install_cmd;
+pub mod model_path;
+pub mod play_cmd;
+pub mod player;
+pub mod queue;
+pub mod request;
+pub mod say_cmd;
+pub mod service;
 pub mod speechd;
 pub mod spiel_stream;
+pub mod voices;

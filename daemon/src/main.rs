@@ -5,7 +5,6 @@ mod bench;
 mod common_args;
 mod decode;
 mod generate;
-mod model_path;
 mod synth;
 
 use std::process::ExitCode;
@@ -35,6 +34,13 @@ enum Command {
     Bench(bench::BenchArgs),
     /// List the compute backends (built in and plugins) and why any is unavailable.
     Backends(backends::BackendsArgs),
+    /// Run the speech daemon (the same as `kazeiad`): resident model, D-Bus API and Spiel provider.
+    Daemon(kazeia::daemon_cmd::DaemonArgs),
+    /// Say text through the daemon (started by D-Bus activation if needed), else in process.
+    Say(kazeia::say_cmd::SayArgs),
+    /// Install the binaries, plugins, configuration, systemd unit, D-Bus activation files and the
+    /// speech-dispatcher module (--user, or --prefix DIR for system-wide).
+    Install(kazeia::install_cmd::InstallArgs),
 }
 
 pub fn default_threads() -> usize {
@@ -49,6 +55,9 @@ fn main() -> ExitCode {
         Command::Synth(args) => synth::run(args),
         Command::Bench(args) => bench::run(args),
         Command::Backends(args) => backends::run(args),
+        Command::Daemon(args) => kazeia::daemon_cmd::run(args),
+        Command::Say(args) => kazeia::say_cmd::run(args),
+        Command::Install(args) => kazeia::install_cmd::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

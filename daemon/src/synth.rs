@@ -12,7 +12,7 @@ use kazeia_engine::text::DEFAULT_CHUNK_CHARS;
 use kazeia_engine::wav::{SampleFormat, WavWriter};
 
 use crate::common_args::{EngineArgs, SamplingArgs};
-use crate::model_path::resolve_model;
+use kazeia::model_path::resolve_model;
 
 #[derive(Args)]
 pub struct SynthArgs {

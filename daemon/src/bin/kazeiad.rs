@@ -1,0 +1,28 @@
+//! `kazeiad`: the Kazeia speech daemon (see `kazeia::daemon_cmd`).
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use kazeia::daemon_cmd::{run, DaemonArgs};
+
+#[derive(Parser)]
+#[command(
+    name = "kazeiad",
+    version,
+    about = "Kazeia speech daemon: resident neural voices on the session bus (org.kazeia.Speech, Spiel)"
+)]
+struct Cli {
+    #[command(flatten)]
+    args: DaemonArgs,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli.args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("kazeiad: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,300 @@
+//! The daemon's configuration (`kazeia.toml`): where it is looked for, what it holds, how it is checked.
+//!
+//! The shipped file `config/kazeia.toml` documents every key; with no file at all, [`DaemonConfig::default`]
+//! applies, and a test keeps the two equal.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use kazeia_engine::WeightStorage;
+use serde::Deserialize;
+
+use crate::audio::SinkSpec;
+
+/// The shipped, commented default configuration.
+pub const SHIPPED: &str = include_str!("../../config/kazeia.toml");
+
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DaemonConfig {
+    pub model: ModelSection,
+    pub voice: VoiceSection,
+    pub backends: BackendsSection,
+    pub threads: ThreadsSection,
+    pub audio: AudioSection,
+    pub queue: QueueSection,
+    pub stream: StreamSection,
+    pub generation: GenerationSection,
+}
+
+#[derive(Clone, Debug, PartialEq, Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct GenerationSection {
+    /// Greedy decoding instead of the model's sampling (the same text then always sounds the same).
+    pub greedy: bool,
+    /// Cap on the 80 ms frames generated per chunk of text; 0: the model's own limit.
+    pub max_frames: usize,
+}
+
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ModelSection {
+    /// A model directory in the released layout, or a Hugging Face repo id.
+    pub path: String,
+    /// Storage of the talker's and code predictor's linear weights.
+    pub weights: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct VoiceSection {
+    /// Speaker; empty: the model's first.
+    pub speaker: String,
+    pub language: String,
+    pub instruct: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BackendsSection {
+    pub talker: String,
+    pub code_predictor: String,
+    pub decoder: String,
+    pub plugin_path: Vec<PathBuf>,
+}
+
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ThreadsSection {
+    /// 0: every CPU.
+    pub talker: usize,
+    pub code_predictor: usize,
+    pub decoder: usize,
+}
+
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AudioSection {
+    /// `pipewire`, `pipewire:TARGET`, `wav:PATH` or `null`.
+    pub sink: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct QueueSection {
+    /// Utterances waiting or speaking at once, over all clients.
+    pub max_utterances: usize,
+    /// Longest text accepted in one request, in bytes.
+    pub max_text_bytes: usize,
+}
+
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StreamSection {
+    /// Frames (80 ms each) in the first decoded chunk: the time to first sound.
+    pub first_chunk_frames: usize,
+    /// Frames in each later chunk.
+    pub chunk_frames: usize,
+}
+
+impl Default for DaemonConfig {
+    fn default() -> Self {
+        DaemonConfig {
+            model: ModelSection::default(),
+            voice: VoiceSection::default(),
+            backends: BackendsSection::default(),
+            threads: ThreadsSection::default(),
+            audio: AudioSection::default(),
+            queue: QueueSection::default(),
+            stream: StreamSection::default(),
+            generation: GenerationSection::default(),
+        }
+    }
+}
+
+impl Default for ModelSection {
+    fn default() -> Self {
+        ModelSection {
+            path: "Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice".into(),
+            weights: "auto".into(),
+        }
+    }
+}
+
+impl Default for VoiceSection {
+    fn default() -> Self {
+        VoiceSection {
+            speaker: String::new(),
+            language: "auto".into(),
+            instruct: String::new(),
+        }
+    }
+}
+
+impl Default for BackendsSection {
+    fn default() -> Self {
+        BackendsSection {
+            talker: "cpu".into(),
+            code_predictor: "cpu".into(),
+            decoder: "cpu".into(),
+            plugin_path: Vec::new(),
+        }
+    }
+}
+
+impl Default for ThreadsSection {
+    fn default() -> Self {
+        ThreadsSection {
+            talker: 0,
+            code_predictor: 0,
+            decoder: 0,
+        }
+    }
+}
+
+impl Default for AudioSection {
+    fn default() -> Self {
+        AudioSection {
+            sink: "pipewire".into(),
+        }
+    }
+}
+
+impl Default for QueueSection {
+    fn default() -> Self {
+        QueueSection {
+            max_utterances: 256,
+            max_text_bytes: 1 << 20,
+        }
+    }
+}
+
+impl Default for StreamSection {
+    fn default() -> Self {
+        StreamSection {
+            first_chunk_frames: 1,
+            chunk_frames: 8,
+        }
+    }
+}
+
+impl DaemonConfig {
+    /// Parses and checks a configuration text; `origin` names it in errors.
+    pub fn parse(text: &str, origin: &str) -> Result<Self> {
+        let config: DaemonConfig =
+            toml::from_str(text).with_context(|| format!("{origin}: invalid configuration"))?;
+        config
+            .validate()
+            .with_context(|| format!("{origin}: invalid configuration"))?;
+        Ok(config)
+    }
+
+    /// Reads a configuration file.
+    pub fn load(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read {}", path.display()))?;
+        Self::parse(&text, &path.display().to_string())
+    }
+
+    /// Values the types cannot check.
+    pub fn validate(&self) -> Result<()> {
+        if self.model.path.trim().is_empty() {
+            bail!("[model] path is empty");
+        }
+        self.weight_storage()?;
+        self.sink()?;
+        for (stage, name) in [
+            ("talker", &self.backends.talker),
+            ("code_predictor", &self.backends.code_predictor),
+            ("decoder", &self.backends.decoder),
+        ] {
+            if name.trim().is_empty() {
+                bail!("[backends] {stage} is empty (use \"cpu\" or a plugin's name)");
+            }
+        }
+        if self.queue.max_utterances == 0 || self.queue.max_text_bytes == 0 {
+            bail!("[queue] limits must be positive");
+        }
+        if self.stream.first_chunk_frames == 0 || self.stream.chunk_frames == 0 {
+            bail!("[stream] chunk sizes must be positive");
+        }
+        if self.voice.language.trim().is_empty() {
+            bail!("[voice] language is empty (use \"auto\")");
+        }
+        Ok(())
+    }
+
+    pub fn weight_storage(&self) -> Result<WeightStorage> {
+        self.model
+            .weights
+            .parse()
+            .map_err(|e| anyhow::anyhow!("[model] weights: {e}"))
+    }
+
+    pub fn sink(&self) -> Result<SinkSpec> {
+        self.audio
+            .sink
+            .parse()
+            .map_err(|e| anyhow::anyhow!("[audio] sink: {e}"))
+    }
+}
+
+/// Where the configuration comes from: `--config`, else `$XDG_CONFIG_HOME/kazeia/kazeia.toml` (or
+/// `~/.config/…`), else `/etc/kazeia/kazeia.toml`; `None` when none exists (built-in defaults).
+pub fn config_path(explicit: Option<&Path>) -> Option<PathBuf> {
+    if let Some(path) = explicit {
+        return Some(path.to_path_buf());
+    }
+    let user = std::env::var_os("XDG_CONFIG_HOME")
+        .map(PathBuf::from)
+        .filter(|p| p.is_absolute())
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".config")))
+        .map(|dir| dir.join("kazeia/kazeia.toml"));
+    let system = PathBuf::from("/etc/kazeia/kazeia.toml");
+    user.into_iter().chain([system]).find(|p| p.is_file())
+}
+
+/// Loads the configuration from [`config_path`] or the defaults.
+pub fn load(explicit: Option<&Path>) -> Result<(DaemonConfig, Option<PathBuf>)> {
+    match config_path(explicit) {
+        Some(path) => Ok((DaemonConfig::load(&path)?, Some(path))),
+        None => Ok((DaemonConfig::default(), None)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shipped_file_equals_the_defaults() {
+        let shipped = DaemonConfig::parse(SHIPPED, "config/kazeia.toml").unwrap();
+        assert_eq!(shipped, DaemonConfig::default());
+    }
+
+    #[test]
+    fn partial_files_keep_defaults() {
+        let c = DaemonConfig::parse("[backends]\ndecoder = \"vulkan\"\n", "t").unwrap();
+        assert_eq!(c.backends.decoder, "vulkan");
+        assert_eq!(c.backends.talker, "cpu");
+        assert_eq!(c.model, ModelSection::default());
+    }
+
+    #[test]
+    fn bad_files_are_rejected_with_the_reason() {
+        for (text, needle) in [
+            ("[model]\npath = 3\n", "invalid type"),
+            ("[modle]\n", "unknown field"),
+            ("[model]\nweights = \"q3\"\n", "weights"),
+            ("[audio]\nsink = \"speaker\"\n", "sink"),
+            ("[queue]\nmax_utterances = 0\n", "queue"),
+            ("[stream]\nchunk_frames = 0\n", "stream"),
+            ("[backends]\ndecoder = \"\"\n", "decoder"),
+            ("not toml at all [", "invalid configuration"),
+        ] {
+            let e = format!("{:#}", DaemonConfig::parse(text, "f.toml").unwrap_err());
+            assert!(e.contains(needle), "{text:?}: {e}");
+            assert!(e.starts_with("f.toml"), "{e}");
+        }
+    }
+}

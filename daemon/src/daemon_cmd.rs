@@ -1,0 +1,181 @@
+//! `kazeiad` (also `kazeia daemon`): loads the configuration and the model, warms it up, then serves
+//! both bus names until SIGTERM or the session bus goes away. SIGHUP, a change of the configuration file
+//! and `Reload()` apply a new configuration without a restart.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use anyhow::{Context, Result};
+use clap::Args;
+use tokio::signal::unix::{signal, SignalKind};
+use tokio::sync::mpsc;
+
+use crate::config;
+use crate::dbus::api::{emit_properties, SpeechApi};
+use crate::dbus::spiel::SpielProvider;
+use crate::dbus::{BUS_NAME, OBJECT_PATH, SPIEL_BUS_NAME, SPIEL_OBJECT_PATH};
+use crate::player::Player;
+use crate::queue::Event;
+use crate::service::{backends_summary, Service};
+
+#[derive(Args, Debug, Default)]
+pub struct DaemonArgs {
+    /// Configuration file (default: $XDG_CONFIG_HOME/kazeia/kazeia.toml, then /etc/kazeia/kazeia.toml,
+    /// else built-in defaults).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+}
+
+pub fn run(args: DaemonArgs) -> Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime.block_on(serve(args))
+}
+
+/// The file to watch for changes: the one in use, or the user's (so creating it applies it).
+fn watched_path(args: &DaemonArgs, in_use: &Option<PathBuf>) -> Option<PathBuf> {
+    in_use.clone().or_else(|| {
+        let base = std::env::var_os("XDG_CONFIG_HOME")
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".config")))?;
+        args.config
+            .is_none()
+            .then(|| base.join("kazeia/kazeia.toml"))
+    })
+}
+
+fn file_stamp(path: &Option<PathBuf>) -> Option<(SystemTime, u64)> {
+    let meta = std::fs::metadata(path.as_ref()?).ok()?;
+    Some((meta.modified().ok()?, meta.len()))
+}
+
+async fn serve(args: DaemonArgs) -> Result<()> {
+    let (config, in_use) = config::load(args.config.as_deref())?;
+    match &in_use {
+        Some(p) => eprintln!("kazeiad: configuration {}", p.display()),
+        None => eprintln!("kazeiad: no configuration file; built-in defaults"),
+    }
+    let watched = watched_path(&args, &in_use);
+
+    let (events_tx, mut events) = mpsc::unbounded_channel::<Event>();
+    let player = Arc::new(Player::new(config.clone(), move |e| {
+        let _ = events_tx.send(e);
+    }));
+    let worker = {
+        let player = player.clone();
+        std::thread::Builder::new()
+            .name("kazeia-speech".into())
+            .spawn(move || player.run())
+            .context("cannot start the speech worker")?
+    };
+    let service = Arc::new(Service::new(player.clone(), args.config.clone()));
+
+    // The model loads and warms up before the names are taken: owning the name means "ready".
+    let summary = service.apply(config).await?;
+    eprintln!("kazeiad: {summary}");
+
+    let connection = zbus::connection::Builder::session()
+        .serve_at(
+            OBJECT_PATH,
+            SpeechApi {
+                service: service.clone(),
+            },
+        )
+        .serve_at(
+            SPIEL_OBJECT_PATH,
+            SpielProvider {
+                service: service.clone(),
+            },
+        )
+        .name(BUS_NAME)
+        .name(SPIEL_BUS_NAME)
+        .build()
+        .await
+        .context("cannot serve on the session bus (is DBUS_SESSION_BUS_ADDRESS set? is another kazeiad running?)")?;
+    eprintln!(
+        "kazeiad: ready as {BUS_NAME} and {SPIEL_BUS_NAME} ({})",
+        backends_summary(&service.info())
+    );
+
+    let api = connection
+        .object_server()
+        .interface::<_, SpeechApi>(OBJECT_PATH)
+        .await?;
+    let emitter = api.signal_emitter().clone();
+    let signals = tokio::spawn({
+        let emitter = emitter.clone();
+        async move {
+            while let Some(event) = events.recv().await {
+                let sent = match &event {
+                    Event::Started(id) => SpeechApi::started(&emitter, *id).await,
+                    Event::Mark(id, name) => SpeechApi::mark(&emitter, *id, name).await,
+                    Event::Finished(id, reason) => {
+                        SpeechApi::finished(&emitter, *id, &reason.as_signal()).await
+                    }
+                };
+                if let Err(e) = sent {
+                    eprintln!("kazeiad: cannot emit {event:?}: {e}");
+                }
+            }
+        }
+    });
+
+    let mut terminate = signal(SignalKind::terminate())?;
+    let mut interrupt = signal(SignalKind::interrupt())?;
+    let mut hangup = signal(SignalKind::hangup())?;
+    let mut poll = tokio::time::interval(Duration::from_secs(1));
+    let mut stamp = file_stamp(&watched);
+    let reload = |why: &'static str| {
+        let service = service.clone();
+        let api = api.clone();
+        async move {
+            match service.reload().await {
+                Ok(summary) => {
+                    eprintln!("kazeiad: reload ({why}): {summary}");
+                    let iface = api.get().await;
+                    emit_properties(&iface, api.signal_emitter()).await;
+                }
+                Err(e) => eprintln!(
+                    "kazeiad: reload ({why}) refused, the running configuration stays: {e:#}"
+                ),
+            }
+        }
+    };
+    loop {
+        tokio::select! {
+            _ = terminate.recv() => { eprintln!("kazeiad: SIGTERM, shutting down"); break; }
+            _ = interrupt.recv() => { eprintln!("kazeiad: SIGINT, shutting down"); break; }
+            _ = hangup.recv() => reload("SIGHUP").await,
+            _ = connection.closed() => { eprintln!("kazeiad: the session bus went away, exiting"); break; }
+            _ = poll.tick() => {
+                let now = file_stamp(&watched);
+                if now != stamp {
+                    stamp = now;
+                    if now.is_some() {
+                        reload("configuration file changed").await;
+                    }
+                }
+            }
+        }
+    }
+
+    // Clean shutdown: every waiting utterance is finished (`shutdown`), the speaking one stops.
+    player.queue.close();
+    let joined = tokio::task::spawn_blocking(move || worker.join());
+    let _ = tokio::time::timeout(Duration::from_secs(5), joined).await;
+    // Let the last Finished signals go out before the names are released.
+    let _ = tokio::time::timeout(Duration::from_millis(500), async {
+        while !signals.is_finished() && !player.queue.snapshot().1.is_empty() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    drop(connection);
+    eprintln!("kazeiad: stopped");
+    Ok(())
+}

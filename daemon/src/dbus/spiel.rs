@@ -1,0 +1,97 @@
+//! `org.freedesktop.Speech.Provider` (Spiel) at `/org/kazeia/Speech/Provider`: the client passes a pipe,
+//! the daemon streams `audio/x-spiel` into it as the audio is generated, with a MARK event at each SSML
+//! `<mark>`, and closes it at the end. A client closing its end cancels.
+
+use std::sync::Arc;
+
+use zbus::interface;
+use zbus::message::Header;
+
+use super::{sender, SpeechError};
+use crate::queue::Priority;
+use crate::request::{Output, RequestProsody, VoiceChoice};
+use crate::service::{Service, SpeakOptions};
+use crate::voices::{display_name, language_tags};
+
+/// Spiel voice features this provider honours.
+const EVENTS_SSML_MARK: u64 = 0x8;
+const SSML_SAY_AS_CHARACTERS: u64 = 0x80;
+const SSML_BREAK: u64 = 0x1000;
+const SSML_SUB: u64 = 0x2000;
+const SSML_PROSODY: u64 = 0x10000;
+pub const VOICE_FEATURES: u64 =
+    EVENTS_SSML_MARK | SSML_SAY_AS_CHARACTERS | SSML_BREAK | SSML_SUB | SSML_PROSODY;
+
+pub struct SpielProvider {
+    pub service: Arc<Service>,
+}
+
+/// The caps string of the stream the provider writes.
+pub fn output_format(sample_rate: u32) -> String {
+    format!("audio/x-spiel,format=S16LE,channels=1,rate={sample_rate}")
+}
+
+#[interface(name = "org.freedesktop.Speech.Provider")]
+impl SpielProvider {
+    /// Queues `text` for the pipe `pipe_fd`; returns at once, the audio follows on the pipe.
+    #[allow(clippy::too_many_arguments)]
+    async fn synthesize(
+        &self,
+        pipe_fd: zbus::OwnedFd,
+        text: String,
+        voice_id: String,
+        pitch: f64,
+        rate: f64,
+        is_ssml: bool,
+        language: String,
+        #[zbus(header)] header: Header<'_>,
+    ) -> Result<(), SpeechError> {
+        let fd: std::os::fd::OwnedFd = pipe_fd.into();
+        let options = SpeakOptions {
+            voice: VoiceChoice {
+                speaker: Some(voice_id).filter(|v| !v.is_empty()),
+                language: Some(language).filter(|l| !l.is_empty()),
+            },
+            prosody: RequestProsody {
+                rate: rate as f32,
+                pitch: pitch as f32,
+                volume: 1.0,
+            },
+            // Spiel clients keep their own order; theirs is what the user is waiting for now.
+            priority: Priority::Message,
+            ssml: is_ssml,
+        };
+        self.service.submit(
+            &sender(&header),
+            &text,
+            options,
+            Output::Spiel(std::fs::File::from(fd)),
+        )?;
+        Ok(())
+    }
+
+    /// (name, identifier, output format, features, languages).
+    #[zbus(property)]
+    async fn voices(&self) -> Vec<(String, String, String, u64, Vec<String>)> {
+        let info = self.service.info();
+        let languages = language_tags(&info);
+        let format = output_format(info.sample_rate);
+        info.speakers
+            .iter()
+            .map(|s| {
+                (
+                    display_name(s),
+                    s.clone(),
+                    format.clone(),
+                    VOICE_FEATURES,
+                    languages.clone(),
+                )
+            })
+            .collect()
+    }
+
+    #[zbus(property)]
+    async fn name(&self) -> String {
+        "Kazeia".into()
+    }
+}

@@ -1,0 +1,208 @@
+//! `kazeia install`: places the binaries, plugins, configuration, systemd user unit, D-Bus activation
+//! files and the speech-dispatcher module, for one user (`--user`, no root needed) or system-wide
+//! (`--prefix /usr/local`, with `--destdir` for packaging).
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+
+const UNIT: &str = include_str!("../../systemd/kazeia.service");
+const DBUS_API: &str = include_str!("../../systemd/dbus/org.kazeia.Speech.service");
+const DBUS_SPIEL: &str = include_str!("../../systemd/dbus/org.kazeia.Speech.Provider.service");
+const SPEECHD_CONF: &str = include_str!("../../config/speech-dispatcher/kazeia.conf");
+
+#[derive(Args, Debug)]
+pub struct InstallArgs {
+    /// Install for the current user under ~/.local and ~/.config.
+    #[arg(long, conflicts_with = "prefix")]
+    pub user: bool,
+    /// Install system-wide under this prefix (e.g. /usr/local or /usr).
+    #[arg(long)]
+    pub prefix: Option<PathBuf>,
+    /// Staging root prepended to every system path (packaging).
+    #[arg(long, requires = "prefix")]
+    pub destdir: Option<PathBuf>,
+    /// Where the built binaries and plugins are (default: the directory of this `kazeia`).
+    #[arg(long)]
+    pub from: Option<PathBuf>,
+}
+
+/// Where each kind of file goes.
+struct Layout {
+    bin: PathBuf,
+    plugins: PathBuf,
+    config: PathBuf,
+    units: PathBuf,
+    dbus_services: PathBuf,
+    speechd_modules: PathBuf,
+    speechd_config: PathBuf,
+    /// `bin` as the installed system will see it (without `--destdir`), written into the unit files.
+    bin_at_runtime: PathBuf,
+}
+
+fn user_layout() -> Result<Layout> {
+    let home = PathBuf::from(std::env::var_os("HOME").context("HOME is not set")?);
+    let env_dir = |var: &str, default: PathBuf| {
+        std::env::var_os(var)
+            .map(PathBuf::from)
+            .filter(|p| p.is_absolute())
+            .unwrap_or(default)
+    };
+    let config = env_dir("XDG_CONFIG_HOME", home.join(".config"));
+    let data = env_dir("XDG_DATA_HOME", home.join(".local/share"));
+    let bin = home.join(".local/bin");
+    Ok(Layout {
+        plugins: home.join(".local/lib/kazeia/plugins"),
+        config: config.join("kazeia"),
+        units: config.join("systemd/user"),
+        dbus_services: data.join("dbus-1/services"),
+        // speech-dispatcher ≥ 0.11 looks in $XDG_DATA_HOME/../libexec/speech-dispatcher-modules.
+        speechd_modules: data
+            .parent()
+            .unwrap_or(&home)
+            .join("libexec/speech-dispatcher-modules"),
+        speechd_config: config.join("speech-dispatcher/modules"),
+        bin_at_runtime: bin.clone(),
+        bin,
+    })
+}
+
+fn system_layout(prefix: &Path, destdir: Option<&Path>) -> Layout {
+    let stage = |p: PathBuf| match destdir {
+        Some(d) => d.join(p.strip_prefix("/").unwrap_or(&p)),
+        None => p,
+    };
+    let etc = if prefix == Path::new("/usr") {
+        PathBuf::from("/etc")
+    } else {
+        prefix.join("etc")
+    };
+    Layout {
+        bin: stage(prefix.join("bin")),
+        plugins: stage(prefix.join("lib/kazeia/plugins")),
+        config: stage(etc.join("kazeia")),
+        units: stage(prefix.join("lib/systemd/user")),
+        dbus_services: stage(prefix.join("share/dbus-1/services")),
+        // Debian's modulebindir (pkg-config --variable=modulebindir speech-dispatcher).
+        speechd_modules: stage(prefix.join("lib/speech-dispatcher-modules")),
+        speechd_config: stage(etc.join("speech-dispatcher/modules")),
+        bin_at_runtime: prefix.join("bin"),
+    }
+}
+
+fn write(path: &Path, text: &str, log: &mut Vec<String>) -> Result<()> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    }
+    std::fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))?;
+    log.push(path.display().to_string());
+    Ok(())
+}
+
+fn copy(from: &Path, to: &Path, log: &mut Vec<String>) -> Result<()> {
+    if let Some(dir) = to.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    }
+    // Through a temporary name, so a running daemon's binary is replaced, not overwritten in place.
+    let tmp = to.with_extension("kazeia-new");
+    std::fs::copy(from, &tmp)
+        .with_context(|| format!("cannot copy {} to {}", from.display(), tmp.display()))?;
+    std::fs::rename(&tmp, to).with_context(|| format!("cannot install {}", to.display()))?;
+    log.push(to.display().to_string());
+    Ok(())
+}
+
+pub fn run(args: InstallArgs) -> Result<()> {
+    let layout = match (&args.prefix, args.user) {
+        (Some(prefix), _) => {
+            if !prefix.is_absolute() {
+                bail!("--prefix must be an absolute path");
+            }
+            system_layout(prefix, args.destdir.as_deref())
+        }
+        (None, true) => user_layout()?,
+        (None, false) => bail!("say where: --user (this user) or --prefix DIR (system-wide)"),
+    };
+    let from = match args.from {
+        Some(dir) => dir,
+        None => std::env::current_exe()?
+            .parent()
+            .context("the directory of this executable")?
+            .to_path_buf(),
+    };
+    let mut log = Vec::new();
+    let mut missing = Vec::new();
+    for name in ["kazeia", "kazeiad"] {
+        let src = from.join(name);
+        if !src.is_file() {
+            bail!(
+                "{} is missing: build first with `cargo build --release` (or pass --from DIR)",
+                src.display()
+            );
+        }
+        copy(&src, &layout.bin.join(name), &mut log)?;
+    }
+    let module = from.join("sd_kazeia");
+    if module.is_file() {
+        copy(&module, &layout.speechd_modules.join("sd_kazeia"), &mut log)?;
+        write(
+            &layout.speechd_config.join("kazeia.conf"),
+            SPEECHD_CONF,
+            &mut log,
+        )?;
+    } else {
+        missing.push(module.display().to_string());
+    }
+    let suffix = std::env::consts::DLL_SUFFIX;
+    let mut plugins = 0;
+    if let Ok(entries) = std::fs::read_dir(&from) {
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name.starts_with("libkazeia_backend_") && name.ends_with(suffix) {
+                copy(&entry.path(), &layout.plugins.join(&name), &mut log)?;
+                plugins += 1;
+            }
+        }
+    }
+    let config_file = layout.config.join("kazeia.toml");
+    if config_file.exists() {
+        eprintln!("kept the existing {}", config_file.display());
+    } else {
+        write(&config_file, crate::config::SHIPPED, &mut log)?;
+    }
+    let bindir = layout.bin_at_runtime.display().to_string();
+    write(
+        &layout.units.join("kazeia.service"),
+        &UNIT.replace("@BINDIR@", &bindir),
+        &mut log,
+    )?;
+    for (name, text) in [
+        ("org.kazeia.Speech.service", DBUS_API),
+        ("org.kazeia.Speech.Provider.service", DBUS_SPIEL),
+    ] {
+        write(
+            &layout.dbus_services.join(name),
+            &text.replace("@BINDIR@", &bindir),
+            &mut log,
+        )?;
+    }
+    println!("installed:");
+    for path in &log {
+        println!("  {path}");
+    }
+    if plugins == 0 {
+        println!(
+            "no backend plugin found in {} (the built-in CPU backend still works)",
+            from.display()
+        );
+    }
+    for m in missing {
+        println!("not installed (not built): {m}");
+    }
+    println!(
+        "next: `systemctl --user daemon-reload` (the daemon starts on the first D-Bus call), \
+         then try `kazeia say \"Hello\"`"
+    );
+    Ok(())
+}

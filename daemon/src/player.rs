@@ -1,0 +1,394 @@
+//! The engine worker: takes utterances from the queue one at a time and speaks them with the resident
+//! engine, to the audio sink or to a Spiel client's pipe, reporting start, marks and end.
+//!
+//! The engine and the sink sit in swappable slots so a new configuration applies between utterances.
+
+use std::sync::atomic::Ordering;
+use std::sync::{mpsc, Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use anyhow::{anyhow, Result};
+use kazeia_engine::prosody_filter::ProsodyFilter;
+use kazeia_engine::ssml::Piece;
+use kazeia_engine::stream::{SessionControl, StreamConfig};
+use kazeia_engine::synth::{SynthOptions, Voice};
+
+use crate::audio::{AudioSink, Playback};
+use crate::config::DaemonConfig;
+use crate::engine::Engine;
+use crate::queue::{Event, Interrupt, Interruption, Reason, SpeechQueue};
+use crate::request::{Output, Request};
+use crate::spiel_stream::{EventKind, SpielWriter};
+use crate::voices::resolve_voice;
+
+/// The utterance being spoken, as pause/resume/stop reach it.
+pub struct Active {
+    control: SessionControl,
+    playback: Mutex<Option<Arc<dyn Playback>>>,
+}
+
+impl Active {
+    fn new() -> Self {
+        Active {
+            control: SessionControl::new(),
+            playback: Mutex::new(None),
+        }
+    }
+
+    fn playback(&self) -> Option<Arc<dyn Playback>> {
+        self.playback
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    fn pause(&self) {
+        self.control.pause();
+        if let Some(p) = self.playback() {
+            p.pause();
+        }
+    }
+
+    fn resume(&self) {
+        self.control.resume();
+        if let Some(p) = self.playback() {
+            p.resume();
+        }
+    }
+}
+
+impl Interrupt for Active {
+    fn interrupt(&self) {
+        self.control.stop_async();
+        if let Some(p) = self.playback() {
+            p.stop();
+        }
+    }
+}
+
+/// What the worker and the adapters share.
+pub struct Player {
+    pub queue: SpeechQueue,
+    engine: RwLock<Option<Arc<Engine>>>,
+    sink: RwLock<Option<Arc<dyn AudioSink>>>,
+    config: RwLock<DaemonConfig>,
+    active: Mutex<Option<Arc<Active>>>,
+}
+
+impl Player {
+    pub fn new(config: DaemonConfig, events: impl Fn(Event) + Send + Sync + 'static) -> Self {
+        Player {
+            queue: SpeechQueue::new(config.queue.max_utterances, events),
+            engine: RwLock::new(None),
+            sink: RwLock::new(None),
+            config: RwLock::new(config),
+            active: Mutex::new(None),
+        }
+    }
+
+    pub fn engine(&self) -> Option<Arc<Engine>> {
+        self.engine
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    pub fn config(&self) -> DaemonConfig {
+        self.config
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    pub fn sink_description(&self) -> String {
+        self.sink
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map_or_else(|| "none".into(), |s| s.describe())
+    }
+
+    /// Puts a new engine in place; the utterance in progress finishes on the old one.
+    pub fn set_engine(&self, engine: Arc<Engine>) {
+        *self.engine.write().unwrap_or_else(|e| e.into_inner()) = Some(engine);
+    }
+
+    pub fn set_sink(&self, sink: Arc<dyn AudioSink>) {
+        *self.sink.write().unwrap_or_else(|e| e.into_inner()) = Some(sink);
+    }
+
+    /// The running configuration (voice defaults, queue limits, stream sizes apply from the next utterance).
+    pub fn set_config(&self, config: DaemonConfig) {
+        self.queue.set_max_utterances(config.queue.max_utterances);
+        *self.config.write().unwrap_or_else(|e| e.into_inner()) = config;
+    }
+
+    pub fn pause(&self) {
+        self.queue.set_paused(true);
+        if let Some(a) = self.active() {
+            a.pause();
+        }
+    }
+
+    pub fn resume(&self) {
+        self.queue.set_paused(false);
+        if let Some(a) = self.active() {
+            a.resume();
+        }
+    }
+
+    fn active(&self) -> Option<Arc<Active>> {
+        self.active
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// `speaking`, `paused` or `idle`.
+    pub fn state(&self) -> &'static str {
+        if self.queue.is_paused() {
+            "paused"
+        } else if self.queue.snapshot().0.is_some() {
+            "speaking"
+        } else {
+            "idle"
+        }
+    }
+
+    /// The worker loop; returns when the queue is closed.
+    pub fn run(self: &Arc<Self>) {
+        while let Some(request) = self.queue.next() {
+            let active = Arc::new(Active::new());
+            *self.active.lock().unwrap_or_else(|e| e.into_inner()) = Some(active.clone());
+            if let Some(interruption) = self.queue.set_interrupt(active.clone()) {
+                if interruption != Interruption::Requeue || request.started.load(Ordering::SeqCst) {
+                    active.interrupt();
+                }
+            }
+            if self.queue.is_paused() {
+                active.pause();
+            }
+            let reason = match self.speak(&request, &active) {
+                Ok(reason) => reason,
+                Err(e) => {
+                    eprintln!("kazeiad: utterance {} failed: {e:#}", request.id);
+                    Reason::Error(format!("{e:#}"))
+                }
+            };
+            *self.active.lock().unwrap_or_else(|e| e.into_inner()) = None;
+            self.queue.done(reason);
+        }
+    }
+
+    fn speak(self: &Arc<Self>, request: &Request, active: &Arc<Active>) -> Result<Reason> {
+        let engine = self.engine().ok_or_else(|| anyhow!("no model is loaded"))?;
+        let config = self.config();
+        let voice = resolve_voice(&request.voice, &config.voice, &engine.info)?;
+        let stream = StreamConfig {
+            first_chunk_frames: config.stream.first_chunk_frames,
+            chunk_frames: config.stream.chunk_frames,
+        };
+        let options = SynthOptions {
+            greedy: config.generation.greedy,
+            max_new_tokens: (config.generation.max_frames > 0)
+                .then_some(config.generation.max_frames + 1),
+            ..SynthOptions::default()
+        };
+        let speaker = Speaker {
+            engine: &engine,
+            voice,
+            options,
+            stream,
+            request,
+            control: &active.control,
+        };
+        if !request.started.swap(true, Ordering::SeqCst) {
+            self.queue.emit(Event::Started(request.id));
+        }
+        match &request.output {
+            Output::Sink => {
+                let sink = self
+                    .sink
+                    .read()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .clone()
+                    .ok_or_else(|| anyhow!("no audio sink is open"))?;
+                let playback: Arc<dyn Playback> = Arc::from(sink.open(engine.info.sample_rate)?);
+                *active.playback.lock().unwrap_or_else(|e| e.into_inner()) = Some(playback.clone());
+                if active.control.is_stopped() {
+                    playback.stop();
+                }
+                if self.queue.is_paused() {
+                    playback.pause();
+                }
+                self.speak_to_sink(&speaker, playback)
+            }
+            Output::Spiel(file) => speak_to_spiel(&speaker, file),
+        }
+    }
+
+    fn speak_to_sink(
+        self: &Arc<Self>,
+        speaker: &Speaker,
+        playback: Arc<dyn Playback>,
+    ) -> Result<Reason> {
+        // Marks are reported when their point of audio is heard, by a watcher waiting on the playback.
+        let (marks, pending) = mpsc::channel::<(u64, String)>();
+        let watcher = {
+            let player = self.clone();
+            let playback = playback.clone();
+            let id = speaker.request.id;
+            std::thread::spawn(move || {
+                for (at, name) in pending {
+                    if playback.wait_played(at, Duration::from_secs(24 * 3600)) < at {
+                        break;
+                    }
+                    player.queue.emit(Event::Mark(id, name));
+                }
+            })
+        };
+        let result = speaker.run(&mut |samples| playback.write(samples), &mut |name, at| {
+            let _ = marks.send((at, name.to_owned()));
+        });
+        drop(marks);
+        let finished = match result {
+            Ok(()) if !speaker.control.is_stopped() => playback.finish(),
+            Ok(()) => Ok(()),
+            Err(e) => {
+                playback.stop();
+                Err(e)
+            }
+        };
+        let _ = watcher.join();
+        finished?;
+        Ok(if speaker.control.is_stopped() {
+            Reason::Stopped
+        } else {
+            Reason::Done
+        })
+    }
+}
+
+fn speak_to_spiel(speaker: &Speaker, file: &std::fs::File) -> Result<Reason> {
+    let mut writer = match SpielWriter::new(file) {
+        Ok(w) => w,
+        Err(_) => return Ok(Reason::Stopped),
+    };
+    // The client closing its end cancels: the write fails (EPIPE; Rust ignores SIGPIPE).
+    let mut client_gone = false;
+    let writer = Mutex::new(&mut writer);
+    speaker.run(
+        &mut |samples| {
+            if writer.lock().unwrap().audio(samples).is_err() {
+                client_gone = true;
+                speaker.control.stop_async();
+            }
+            Ok(())
+        },
+        &mut |name, _| {
+            if writer
+                .lock()
+                .unwrap()
+                .event(EventKind::Mark, 0, 0, name)
+                .is_err()
+            {
+                speaker.control.stop_async();
+            }
+        },
+    )?;
+    Ok(if client_gone || speaker.control.is_stopped() {
+        Reason::Stopped
+    } else {
+        Reason::Done
+    })
+}
+
+/// One utterance's synthesis, piece by piece, through the prosody filter.
+struct Speaker<'a> {
+    engine: &'a Engine,
+    voice: Voice,
+    options: SynthOptions,
+    stream: StreamConfig,
+    request: &'a Request,
+    control: &'a SessionControl,
+}
+
+impl Speaker<'_> {
+    /// Synthesises every piece: audio to `audio`, marks to `mark` with the number of samples before them.
+    fn run(
+        &self,
+        audio: &mut (dyn FnMut(&[f32]) -> Result<()> + Send),
+        mark: &mut dyn FnMut(&str, u64),
+    ) -> Result<()> {
+        let sample_rate = self.engine.info.sample_rate;
+        let base = self.request.prosody;
+        let spiel = matches!(self.request.output, Output::Spiel(_));
+        let mut sent = 0u64;
+        for piece in &self.request.pieces {
+            if self.control.is_stopped() {
+                break;
+            }
+            match piece {
+                Piece::Mark(name) => mark(name, sent),
+                Piece::Break(duration) => {
+                    let n = (duration.as_secs_f64() * sample_rate as f64) as usize;
+                    let silence = vec![0.0f32; n.min(sample_rate as usize * 10)];
+                    for chunk in silence.chunks(sample_rate as usize / 10) {
+                        if self.control.is_stopped() {
+                            break;
+                        }
+                        audio(chunk)?;
+                        sent += chunk.len() as u64;
+                    }
+                }
+                Piece::Text { text, prosody } => {
+                    if !text.chars().any(char::is_alphanumeric) {
+                        continue;
+                    }
+                    // Spiel clients apply the volume themselves.
+                    let volume = if spiel {
+                        prosody.volume
+                    } else {
+                        base.volume * prosody.volume
+                    };
+                    let mut filter = ProsodyFilter::new(
+                        sample_rate,
+                        base.rate * prosody.rate,
+                        base.pitch * prosody.pitch,
+                        volume,
+                    );
+                    let mut out = Vec::new();
+                    let mut failure: Option<anyhow::Error> = None;
+                    let result = self.engine.synth.synthesize(
+                        text,
+                        &self.voice,
+                        &self.options,
+                        self.stream,
+                        self.control,
+                        &mut |chunk| {
+                            out.clear();
+                            filter.process(chunk, &mut out);
+                            if let Err(e) = audio(&out) {
+                                failure = Some(e);
+                                self.control.stop_async();
+                            }
+                            sent += out.len() as u64;
+                            Ok(())
+                        },
+                    );
+                    if let Some(e) = failure {
+                        return Err(e);
+                    }
+                    result?;
+                    if !self.control.is_stopped() {
+                        out.clear();
+                        filter.finish(&mut out);
+                        audio(&out)?;
+                        sent += out.len() as u64;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,218 @@
+//! What every adapter (Kazeia's D-Bus API, the Spiel provider) calls: checking and queueing requests, and
+//! applying a new configuration without a restart.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use kazeia_engine::ssml::{parse_ssml, plain_text, Piece};
+
+use crate::audio::open_sink;
+use crate::config::DaemonConfig;
+use crate::engine::{Engine, EngineInfo, EngineKey};
+use crate::player::Player;
+use crate::queue::{Id, Priority, QueueError};
+use crate::request::{Output, Request, RequestProsody, VoiceChoice};
+use crate::voices::resolve_voice;
+
+/// A request's options, from `Speak`'s `a{sv}` or Spiel's arguments.
+#[derive(Clone, Debug)]
+pub struct SpeakOptions {
+    pub voice: VoiceChoice,
+    pub prosody: RequestProsody,
+    pub priority: Priority,
+    pub ssml: bool,
+}
+
+impl Default for SpeakOptions {
+    fn default() -> Self {
+        SpeakOptions {
+            voice: VoiceChoice::default(),
+            prosody: RequestProsody::default(),
+            priority: Priority::Text,
+            ssml: false,
+        }
+    }
+}
+
+/// Why a request was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum Refusal {
+    #[error("{0}")]
+    InvalidArgs(String),
+    #[error("{0}")]
+    InvalidSsml(String),
+    #[error("{0}")]
+    UnknownVoice(String),
+    #[error("{0}")]
+    TextTooLong(String),
+    #[error("{0}")]
+    QueueFull(String),
+    #[error("{0}")]
+    NotReady(String),
+}
+
+pub struct Service {
+    pub player: Arc<Player>,
+    next_id: AtomicU64,
+    /// `--config`, if given; otherwise the usual places are searched again at each reload.
+    explicit_config: Option<PathBuf>,
+    /// One reload at a time.
+    reloading: tokio::sync::Mutex<()>,
+}
+
+impl Service {
+    pub fn new(player: Arc<Player>, explicit_config: Option<PathBuf>) -> Self {
+        Service {
+            player,
+            next_id: AtomicU64::new(1),
+            explicit_config,
+            reloading: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    pub fn info(&self) -> EngineInfo {
+        self.player
+            .engine()
+            .map(|e| e.info.clone())
+            .unwrap_or_default()
+    }
+
+    /// Checks and queues an utterance; returns its id.
+    pub fn submit(
+        &self,
+        client: &str,
+        text: &str,
+        options: SpeakOptions,
+        output: Output,
+    ) -> Result<Id, Refusal> {
+        let config = self.player.config();
+        if text.len() > config.queue.max_text_bytes {
+            return Err(Refusal::TextTooLong(format!(
+                "the text is {} bytes long; the limit is {} ([queue] max_text_bytes)",
+                text.len(),
+                config.queue.max_text_bytes
+            )));
+        }
+        let pieces = if options.ssml {
+            parse_ssml(text).map_err(|e| Refusal::InvalidSsml(format!("invalid SSML: {e}")))?
+        } else {
+            plain_text(text)
+        };
+        let speakable = pieces.iter().any(|p| match p {
+            Piece::Text { text, .. } => text.chars().any(char::is_alphanumeric),
+            Piece::Break(_) => true,
+            Piece::Mark(_) => false,
+        });
+        if !speakable && !pieces.iter().any(|p| matches!(p, Piece::Mark(_))) {
+            return Err(Refusal::InvalidArgs(
+                "the text is empty: nothing to say".into(),
+            ));
+        }
+        let engine = self.player.engine().ok_or_else(|| {
+            Refusal::NotReady("the model is still loading; try again shortly".into())
+        })?;
+        resolve_voice(&options.voice, &config.voice, &engine.info)
+            .map_err(|e| Refusal::UnknownVoice(e.to_string()))?;
+        let prosody = check_prosody(options.prosody)?;
+        let id = self.next_id.fetch_add(1, Ordering::SeqCst);
+        let request = Request::new(
+            id,
+            client,
+            options.priority,
+            pieces,
+            options.voice,
+            prosody,
+            output,
+        );
+        self.player.queue.push(request).map_err(|e| match e {
+            QueueError::Full(_) => Refusal::QueueFull(e.to_string()),
+            QueueError::Closed => Refusal::NotReady(e.to_string()),
+        })?;
+        Ok(id)
+    }
+
+    /// Reads the configuration file again and applies it: a new model or backends are loaded beside the
+    /// running ones and swapped in between utterances; an invalid file changes nothing.
+    pub async fn reload(&self) -> Result<String> {
+        let _one = self.reloading.lock().await;
+        let (config, _) = crate::config::load(self.explicit_config.as_deref())?;
+        self.apply(config).await
+    }
+
+    /// Applies a configuration; returns a summary of what changed.
+    pub async fn apply(&self, config: DaemonConfig) -> Result<String> {
+        let running = self.player.config();
+        let mut changes = Vec::new();
+        let needs_engine = self
+            .player
+            .engine()
+            .is_none_or(|e| e.key != EngineKey::of(&config));
+        if needs_engine {
+            let cfg = config.clone();
+            let engine = tokio::task::spawn_blocking(move || -> Result<Engine> {
+                let engine = Engine::load(&cfg)?;
+                let voice = resolve_voice(&VoiceChoice::default(), &cfg.voice, &engine.info)?;
+                engine.warm_up(&voice).context("warm-up synthesis failed")?;
+                Ok(engine)
+            })
+            .await
+            .context("model loading panicked")??;
+            changes.push(format!(
+                "model {} on {} (loaded in {:.1} s)",
+                engine.info.model,
+                backends_summary(&engine.info),
+                engine.info.load_time.as_secs_f64()
+            ));
+            self.player.set_engine(Arc::new(engine));
+        } else if let Some(engine) = self.player.engine() {
+            // Voice defaults are checked against the running model before they are taken.
+            resolve_voice(&VoiceChoice::default(), &config.voice, &engine.info)
+                .context("[voice]")?;
+        }
+        if config.audio.sink != running.audio.sink || self.player.sink_description() == "none" {
+            let spec = config.sink()?;
+            let sink = tokio::task::spawn_blocking(move || open_sink(&spec))
+                .await
+                .context("opening the audio sink panicked")??;
+            changes.push(format!("audio sink {}", sink.describe()));
+            self.player.set_sink(sink);
+        }
+        if config != running && changes.is_empty() {
+            changes.push("settings".into());
+        }
+        self.player.set_config(config);
+        Ok(if changes.is_empty() {
+            "no change".into()
+        } else {
+            format!("applied: {}", changes.join("; "))
+        })
+    }
+}
+
+/// `talker=cpu, code_predictor=cpu, decoder=vulkan`.
+pub fn backends_summary(info: &EngineInfo) -> String {
+    info.backends
+        .iter()
+        .map(|(stage, b)| format!("{stage}={b}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn check_prosody(p: RequestProsody) -> Result<RequestProsody, Refusal> {
+    let check = |name: &str, v: f32, min: f32, max: f32| {
+        if !v.is_finite() || v < min || v > max {
+            Err(Refusal::InvalidArgs(format!(
+                "{name} {v} is out of range ({min} to {max}; 1 = normal)"
+            )))
+        } else {
+            Ok(v)
+        }
+    };
+    Ok(RequestProsody {
+        rate: check("rate", p.rate, 0.1, 10.0)?,
+        pitch: check("pitch", p.pitch, 0.0, 2.0)?.max(0.5),
+        volume: check("volume", p.volume, 0.0, 4.0)?,
+    })
+}
