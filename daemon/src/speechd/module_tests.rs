@@ -1,0 +1,790 @@
+//! The module driven through its real command loop, reader thread and speaker thread, over pipes, with an
+//! in-test synthesiser that writes a real Spiel stream.
+
+use std::io::{BufRead, BufReader, PipeWriter, Write};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use kazeia_engine::ssml::{parse_ssml, plain_text, Piece};
+
+use super::*;
+use crate::speechd::server_audio::unescape;
+use crate::spiel_stream::{EventKind, SpielWriter};
+
+const WAIT: Duration = Duration::from_secs(10);
+
+/// Samples the test synthesiser makes for a text: two per byte, built so that the bytes 0x0A and 0x7D
+/// (the ones `705` escaping changes) occur all the time.
+fn samples_for(text: &str) -> Vec<i16> {
+    text.bytes()
+        .flat_map(|b| {
+            [
+                i16::from_le_bytes([b, 0x0A]),
+                i16::from_le_bytes([0x7D, b & 0x7F]),
+            ]
+        })
+        .collect()
+}
+
+#[derive(Clone, Default)]
+struct TestSynth {
+    voices: Vec<Voice>,
+    requests: Arc<Mutex<Vec<Request>>>,
+    /// INIT fails with this.
+    check_error: Option<String>,
+    /// Voices and Synthesize fail (the daemon is gone).
+    unreachable: bool,
+    /// Each text piece is written in chunks of this many samples with this pause between them.
+    chunk_samples: usize,
+    chunk_pause: Duration,
+    /// Set when a write failed because the module closed the stream (a cancel).
+    cancelled: Arc<AtomicBool>,
+    streams_ended: Arc<AtomicUsize>,
+}
+
+impl TestSynth {
+    fn new() -> Self {
+        TestSynth {
+            voices: vec![
+                voice("Ryan", "ryan", &["en-US", "en-GB"], 24000),
+                voice("Vivian", "vivian", &["zh-CN"], 24000),
+                voice("Bare", "bare", &[], 16000),
+            ],
+            chunk_samples: 1 << 20,
+            ..Default::default()
+        }
+    }
+
+    fn slow(mut self, chunk_samples: usize, pause_ms: u64) -> Self {
+        self.chunk_samples = chunk_samples;
+        self.chunk_pause = Duration::from_millis(pause_ms);
+        self
+    }
+
+    fn requests(&self) -> Vec<Request> {
+        self.requests.lock().unwrap().clone()
+    }
+}
+
+fn voice(name: &str, id: &str, languages: &[&str], sample_rate: u32) -> Voice {
+    Voice {
+        name: name.into(),
+        identifier: id.into(),
+        languages: languages.iter().map(|l| l.to_string()).collect(),
+        sample_rate,
+    }
+}
+
+impl Synthesizer for TestSynth {
+    fn check(&mut self) -> anyhow::Result<String> {
+        match &self.check_error {
+            Some(e) => Err(anyhow::anyhow!("{e}")),
+            None => Ok("test synthesiser ready".into()),
+        }
+    }
+
+    fn voices(&mut self) -> anyhow::Result<Vec<Voice>> {
+        if self.unreachable {
+            anyhow::bail!("provider unreachable");
+        }
+        Ok(self.voices.clone())
+    }
+
+    fn synthesize(&mut self, request: &Request) -> anyhow::Result<std::io::PipeReader> {
+        if self.unreachable {
+            anyhow::bail!("provider unreachable");
+        }
+        self.requests.lock().unwrap().push(request.clone());
+        let pieces = if request.ssml {
+            parse_ssml(&request.text)?
+        } else {
+            plain_text(&request.text)
+        };
+        let (reader, writer) = std::io::pipe()?;
+        let (chunk, pause) = (self.chunk_samples, self.chunk_pause);
+        let (cancelled, ended) = (self.cancelled.clone(), self.streams_ended.clone());
+        std::thread::spawn(move || {
+            if write_stream(writer, &pieces, chunk, pause).is_err() {
+                cancelled.store(true, Ordering::SeqCst);
+            }
+            ended.fetch_add(1, Ordering::SeqCst);
+        });
+        Ok(reader)
+    }
+}
+
+fn write_stream(
+    writer: PipeWriter,
+    pieces: &[Piece],
+    chunk: usize,
+    pause: Duration,
+) -> std::io::Result<()> {
+    let mut w = SpielWriter::new(writer)?;
+    for piece in pieces {
+        match piece {
+            Piece::Text { text, .. } => {
+                let samples: Vec<f32> = samples_for(text)
+                    .iter()
+                    .map(|&s| s as f32 / 32767.0)
+                    .collect();
+                for part in samples.chunks(chunk) {
+                    w.audio(part)?;
+                    std::thread::sleep(pause);
+                }
+            }
+            Piece::Mark(name) => w.event(EventKind::Mark, 0, 0, name)?,
+            Piece::Break(_) => {}
+        }
+    }
+    Ok(())
+}
+
+/// What the module wrote, decoded.
+#[derive(Debug, PartialEq)]
+enum Out {
+    Line(String),
+    Audio { samples: Vec<i16>, rate: u32 },
+    Mark(String),
+    Icon(String),
+}
+
+struct Harness {
+    stdin: Option<PipeWriter>,
+    lines: mpsc::Receiver<Vec<u8>>,
+    module: JoinHandle<i32>,
+}
+
+impl Harness {
+    fn start(synth: TestSynth) -> Harness {
+        Self::with_options(synth, ModuleOptions::default())
+    }
+
+    fn with_options(synth: TestSynth, options: ModuleOptions) -> Harness {
+        let (stdin_r, stdin_w) = std::io::pipe().unwrap();
+        let (stdout_r, stdout_w) = std::io::pipe().unwrap();
+        let module = std::thread::spawn(move || run(stdin_r, stdout_w, synth, options));
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut r = BufReader::new(stdout_r);
+            loop {
+                let mut line = Vec::new();
+                match r.read_until(b'\n', &mut line) {
+                    Ok(0) | Err(_) => return,
+                    Ok(_) => {
+                        assert_eq!(line.pop(), Some(b'\n'), "output ends with a partial line");
+                        if tx.send(line).is_err() {
+                            return;
+                        }
+                    }
+                }
+            }
+        });
+        Harness {
+            stdin: Some(stdin_w),
+            lines,
+            module,
+        }
+    }
+
+    /// Sends lines as speech-dispatcher does (each ends with LF).
+    fn send(&mut self, lines: &[&str]) {
+        let stdin = self.stdin.as_mut().unwrap();
+        for line in lines {
+            stdin.write_all(format!("{line}\n").as_bytes()).unwrap();
+        }
+        stdin.flush().unwrap();
+    }
+
+    fn raw_line(&self) -> Vec<u8> {
+        self.lines
+            .recv_timeout(WAIT)
+            .expect("no output from the module in time")
+    }
+
+    fn line(&self) -> String {
+        String::from_utf8(self.raw_line()).unwrap()
+    }
+
+    fn expect(&self, want: &[&str]) {
+        for w in want {
+            assert_eq!(self.line(), *w);
+        }
+    }
+
+    /// Asserts that the module writes nothing for a while.
+    fn silent_for(&self, d: Duration) {
+        if let Ok(line) = self.lines.recv_timeout(d) {
+            panic!("unexpected output {:?}", String::from_utf8_lossy(&line));
+        }
+    }
+
+    /// The next reply, event or decoded audio block.
+    fn next(&self) -> Out {
+        let line = self.line_lossy();
+        if let Some(name) = line.strip_prefix("700-") {
+            assert_eq!(self.line(), "700 INDEX MARK");
+            return Out::Mark(name.into());
+        }
+        if let Some(name) = line.strip_prefix("706-") {
+            assert_eq!(self.line(), "706 ICON");
+            return Out::Icon(name.into());
+        }
+        if line != "705-bits=16" {
+            return Out::Line(line);
+        }
+        assert_eq!(self.line(), "705-num_channels=1");
+        let rate: u32 = self.field("705-sample_rate=");
+        let n: usize = self.field("705-num_samples=");
+        assert_eq!(self.line(), "705-big_endian=0");
+        let data = self.raw_line();
+        let escaped = data
+            .strip_prefix(b"705-AUDIO\0")
+            .expect("705-AUDIO line with a NUL");
+        let raw = unescape(escaped).expect("valid escaping");
+        assert_eq!(raw.len(), n * 2, "num_samples matches the data");
+        assert_eq!(self.line(), "705 AUDIO");
+        Out::Audio {
+            samples: raw
+                .chunks_exact(2)
+                .map(|b| i16::from_le_bytes([b[0], b[1]]))
+                .collect(),
+            rate,
+        }
+    }
+
+    fn line_lossy(&self) -> String {
+        String::from_utf8_lossy(&self.raw_line()).into_owned()
+    }
+
+    fn field<T: std::str::FromStr>(&self, prefix: &str) -> T {
+        let line = self.line();
+        let value = line
+            .strip_prefix(prefix)
+            .unwrap_or_else(|| panic!("{line}"));
+        value.parse().ok().unwrap()
+    }
+
+    /// Everything up to and including the message's terminal event; audio blocks in a row are merged
+    /// (their sizes are checked against `max_block`).
+    fn message(&self, max_block: usize) -> Vec<Out> {
+        let mut out: Vec<Out> = Vec::new();
+        loop {
+            let item = self.next();
+            let terminal = matches!(&item, Out::Line(l) if ["702 END", "703 STOP", "704 PAUSE"].contains(&l.as_str()));
+            match (out.last_mut(), item) {
+                (
+                    Some(Out::Audio { samples, rate }),
+                    Out::Audio {
+                        samples: more,
+                        rate: r,
+                    },
+                ) => {
+                    assert!(more.len() <= max_block, "block of {} samples", more.len());
+                    assert_eq!(*rate, r);
+                    samples.extend(more);
+                }
+                (_, item) => {
+                    if let Out::Audio { samples, .. } = &item {
+                        assert!(
+                            samples.len() <= max_block,
+                            "block of {} samples",
+                            samples.len()
+                        );
+                    }
+                    out.push(item);
+                }
+            }
+            if terminal {
+                return out;
+            }
+        }
+    }
+
+    fn quit(mut self) -> i32 {
+        self.send(&["QUIT"]);
+        self.expect(&["210 OK QUIT"]);
+        self.finish()
+    }
+
+    /// Closes stdin and returns the module's exit status.
+    fn finish(mut self) -> i32 {
+        self.stdin = None;
+        self.module.join().unwrap()
+    }
+
+    /// INIT, server AUDIO and LOGLEVEL, as speech-dispatcher starts a module.
+    fn started(synth: TestSynth) -> Harness {
+        let mut h = Harness::start(synth);
+        h.send(&["INIT"]);
+        h.expect(&["299-test synthesiser ready", "299 OK LOADED SUCCESSFULLY"]);
+        h.send(&["AUDIO", "audio_output_method=server", "."]);
+        h.expect(&[
+            "207 OK RECEIVING AUDIO SETTINGS",
+            "203 OK AUDIO INITIALIZED",
+        ]);
+        h
+    }
+
+    fn set(&mut self, lines: &[&str]) {
+        self.send(&["SET"]);
+        self.send(lines);
+        self.send(&["."]);
+        self.expect(&["203 OK RECEIVING SETTINGS", "203 OK SETTINGS RECEIVED"]);
+    }
+}
+
+fn line(s: &str) -> Out {
+    Out::Line(s.into())
+}
+
+fn audio(text: &str) -> Out {
+    Out::Audio {
+        samples: samples_for(text),
+        rate: 24000,
+    }
+}
+
+#[test]
+fn startup_transcript() {
+    let mut h = Harness::start(TestSynth::new());
+    h.send(&["INIT"]);
+    h.expect(&["299-test synthesiser ready", "299 OK LOADED SUCCESSFULLY"]);
+    h.send(&["AUDIO", "audio_output_method=server", "."]);
+    h.expect(&[
+        "207 OK RECEIVING AUDIO SETTINGS",
+        "203 OK AUDIO INITIALIZED",
+    ]);
+    h.send(&["LOGLEVEL", "log_level=0", "."]);
+    h.expect(&["207 OK RECEIVING LOGLEVEL SETTINGS", "203 OK LOGLEVEL SET"]);
+    h.send(&["LIST VOICES"]);
+    h.expect(&[
+        "200-Ryan\ten-US\tnone",
+        "200-Ryan\ten-GB\tnone",
+        "200-Vivian\tzh-CN\tnone",
+        "200-Bare\tnone\tnone",
+        "200 OK VOICE LIST SENT",
+    ]);
+    h.send(&["LIST VOICES zh"]);
+    h.expect(&["200-Vivian\tzh-CN\tnone", "200 OK VOICE LIST SENT"]);
+    h.send(&["LIST VOICES fr"]);
+    h.expect(&["304 CANT LIST VOICES"]);
+    h.send(&["DEBUG OFF "]);
+    h.expect(&["200 OK DEBUGGING OFF"]);
+    h.send(&[
+        "SET",
+        "pitch=-10",
+        "pitch_range=0",
+        "rate=20",
+        "volume=0",
+        "punctuation_mode=none",
+        "spelling_mode=off",
+        "cap_let_recogn=none",
+        "voice=male1",
+        "language=en",
+        "synthesis_voice=NULL",
+        ".",
+    ]);
+    h.expect(&["203 OK RECEIVING SETTINGS", "203 OK SETTINGS RECEIVED"]);
+    h.send(&["STOP", "PAUSE"]);
+    h.silent_for(Duration::from_millis(100));
+    assert_eq!(h.quit(), 0);
+}
+
+#[test]
+fn failed_init_says_why_and_exits() {
+    let synth = TestSynth {
+        check_error: Some("org.kazeia.Speech.Provider is neither running nor activatable".into()),
+        ..TestSynth::new()
+    };
+    let mut h = Harness::start(synth);
+    h.send(&["INIT"]);
+    h.expect(&[
+        "399-org.kazeia.Speech.Provider is neither running nor activatable",
+        "399 ERR CANT INIT MODULE",
+    ]);
+    assert_eq!(h.finish(), 1);
+}
+
+#[test]
+fn malformed_input_gets_an_error_and_the_module_carries_on() {
+    let mut h = Harness::started(TestSynth::new());
+    h.send(&["HELLO", "", "speak", "DEBUG ON "]);
+    h.expect(&[
+        "300 ERR UNKNOWN COMMAND",
+        "300 ERR UNKNOWN COMMAND",
+        "300 ERR UNKNOWN COMMAND",
+        "302 ERROR BAD SYNTAX",
+    ]);
+    h.send(&["SET", "rate", "."]);
+    h.expect(&["203 OK RECEIVING SETTINGS", "302 ERROR BAD SYNTAX"]);
+    h.send(&["SET", "rate=fast", "pitch=5", "."]);
+    h.expect(&[
+        "203 OK RECEIVING SETTINGS",
+        "303 ERROR INVALID PARAMETER OR VALUE",
+    ]);
+    h.send(&["LOGLEVEL", "log_level=loud", "."]);
+    h.expect(&[
+        "207 OK RECEIVING LOGLEVEL SETTINGS",
+        "303 ERROR INVALID PARAMETER OR VALUE",
+    ]);
+    h.send(&["CHAR", "a", "b", "."]);
+    h.expect(&["202 OK RECEIVING MESSAGE", "305 DATA MORE THAN ONE LINE"]);
+    // Bytes that are not UTF-8, and a NUL.
+    h.stdin
+        .as_mut()
+        .unwrap()
+        .write_all(b"\xff\xfe\x00INIT\n")
+        .unwrap();
+    h.expect(&["300 ERR UNKNOWN COMMAND"]);
+    // Invalid SSML is refused before reaching the provider.
+    h.send(&["SPEAK", "<speak>a</p>", "."]);
+    h.expect(&["202 OK RECEIVING MESSAGE", "301 ERROR CANT SPEAK"]);
+    h.send(&["INIT"]);
+    h.expect(&["299-test synthesiser ready", "299 OK LOADED SUCCESSFULLY"]);
+    assert_eq!(h.quit(), 0);
+}
+
+#[test]
+fn only_server_audio_is_accepted() {
+    let mut h = Harness::start(TestSynth::new());
+    h.send(&["INIT"]);
+    h.expect(&["299-test synthesiser ready", "299 OK LOADED SUCCESSFULLY"]);
+    h.send(&[
+        "AUDIO",
+        "audio_output_method=pulse",
+        "audio_pulse_device=default",
+        ".",
+    ]);
+    h.expect(&[
+        "207 OK RECEIVING AUDIO SETTINGS",
+        "303 ERROR INVALID PARAMETER OR VALUE",
+    ]);
+    h.send(&["SPEAK", "<speak>Hello</speak>", "."]);
+    h.expect(&["202 OK RECEIVING MESSAGE", "301 ERROR CANT SPEAK"]);
+    assert_eq!(h.quit(), 0);
+}
+
+#[test]
+fn speaks_speech_dispatcher_text_with_marks_in_order() {
+    let synth = TestSynth::new();
+    let mut h = Harness::started(synth.clone());
+    h.set(&[
+        "rate=50",
+        "pitch=-100",
+        "language=en",
+        "synthesis_voice=NULL",
+    ]);
+    let ssml = "<speak>One.<mark name=\"__spd_0\"/> Two &amp; &lt;three&gt;?<mark name=\"__spd_1\"/> Four!</speak>";
+    h.send(&["SPEAK", ssml, "."]);
+    h.expect(&["202 OK RECEIVING MESSAGE", "200 OK SPEAKING"]);
+    let block = 24000 * 50 / 1000;
+    assert_eq!(
+        h.message(block),
+        vec![
+            line("701 BEGIN"),
+            audio("One."),
+            Out::Mark("__spd_0".into()),
+            audio("Two & <three>?"),
+            Out::Mark("__spd_1".into()),
+            audio("Four!"),
+            line("702 END"),
+        ]
+    );
+    let requests = synth.requests();
+    assert_eq!(requests.len(), 1);
+    let r = &requests[0];
+    assert_eq!(r.text, ssml, "SSML is sent as-is");
+    assert!(r.ssml);
+    assert_eq!(r.voice_id, "ryan", "the first voice speaking the language");
+    assert_eq!(r.language, "en");
+    assert_eq!((r.rate, r.pitch), (2.0, 0.5));
+    assert_eq!(h.quit(), 0);
+}
+
+#[test]
+fn long_audio_is_split_into_bounded_blocks() {
+    let synth = TestSynth::new();
+    let options = ModuleOptions { audio_block_ms: 5 };
+    let mut h = Harness::with_options(synth, options);
+    h.send(&["INIT", "AUDIO", "audio_output_method=server", "."]);
+    h.expect(&[
+        "299-test synthesiser ready",
+        "299 OK LOADED SUCCESSFULLY",
+        "207 OK RECEIVING AUDIO SETTINGS",
+        "203 OK AUDIO INITIALIZED",
+    ]);
+    let text = "A sentence long enough to need many blocks of audio. ".repeat(20);
+    h.send(&["SPEAK", &format!("<speak>{text}</speak>"), "."]);
+    h.expect(&["202 OK RECEIVING MESSAGE", "200 OK SPEAKING", "701 BEGIN"]);
+    let mut samples = Vec::new();
+    loop {
+        match h.next() {
+            Out::Audio { samples: s, .. } => {
+                assert!(s.len() <= 120, "{} samples in a block", s.len());
+                samples.extend(s);
+            }
+            other => {
+                assert_eq!(other, line("702 END"));
+                break;
+            }
+        }
+    }
+    assert_eq!(samples, samples_for(text.trim()));
+    assert_eq!(h.quit(), 0);
+}
+
+#[test]
+fn multi_line_messages_are_dot_unstuffed_and_voice_and_volume_apply() {
+    let synth = TestSynth::new();
+    let mut h = Harness::started(synth.clone());
+    h.set(&["synthesis_voice=Bare", "volume=0", "language=zh"]);
+    h.send(&["SPEAK", "<speak>Line one", "..dotted", "</speak>", "."]);
+    h.expect(&["202 OK RECEIVING MESSAGE", "200 OK SPEAKING"]);
+    let msg = h.message(usize::MAX);
+    let half: Vec<i16> = samples_for("Line one .dotted")
+        .iter()
+        .map(|&s| (s as f32 * 0.5).round() as i16)
+        .collect();
+    assert_eq!(
+        msg,
+        vec![
+            line("701 BEGIN"),
+            Out::Audio {
+                samples: half,
+                rate: 16000
+            },
+            line("702 END")
+        ]
+    );
+    let r = &synth.requests()[0];
+    assert_eq!(r.text, "<speak>Line one\n.dotted\n</speak>");
+    assert_eq!(r.voice_id, "bare", "synthesis_voice wins over the language");
+    // NULL keeps the voice; a name no voice has falls back to the language.
+    h.set(&["synthesis_voice=NULL", "volume=100"]);
+    h.send(&["SPEAK", "<speak>x</speak>", "."]);
+    h.expect(&["202 OK RECEIVING MESSAGE", "200 OK SPEAKING"]);
+    assert_eq!(h.message(usize::MAX).len(), 3);
+    h.set(&["synthesis_voice=Nobody"]);
+    h.send(&["SPEAK", "<speak>y</speak>", "."]);
+    h.expect(&["202 OK RECEIVING MESSAGE", "200 OK SPEAKING"]);
+    assert_eq!(h.message(usize::MAX).len(), 3);
+    let ids: Vec<String> = synth
+        .requests()
+        .iter()
+        .map(|r| r.voice_id.clone())
+        .collect();
+    assert_eq!(ids, ["bare", "bare", "vivian"]);
+    assert_eq!(h.quit(), 0);
+}
+
+#[test]
+fn char_key_and_sound_icon() {
+    let synth = TestSynth::new();
+    let mut h = Harness::started(synth.clone());
+    h.set(&["cap_let_recogn=spell"]);
+    for (command, value, said) in [
+        ("CHAR", "A", "capital A"),
+        ("CHAR", "space", "space"),
+        ("CHAR", "..", "dot"),
+        ("KEY", "control_c", "control C"),
+        ("KEY", "kp-enter", "keypad enter"),
+    ] {
+        h.send(&[command, value, "."]);
+        h.expect(&["202 OK RECEIVING MESSAGE", "200 OK SPEAKING"]);
+        assert_eq!(
+            h.message(usize::MAX),
+            vec![line("701 BEGIN"), audio(said), line("702 END")]
+        );
+        let r = synth.requests().pop().unwrap();
+        assert_eq!(
+            (r.text.as_str(), r.ssml),
+            (said, false),
+            "{command} {value}"
+        );
+    }
+    let before = synth.requests().len();
+    h.send(&["SOUND_ICON", "bell", "."]);
+    h.expect(&["202 OK RECEIVING MESSAGE", "200 OK SPEAKING"]);
+    assert_eq!(
+        h.message(usize::MAX),
+        vec![line("701 BEGIN"), Out::Icon("bell".into()), line("702 END")]
+    );
+    // Nothing to say: the events without a call to the provider.
+    h.send(&["SPEAK", "<speak> </speak>", ".", "CHAR", "", "."]);
+    for _ in 0..2 {
+        h.expect(&["202 OK RECEIVING MESSAGE", "200 OK SPEAKING"]);
+        assert_eq!(
+            h.message(usize::MAX),
+            vec![line("701 BEGIN"), line("702 END")]
+        );
+    }
+    assert_eq!(synth.requests().len(), before);
+    assert_eq!(h.quit(), 0);
+}
+
+#[test]
+fn spelling_mode_spells_the_message() {
+    let synth = TestSynth::new();
+    let mut h = Harness::started(synth.clone());
+    h.set(&["spelling_mode=on"]);
+    h.send(&["SPEAK", "<speak>ab<mark name=\"__spd_0\"/> c</speak>", "."]);
+    h.expect(&["202 OK RECEIVING MESSAGE", "200 OK SPEAKING"]);
+    assert_eq!(
+        h.message(usize::MAX),
+        vec![
+            line("701 BEGIN"),
+            audio("A B"),
+            Out::Mark("__spd_0".into()),
+            audio("C"),
+            line("702 END")
+        ]
+    );
+    assert_eq!(h.quit(), 0);
+}
+
+#[test]
+fn stop_during_speech_ends_it_at_once_and_cancels_the_stream() {
+    // 240 samples (10 ms) every 10 ms: about 14 s for this text, far longer than the test.
+    let synth = TestSynth::new().slow(240, 10);
+    let mut h = Harness::started(synth.clone());
+    let text = "a long message ".repeat(100);
+    h.send(&["SPEAK", &format!("<speak>{text}</speak>"), "."]);
+    h.expect(&["202 OK RECEIVING MESSAGE", "200 OK SPEAKING", "701 BEGIN"]);
+    assert!(matches!(h.next(), Out::Audio { .. }));
+    let asked = Instant::now();
+    h.send(&["STOP"]);
+    loop {
+        match h.next() {
+            Out::Audio { .. } => {}
+            other => {
+                assert_eq!(other, line("703 STOP"));
+                break;
+            }
+        }
+    }
+    let latency = asked.elapsed();
+    eprintln!("STOP → 703 STOP: {latency:?}");
+    assert!(latency < Duration::from_millis(500), "{latency:?}");
+    // The module closed its end of the pipe: the provider's next write fails.
+    let deadline = Instant::now() + WAIT;
+    while synth.streams_ended.load(Ordering::SeqCst) == 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(
+        synth.cancelled.load(Ordering::SeqCst),
+        "stream not cancelled"
+    );
+    // Exactly one terminal event: nothing follows, and a STOP when idle is not answered.
+    h.send(&["STOP"]);
+    h.silent_for(Duration::from_millis(150));
+    assert_eq!(h.quit(), 0);
+}
+
+#[test]
+fn pause_stops_after_the_next_sentence_mark() {
+    // Blocks of 120 samples, one per chunk every 15 ms: the first sentence takes about 250 ms, so the
+    // PAUSE sent after its first block arrives well before its mark.
+    let synth = TestSynth::new().slow(120, 15);
+    let mut h = Harness::with_options(synth, ModuleOptions { audio_block_ms: 5 });
+    h.send(&["INIT", "AUDIO", "audio_output_method=server", "."]);
+    h.expect(&[
+        "299-test synthesiser ready",
+        "299 OK LOADED SUCCESSFULLY",
+        "207 OK RECEIVING AUDIO SETTINGS",
+        "203 OK AUDIO INITIALIZED",
+    ]);
+    let first = "The first sentence goes on for a while. ".repeat(25);
+    let ssml = format!(
+        "<speak>{first}<mark name=\"__spd_0\"/> Second.<mark name=\"__spd_1\"/> Third.</speak>"
+    );
+    h.send(&["SPEAK", &ssml, "."]);
+    h.expect(&["202 OK RECEIVING MESSAGE", "200 OK SPEAKING", "701 BEGIN"]);
+    assert!(matches!(h.next(), Out::Audio { .. }));
+    h.send(&["PAUSE"]);
+    let mut got = Vec::new();
+    loop {
+        match h.next() {
+            Out::Audio { .. } => {}
+            Out::Line(l) if l == "704 PAUSE" => break,
+            other => got.push(other),
+        }
+    }
+    assert_eq!(got, vec![Out::Mark("__spd_0".into())]);
+    h.silent_for(Duration::from_millis(100));
+    assert_eq!(h.quit(), 0);
+}
+
+#[test]
+fn quit_while_speaking_stops_first() {
+    let synth = TestSynth::new().slow(240, 10);
+    let mut h = Harness::started(synth);
+    h.send(&[
+        "SPEAK",
+        &format!("<speak>{}</speak>", "words ".repeat(200)),
+        ".",
+    ]);
+    h.expect(&["202 OK RECEIVING MESSAGE", "200 OK SPEAKING", "701 BEGIN"]);
+    h.send(&["QUIT"]);
+    loop {
+        match h.next() {
+            Out::Audio { .. } => {}
+            other => {
+                assert_eq!(other, line("703 STOP"));
+                break;
+            }
+        }
+    }
+    h.expect(&["210 OK QUIT"]);
+    assert_eq!(h.finish(), 0);
+}
+
+#[test]
+fn unreachable_provider_means_cant_speak_not_a_hang() {
+    let synth = TestSynth {
+        unreachable: true,
+        ..TestSynth::new()
+    };
+    let mut h = Harness::started(synth);
+    h.send(&["LIST VOICES"]);
+    h.expect(&["304 CANT LIST VOICES"]);
+    let asked = Instant::now();
+    h.send(&["SPEAK", "<speak>Hello</speak>", "."]);
+    h.expect(&["202 OK RECEIVING MESSAGE", "301 ERROR CANT SPEAK"]);
+    h.send(&["CHAR", "x", "."]);
+    h.expect(&["202 OK RECEIVING MESSAGE", "301 ERROR CANT SPEAK"]);
+    assert!(asked.elapsed() < Duration::from_secs(1));
+    assert_eq!(h.quit(), 0);
+}
+
+#[test]
+fn debug_on_copies_the_log_to_a_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("kazeia-debug.log");
+    let mut h = Harness::started(TestSynth::new());
+    h.send(&[&format!("DEBUG ON {} ", path.display())]);
+    h.expect(&["200 OK DEBUGGING ON"]);
+    h.send(&["NONSENSE"]);
+    h.expect(&["300 ERR UNKNOWN COMMAND"]);
+    h.send(&["DEBUG OFF "]);
+    h.expect(&["200 OK DEBUGGING OFF"]);
+    let logged = std::fs::read_to_string(&path).unwrap();
+    assert!(logged.contains("300 ERR UNKNOWN COMMAND"), "{logged}");
+    h.send(&["DEBUG ON /nonexistent/dir/x.log"]);
+    h.expect(&["303 CANT OPEN CUSTOM DEBUG FILE"]);
+    assert_eq!(h.quit(), 0);
+}
+
+#[test]
+fn end_of_input_stops_speech_and_exits() {
+    let synth = TestSynth::new().slow(240, 10);
+    let mut h = Harness::started(synth);
+    h.send(&[
+        "SPEAK",
+        &format!("<speak>{}</speak>", "words ".repeat(200)),
+        ".",
+    ]);
+    h.expect(&["202 OK RECEIVING MESSAGE", "200 OK SPEAKING", "701 BEGIN"]);
+    assert_eq!(h.finish(), 0);
+}
