@@ -1,0 +1,431 @@
+//! The Vulkan backend: a device, its pipelines, the kernels that passed the startup self-test, weights on the
+//! device, and the CPU backend for every op the device does not take.
+
+use std::collections::HashSet;
+use std::sync::{Arc, OnceLock};
+
+use kazeia_backend_abi::plugin::{OpKind, OpRecord, WeightDesc, WeightKind};
+use kazeia_backend_abi::{Backend, WeightFormat};
+use kazeia_backend_cpu::CpuBackend;
+
+use crate::context::Gpu;
+use crate::exec::{Executor, Stats};
+use crate::ops::{Dispatch, Op};
+use crate::pipelines::{Activation, Format, GemmMode, Kernel, NormKind, Pipelines};
+use crate::probe::vulkan;
+use crate::selftest;
+use crate::weights::{GpuWeight, Shape, VkWeight};
+
+/// Choices made when the backend is created (the plugin reads them from the environment).
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// Subgroup arithmetic in reductions: `None` when the device has it, `Some(false)` never (the
+    /// shared-memory variants), `Some(true)` when the device has it.
+    pub subgroups: Option<bool>,
+    /// Store convolution weights as F16 (half the memory and bandwidth; results within F16 rounding).
+    pub conv_f16: bool,
+    /// Run the startup self-test (kernels failing it run on the CPU).
+    pub self_test: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            subgroups: None,
+            conv_f16: false,
+            self_test: true,
+        }
+    }
+}
+
+impl Options {
+    /// `KAZEIA_VULKAN_SUBGROUPS=0` forces the shared-memory reductions; `KAZEIA_VULKAN_CONV_F16=1` stores
+    /// convolution weights as F16; `KAZEIA_VULKAN_SELF_TEST=0` skips the self-test.
+    pub fn from_env() -> Options {
+        let flag = |name: &str| {
+            std::env::var(name)
+                .ok()
+                .map(|v| !matches!(v.trim(), "0" | "false" | "no" | "off" | ""))
+        };
+        Options {
+            subgroups: flag("KAZEIA_VULKAN_SUBGROUPS"),
+            conv_f16: flag("KAZEIA_VULKAN_CONV_F16").unwrap_or(false),
+            self_test: flag("KAZEIA_VULKAN_SELF_TEST").unwrap_or(true),
+        }
+    }
+}
+
+/// Every kernel the backend may use.
+pub fn all_kernels() -> Vec<Kernel> {
+    let mut kernels = Vec::new();
+    for f in Format::ALL {
+        kernels.push(Kernel::Matvec(f));
+        kernels.push(Kernel::Gemm(GemmMode::Linear, f));
+    }
+    for f in [Format::F32, Format::F16] {
+        kernels.push(Kernel::Gemm(GemmMode::Conv, f));
+        kernels.push(Kernel::Gemm(GemmMode::ConvTranspose, f));
+    }
+    kernels.extend([
+        Kernel::Depthwise,
+        Kernel::Eltwise(Activation::Gelu),
+        Kernel::Eltwise(Activation::Silu),
+        Kernel::Eltwise(Activation::SiluMul),
+        Kernel::Eltwise(Activation::SnakeBeta),
+        Kernel::Norm(NormKind::Rms),
+        Kernel::Norm(NormKind::Layer),
+        Kernel::Rope,
+        Kernel::Attention,
+    ]);
+    kernels
+}
+
+pub struct VulkanBackend {
+    pub(crate) gpu: Arc<Gpu>,
+    pub(crate) pipelines: Pipelines,
+    exec: Executor,
+    /// Kernels that run on the device (all, until the self-test says otherwise).
+    enabled: HashSet<Kernel>,
+    /// Self-test failures: kernel and reason.
+    pub failures: Vec<(Kernel, String)>,
+    options: Options,
+    threads: usize,
+    cpu: OnceLock<CpuBackend>,
+}
+
+impl VulkanBackend {
+    /// A backend on usable device `device` (0 = best), with `threads` CPU workers for the fallback.
+    pub fn new(device: usize, threads: usize, options: Options) -> Result<VulkanBackend, String> {
+        let vk = vulkan().map_err(str::to_string)?;
+        let info = vk
+            .devices
+            .get(device)
+            .ok_or_else(|| format!("no Vulkan device {device} (there are {})", vk.devices.len()))?;
+        let gpu = Gpu::new(vk, info)?;
+        let subgroups = gpu.subgroup_arithmetic && options.subgroups != Some(false);
+        let pipelines = Pipelines::new(&gpu, subgroups)?;
+        let exec = Executor::new(&gpu)?;
+        let mut backend = VulkanBackend {
+            gpu,
+            pipelines,
+            exec,
+            enabled: all_kernels().into_iter().collect(),
+            failures: Vec::new(),
+            options,
+            threads: threads.max(1),
+            cpu: OnceLock::new(),
+        };
+        if backend.options.self_test {
+            for (kernel, result) in selftest::run(&backend) {
+                if let Err(reason) = result {
+                    backend.enabled.remove(&kernel);
+                    backend.failures.push((kernel, reason));
+                }
+            }
+        }
+        Ok(backend)
+    }
+
+    pub fn device_name(&self) -> &str {
+        &self.gpu.name
+    }
+
+    /// Whether reductions use subgroup arithmetic.
+    pub fn uses_subgroups(&self) -> bool {
+        self.pipelines.subgroups
+    }
+
+    pub fn stats(&self) -> Stats {
+        self.exec.stats()
+    }
+
+    pub fn is_enabled(&self, kernel: Kernel) -> bool {
+        self.enabled.contains(&kernel)
+    }
+
+    /// The CPU backend that runs what the device does not.
+    pub fn cpu(&self) -> &CpuBackend {
+        self.cpu.get_or_init(|| CpuBackend::new(self.threads))
+    }
+
+    /// Whether ops of this ABI kind run on the device (for some weight format, where the op has weights).
+    pub fn supports(&self, kind: u32) -> bool {
+        let any = |pred: &dyn Fn(&Kernel) -> bool| self.enabled.iter().any(pred);
+        match kind {
+            k if k == OpKind::Linear as u32 => {
+                any(&|k| matches!(k, Kernel::Matvec(_) | Kernel::Gemm(GemmMode::Linear, _)))
+            }
+            k if k == OpKind::Conv1d as u32 => {
+                any(&|k| matches!(k, Kernel::Gemm(GemmMode::Conv, _)))
+            }
+            k if k == OpKind::ConvTranspose1d as u32 => {
+                any(&|k| matches!(k, Kernel::Gemm(GemmMode::ConvTranspose, _)))
+            }
+            k if k == OpKind::DepthwiseConv1d as u32 => self.is_enabled(Kernel::Depthwise),
+            k if k == OpKind::RmsNorm as u32 => self.is_enabled(Kernel::Norm(NormKind::Rms)),
+            k if k == OpKind::LayerNorm as u32 => self.is_enabled(Kernel::Norm(NormKind::Layer)),
+            k if k == OpKind::Rope as u32 => self.is_enabled(Kernel::Rope),
+            k if k == OpKind::Attention as u32 => self.is_enabled(Kernel::Attention),
+            k if k == OpKind::SnakeBeta as u32 => {
+                self.is_enabled(Kernel::Eltwise(Activation::SnakeBeta))
+            }
+            k if k == OpKind::Gelu as u32 => self.is_enabled(Kernel::Eltwise(Activation::Gelu)),
+            k if k == OpKind::Silu as u32 => self.is_enabled(Kernel::Eltwise(Activation::Silu)),
+            k if k == OpKind::SiluMul as u32 => {
+                self.is_enabled(Kernel::Eltwise(Activation::SiluMul))
+            }
+            _ => false,
+        }
+    }
+
+    /// Uploads a weight: to the device when a kernel that uses it passed the self-test and it fits the device's
+    /// limits, else to the CPU backend.
+    pub fn upload(&self, d: &WeightDesc) -> Result<VkWeight, String> {
+        let data = if d.data_len == 0 {
+            &[][..]
+        } else if d.data.is_null() {
+            return Err("null weight data".into());
+        } else {
+            // SAFETY: the ABI's contract: `data` holds `data_len` floats for the call.
+            unsafe { std::slice::from_raw_parts(d.data, d.data_len) }
+        };
+        let bias = if d.bias.is_null() {
+            None
+        } else {
+            // SAFETY: as above.
+            Some(unsafe { std::slice::from_raw_parts(d.bias, d.bias_len) })
+        };
+        let n = d.dims.map(|v| usize::try_from(v).unwrap_or(usize::MAX));
+        let product = |dims: &[usize]| {
+            dims.iter()
+                .try_fold(1usize, |acc, &v| acc.checked_mul(v))
+                .filter(|&p| p > 0)
+                .ok_or_else(|| format!("bad weight dimensions {:?}", d.dims))
+        };
+        let (expected, bias_len, shape) = match d.kind {
+            k if k == WeightKind::Linear as u32 => (
+                product(&n[..2])?,
+                n[0],
+                Shape::Linear {
+                    out: n[0],
+                    inp: n[1],
+                    padded: n[1].div_ceil(32) * 32,
+                    has_bias: bias.is_some(),
+                },
+            ),
+            k if k == WeightKind::Conv1d as u32 => (
+                product(&n[..3])?,
+                n[0],
+                Shape::Conv {
+                    cout: n[0],
+                    cin: n[1],
+                    k: n[2],
+                },
+            ),
+            k if k == WeightKind::DepthwiseConv1d as u32 => (
+                product(&n[..2])?,
+                n[0],
+                Shape::Depthwise {
+                    channels: n[0],
+                    k: n[1],
+                },
+            ),
+            k if k == WeightKind::ConvTranspose1d as u32 => {
+                let (k, stride) = (n[2], n[3]);
+                if stride == 0 || k < stride {
+                    return Err(format!(
+                        "a transposed convolution needs 1 ≤ stride ≤ kernel (stride {stride}, kernel {k})"
+                    ));
+                }
+                (
+                    product(&n[..3])?,
+                    n[1],
+                    Shape::ConvTranspose {
+                        cin: n[0],
+                        cout: n[1],
+                        k,
+                        stride,
+                        taps: k.div_ceil(stride),
+                    },
+                )
+            }
+            other => return Err(format!("unknown weight kind {other}")),
+        };
+        if data.len() != expected {
+            return Err(format!(
+                "the weight has {} values; its dimensions need {expected}",
+                data.len()
+            ));
+        }
+        if let Some(b) = bias {
+            if b.len() != bias_len {
+                return Err(format!(
+                    "the bias has {} values; {bias_len} expected",
+                    b.len()
+                ));
+            }
+        }
+        let format = WeightFormat::from_code(d.format)
+            .ok_or_else(|| format!("unknown weight format {}", d.format))?;
+        let on_device = self.device_weight(data, bias, shape, format);
+        if let Some(Ok(w)) = on_device {
+            return Ok(VkWeight::Gpu(w));
+        }
+        // The device cannot hold or run it (or the upload failed): the CPU backend keeps it.
+        let cpu = self.cpu();
+        let weight = match shape {
+            Shape::Linear { out, inp, .. } => cpu.upload_linear(data, out, inp, bias, format),
+            Shape::Conv { cout, cin, k } => cpu.upload_conv1d(data, cout, cin, k, bias),
+            Shape::Depthwise { channels, k } => {
+                cpu.upload_depthwise_conv1d(data, channels, k, bias)
+            }
+            Shape::ConvTranspose {
+                cin,
+                cout,
+                k,
+                stride,
+                ..
+            } => cpu.upload_conv_transpose1d(data, cin, cout, k, stride),
+        };
+        Ok(VkWeight::Cpu { weight, shape })
+    }
+
+    /// The weight on the device, or `None` when no enabled kernel would use it.
+    fn device_weight(
+        &self,
+        data: &[f32],
+        bias: Option<&[f32]>,
+        shape: Shape,
+        format: WeightFormat,
+    ) -> Option<Result<GpuWeight, String>> {
+        let conv_format = if self.options.conv_f16 {
+            Format::F16
+        } else {
+            Format::F32
+        };
+        let full_bias =
+            |len: usize| -> Vec<f32> { bias.map_or_else(|| vec![0.0; len], <[f32]>::to_vec) };
+        let gpu = &self.gpu;
+        match shape {
+            Shape::Linear { out, inp, .. } => {
+                let f = Format::ALL[format.code() as usize];
+                (self.is_enabled(Kernel::Matvec(f))
+                    || self.is_enabled(Kernel::Gemm(GemmMode::Linear, f)))
+                .then(|| GpuWeight::linear(gpu, data, out, inp, bias, format))
+            }
+            Shape::Conv { cout, cin, k } => self
+                .is_enabled(Kernel::Gemm(GemmMode::Conv, conv_format))
+                .then(|| {
+                    GpuWeight::conv1d(gpu, data, (cout, cin, k), &full_bias(cout), conv_format)
+                }),
+            Shape::Depthwise { channels, k } => self
+                .is_enabled(Kernel::Depthwise)
+                .then(|| GpuWeight::depthwise(gpu, data, channels, k, &full_bias(channels))),
+            Shape::ConvTranspose {
+                cin,
+                cout,
+                k,
+                stride,
+                ..
+            } => self
+                .is_enabled(Kernel::Gemm(GemmMode::ConvTranspose, conv_format))
+                .then(|| {
+                    GpuWeight::conv_transpose1d(gpu, data, (cin, cout, k), stride, conv_format)
+                }),
+        }
+    }
+
+    /// A linear weight from the on-disk cache's bytes (`LinearWeight::export`'s format), or `None` when they do
+    /// not describe `[out][inp]` in `format`.
+    pub fn import_linear(
+        &self,
+        bytes: &[u8],
+        out: usize,
+        inp: usize,
+        format: WeightFormat,
+    ) -> Option<VkWeight> {
+        let f = Format::ALL[format.code() as usize];
+        let shape = Shape::Linear {
+            out,
+            inp,
+            padded: inp.div_ceil(32) * 32,
+            has_bias: false,
+        };
+        if self.is_enabled(Kernel::Matvec(f)) || self.is_enabled(Kernel::Gemm(GemmMode::Linear, f))
+        {
+            if let Ok(w) = GpuWeight::from_export(&self.gpu, bytes, out, inp, format) {
+                return Some(VkWeight::Gpu(w));
+            }
+        }
+        let weight = self.cpu().import_linear(bytes, out, inp, format)?;
+        let has_bias = bytes.get(32).is_some_and(|&b| b != 0);
+        let shape = match shape {
+            Shape::Linear {
+                out, inp, padded, ..
+            } => Shape::Linear {
+                out,
+                inp,
+                padded,
+                has_bias,
+            },
+            s => s,
+        };
+        Some(VkWeight::Cpu { weight, shape })
+    }
+
+    /// The resident bytes of a linear weight in the on-disk cache's format.
+    pub fn export_linear(&self, w: &VkWeight) -> Option<Vec<u8>> {
+        match w {
+            VkWeight::Gpu(g) => g.export_linear().ok(),
+            VkWeight::Cpu { weight, .. } => self.cpu().export_linear(weight),
+        }
+    }
+
+    /// Frees a weight, dropping the recorded plans that use it.
+    pub fn free(&self, w: VkWeight) {
+        if let VkWeight::Gpu(g) = &w {
+            self.exec.forget_weight(g.id);
+        }
+        drop(w);
+    }
+
+    /// Runs op records in order: consecutive device ops as one submission each batch, the rest on the CPU.
+    ///
+    /// # Safety
+    /// The records' pointers must be valid for their lengths and their weights made by this backend.
+    pub unsafe fn run_records(&self, records: &[OpRecord]) -> Result<(), String> {
+        let ops = records
+            .iter()
+            .enumerate()
+            .map(|(i, r)| Op::from_record(r).map_err(|e| format!("op {i}: {e}")))
+            .collect::<Result<Vec<_>, _>>()?;
+        self.run(&ops, false)
+    }
+
+    /// Runs checked ops; with `device_only`, an op the device cannot take is an error instead of a CPU run.
+    pub fn run(&self, ops: &[Op<'_>], device_only: bool) -> Result<(), String> {
+        let limits = self.gpu.limits;
+        let mut pending: Vec<Dispatch<'_>> = Vec::new();
+        for (i, op) in ops.iter().enumerate() {
+            if op.out_len == 0 {
+                continue;
+            }
+            let dispatch = op
+                .encode(&limits)
+                .filter(|d| device_only || self.is_enabled(d.kernel));
+            match dispatch {
+                Some(d) => pending.push(d),
+                None if device_only => {
+                    return Err(format!("op {i} ({:?}) does not fit the device", op.math))
+                }
+                None => {
+                    self.exec
+                        .run(&self.pipelines, std::mem::take(&mut pending))?;
+                    op.run_on_cpu(self.cpu())
+                        .map_err(|e| format!("op {i} on the CPU: {e}"))?;
+                }
+            }
+        }
+        self.exec.run(&self.pipelines, pending)
+    }
+}

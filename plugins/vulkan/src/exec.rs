@@ -1,0 +1,630 @@
+//! Running dispatches: a list of them becomes one command buffer, one submission and one wait, with results that
+//! one op writes and a later op reads staying on the device. Command buffers are recorded once per batch shape and
+//! replayed.
+//!
+//! Host buffers are matched by address range: a later op that reads exactly the range an earlier op of the batch
+//! wrote reads the device copy; a partial overlap with a written range ends the batch there (it is submitted and
+//! its results copied back first). A batch's *plan* — its buffer layout, descriptor sets and recorded command
+//! buffer — depends only on its structure (kernels, weights, sizes, push constants, which op feeds which), not on
+//! host addresses, so the same stage run again (the next frame, the next chunk) replays it: per run only the host
+//! data is copied in and out.
+//!
+//! Activations live in an arena of host-visible buffers ("chunks", each at most one binding's range) shared by all
+//! plans, since one batch runs at a time; when a new plan needs a bigger arena, the arena grows and every cached
+//! plan is dropped (and re-recorded on next use).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use ash::vk;
+
+use crate::context::{Buffer, Gpu, Memory};
+use crate::ops::{Access, Bind, Dispatch};
+use crate::pipelines::{Pipelines, BINDINGS, PUSH_WORDS};
+use crate::weights::{GpuWeight, Section};
+
+/// Plans kept before the least recently used one is dropped.
+const MAX_PLANS: usize = 2048;
+/// Largest arena chunk (also bounded by the device's binding range).
+const MAX_CHUNK: u64 = 1 << 30;
+/// Smallest arena chunk allocation.
+const MIN_CHUNK: u64 = 1 << 20;
+
+/// Counters for tests and profiles.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Submissions (each one waited for).
+    pub submits: u64,
+    /// Plans recorded.
+    pub recorded: u64,
+    /// Submissions of an already-recorded plan.
+    pub replayed: u64,
+    /// Dispatches submitted.
+    pub dispatches: u64,
+}
+
+enum Upload {
+    None,
+    Host(*const f32),
+    Generated(Vec<f32>),
+}
+
+/// A device copy of a host range (or of generated data) within one batch.
+struct Slot {
+    len: usize,
+    /// Host byte range, for matching; `None` for generated data.
+    range: Option<(usize, usize)>,
+    /// Still matchable by later ops (a partially overlapping write makes the copy stale).
+    current: bool,
+    upload: Upload,
+    /// Written by an op of the batch: copied back to `range` at the end.
+    written: bool,
+}
+
+#[derive(Clone, Copy)]
+enum StepBind {
+    Dummy,
+    Weight(Section),
+    Slot(usize),
+}
+
+struct Step<'a> {
+    dispatch_kernel: crate::pipelines::Kernel,
+    weight: Option<&'a GpuWeight>,
+    bindings: [StepBind; BINDINGS as usize],
+    push: [u32; PUSH_WORDS],
+    groups: [u32; 3],
+}
+
+/// One batch being assembled.
+#[derive(Default)]
+struct Batch<'a> {
+    slots: Vec<Slot>,
+    steps: Vec<Step<'a>>,
+    signature: Vec<u64>,
+}
+
+fn overlaps(a: (usize, usize), b: (usize, usize)) -> bool {
+    a.0 < b.1 && b.0 < a.1
+}
+
+impl<'a> Batch<'a> {
+    /// The slot `t` would use: `Ok(Some(slot))` an existing one, `Ok(None)` a new one, `Err(())` when it
+    /// overlaps a range written in this batch without being exactly it.
+    fn find(&self, range: (usize, usize)) -> Result<Option<usize>, ()> {
+        if let Some(i) = self
+            .slots
+            .iter()
+            .position(|s| s.current && s.range == Some(range))
+        {
+            return Ok(Some(i));
+        }
+        let clash = self
+            .slots
+            .iter()
+            .any(|s| s.written && s.range.is_some_and(|r| overlaps(r, range)));
+        if clash {
+            Err(())
+        } else {
+            Ok(None)
+        }
+    }
+
+    /// Adds `d`, or gives it back when it must start a new batch.
+    fn add(&mut self, mut d: Dispatch<'a>) -> Result<(), Dispatch<'a>> {
+        let range = |ptr: *mut f32, len: usize| (ptr as usize, ptr as usize + len * 4);
+        // Check every host tensor first, so a refused dispatch leaves the batch unchanged.
+        for t in &d.tensors {
+            if t.generated.is_none() && self.find(range(t.ptr, t.len)).is_err() {
+                return Err(d);
+            }
+        }
+        let mut slot_of = Vec::with_capacity(d.tensors.len());
+        for t in d.tensors.iter_mut() {
+            if let Some(data) = t.generated.take() {
+                self.slots.push(Slot {
+                    len: data.len(),
+                    range: None,
+                    current: false,
+                    upload: Upload::Generated(data),
+                    written: false,
+                });
+                slot_of.push(self.slots.len() - 1);
+                continue;
+            }
+            let r = range(t.ptr, t.len);
+            let existing = self.find(r).unwrap_or(None);
+            let index = match existing {
+                Some(i) => i,
+                None => {
+                    let reads = t.access != Access::Write;
+                    self.slots.push(Slot {
+                        len: t.len,
+                        range: Some(r),
+                        current: true,
+                        upload: if reads {
+                            Upload::Host(t.ptr)
+                        } else {
+                            Upload::None
+                        },
+                        written: false,
+                    });
+                    self.slots.len() - 1
+                }
+            };
+            if t.access != Access::Read {
+                // Older copies of host memory this op overwrites are stale from now on.
+                for (i, s) in self.slots.iter_mut().enumerate() {
+                    if i != index && s.range.is_some_and(|sr| overlaps(sr, r)) {
+                        s.current = false;
+                    }
+                }
+                self.slots[index].written = true;
+            }
+            slot_of.push(index);
+        }
+        let mut bindings = [StepBind::Dummy; BINDINGS as usize];
+        let sig = &mut self.signature;
+        sig.push(d.kernel.code());
+        sig.push(d.weight.map_or(0, |w| w.id));
+        sig.extend(d.groups.iter().map(|&g| g as u64));
+        sig.extend(d.push.iter().map(|&w| w as u64));
+        for (b, bind) in d.bindings.iter().enumerate() {
+            let w = d.weight;
+            let (code, step) = match *bind {
+                Bind::Unused => (0, StepBind::Dummy),
+                Bind::WeightData => (1, w.map_or(StepBind::Dummy, |w| StepBind::Weight(w.data))),
+                Bind::WeightScales => (
+                    2,
+                    w.and_then(|w| w.scales)
+                        .map_or(StepBind::Dummy, StepBind::Weight),
+                ),
+                Bind::WeightBias => (
+                    3,
+                    w.and_then(|w| w.bias)
+                        .map_or(StepBind::Dummy, StepBind::Weight),
+                ),
+                Bind::Tensor(t) => (16 + slot_of[t] as u64, StepBind::Slot(slot_of[t])),
+            };
+            sig.push(code);
+            bindings[b] = step;
+        }
+        self.steps.push(Step {
+            dispatch_kernel: d.kernel,
+            weight: d.weight,
+            bindings,
+            push: d.push,
+            groups: d.groups.map(|g| g as u32),
+        });
+        Ok(())
+    }
+
+    /// The signature with the slots' sizes and transfers: the key of the batch's plan.
+    fn key(&self) -> Vec<u64> {
+        let mut key = self.signature.clone();
+        for s in &self.slots {
+            let upload = !matches!(s.upload, Upload::None) as u64;
+            key.push((s.len as u64) << 2 | upload << 1 | s.written as u64);
+        }
+        key
+    }
+}
+
+/// A recorded batch.
+struct Plan {
+    cmd: vk::CommandBuffer,
+    descriptors: vk::DescriptorPool,
+    /// Per slot: arena chunk and byte offset.
+    placements: Vec<(usize, u64)>,
+    weights: Vec<u64>,
+    last_used: u64,
+    dispatches: u64,
+}
+
+struct State {
+    pool: vk::CommandPool,
+    fence: vk::Fence,
+    arena: Vec<Buffer>,
+    plans: HashMap<Vec<u64>, Plan>,
+    tick: u64,
+    stats: Stats,
+}
+
+/// Runs dispatches on one device, one batch at a time.
+pub struct Executor {
+    gpu: Arc<Gpu>,
+    dummy: Buffer,
+    state: Mutex<State>,
+}
+
+impl Executor {
+    pub fn new(gpu: &Arc<Gpu>) -> Result<Executor, String> {
+        let dummy = Buffer::new(gpu, 256, Memory::Shared)?;
+        // SAFETY: valid create infos; destroyed in `Drop`.
+        let (pool, fence) = unsafe {
+            let pool = gpu
+                .device
+                .create_command_pool(
+                    &vk::CommandPoolCreateInfo::default()
+                        .queue_family_index(gpu.queue_family)
+                        .flags(vk::CommandPoolCreateFlags::RESET_COMMAND_BUFFER),
+                    None,
+                )
+                .map_err(|e| format!("cannot create a command pool: {e}"))?;
+            let fence = gpu
+                .device
+                .create_fence(&vk::FenceCreateInfo::default(), None)
+                .map_err(|e| {
+                    gpu.device.destroy_command_pool(pool, None);
+                    format!("cannot create a fence: {e}")
+                })?;
+            (pool, fence)
+        };
+        Ok(Executor {
+            gpu: gpu.clone(),
+            dummy,
+            state: Mutex::new(State {
+                pool,
+                fence,
+                arena: Vec::new(),
+                plans: HashMap::new(),
+                tick: 0,
+                stats: Stats::default(),
+            }),
+        })
+    }
+
+    pub fn stats(&self) -> Stats {
+        self.state.lock().unwrap_or_else(|e| e.into_inner()).stats
+    }
+
+    /// Runs `dispatches` in order, in as few submissions as their buffer overlaps allow.
+    pub fn run(&self, pipelines: &Pipelines, dispatches: Vec<Dispatch<'_>>) -> Result<(), String> {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut batch = Batch::default();
+        for d in dispatches {
+            if let Err(d) = batch.add(d) {
+                self.submit(&mut state, pipelines, std::mem::take(&mut batch))?;
+                if batch.add(d).is_err() {
+                    return Err("an op's buffers overlap each other".into());
+                }
+            }
+        }
+        if !batch.steps.is_empty() {
+            self.submit(&mut state, pipelines, batch)?;
+        }
+        Ok(())
+    }
+
+    /// Drops every plan that uses weight `id` (it is being freed).
+    pub fn forget_weight(&self, id: u64) {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let doomed: Vec<Vec<u64>> = state
+            .plans
+            .iter()
+            .filter(|(_, p)| p.weights.contains(&id))
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in doomed {
+            if let Some(plan) = state.plans.remove(&key) {
+                self.destroy_plan(&state, plan);
+            }
+        }
+    }
+
+    fn submit(
+        &self,
+        state: &mut State,
+        pipelines: &Pipelines,
+        batch: Batch<'_>,
+    ) -> Result<(), String> {
+        let key = batch.key();
+        state.tick += 1;
+        let tick = state.tick;
+        if !state.plans.contains_key(&key) {
+            let plan = self.record(state, pipelines, &batch)?;
+            if state.plans.len() >= MAX_PLANS {
+                self.evict_oldest(state);
+            }
+            state.plans.insert(key.clone(), plan);
+            state.stats.recorded += 1;
+        } else {
+            state.stats.replayed += 1;
+        }
+        let plan = state.plans.get_mut(&key).expect("just inserted");
+        plan.last_used = tick;
+        let (cmd, dispatches) = (plan.cmd, plan.dispatches);
+        let placements = plan.placements.clone();
+
+        for (slot, &(chunk, offset)) in batch.slots.iter().zip(&placements) {
+            let bytes = slot.len * 4;
+            let src: *const f32 = match &slot.upload {
+                Upload::None => continue,
+                Upload::Host(p) => *p,
+                Upload::Generated(data) => data.as_ptr(),
+            };
+            let dst = state.arena[chunk]
+                .mapped(offset, bytes)
+                .ok_or("the arena is not host-visible")?;
+            // SAFETY: `src` is a live host buffer of `len` floats (the op's contract); `dst` is in the mapping.
+            unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst, bytes) };
+        }
+        self.gpu.submit(cmd, state.fence)?;
+        self.gpu.wait(state.fence)?;
+        state.stats.submits += 1;
+        state.stats.dispatches += dispatches;
+        for (slot, &(chunk, offset)) in batch.slots.iter().zip(&placements) {
+            if !slot.written {
+                continue;
+            }
+            let Some((start, _)) = slot.range else {
+                continue;
+            };
+            let bytes = slot.len * 4;
+            let src = state.arena[chunk]
+                .mapped(offset, bytes)
+                .ok_or("the arena is not host-visible")?;
+            // SAFETY: the op's output buffer is live and writable for `len` floats; the submission is complete.
+            unsafe { std::ptr::copy_nonoverlapping(src, start as *mut u8, bytes) };
+        }
+        Ok(())
+    }
+
+    fn evict_oldest(&self, state: &mut State) {
+        let oldest = state
+            .plans
+            .iter()
+            .min_by_key(|(_, p)| p.last_used)
+            .map(|(k, _)| k.clone());
+        if let Some(plan) = oldest.and_then(|k| state.plans.remove(&k)) {
+            self.destroy_plan(state, plan);
+        }
+    }
+
+    fn destroy_plan(&self, state: &State, plan: Plan) {
+        // SAFETY: no submission is in flight (every one is waited for under the state lock).
+        unsafe {
+            self.gpu
+                .device
+                .free_command_buffers(state.pool, &[plan.cmd]);
+            self.gpu
+                .device
+                .destroy_descriptor_pool(plan.descriptors, None);
+        }
+    }
+
+    /// Places the batch's slots in the arena (growing it if needed), writes its descriptor sets and records its
+    /// command buffer.
+    fn record(
+        &self,
+        state: &mut State,
+        pipelines: &Pipelines,
+        batch: &Batch<'_>,
+    ) -> Result<Plan, String> {
+        let limits = self.gpu.limits;
+        let align = limits.binding_align;
+        let cap = (limits.max_binding.min(MAX_CHUNK) / align) * align;
+        let mut placements = Vec::with_capacity(batch.slots.len());
+        let mut needed: Vec<u64> = vec![0];
+        for s in &batch.slots {
+            let bytes = ((s.len.max(1) * 4) as u64).div_ceil(align) * align;
+            if bytes > cap {
+                return Err(format!(
+                    "a {bytes}-byte tensor exceeds the device's binding range"
+                ));
+            }
+            let mut chunk = needed.len() - 1;
+            if needed[chunk] + bytes > cap {
+                needed.push(0);
+                chunk += 1;
+            }
+            placements.push((chunk, needed[chunk]));
+            needed[chunk] += bytes;
+        }
+        self.grow_arena(state, &needed, cap)?;
+
+        let device = &self.gpu.device;
+        let steps = batch.steps.len() as u32;
+        // SAFETY: every handle below belongs to this device; the pool and command buffer are owned by the plan
+        // (destroyed with it), and nothing recorded here is in flight.
+        unsafe {
+            let sizes = [vk::DescriptorPoolSize::default()
+                .ty(vk::DescriptorType::STORAGE_BUFFER)
+                .descriptor_count(steps * BINDINGS)];
+            let descriptors = device
+                .create_descriptor_pool(
+                    &vk::DescriptorPoolCreateInfo::default()
+                        .max_sets(steps)
+                        .pool_sizes(&sizes),
+                    None,
+                )
+                .map_err(|e| format!("cannot create a descriptor pool: {e}"))?;
+            let layouts = vec![pipelines.set_layout; steps as usize];
+            let sets = match device.allocate_descriptor_sets(
+                &vk::DescriptorSetAllocateInfo::default()
+                    .descriptor_pool(descriptors)
+                    .set_layouts(&layouts),
+            ) {
+                Ok(sets) => sets,
+                Err(e) => {
+                    device.destroy_descriptor_pool(descriptors, None);
+                    return Err(format!("cannot allocate descriptor sets: {e}"));
+                }
+            };
+            let infos: Vec<[vk::DescriptorBufferInfo; BINDINGS as usize]> = batch
+                .steps
+                .iter()
+                .map(|step| {
+                    step.bindings.map(|b| match b {
+                        StepBind::Dummy => vk::DescriptorBufferInfo::default()
+                            .buffer(self.dummy.buffer)
+                            .range(vk::WHOLE_SIZE),
+                        StepBind::Weight(s) => vk::DescriptorBufferInfo::default()
+                            .buffer(step.weight.expect("weighted step").buffer.buffer)
+                            .offset(s.offset)
+                            .range(s.bytes),
+                        StepBind::Slot(i) => {
+                            let (chunk, offset) = placements[i];
+                            vk::DescriptorBufferInfo::default()
+                                .buffer(state.arena[chunk].buffer)
+                                .offset(offset)
+                                .range((batch.slots[i].len.max(1) * 4) as u64)
+                        }
+                    })
+                })
+                .collect();
+            let writes: Vec<vk::WriteDescriptorSet> = sets
+                .iter()
+                .zip(&infos)
+                .flat_map(|(set, info)| {
+                    (0..BINDINGS as usize).map(move |b| {
+                        vk::WriteDescriptorSet::default()
+                            .dst_set(*set)
+                            .dst_binding(b as u32)
+                            .descriptor_type(vk::DescriptorType::STORAGE_BUFFER)
+                            .buffer_info(std::slice::from_ref(&info[b]))
+                    })
+                })
+                .collect();
+            device.update_descriptor_sets(&writes, &[]);
+
+            let cmd = match device.allocate_command_buffers(
+                &vk::CommandBufferAllocateInfo::default()
+                    .command_pool(state.pool)
+                    .command_buffer_count(1),
+            ) {
+                Ok(c) => c[0],
+                Err(e) => {
+                    device.destroy_descriptor_pool(descriptors, None);
+                    return Err(format!("cannot allocate a command buffer: {e}"));
+                }
+            };
+            let recorded = (|| -> Result<(), String> {
+                device
+                    .begin_command_buffer(cmd, &vk::CommandBufferBeginInfo::default())
+                    .map_err(|e| e.to_string())?;
+                for (i, (step, set)) in batch.steps.iter().zip(&sets).enumerate() {
+                    if i > 0 {
+                        barrier(
+                            device,
+                            cmd,
+                            vk::PipelineStageFlags::COMPUTE_SHADER,
+                            vk::AccessFlags::SHADER_READ | vk::AccessFlags::SHADER_WRITE,
+                        );
+                    }
+                    let pipeline = pipelines.get(step.dispatch_kernel)?;
+                    device.cmd_bind_pipeline(cmd, vk::PipelineBindPoint::COMPUTE, pipeline);
+                    device.cmd_bind_descriptor_sets(
+                        cmd,
+                        vk::PipelineBindPoint::COMPUTE,
+                        pipelines.layout,
+                        0,
+                        &[*set],
+                        &[],
+                    );
+                    let push: Vec<u8> = step.push.iter().flat_map(|w| w.to_le_bytes()).collect();
+                    device.cmd_push_constants(
+                        cmd,
+                        pipelines.layout,
+                        vk::ShaderStageFlags::COMPUTE,
+                        0,
+                        &push,
+                    );
+                    let [x, y, z] = step.groups;
+                    device.cmd_dispatch(cmd, x, y, z);
+                }
+                // Results become visible to the host's reads after the fence.
+                barrier(
+                    device,
+                    cmd,
+                    vk::PipelineStageFlags::HOST,
+                    vk::AccessFlags::HOST_READ,
+                );
+                device.end_command_buffer(cmd).map_err(|e| e.to_string())
+            })();
+            if let Err(e) = recorded {
+                device.free_command_buffers(state.pool, &[cmd]);
+                device.destroy_descriptor_pool(descriptors, None);
+                return Err(format!("cannot record a command buffer: {e}"));
+            }
+            let mut weights: Vec<u64> = batch
+                .steps
+                .iter()
+                .filter_map(|s| s.weight.map(|w| w.id))
+                .collect();
+            weights.sort_unstable();
+            weights.dedup();
+            Ok(Plan {
+                cmd,
+                descriptors,
+                placements,
+                weights,
+                last_used: 0,
+                dispatches: steps as u64,
+            })
+        }
+    }
+
+    /// Makes arena chunk `i` at least `needed[i]` bytes; a replaced chunk invalidates every cached plan.
+    fn grow_arena(&self, state: &mut State, needed: &[u64], cap: u64) -> Result<(), String> {
+        for (i, &bytes) in needed.iter().enumerate() {
+            let have = state.arena.get(i).map_or(0, |b| b.size);
+            if have >= bytes {
+                continue;
+            }
+            let plans: Vec<Plan> = state.plans.drain().map(|(_, p)| p).collect();
+            for plan in plans {
+                self.destroy_plan(state, plan);
+            }
+            let size = bytes.max((have * 2).min(cap)).max(MIN_CHUNK.min(cap));
+            let chunk = Buffer::new(&self.gpu, size, Memory::Shared)?;
+            if i < state.arena.len() {
+                state.arena[i] = chunk;
+            } else {
+                state.arena.push(chunk);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Makes compute-shader writes visible to the next compute dispatch (or, with `HOST`, to the host).
+unsafe fn barrier(
+    device: &ash::Device,
+    cmd: vk::CommandBuffer,
+    dst_stage: vk::PipelineStageFlags,
+    dst_access: vk::AccessFlags,
+) {
+    let memory = [vk::MemoryBarrier::default()
+        .src_access_mask(vk::AccessFlags::SHADER_WRITE)
+        .dst_access_mask(dst_access)];
+    device.cmd_pipeline_barrier(
+        cmd,
+        vk::PipelineStageFlags::COMPUTE_SHADER,
+        dst_stage,
+        vk::DependencyFlags::empty(),
+        &memory,
+        &[],
+        &[],
+    );
+}
+
+impl Drop for Executor {
+    fn drop(&mut self) {
+        let state = self.state.get_mut().unwrap_or_else(|e| e.into_inner());
+        let plans: Vec<Plan> = state.plans.drain().map(|(_, p)| p).collect();
+        // SAFETY: nothing is in flight; the plans' objects go before their pool.
+        unsafe {
+            for plan in plans {
+                self.gpu
+                    .device
+                    .free_command_buffers(state.pool, &[plan.cmd]);
+                self.gpu
+                    .device
+                    .destroy_descriptor_pool(plan.descriptors, None);
+            }
+            self.gpu.device.destroy_command_pool(state.pool, None);
+            self.gpu.device.destroy_fence(state.fence, None);
+        }
+    }
+}

@@ -1,0 +1,640 @@
+//! Op records from the ABI, checked, and turned into either one shader dispatch or a call on the CPU backend.
+
+use kazeia_backend_abi::plugin::{OpKind, OpRecord};
+use kazeia_backend_abi::{AttentionSpan, Backend, Heads, Weight};
+use kazeia_backend_cpu::CpuBackend;
+
+use crate::context::Limits;
+use crate::pipelines::{Activation, GemmMode, Kernel, NormKind, PUSH_WORDS};
+use crate::weights::{GpuWeight, Shape, VkWeight};
+
+/// Rows up to which a linear layer runs the matrix-vector kernel (`MAX_ROWS` in `matvec.comp`).
+pub const MATVEC_ROWS: usize = 8;
+/// Largest head size the attention kernel takes (`WG · MAX_DIM_PER_INVOCATION` in `attention.comp`).
+pub const MAX_HEAD_DIM: usize = 256;
+
+/// What an op computes, with its sizes.
+#[derive(Clone, Copy, Debug)]
+pub enum Math {
+    Linear {
+        rows: usize,
+    },
+    Conv1d {
+        len: usize,
+        dilation: usize,
+    },
+    Depthwise {
+        len: usize,
+    },
+    ConvTranspose {
+        len: usize,
+    },
+    RmsNorm {
+        dim: usize,
+        eps: f32,
+    },
+    LayerNorm {
+        dim: usize,
+        eps: f32,
+    },
+    Rope {
+        heads: usize,
+        head_dim: usize,
+        start_pos: usize,
+        theta: f32,
+    },
+    Attention {
+        heads: Heads,
+        span: AttentionSpan,
+        scale: f32,
+    },
+    SnakeBeta {
+        len: usize,
+    },
+    Gelu,
+    Silu,
+    SiluMul,
+}
+
+/// One checked op on host buffers.
+pub struct Op<'a> {
+    pub math: Math,
+    pub weight: Option<&'a VkWeight>,
+    pub a: &'a [f32],
+    pub b: &'a [f32],
+    pub c: &'a [f32],
+    pub out: *mut f32,
+    pub out_len: usize,
+}
+
+unsafe fn host<'a>(ptr: *const f32, len: usize, what: &str) -> Result<&'a [f32], String> {
+    if len == 0 {
+        return Ok(&[]);
+    }
+    if ptr.is_null() {
+        return Err(format!("null {what} buffer"));
+    }
+    Ok(std::slice::from_raw_parts(ptr, len))
+}
+
+fn check(ok: bool, what: impl FnOnce() -> String) -> Result<(), String> {
+    if ok {
+        Ok(())
+    } else {
+        Err(what())
+    }
+}
+
+impl<'a> Op<'a> {
+    /// Reads and checks a record: every size must agree with the op and its weight, so no shader ever reads or
+    /// writes outside its buffers.
+    ///
+    /// # Safety
+    /// The record's pointers must be valid for their lengths (the ABI's contract); `weight` must be null or a
+    /// weight of this plugin.
+    pub unsafe fn from_record(r: &'a OpRecord) -> Result<Op<'a>, String> {
+        let n = r.n.map(|v| v as usize);
+        let kind = r.kind;
+        let math = match kind {
+            k if k == OpKind::Linear as u32 => Math::Linear { rows: n[0] },
+            k if k == OpKind::Conv1d as u32 => Math::Conv1d {
+                len: n[0],
+                dilation: n[1],
+            },
+            k if k == OpKind::DepthwiseConv1d as u32 => Math::Depthwise { len: n[0] },
+            k if k == OpKind::ConvTranspose1d as u32 => Math::ConvTranspose { len: n[0] },
+            k if k == OpKind::RmsNorm as u32 => Math::RmsNorm {
+                dim: n[0],
+                eps: r.f[0],
+            },
+            k if k == OpKind::LayerNorm as u32 => Math::LayerNorm {
+                dim: n[0],
+                eps: r.f[0],
+            },
+            k if k == OpKind::Rope as u32 => Math::Rope {
+                heads: n[0],
+                head_dim: n[1],
+                start_pos: n[2],
+                theta: r.f[0],
+            },
+            k if k == OpKind::Attention as u32 => Math::Attention {
+                heads: Heads {
+                    q_heads: n[0],
+                    kv_heads: n[1],
+                    head_dim: n[2],
+                },
+                span: AttentionSpan {
+                    queries: n[3],
+                    query_start: n[4],
+                    keys: n[5],
+                    key_start: n[6],
+                    window: (n[7] > 0).then_some(n[7]),
+                },
+                scale: r.f[0],
+            },
+            k if k == OpKind::SnakeBeta as u32 => Math::SnakeBeta { len: n[0] },
+            k if k == OpKind::Gelu as u32 => Math::Gelu,
+            k if k == OpKind::Silu as u32 => Math::Silu,
+            k if k == OpKind::SiluMul as u32 => Math::SiluMul,
+            other => return Err(format!("unknown op kind {other}")),
+        };
+        if r.out.is_null() && r.out_len > 0 {
+            return Err("null output buffer".into());
+        }
+        let op = Op {
+            math,
+            weight: (r.weight as *const VkWeight).as_ref(),
+            a: host(r.a, r.a_len, "first input")?,
+            b: host(r.b, r.b_len, "second input")?,
+            c: host(r.c, r.c_len, "third input")?,
+            out: r.out,
+            out_len: r.out_len,
+        };
+        op.validate()?;
+        Ok(op)
+    }
+
+    /// The weight's shape, whichever backend holds it.
+    fn weight_shape(&self) -> Result<Shape, String> {
+        match self.weight.ok_or("the op needs a weight and has none")? {
+            VkWeight::Gpu(w) => Ok(w.shape),
+            VkWeight::Cpu { shape, .. } => Ok(*shape),
+        }
+    }
+
+    pub(crate) fn validate(&self) -> Result<(), String> {
+        let (a, b, c, out) = (self.a.len(), self.b.len(), self.c.len(), self.out_len);
+        let sizes = || format!("inputs of {a}, {b}, {c} and an output of {out} values");
+        match self.math {
+            Math::Linear { rows } => {
+                let Shape::Linear { out: o, inp, .. } = self.weight_shape()? else {
+                    return Err("a linear op needs a linear weight".into());
+                };
+                check(a == rows * inp && out == rows * o, || {
+                    format!("linear {inp}→{o} on {rows} rows: {}", sizes())
+                })
+            }
+            Math::Conv1d { len, dilation } => {
+                let Shape::Conv { cout, cin, k } = self.weight_shape()? else {
+                    return Err("a conv1d op needs a conv1d weight".into());
+                };
+                let reach = (k - 1) * dilation;
+                check(dilation >= 1 && len > reach, || {
+                    format!("conv1d k={k} dilation {dilation} on only {len} columns")
+                })?;
+                check(a == cin * len && out == cout * (len - reach), || {
+                    format!("conv1d {cin}→{cout} over {len} columns: {}", sizes())
+                })
+            }
+            Math::Depthwise { len } => {
+                let Shape::Depthwise { channels, k } = self.weight_shape()? else {
+                    return Err("a depthwise op needs a depthwise weight".into());
+                };
+                check(
+                    len >= k && a == channels * len && out == channels * (len + 1 - k),
+                    || {
+                        format!(
+                            "depthwise conv of {channels} channels, k={k}, {len} columns: {}",
+                            sizes()
+                        )
+                    },
+                )
+            }
+            Math::ConvTranspose { len } => {
+                let Shape::ConvTranspose {
+                    cin,
+                    cout,
+                    k,
+                    stride,
+                    ..
+                } = self.weight_shape()?
+                else {
+                    return Err("a transposed conv op needs a transposed conv weight".into());
+                };
+                check(
+                    len >= 1 && a == cin * len && out == cout * ((len - 1) * stride + k),
+                    || {
+                        format!(
+                            "transposed conv {cin}→{cout} over {len} columns: {}",
+                            sizes()
+                        )
+                    },
+                )
+            }
+            Math::RmsNorm { dim, .. } => check(dim > 0 && out % dim == 0 && a == dim, || {
+                format!("rms_norm of width {dim}: {}", sizes())
+            }),
+            Math::LayerNorm { dim, .. } => {
+                check(dim > 0 && out % dim == 0 && a == dim && b == dim, || {
+                    format!("layer_norm of width {dim}: {}", sizes())
+                })
+            }
+            Math::Rope {
+                heads, head_dim, ..
+            } => check(
+                heads > 0 && head_dim > 0 && head_dim % 2 == 0 && out % (heads * head_dim) == 0,
+                || format!("rope with {heads} heads of {head_dim}: {}", sizes()),
+            ),
+            Math::Attention { heads, span, .. } => {
+                let Heads {
+                    q_heads,
+                    kv_heads,
+                    head_dim,
+                } = heads;
+                check(
+                    kv_heads > 0 && head_dim > 0 && q_heads % kv_heads == 0,
+                    || format!("attention with {q_heads} query heads over {kv_heads} kv heads"),
+                )?;
+                let kv = span.keys * kv_heads * head_dim;
+                check(
+                    a == span.queries * q_heads * head_dim && b == kv && c == kv && out == a,
+                    || format!("attention: {}", sizes()),
+                )
+            }
+            Math::SnakeBeta { len } => check(
+                len > 0 && out % len == 0 && a == out / len && b == a,
+                || format!("snake_beta over {len} columns: {}", sizes()),
+            ),
+            Math::Gelu | Math::Silu => Ok(()),
+            Math::SiluMul => check(a == out, || format!("silu_mul: {}", sizes())),
+        }
+    }
+
+    /// Runs the op on the CPU backend, on the host buffers.
+    pub fn run_on_cpu(&self, cpu: &CpuBackend) -> Result<(), String> {
+        if self.out_len == 0 {
+            return Ok(());
+        }
+        // SAFETY: checked non-null with this length; the caller owns it for the call.
+        let out = unsafe { std::slice::from_raw_parts_mut(self.out, self.out_len) };
+        let weight = || -> Result<&Weight, String> {
+            match self.weight.ok_or("no weight")? {
+                VkWeight::Cpu { weight, .. } => Ok(weight),
+                VkWeight::Gpu(w) => w.on_cpu(cpu),
+            }
+        };
+        match self.math {
+            Math::Linear { rows } => cpu.linear(weight()?, self.a, rows, out),
+            Math::Conv1d { len, dilation } => cpu.conv1d(weight()?, self.a, len, dilation, out),
+            Math::Depthwise { len } => cpu.depthwise_conv1d(weight()?, self.a, len, out),
+            Math::ConvTranspose { len } => cpu.conv_transpose1d(weight()?, self.a, len, out),
+            Math::RmsNorm { dim, eps } => cpu.rms_norm(out, dim, self.a, eps),
+            Math::LayerNorm { dim, eps } => cpu.layer_norm(out, dim, self.a, self.b, eps),
+            Math::Rope {
+                heads,
+                head_dim,
+                start_pos,
+                theta,
+            } => cpu.rope(out, heads, head_dim, start_pos, theta),
+            Math::Attention { heads, span, scale } => {
+                cpu.attention(self.a, self.b, self.c, heads, span, scale, out)
+            }
+            Math::SnakeBeta { len } => cpu.snake_beta(out, len, self.a, self.b),
+            Math::Gelu => cpu.gelu(out),
+            Math::Silu => cpu.silu(out),
+            Math::SiluMul => cpu.silu_mul(out, self.a),
+        }
+        Ok(())
+    }
+
+    /// The op as one dispatch, or `None` when the device cannot take it (weight on the CPU, sizes past the
+    /// device's limits).
+    pub fn encode(&self, limits: &Limits) -> Option<Dispatch<'a>> {
+        if self.out_len == 0 {
+            return None;
+        }
+        let gpu_weight = match self.weight {
+            Some(VkWeight::Gpu(w)) => Some(w),
+            Some(VkWeight::Cpu { .. }) => return None,
+            None => None,
+        };
+        let d = self.dispatch(gpu_weight)?;
+        let fits = d
+            .tensors
+            .iter()
+            .all(|t| (t.len as u64) * 4 <= limits.max_binding)
+            && d.groups
+                .iter()
+                .zip(limits.max_groups)
+                .all(|(&g, m)| g <= m as usize);
+        fits.then_some(d)
+    }
+
+    fn dispatch(&self, w: Option<&'a GpuWeight>) -> Option<Dispatch<'a>> {
+        let u = |v: usize| u32::try_from(v).ok();
+        let mut d = Dispatch::new(w);
+        match self.math {
+            Math::Linear { rows } => {
+                let w = w?;
+                let Shape::Linear {
+                    out,
+                    inp,
+                    padded,
+                    has_bias,
+                } = w.shape
+                else {
+                    return None;
+                };
+                d.bind_weight();
+                let x = d.read(self.a);
+                let y = d.write(self.out, self.out_len);
+                d.bind(3, x).bind(4, y);
+                if rows <= MATVEC_ROWS {
+                    d.kernel = Kernel::Matvec(w.format);
+                    d.push(&[u(out)?, u(inp)?, u(padded)?, u(rows)?, has_bias as u32]);
+                    d.groups = grid(out);
+                } else {
+                    d.kernel = Kernel::Gemm(GemmMode::Linear, w.format);
+                    d.push(&[u(out)?, u(rows)?, u(inp)?, u(padded)?, has_bias as u32]);
+                    d.groups = [rows.div_ceil(64), out.div_ceil(64), 1];
+                }
+            }
+            Math::Conv1d { len, dilation } => {
+                let w = w?;
+                let Shape::Conv { cout, cin, k } = w.shape else {
+                    return None;
+                };
+                let lout = len - (k - 1) * dilation;
+                d.kernel = Kernel::Gemm(GemmMode::Conv, w.format);
+                d.bind_weight();
+                let x = d.read(self.a);
+                let y = d.write(self.out, self.out_len);
+                d.bind(3, x).bind(4, y);
+                d.push(&[
+                    u(cout)?,
+                    u(lout)?,
+                    u(cin * k)?,
+                    u(cin * k)?,
+                    1,
+                    u(k)?,
+                    u(dilation)?,
+                    u(len)?,
+                ]);
+                d.groups = [lout.div_ceil(64), cout.div_ceil(64), 1];
+            }
+            Math::ConvTranspose { len } => {
+                let w = w?;
+                let Shape::ConvTranspose {
+                    cin,
+                    cout,
+                    k,
+                    stride,
+                    taps,
+                } = w.shape
+                else {
+                    return None;
+                };
+                let full = (len - 1) * stride + k;
+                d.kernel = Kernel::Gemm(GemmMode::ConvTranspose, w.format);
+                d.bind_weight();
+                let x = d.read(self.a);
+                let y = d.write(self.out, self.out_len);
+                d.bind(3, x).bind(4, y);
+                d.push(&[
+                    u(cout)?,
+                    0,
+                    u(cin * taps)?,
+                    u(cin * taps)?,
+                    0,
+                    u(taps)?,
+                    0,
+                    u(len)?,
+                    u(stride)?,
+                    u(full)?,
+                ]);
+                d.groups = [
+                    full.div_ceil(stride).div_ceil(64),
+                    cout.div_ceil(64),
+                    stride,
+                ];
+            }
+            Math::Depthwise { len } => {
+                let w = w?;
+                let Shape::Depthwise { channels, k } = w.shape else {
+                    return None;
+                };
+                let lout = len + 1 - k;
+                d.kernel = Kernel::Depthwise;
+                d.bind_weight();
+                let x = d.read(self.a);
+                let y = d.write(self.out, self.out_len);
+                d.bind(3, x).bind(4, y);
+                d.push(&[u(channels)?, u(k)?, u(len)?, u(lout)?]);
+                d.groups = grid((channels * lout).div_ceil(256));
+            }
+            Math::RmsNorm { dim, eps } | Math::LayerNorm { dim, eps } => {
+                let layer = matches!(self.math, Math::LayerNorm { .. });
+                d.kernel = Kernel::Norm(if layer {
+                    NormKind::Layer
+                } else {
+                    NormKind::Rms
+                });
+                let g = d.read(self.a);
+                d.bind(0, g);
+                if layer {
+                    let b = d.read(self.b);
+                    d.bind(1, b);
+                }
+                let x = d.read_write(self.out, self.out_len);
+                d.bind(4, x);
+                let rows = self.out_len / dim;
+                d.push(&[u(dim)?, eps.to_bits(), u(rows)?]);
+                d.groups = grid(rows);
+            }
+            Math::Rope {
+                heads,
+                head_dim,
+                start_pos,
+                theta,
+            } => {
+                let rows = self.out_len / (heads * head_dim);
+                d.kernel = Kernel::Rope;
+                let table = d.generated(rope_table(rows, head_dim, start_pos, theta));
+                let x = d.read_write(self.out, self.out_len);
+                d.bind(0, table).bind(4, x);
+                d.push(&[u(rows)?, u(heads)?, u(head_dim / 2)?]);
+                d.groups = grid((rows * heads * head_dim / 2).div_ceil(256));
+            }
+            Math::Attention { heads, span, scale } => {
+                if heads.head_dim > MAX_HEAD_DIM {
+                    return None;
+                }
+                d.kernel = Kernel::Attention;
+                let q = d.read(self.a);
+                let k = d.read(self.b);
+                let v = d.read(self.c);
+                let o = d.write(self.out, self.out_len);
+                d.bind(0, q).bind(1, k).bind(2, v).bind(4, o);
+                d.push(&[
+                    u(heads.q_heads)?,
+                    u(heads.kv_heads)?,
+                    u(heads.head_dim)?,
+                    u(span.queries)?,
+                    u(span.query_start)?,
+                    u(span.keys)?,
+                    u(span.key_start)?,
+                    u(span.window.unwrap_or(0))?,
+                    scale.to_bits(),
+                ]);
+                d.groups = [heads.q_heads, span.queries, 1];
+            }
+            Math::SnakeBeta { len } => {
+                d.kernel = Kernel::Eltwise(Activation::SnakeBeta);
+                let alpha = d.read(self.a);
+                let inv_beta = d.read(self.b);
+                let x = d.read_write(self.out, self.out_len);
+                d.bind(0, alpha).bind(1, inv_beta).bind(4, x);
+                d.push(&[u(self.out_len)?, u(len)?]);
+                d.groups = grid(self.out_len.div_ceil(256));
+            }
+            Math::Gelu | Math::Silu | Math::SiluMul => {
+                d.kernel = Kernel::Eltwise(match self.math {
+                    Math::Gelu => Activation::Gelu,
+                    Math::Silu => Activation::Silu,
+                    _ => Activation::SiluMul,
+                });
+                if matches!(self.math, Math::SiluMul) {
+                    let up = d.read(self.a);
+                    d.bind(0, up);
+                }
+                let x = d.read_write(self.out, self.out_len);
+                d.bind(4, x);
+                d.push(&[u(self.out_len)?, 0]);
+                d.groups = grid(self.out_len.div_ceil(256));
+            }
+        }
+        Some(d)
+    }
+}
+
+/// `cos[rows][half]` then `sin[rows][half]`, computed exactly as the CPU backend does.
+fn rope_table(rows: usize, head_dim: usize, start_pos: usize, theta: f32) -> Vec<f32> {
+    let half = head_dim / 2;
+    let freqs: Vec<f32> = (0..half)
+        .map(|i| 1.0 / theta.powf((2 * i) as f32 / head_dim as f32))
+        .collect();
+    let mut table = vec![0.0f32; 2 * rows * half];
+    for r in 0..rows {
+        let pos = (start_pos + r) as f32;
+        for (i, f) in freqs.iter().enumerate() {
+            let angle = pos * f;
+            table[r * half + i] = angle.cos();
+            table[(rows + r) * half + i] = angle.sin();
+        }
+    }
+    table
+}
+
+/// Workgroups for `n` independent groups: x up to 65535 (the minimum every device supports), then y.
+fn grid(n: usize) -> [usize; 3] {
+    const MAX_X: usize = 65_535;
+    if n <= MAX_X {
+        [n, 1, 1]
+    } else {
+        [MAX_X, n.div_ceil(MAX_X), 1]
+    }
+}
+
+/// How a dispatch uses a host buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Access {
+    Read,
+    Write,
+    ReadWrite,
+}
+
+/// A host buffer a dispatch reads or writes, or data the plugin made for it.
+pub struct Tensor {
+    pub ptr: *mut f32,
+    pub len: usize,
+    pub access: Access,
+    /// Made by the plugin (the rope table): uploaded every run, never shared with another op.
+    pub generated: Option<Vec<f32>>,
+}
+
+/// What a binding of a dispatch is bound to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Bind {
+    Unused,
+    WeightData,
+    WeightScales,
+    WeightBias,
+    Tensor(usize),
+}
+
+/// One shader dispatch on host buffers.
+pub struct Dispatch<'a> {
+    pub kernel: Kernel,
+    pub weight: Option<&'a GpuWeight>,
+    pub tensors: Vec<Tensor>,
+    pub bindings: [Bind; 5],
+    pub push: [u32; PUSH_WORDS],
+    pub groups: [usize; 3],
+}
+
+impl<'a> Dispatch<'a> {
+    fn new(weight: Option<&'a GpuWeight>) -> Self {
+        Dispatch {
+            kernel: Kernel::Rope,
+            weight,
+            tensors: Vec::new(),
+            bindings: [Bind::Unused; 5],
+            push: [0; PUSH_WORDS],
+            groups: [1; 3],
+        }
+    }
+
+    fn tensor(&mut self, ptr: *mut f32, len: usize, access: Access) -> Bind {
+        self.tensors.push(Tensor {
+            ptr,
+            len,
+            access,
+            generated: None,
+        });
+        Bind::Tensor(self.tensors.len() - 1)
+    }
+
+    fn read(&mut self, x: &[f32]) -> Bind {
+        self.tensor(x.as_ptr() as *mut f32, x.len(), Access::Read)
+    }
+
+    fn write(&mut self, ptr: *mut f32, len: usize) -> Bind {
+        self.tensor(ptr, len, Access::Write)
+    }
+
+    fn read_write(&mut self, ptr: *mut f32, len: usize) -> Bind {
+        self.tensor(ptr, len, Access::ReadWrite)
+    }
+
+    fn generated(&mut self, data: Vec<f32>) -> Bind {
+        let len = data.len();
+        self.tensors.push(Tensor {
+            ptr: std::ptr::null_mut(),
+            len,
+            access: Access::Read,
+            generated: Some(data),
+        });
+        Bind::Tensor(self.tensors.len() - 1)
+    }
+
+    fn bind(&mut self, binding: usize, what: Bind) -> &mut Self {
+        self.bindings[binding] = what;
+        self
+    }
+
+    /// Data, scales and bias of the weight on bindings 0, 1, 2 (those it has).
+    fn bind_weight(&mut self) {
+        let w = self.weight.expect("a weighted dispatch");
+        self.bindings[0] = Bind::WeightData;
+        if w.scales.is_some() {
+            self.bindings[1] = Bind::WeightScales;
+        }
+        if w.bias.is_some() {
+            self.bindings[2] = Bind::WeightBias;
+        }
+    }
+
+    fn push(&mut self, words: &[u32]) {
+        self.push[..words.len()].copy_from_slice(words);
+    }
+}

@@ -1,0 +1,228 @@
+//! The plugin's C table (`kazeia_backend_abi::plugin`): each entry a thin wrapper around [`VulkanBackend`] that
+//! checks its arguments and turns errors and panics into messages.
+
+use std::ffi::{c_char, c_void};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use kazeia_backend_abi::plugin::{
+    ErrorBuffer, OpRecord, PluginApi, WeightDesc, PLUGIN_ABI_VERSION, PLUGIN_MAGIC,
+};
+use kazeia_backend_abi::WeightFormat;
+
+use crate::backend::{Options, VulkanBackend};
+use crate::probe::vulkan;
+use crate::weights::VkWeight;
+
+static API: PluginApi = PluginApi {
+    magic: PLUGIN_MAGIC,
+    abi_version: PLUGIN_ABI_VERSION,
+    struct_size: std::mem::size_of::<PluginApi>() as u32,
+    name: c"vulkan".as_ptr() as *const c_char,
+    score,
+    unavailable_reason,
+    device_count,
+    device_name,
+    create,
+    destroy,
+    upload,
+    free_weight,
+    supports_op,
+    run_ops,
+    export_linear,
+    free_bytes,
+    import_linear,
+};
+
+/// The plugin's entry symbol.
+#[no_mangle]
+pub extern "C" fn kazeia_backend_plugin_v1() -> *const PluginApi {
+    &API
+}
+
+/// Runs `f`, turning an error or a panic into a message in `err` and `fallback`.
+fn guarded<T>(err: *mut ErrorBuffer, fallback: T, f: impl FnOnce() -> Result<T, String>) -> T {
+    let message = match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(value)) => return value,
+        Ok(Err(message)) => message,
+        Err(panic) => {
+            let text = panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_else(|| "panic".into());
+            format!("the Vulkan plugin panicked: {text}")
+        }
+    };
+    // SAFETY: the caller passes a valid buffer or null.
+    if let Some(err) = unsafe { err.as_mut() } {
+        err.set(&message);
+    }
+    fallback
+}
+
+/// The best device's score; 0 without a loader or a usable device. A CPU-type device (lavapipe) scores 1, below
+/// every CPU plugin build.
+unsafe extern "C" fn score() -> i32 {
+    guarded(std::ptr::null_mut(), 0, || {
+        Ok(vulkan().map_or(0, |vk| vk.devices.first().map_or(0, |d| d.score())))
+    })
+}
+
+unsafe extern "C" fn unavailable_reason(err: *mut ErrorBuffer) {
+    if let Some(err) = err.as_mut() {
+        err.set(vulkan().err().unwrap_or("available"));
+    }
+}
+
+unsafe extern "C" fn device_count() -> u32 {
+    guarded(std::ptr::null_mut(), 0, || {
+        Ok(vulkan().map_or(0, |vk| vk.devices.len() as u32))
+    })
+}
+
+unsafe extern "C" fn device_name(index: u32, out: *mut ErrorBuffer) -> i32 {
+    let Some(out) = out.as_mut() else { return 1 };
+    match vulkan().ok().and_then(|vk| vk.devices.get(index as usize)) {
+        Some(device) => {
+            out.set(&device.description());
+            0
+        }
+        None => {
+            out.set("no such device");
+            1
+        }
+    }
+}
+
+unsafe extern "C" fn create(device: u32, threads: u32, err: *mut ErrorBuffer) -> *mut c_void {
+    guarded(err, std::ptr::null_mut(), || {
+        let backend = VulkanBackend::new(device as usize, threads as usize, Options::from_env())?;
+        for (kernel, reason) in &backend.failures {
+            eprintln!(
+                "kazeia-backend-vulkan: {kernel:?} failed its self-test on {} ({reason}); those ops run on the CPU",
+                backend.device_name()
+            );
+        }
+        Ok(Box::into_raw(Box::new(backend)) as *mut c_void)
+    })
+}
+
+unsafe extern "C" fn destroy(backend: *mut c_void) {
+    if !backend.is_null() {
+        guarded(std::ptr::null_mut(), (), || {
+            drop(Box::from_raw(backend as *mut VulkanBackend));
+            Ok(())
+        })
+    }
+}
+
+unsafe fn backend_ref<'a>(backend: *mut c_void) -> Result<&'a VulkanBackend, String> {
+    (backend as *const VulkanBackend)
+        .as_ref()
+        .ok_or_else(|| "null backend".to_string())
+}
+
+unsafe extern "C" fn upload(
+    backend: *mut c_void,
+    desc: *const WeightDesc,
+    err: *mut ErrorBuffer,
+) -> *mut c_void {
+    guarded(err, std::ptr::null_mut(), || {
+        let backend = backend_ref(backend)?;
+        let desc = desc.as_ref().ok_or("null weight description")?;
+        let weight = backend.upload(desc)?;
+        Ok(Box::into_raw(Box::new(weight)) as *mut c_void)
+    })
+}
+
+unsafe extern "C" fn free_weight(backend: *mut c_void, weight: *mut c_void) {
+    if weight.is_null() {
+        return;
+    }
+    guarded(std::ptr::null_mut(), (), || {
+        let weight = *Box::from_raw(weight as *mut VkWeight);
+        match backend_ref(backend) {
+            Ok(backend) => backend.free(weight),
+            Err(_) => drop(weight),
+        }
+        Ok(())
+    })
+}
+
+unsafe extern "C" fn supports_op(backend: *mut c_void, kind: u32) -> bool {
+    guarded(std::ptr::null_mut(), false, || {
+        Ok(backend_ref(backend)?.supports(kind))
+    })
+}
+
+unsafe extern "C" fn run_ops(
+    backend: *mut c_void,
+    ops: *const OpRecord,
+    count: usize,
+    err: *mut ErrorBuffer,
+) -> i32 {
+    guarded(err, 1, || {
+        let backend = backend_ref(backend)?;
+        if count == 0 {
+            return Ok(0);
+        }
+        if ops.is_null() {
+            return Err("null op list".into());
+        }
+        backend.run_records(std::slice::from_raw_parts(ops, count))?;
+        Ok(0)
+    })
+}
+
+unsafe extern "C" fn export_linear(
+    backend: *mut c_void,
+    weight: *mut c_void,
+    bytes: *mut *mut u8,
+    len: *mut usize,
+) -> i32 {
+    guarded(std::ptr::null_mut(), 1, || {
+        let backend = backend_ref(backend)?;
+        let weight = (weight as *const VkWeight).as_ref().ok_or("null weight")?;
+        if bytes.is_null() || len.is_null() {
+            return Err("null output".into());
+        }
+        let exported = backend
+            .export_linear(weight)
+            .ok_or("not a linear weight")?
+            .into_boxed_slice();
+        *len = exported.len();
+        *bytes = Box::into_raw(exported) as *mut u8;
+        Ok(0)
+    })
+}
+
+unsafe extern "C" fn free_bytes(bytes: *mut u8, len: usize) {
+    if !bytes.is_null() {
+        drop(Box::from_raw(std::ptr::slice_from_raw_parts_mut(
+            bytes, len,
+        )));
+    }
+}
+
+unsafe extern "C" fn import_linear(
+    backend: *mut c_void,
+    bytes: *const u8,
+    len: usize,
+    out: u64,
+    inp: u64,
+    format: u32,
+) -> *mut c_void {
+    guarded(std::ptr::null_mut(), std::ptr::null_mut(), || {
+        let backend = backend_ref(backend)?;
+        if bytes.is_null() {
+            return Err("null bytes".into());
+        }
+        let format = WeightFormat::from_code(format).ok_or("unknown format")?;
+        let data = std::slice::from_raw_parts(bytes, len);
+        Ok(backend
+            .import_linear(data, out as usize, inp as usize, format)
+            .map_or(std::ptr::null_mut(), |w| {
+                Box::into_raw(Box::new(w)) as *mut c_void
+            }))
+    })
+}
