@@ -3,7 +3,7 @@
 //!
 //! The engine and the sink sit in swappable slots so a new configuration applies between utterances.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex, RwLock};
 use std::time::Duration;
 
@@ -269,7 +269,36 @@ impl Player {
     }
 }
 
+/// Watches a Spiel client's pipe while its utterance is generated: the client closing its end cancels at
+/// once, not only at the next write (which may be a decoded chunk away).
+fn watch_hangup(file: &std::fs::File, control: &SessionControl, done: &AtomicBool) {
+    use std::os::fd::AsRawFd;
+    let mut poll = libc::pollfd {
+        fd: file.as_raw_fd(),
+        events: 0, // POLLERR and POLLHUP are always reported
+        revents: 0,
+    };
+    while !done.load(Ordering::SeqCst) && !control.is_stopped() {
+        // SAFETY: one valid pollfd, the file outlives this loop.
+        let ready = unsafe { libc::poll(&mut poll, 1, 10) };
+        if ready > 0 && poll.revents & (libc::POLLERR | libc::POLLHUP | libc::POLLNVAL) != 0 {
+            control.stop_async();
+            return;
+        }
+    }
+}
+
 fn speak_to_spiel(speaker: &Speaker, file: &std::fs::File) -> Result<Reason> {
+    let done = AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        scope.spawn(|| watch_hangup(file, speaker.control, &done));
+        let result = stream_to_spiel(speaker, file);
+        done.store(true, Ordering::SeqCst);
+        result
+    })
+}
+
+fn stream_to_spiel(speaker: &Speaker, file: &std::fs::File) -> Result<Reason> {
     let mut writer = match SpielWriter::new(file) {
         Ok(w) => w,
         Err(_) => return Ok(Reason::Stopped),

@@ -149,11 +149,10 @@ impl SpeechApi {
         &self,
         #[zbus(signal_emitter)] emitter: SignalEmitter<'_>,
     ) -> Result<String, SpeechError> {
-        let summary = self
-            .service
-            .reload()
-            .await
-            .map_err(|e| SpeechError::Failed(format!("{e:#}")))?;
+        let summary = self.service.reload().await.map_err(|e| {
+            eprintln!("kazeiad: reload (D-Bus) refused, the running configuration stays: {e:#}");
+            SpeechError::Failed(format!("{e:#}"))
+        })?;
         eprintln!("kazeiad: reload: {summary}");
         emit_properties(self, &emitter).await;
         Ok(summary)

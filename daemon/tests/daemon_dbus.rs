@@ -1,0 +1,720 @@
+//! The daemon with real parts: a private `dbus-daemon`, a headless PipeWire with a null sink recorded by
+//! `pw-record`, `busctl` as a real client, and `kazeiad` serving a tiny fixture model.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use kazeia::dbus::client::SpeechProxy;
+use kazeia::spiel_stream::{s16le_to_f32, Chunk, EventKind, SpielReader};
+use kazeia_tests::fixtures_dir;
+use kazeia_tests::services::{DbusSession, PipeWire, Recorder, Service, TempDir};
+use zbus::wire::Variant;
+
+const KAZEIAD: &str = env!("CARGO_BIN_EXE_kazeiad");
+const KAZEIA: &str = env!("CARGO_BIN_EXE_kazeia");
+
+/// A model directory: the 0.6B-shaped tiny LM with a codec at the released rates (80 ms frames of
+/// 1920 samples), so utterances last seconds; built from the committed fixtures with symlinks.
+fn speaking_model(dir: &Path) -> PathBuf {
+    let model = dir.join("model");
+    std::fs::create_dir_all(&model).unwrap();
+    let lm = fixtures_dir().join("lm/shape_0b6");
+    for f in [
+        "config.json",
+        "generation_config.json",
+        "merges.txt",
+        "model.safetensors",
+        "tokenizer_config.json",
+        "vocab.json",
+    ] {
+        std::os::unix::fs::symlink(lm.join(f), model.join(f)).unwrap();
+    }
+    std::os::unix::fs::symlink(
+        fixtures_dir().join("codec/rates/speech_tokenizer"),
+        model.join("speech_tokenizer"),
+    )
+    .unwrap();
+    model
+}
+
+/// The tiny fixture model as committed (2 ms frames): fast, for tests that count utterances.
+fn quick_model() -> PathBuf {
+    fixtures_dir().join("lm/shape_0b6")
+}
+
+fn write_config(path: &Path, model: &Path, sink: &str, extra: &str) {
+    std::fs::write(
+        path,
+        format!(
+            "[model]\npath = \"{}\"\n[audio]\nsink = \"{sink}\"\n[threads]\ntalker = 1\ncode_predictor = 1\n\
+             decoder = 1\n{extra}",
+            model.display()
+        ),
+    )
+    .unwrap();
+}
+
+/// D-Bus activation files for both names, running `kazeiad --config CONFIG`.
+fn activation_dir(dir: &Path, config: &Path) -> PathBuf {
+    let services = dir.join("services");
+    std::fs::create_dir_all(&services).unwrap();
+    for name in ["org.kazeia.Speech", "org.kazeia.Speech.Provider"] {
+        std::fs::write(
+            services.join(format!("{name}.service")),
+            format!(
+                "[D-BUS Service]\nName={name}\nExec={KAZEIAD} --config {}\n",
+                config.display()
+            ),
+        )
+        .unwrap();
+    }
+    services
+}
+
+fn start_daemon(
+    bus: &DbusSession,
+    env: &[(String, String)],
+    config: &Path,
+    log: PathBuf,
+) -> Service {
+    let config = config.display().to_string();
+    let daemon = Service::spawn(KAZEIAD, &["--config", &config], env, log);
+    wait_for_name(bus, "org.kazeia.Speech");
+    daemon
+}
+
+fn wait_for_name(bus: &DbusSession, name: &str) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let out = busctl(bus, &["status", name]);
+        if out.status.success() {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{name} never appeared on the bus"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn busctl(bus: &DbusSession, args: &[&str]) -> std::process::Output {
+    Command::new("busctl")
+        .arg(format!("--address={}", bus.address()))
+        .args(args)
+        .output()
+        .expect("busctl (package systemd) is needed")
+}
+
+/// `busctl call` on Kazeia's interface; Ok(stdout) or Err(stderr).
+fn call(bus: &DbusSession, method: &str, args: &[&str]) -> Result<String, String> {
+    let mut all = vec![
+        "call",
+        "org.kazeia.Speech",
+        "/org/kazeia/Speech",
+        "org.kazeia.Speech1",
+        method,
+    ];
+    all.extend_from_slice(args);
+    let out = busctl(bus, &all);
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).trim().to_owned())
+    }
+}
+
+/// `Speak` through busctl; the id.
+fn speak(bus: &DbusSession, text: &str) -> u64 {
+    let out = call(bus, "Speak", &["sa{sv}", text, "0"]).expect("Speak failed");
+    out.strip_prefix("t ").unwrap().parse().unwrap()
+}
+
+async fn connect(bus: &DbusSession) -> zbus::Connection {
+    zbus::connection::Builder::address(bus.address())
+        .build()
+        .await
+        .expect("cannot connect to the test bus")
+}
+
+/// Waits for `Finished(id, reason)`; the reason.
+async fn finished(
+    stream: &mut kazeia::dbus::client::FinishedStream,
+    id: u64,
+    timeout: Duration,
+) -> String {
+    tokio::time::timeout(timeout, async {
+        while let Some(signal) = stream.next().await {
+            let args = signal.args().unwrap();
+            if args.id == id {
+                return args.reason.clone();
+            }
+        }
+        panic!("the signal stream ended");
+    })
+    .await
+    .unwrap_or_else(|_| panic!("no Finished for {id} within {timeout:?}"))
+}
+
+/// Calls Spiel `Synthesize` and reads the whole stream: (samples, marks in order with the sample
+/// count before each).
+async fn spiel(
+    connection: &zbus::Connection,
+    text: &str,
+    ssml: bool,
+) -> zbus::Result<(Vec<f32>, Vec<(String, usize)>)> {
+    let (reader, writer) = std::io::pipe().unwrap();
+    let proxy = zbus::Proxy::new(
+        connection,
+        "org.kazeia.Speech.Provider",
+        "/org/kazeia/Speech/Provider",
+        "org.freedesktop.Speech.Provider",
+    )
+    .await?;
+    let fd: std::os::fd::OwnedFd = writer.into();
+    let read = std::thread::spawn(move || {
+        let mut stream = SpielReader::new(reader).expect("Spiel header");
+        let mut samples = Vec::new();
+        let mut marks = Vec::new();
+        while let Some(chunk) = stream.next_chunk().expect("well-formed Spiel stream") {
+            match chunk {
+                Chunk::Audio(pcm) => {
+                    assert_eq!(pcm.len() % 2, 0, "S16 audio chunk of odd size");
+                    samples.extend(s16le_to_f32(&pcm));
+                }
+                Chunk::Event { kind, name, .. } => {
+                    assert_eq!(kind, EventKind::Mark);
+                    marks.push((name, samples.len()));
+                }
+            }
+        }
+        (samples, marks)
+    });
+    let sent: zbus::Result<()> = proxy
+        .call(
+            "Synthesize",
+            &(zbus::Fd::from(&fd), text, "", 1.0f64, 1.0f64, ssml, ""),
+        )
+        .await;
+    drop(fd);
+    sent?;
+    Ok(tokio::task::spawn_blocking(move || read.join().unwrap())
+        .await
+        .unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn activation_speak_on_pipewire_and_spiel_stream() {
+    let dir = TempDir::new("daemon-play");
+    let model = speaking_model(dir.path());
+    let config = dir.path().join("kazeia.toml");
+    write_config(&config, &model, "pipewire", "[generation]\ngreedy = true\n");
+    let bus = DbusSession::start(Some(&activation_dir(dir.path(), &config)));
+    let pw = PipeWire::start(&bus);
+    let connection = connect(&bus).await;
+
+    // The first call starts the daemon through the activation file.
+    let text = "Hello world, this is a test.";
+    let started = Instant::now();
+    let (expected, marks) = spiel(&connection, text, false)
+        .await
+        .expect("Spiel Synthesize");
+    assert!(marks.is_empty());
+    let seconds = expected.len() as f64 / 24000.0;
+    assert!(seconds > 0.5, "only {seconds} s of audio");
+    eprintln!(
+        "activated and streamed {seconds:.2} s over Spiel in {:.2} s",
+        started.elapsed().as_secs_f64()
+    );
+    // The same text again is the same audio (greedy decoding): the stream is deterministic.
+    let (again, _) = spiel(&connection, text, false).await.unwrap();
+    assert_eq!(again, expected);
+
+    // Speak from a real client plays on PipeWire: the recorder hears as much audio as was generated.
+    let proxy = SpeechProxy::builder(&connection).build().await.unwrap();
+    let mut done = proxy.receive_finished().await.unwrap();
+    let recorder = Recorder::start(&pw);
+    let id = speak(&bus, text);
+    assert_eq!(
+        finished(&mut done, id, Duration::from_secs(60)).await,
+        "done"
+    );
+    let recording = recorder.stop();
+    let heard = recording.sound_duration(0.01);
+    eprintln!(
+        "played {heard:.3} s, generated {seconds:.3} s, peak {}",
+        recording.peak()
+    );
+    assert!(
+        (heard - seconds).abs() < 0.1,
+        "heard {heard:.3} s of audio, generated {seconds:.3} s"
+    );
+    assert!(recording.peak() > 0.1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stop_during_a_long_utterance_ends_the_audio() {
+    let dir = TempDir::new("daemon-stop");
+    let model = speaking_model(dir.path());
+    let config = dir.path().join("kazeia.toml");
+    // Sampling runs to the frame cap on this model: 400 frames = 32 s per sentence.
+    write_config(
+        &config,
+        &model,
+        "pipewire",
+        "[generation]\nmax_frames = 400\n",
+    );
+    let bus = DbusSession::start(None);
+    let pw = PipeWire::start(&bus);
+    let _daemon = start_daemon(&bus, &pw.env(), &config, dir.path().join("kazeiad.log"));
+    let connection = connect(&bus).await;
+    let proxy = SpeechProxy::builder(&connection).build().await.unwrap();
+    let mut done = proxy.receive_finished().await.unwrap();
+    let mut started_signals = proxy.receive_started().await.unwrap();
+    let recorder = Recorder::start(&pw);
+    let id = speak(
+        &bus,
+        "This sentence goes on and on. And another one follows it.",
+    );
+    tokio::time::timeout(Duration::from_secs(30), started_signals.next())
+        .await
+        .expect("Started")
+        .unwrap();
+    // Let it speak for a while, then stop it from another client.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let stop_at = Instant::now();
+    call(&bus, "Stop", &["t", &id.to_string()]).expect_err("another client cannot stop it");
+    let stopped_everyone = call(&bus, "StopEveryone", &[]).unwrap();
+    assert_eq!(stopped_everyone, "u 1");
+    assert_eq!(
+        finished(&mut done, id, Duration::from_secs(5)).await,
+        "stopped"
+    );
+    let signalled = stop_at.elapsed();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let recording = recorder.stop();
+    let (_, end) = recording
+        .sound_span(0.01)
+        .expect("it spoke before the stop");
+    let silent_after = recording
+        .arrival(end)
+        .unwrap()
+        .saturating_duration_since(stop_at);
+    eprintln!(
+        "Finished(stopped) {:.1} ms after the stop call; last sound reached the recorder {:.1} ms after it",
+        signalled.as_secs_f64() * 1e3,
+        silent_after.as_secs_f64() * 1e3
+    );
+    assert!(recording.sound_duration(0.01) < 10.0);
+    assert!(
+        silent_after < Duration::from_millis(150),
+        "sound went on {silent_after:?} after stop"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_gets_error_replies_and_the_daemon_keeps_serving() {
+    let dir = TempDir::new("daemon-bad");
+    let config = dir.path().join("kazeia.toml");
+    write_config(
+        &config,
+        &quick_model(),
+        "null",
+        "[queue]\nmax_text_bytes = 2000\n[generation]\nmax_frames = 8\n",
+    );
+    let bus = DbusSession::start(None);
+    let _daemon = start_daemon(&bus, &bus.env(), &config, dir.path().join("kazeiad.log"));
+    let connection = connect(&bus).await;
+    let huge = "word ".repeat(1000);
+    let no_options = HashMap::<&str, Variant<'_>>::new;
+    let with = |key: &'static str, value: Variant<'static>| HashMap::from([(key, value)]);
+    let ssml = |text: &'static str| (text, with("ssml", Variant::from(true)));
+    let cases: Vec<(&str, (String, HashMap<&str, Variant<'_>>), &str)> = vec![
+        ("empty", ("".into(), no_options()), "InvalidArgs"),
+        ("blank", ("  \n ".into(), no_options()), "InvalidArgs"),
+        ("huge", (huge.clone(), no_options()), "TextTooLong"),
+        (
+            "unclosed tag",
+            (ssml("<speak>Hi <mark").0.into(), ssml("").1),
+            "InvalidSsml",
+        ),
+        (
+            "mismatched tag",
+            (ssml("<speak>a</p>").0.into(), ssml("").1),
+            "InvalidSsml",
+        ),
+        (
+            "unknown voice",
+            ("Hi".into(), with("voice", Variant::from("nobody"))),
+            "UnknownVoice",
+        ),
+        (
+            "unknown language",
+            ("Hi".into(), with("language", Variant::from("tlh"))),
+            "UnknownVoice",
+        ),
+        (
+            "rate of the wrong type",
+            ("Hi".into(), with("rate", Variant::from("fast"))),
+            "InvalidArgs",
+        ),
+        (
+            "negative rate",
+            ("Hi".into(), with("rate", Variant::from(-1.0))),
+            "InvalidArgs",
+        ),
+        (
+            "unknown priority",
+            ("Hi".into(), with("priority", Variant::from("urgent"))),
+            "InvalidArgs",
+        ),
+        (
+            "unknown option",
+            ("Hi".into(), with("colour", Variant::from("red"))),
+            "InvalidArgs",
+        ),
+    ];
+    for (what, body, error) in &cases {
+        let reply = connection
+            .call_method(
+                Some("org.kazeia.Speech"),
+                "/org/kazeia/Speech",
+                Some("org.kazeia.Speech1"),
+                "Speak",
+                body,
+            )
+            .await;
+        let Err(zbus::Error::MethodError(name, message, _)) = reply else {
+            panic!("{what}: expected the error {error}, got {reply:?}");
+        };
+        assert_eq!(
+            name.as_str(),
+            format!("org.kazeia.Speech1.Error.{error}"),
+            "{what}: {message:?}"
+        );
+        eprintln!("{what} → {name}: {}", message.unwrap_or_default());
+    }
+    // Wrong argument types, from a real client.
+    for (method, args) in [
+        ("Speak", vec!["s", "no options"]),
+        ("Speak", vec!["i", "3"]),
+        ("Stop", vec!["s", "12345"]),
+    ] {
+        let e = call(&bus, method, &args).expect_err("wrong types must fail");
+        assert!(
+            e.contains("Signature mismatch") || e.contains("nvalid"),
+            "{method} {args:?}: {e}"
+        );
+    }
+    let e = call(&bus, "Stop", &["t", "12345"]).expect_err("unknown id");
+    assert!(e.contains("no utterance 12345"), "{e}");
+    // Still serving, and serving correctly.
+    let proxy = SpeechProxy::builder(&connection).build().await.unwrap();
+    let mut done = proxy.receive_finished().await.unwrap();
+    let id = speak(&bus, "Still here.");
+    assert_eq!(
+        finished(&mut done, id, Duration::from_secs(30)).await,
+        "done"
+    );
+    // Spiel refuses bad SSML too, with the same error, and nothing is left waiting on the pipe.
+    let err = spiel(&connection, "<speak><mark/></speak>", true)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("SSML"), "{err}");
+    let (samples, marks) = spiel(
+        &connection,
+        "<speak>One.<mark name=\"__spd_0\"/> Two.<mark name=\"end\"/></speak>",
+        true,
+    )
+    .await
+    .unwrap();
+    let names: Vec<&str> = marks.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, ["__spd_0", "end"]);
+    assert!(marks[0].1 > 0 && marks[0].1 < marks[1].1 && marks[1].1 == samples.len());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifty_clients_five_utterances_each_none_lost() {
+    let dir = TempDir::new("daemon-load");
+    let config = dir.path().join("kazeia.toml");
+    write_config(
+        &config,
+        &quick_model(),
+        "null",
+        "[queue]\nmax_utterances = 100\n[generation]\nmax_frames = 6\n",
+    );
+    let bus = DbusSession::start(None);
+    let _daemon = start_daemon(&bus, &bus.env(), &config, dir.path().join("kazeiad.log"));
+    let mut clients = Vec::new();
+    for c in 0..50 {
+        let address = bus.address().to_owned();
+        clients.push(tokio::spawn(async move {
+            let connection = zbus::connection::Builder::address(address.as_str())
+                .build()
+                .await
+                .unwrap();
+            let proxy = SpeechProxy::builder(&connection).build().await.unwrap();
+            let mut done = proxy.receive_finished().await.unwrap();
+            let mut accepted = Vec::new();
+            let mut refused = Vec::new();
+            for u in 0..5 {
+                let text = format!("Client {c} says number {u}.");
+                match proxy
+                    .speak(&text, HashMap::<&str, Variant<'_>>::new())
+                    .await
+                {
+                    Ok(id) => accepted.push(id),
+                    Err(e) => refused.push(e.to_string()),
+                }
+            }
+            let mut outcomes = HashMap::new();
+            while outcomes.len() < accepted.len() {
+                let signal = tokio::time::timeout(Duration::from_secs(240), done.next())
+                    .await
+                    .expect("an accepted utterance never finished")
+                    .unwrap();
+                let args = signal.args().unwrap();
+                if accepted.contains(&args.id) {
+                    assert!(
+                        outcomes.insert(args.id, args.reason.clone()).is_none(),
+                        "two Finished for {}",
+                        args.id
+                    );
+                }
+            }
+            (outcomes, refused)
+        }));
+    }
+    let (mut done, mut full) = (0, 0);
+    for client in clients {
+        let (outcomes, refused) = client.await.unwrap();
+        assert_eq!(outcomes.len() + refused.len(), 5);
+        for reason in outcomes.values() {
+            assert_eq!(reason, "done");
+        }
+        for e in &refused {
+            assert!(e.contains("QueueFull"), "{e}");
+        }
+        done += outcomes.len();
+        full += refused.len();
+    }
+    eprintln!("250 requests: {done} spoken, {full} refused with QueueFull");
+    assert_eq!(done + full, 250);
+    assert!(done >= 100);
+}
+
+async fn backends(proxy: &SpeechProxy<'_>) -> HashMap<String, String> {
+    // Properties are cached from PropertiesChanged; ask the daemon itself.
+    proxy.inner().get_property("Backends").await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn configuration_changes_apply_while_running() {
+    let dir = TempDir::new("daemon-config");
+    let config = dir.path().join("kazeia.toml");
+    write_config(
+        &config,
+        &quick_model(),
+        "null",
+        "[generation]\nmax_frames = 6\n",
+    );
+    let bus = DbusSession::start(None);
+    let mut daemon = start_daemon(&bus, &bus.env(), &config, dir.path().join("kazeiad.log"));
+    let connection = connect(&bus).await;
+    let proxy = SpeechProxy::builder(&connection)
+        .cache_properties(zbus::proxy::CacheProperties::No)
+        .build()
+        .await
+        .unwrap();
+    assert_eq!(backends(&proxy).await["decoder"], "cpu");
+
+    // Saving the file switches the decoder's backend, without a restart.
+    let plugin_dir = kazeia_tests::cpu_plugin().parent().unwrap().to_path_buf();
+    write_config(
+        &config,
+        &quick_model(),
+        "null",
+        &format!(
+            "[generation]\nmax_frames = 6\n[backends]\ndecoder = \"vulkan\"\nplugin_path = [\"{}\"]\n",
+            plugin_dir.display()
+        ),
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let decoder = loop {
+        let decoder = backends(&proxy).await["decoder"].clone();
+        if decoder != "cpu" {
+            break decoder;
+        }
+        assert!(Instant::now() < deadline, "the file change was not applied");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(decoder.contains("vulkan"), "{decoder}");
+    let mut done = proxy.receive_finished().await.unwrap();
+    let id = speak(&bus, "After the switch.");
+    assert_eq!(
+        finished(&mut done, id, Duration::from_secs(30)).await,
+        "done"
+    );
+
+    // An invalid file is refused by Reload() with the reason; the running configuration stays.
+    std::fs::write(&config, "[model]\nweights = \"q3\"\n").unwrap();
+    let e = call(&bus, "Reload", &[]).expect_err("an invalid file must be refused");
+    assert!(e.contains("weights"), "{e}");
+    assert_eq!(backends(&proxy).await["decoder"], decoder);
+    let id = speak(&bus, "Still the old configuration.");
+    assert_eq!(
+        finished(&mut done, id, Duration::from_secs(30)).await,
+        "done"
+    );
+
+    // SIGHUP applies a valid file: another model, the decoder back on the CPU plugin.
+    write_config(
+        &config,
+        &fixtures_dir().join("lm/shape_1b7"),
+        "null",
+        &format!(
+            "[generation]\nmax_frames = 6\n[backends]\ndecoder = \"cpu\"\nplugin_path = [\"{}\"]\n",
+            plugin_dir.display()
+        ),
+    );
+    unsafe { libc::kill(daemon.pid() as i32, libc::SIGHUP) };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let model: String = proxy.inner().get_property("Model").await.unwrap();
+        if model.ends_with("shape_1b7") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "SIGHUP did not apply the new model"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(backends(&proxy).await["decoder"], "cpu");
+    let id = speak(&bus, "A new model.");
+    assert_eq!(
+        finished(&mut done, id, Duration::from_secs(30)).await,
+        "done"
+    );
+    daemon.check_running();
+    let log = daemon.log();
+    assert!(
+        log.contains("refused, the running configuration stays") || log.contains("weights"),
+        "{log}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shuts_down_on_sigterm_and_when_the_bus_goes_away() {
+    let dir = TempDir::new("daemon-life");
+    let config = dir.path().join("kazeia.toml");
+    write_config(&config, &quick_model(), "null", "");
+    let bus = DbusSession::start(None);
+    let log = dir.path().join("a.log");
+    let config_arg = config.display().to_string();
+    let mut child = Command::new(KAZEIAD)
+        .args(["--config", &config_arg])
+        .envs(bus.env())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    wait_for_name(&bus, "org.kazeia.Speech");
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let status = wait_exit(&mut child, Duration::from_secs(10));
+    assert!(status.success(), "{status}");
+    assert!(std::fs::read_to_string(&log)
+        .unwrap()
+        .contains("kazeiad: stopped"));
+
+    // The bus disappears: the daemon exits by itself.
+    let mut child = Command::new(KAZEIAD)
+        .args(["--config", &config_arg])
+        .envs(bus.env())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    wait_for_name(&bus, "org.kazeia.Speech");
+    drop(bus);
+    wait_exit(&mut child, Duration::from_secs(10));
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(text.contains("the session bus went away"), "{text}");
+}
+
+fn wait_exit(child: &mut std::process::Child, timeout: Duration) -> std::process::ExitStatus {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("the daemon did not exit within {timeout:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn say_uses_the_daemon_and_falls_back_in_process() {
+    let dir = TempDir::new("daemon-say");
+    let config = dir.path().join("kazeia.toml");
+    let wav = dir.path().join("said.wav");
+    write_config(
+        &config,
+        &quick_model(),
+        &format!("wav:{}", wav.display()),
+        "[generation]\nmax_frames = 6\n",
+    );
+    // Through the daemon, which the bus starts on the first call.
+    let bus = DbusSession::start(Some(&activation_dir(dir.path(), &config)));
+    let out = Command::new(KAZEIA)
+        .args(["say", "Through the daemon."])
+        .envs(bus.env())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("in process"));
+    let first = std::fs::metadata(&wav).unwrap().len();
+    assert!(first > 44);
+    let out = Command::new(KAZEIA)
+        .args(["say", "--voice", "nobody", "Bad voice."])
+        .envs(bus.env())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown voice"));
+    drop(bus);
+
+    // No bus at all: in process, with the configuration given.
+    let local_wav = dir.path().join("local.wav");
+    write_config(
+        &config,
+        &quick_model(),
+        &format!("wav:{}", local_wav.display()),
+        "[generation]\nmax_frames = 6\n",
+    );
+    let out = Command::new(KAZEIA)
+        .args([
+            "say",
+            "--config",
+            &config.display().to_string(),
+            "In process.",
+        ])
+        .env(
+            "DBUS_SESSION_BUS_ADDRESS",
+            format!("unix:path={}/none", dir.path().display()),
+        )
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("speaking in process"), "{stderr}");
+    assert!(std::fs::metadata(&local_wav).unwrap().len() > 44);
+}
