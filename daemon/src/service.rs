@@ -96,7 +96,7 @@ impl Service {
             )));
         }
         let pieces = if options.ssml {
-            parse_ssml(text).map_err(|e| Refusal::InvalidSsml(format!("invalid SSML: {e}")))?
+            parse_ssml(text).map_err(|e| Refusal::InvalidSsml(e.to_string()))?
         } else {
             plain_text(text)
         };
