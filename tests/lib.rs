@@ -44,3 +44,36 @@ pub fn cpu_plugin() -> PathBuf {
         })
         .clone()
 }
+
+/// The Vulkan backend built as a plugin (`libkazeia_backend_vulkan.so`), built the way [`cpu_plugin`] is.
+pub fn vulkan_plugin() -> PathBuf {
+    static PLUGIN: OnceLock<PathBuf> = OnceLock::new();
+    PLUGIN
+        .get_or_init(|| {
+            let name = format!("libkazeia_backend_vulkan{}", std::env::consts::DLL_SUFFIX);
+            let exe = std::env::current_exe().expect("test executable path");
+            let target = exe
+                .ancestors()
+                .nth(3)
+                .expect("target/<profile>/deps/<test>")
+                .join("plugin-for-tests");
+            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+            let status = std::process::Command::new(cargo)
+                .args([
+                    "build",
+                    "--quiet",
+                    "-p",
+                    "kazeia-backend-vulkan",
+                    "--target-dir",
+                ])
+                .arg(&target)
+                .current_dir(env!("CARGO_MANIFEST_DIR"))
+                .status()
+                .expect("cannot run cargo to build the Vulkan plugin");
+            assert!(status.success(), "building the Vulkan plugin failed");
+            let built = target.join("debug").join(&name);
+            assert!(built.is_file(), "{} was not built", built.display());
+            built
+        })
+        .clone()
+}

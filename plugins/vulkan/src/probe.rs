@@ -72,6 +72,9 @@ pub fn vulkan() -> Result<&'static Vulkan, &'static str> {
     PROBE.get_or_init(probe).as_ref().map_err(String::as_str)
 }
 
+const NO_DRIVER: &str =
+    "no usable Vulkan device: the loader found no driver (Debian: mesa-vulkan-drivers provides lavapipe)";
+
 fn probe() -> Result<Vulkan, String> {
     // SAFETY: loading the Vulkan loader runs its initialisers, as any Vulkan application does.
     let entry = unsafe {
@@ -87,8 +90,10 @@ fn probe() -> Result<Vulkan, String> {
         .api_version(vk::API_VERSION_1_1);
     let create = vk::InstanceCreateInfo::default().application_info(&app);
     // SAFETY: a valid create info; the instance lives for the rest of the process.
-    let instance = unsafe { entry.create_instance(&create, None) }
-        .map_err(|e| format!("cannot create a Vulkan 1.1 instance: {e}"))?;
+    let instance = unsafe { entry.create_instance(&create, None) }.map_err(|e| match e {
+        vk::Result::ERROR_INCOMPATIBLE_DRIVER => NO_DRIVER.to_string(),
+        e => format!("cannot create a Vulkan 1.1 instance: {e}"),
+    })?;
     // SAFETY: a live instance.
     let physical = unsafe { instance.enumerate_physical_devices() }
         .map_err(|e| format!("cannot list Vulkan devices: {e}"))?;
@@ -101,12 +106,10 @@ fn probe() -> Result<Vulkan, String> {
         }
     }
     if devices.is_empty() {
-        let detail = if rejected.is_empty() {
-            "the loader found no driver (Debian: mesa-vulkan-drivers provides lavapipe)".to_string()
-        } else {
-            rejected.join("; ")
-        };
-        return Err(format!("no usable Vulkan device: {detail}"));
+        if rejected.is_empty() {
+            return Err(NO_DRIVER.into());
+        }
+        return Err(format!("no usable Vulkan device: {}", rejected.join("; ")));
     }
     // Best first, the driver's order among equals.
     devices.sort_by_key(|d| -d.score());

@@ -1,0 +1,250 @@
+//! The codec decoder and the language models with their stages on the Vulkan plugin, against the CPU backend and
+//! the official golden outputs (`tests/fixtures`).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use kazeia_backend_abi::Backend;
+use kazeia_backend_vulkan::{Options, VulkanBackend};
+use kazeia_engine::codec::CodecDecoder;
+use kazeia_engine::codes::parse_codes_json;
+use kazeia_engine::lm::{generate, LmBackends, PromptRequest, TtsModel};
+use kazeia_engine::plugins::{inspect, PluginBackend};
+use kazeia_engine::weights::WeightFile;
+use kazeia_engine::{CpuBackend, WeightFormat, WeightStorage};
+use serde_json::Value;
+
+/// The bound for the decoder on Vulkan against the CPU, f32.
+const TOLERANCE: f32 = 1e-3;
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures")
+}
+
+fn vulkan_plugin_backend() -> Arc<dyn Backend> {
+    let info = inspect(&kazeia_tests::vulkan_plugin());
+    assert!(info.is_available(), "{:?}", info.unavailable);
+    Arc::new(PluginBackend::create(&info, 0, 1).unwrap())
+}
+
+fn codes(dir: &Path) -> Vec<Vec<u32>> {
+    parse_codes_json(&std::fs::read_to_string(dir.join("codes.json")).unwrap()).unwrap()
+}
+
+fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+fn snr_db(signal: &[f32], test: &[f32]) -> f64 {
+    let power: f64 = signal.iter().map(|&v| (v as f64).powi(2)).sum();
+    let noise: f64 = signal
+        .iter()
+        .zip(test)
+        .map(|(&a, &b)| (a as f64 - b as f64).powi(2))
+        .sum();
+    10.0 * (power / noise.max(1e-30)).log10()
+}
+
+fn cpu_wav(dir: &Path) -> Vec<f32> {
+    CodecDecoder::load(dir, Arc::new(CpuBackend::new(1)))
+        .unwrap()
+        .decode(&codes(dir))
+        .unwrap()
+}
+
+fn golden_wav(dir: &Path) -> Vec<f32> {
+    WeightFile::open(&dir.join("golden.safetensors"))
+        .unwrap()
+        .tensor("wav")
+        .unwrap()
+        .data
+}
+
+#[test]
+fn the_decoder_on_the_vulkan_plugin_matches_the_cpu_on_every_fixture() {
+    let vulkan = vulkan_plugin_backend();
+    for case in ["window", "rates", "bf16_gqa", "long"] {
+        let dir = fixtures().join("codec").join(case);
+        let decoder = CodecDecoder::load(&dir, vulkan.clone()).unwrap();
+        let t = std::time::Instant::now();
+        let wav = decoder.decode(&codes(&dir)).unwrap();
+        let elapsed = t.elapsed();
+        let vs_cpu = max_abs_diff(&wav, &cpu_wav(&dir));
+        let vs_golden = max_abs_diff(&wav, &golden_wav(&dir));
+        eprintln!(
+            "{case}: {} samples in {elapsed:.2?}; max abs error vs cpu {vs_cpu:e}, vs official {vs_golden:e}",
+            wav.len()
+        );
+        assert!(vs_cpu <= TOLERANCE, "{case}: {vs_cpu:e} from the CPU");
+        assert!(
+            vs_golden <= TOLERANCE,
+            "{case}: {vs_golden:e} from the official output"
+        );
+    }
+}
+
+#[test]
+fn chunked_decoding_on_vulkan_equals_one_shot() {
+    // The streaming path: the first chunk of one frame, then chunks of eight, state carried between them.
+    let vulkan = vulkan_plugin_backend();
+    let dir = fixtures().join("codec/rates");
+    let decoder = CodecDecoder::load(&dir, vulkan).unwrap();
+    let codes = codes(&dir);
+    let one_shot = decoder.decode(&codes).unwrap();
+    let mut state = decoder.new_state();
+    let mut chunked = Vec::new();
+    let mut at = 0;
+    for size in std::iter::once(1).chain(std::iter::repeat(8)) {
+        if at >= codes.len() {
+            break;
+        }
+        let end = (at + size).min(codes.len());
+        chunked.extend(
+            decoder
+                .decode_chunk(&mut state, &codes[at..end], &mut |_, _| {})
+                .unwrap(),
+        );
+        at = end;
+    }
+    let err = max_abs_diff(&chunked, &one_shot);
+    eprintln!("chunked vs one-shot on vulkan: {err:e}");
+    assert!(err <= 1e-5, "{err:e}");
+}
+
+#[test]
+fn the_decoder_with_f16_convolutions_and_with_shared_memory_reductions() {
+    // In-process, with the plugin's options: F16 convolution weights (reported: SNR and error against the
+    // official f32 output), and the reductions without subgroup operations (as on a device without them).
+    for case in ["window", "rates"] {
+        let dir = fixtures().join("codec").join(case);
+        let golden = golden_wav(&dir);
+        let f16 = VulkanBackend::new(
+            0,
+            1,
+            Options {
+                conv_f16: true,
+                ..Options::default()
+            },
+        )
+        .unwrap();
+        let wav = CodecDecoder::load(&dir, Arc::new(f16))
+            .unwrap()
+            .decode(&codes(&dir))
+            .unwrap();
+        let snr = snr_db(&golden, &wav);
+        eprintln!(
+            "{case}: F16 convolution weights: SNR {snr:.1} dB, max abs error {:e} vs the official f32 output",
+            max_abs_diff(&wav, &golden)
+        );
+        assert!(snr >= 30.0, "{case}: {snr:.1} dB");
+
+        let shared = VulkanBackend::new(
+            0,
+            1,
+            Options {
+                subgroups: Some(false),
+                ..Options::default()
+            },
+        )
+        .unwrap();
+        let wav = CodecDecoder::load(&dir, Arc::new(shared))
+            .unwrap()
+            .decode(&codes(&dir))
+            .unwrap();
+        let err = max_abs_diff(&wav, &cpu_wav(&dir));
+        assert!(
+            err <= TOLERANCE,
+            "{case}, shared-memory reductions: {err:e}"
+        );
+    }
+}
+
+fn runs(case: &str) -> Vec<Value> {
+    let text =
+        std::fs::read_to_string(fixtures().join("lm").join(case).join("golden.json")).unwrap();
+    serde_json::from_str::<Value>(&text).unwrap()["runs"]
+        .as_array()
+        .unwrap()
+        .clone()
+}
+
+fn ids(v: &Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}
+
+fn greedy_codes(model: &TtsModel, run: &Value) -> Vec<Vec<u32>> {
+    let request = PromptRequest {
+        input_ids: ids(&run["input_ids"]),
+        instruct_ids: run["instruct_ids"]
+            .as_array()
+            .map(|_| ids(&run["instruct_ids"])),
+        speaker: run["speaker"].as_str().map(str::to_owned),
+        language: run["language"].as_str().unwrap().to_owned(),
+        non_streaming_mode: run["non_streaming_mode"].as_bool().unwrap(),
+    };
+    let prompt = model.prompt(&request).unwrap();
+    let mut options = model.default_options(true);
+    options.max_new_tokens = run["max_new_tokens"].as_u64().unwrap() as usize;
+    generate(
+        model,
+        &prompt,
+        &options,
+        &mut || unreachable!("greedy"),
+        &mut |_| true,
+    )
+    .codes
+}
+
+#[test]
+fn talker_and_code_predictor_on_vulkan_give_the_official_greedy_codes() {
+    // Both LM stages on the plugin: F32 storage gives the official codes; F16 and Q8_0 (matvec kinds of the
+    // token steps) give exactly the CPU backend's codes in the same format.
+    let vulkan = vulkan_plugin_backend();
+    let backends = || LmBackends {
+        talker: vulkan.clone(),
+        code_predictor: vulkan.clone(),
+    };
+    let cpu: Arc<dyn Backend> = Arc::new(CpuBackend::new(1));
+    let case = "shape_0b6";
+    let dir = fixtures().join("lm").join(case);
+    let official =
+        TtsModel::load_on(&dir, backends(), WeightStorage::Convert(WeightFormat::F32)).unwrap();
+    for run in runs(case) {
+        let expected: Vec<Vec<u32>> = run["codes"].as_array().unwrap().iter().map(ids).collect();
+        assert_eq!(
+            greedy_codes(&official, &run),
+            expected,
+            "f32: {}",
+            run["name"]
+        );
+    }
+    for format in [WeightFormat::F16, WeightFormat::Q8_0] {
+        let on_vulkan =
+            TtsModel::load_on(&dir, backends(), WeightStorage::Convert(format)).unwrap();
+        let on_cpu = TtsModel::load_on(
+            &dir,
+            LmBackends {
+                talker: cpu.clone(),
+                code_predictor: cpu.clone(),
+            },
+            WeightStorage::Convert(format),
+        )
+        .unwrap();
+        for run in runs(case) {
+            assert_eq!(
+                greedy_codes(&on_vulkan, &run),
+                greedy_codes(&on_cpu, &run),
+                "{format}: {}",
+                run["name"]
+            );
+        }
+    }
+}
