@@ -14,7 +14,7 @@ use crate::audio::SinkSpec;
 /// The shipped, commented default configuration.
 pub const SHIPPED: &str = include_str!("../../config/kazeia.toml");
 
-#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Deserialize, Default)]
 #[serde(deny_unknown_fields, default)]
 pub struct DaemonConfig {
     pub model: ModelSection,
@@ -63,7 +63,7 @@ pub struct BackendsSection {
     pub plugin_path: Vec<PathBuf>,
 }
 
-#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Deserialize, Default)]
 #[serde(deny_unknown_fields, default)]
 pub struct ThreadsSection {
     /// 0: every CPU.
@@ -97,21 +97,6 @@ pub struct StreamSection {
     pub chunk_frames: usize,
 }
 
-impl Default for DaemonConfig {
-    fn default() -> Self {
-        DaemonConfig {
-            model: ModelSection::default(),
-            voice: VoiceSection::default(),
-            backends: BackendsSection::default(),
-            threads: ThreadsSection::default(),
-            audio: AudioSection::default(),
-            queue: QueueSection::default(),
-            stream: StreamSection::default(),
-            generation: GenerationSection::default(),
-        }
-    }
-}
-
 impl Default for ModelSection {
     fn default() -> Self {
         ModelSection {
@@ -138,16 +123,6 @@ impl Default for BackendsSection {
             code_predictor: "cpu".into(),
             decoder: "cpu".into(),
             plugin_path: Vec::new(),
-        }
-    }
-}
-
-impl Default for ThreadsSection {
-    fn default() -> Self {
-        ThreadsSection {
-            talker: 0,
-            code_predictor: 0,
-            decoder: 0,
         }
     }
 }

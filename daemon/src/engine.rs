@@ -81,7 +81,9 @@ impl Engine {
         let start = Instant::now();
         let dir = resolve_model(&config.model.path)?;
         let plugins = discover(&search_path(&config.backends.plugin_path));
-        let mut chosen: Vec<((String, usize), Arc<dyn Backend>, String)> = Vec::new();
+        // One backend per (name, threads), shared by the stages that ask for the same.
+        type Chosen = ((String, usize), Arc<dyn Backend>, String);
+        let mut chosen: Vec<Chosen> = Vec::new();
         let mut pick = |stage: &str, name: &str, threads: usize| -> (Arc<dyn Backend>, String) {
             let threads = threads_or_all(threads);
             let key = (name.to_owned(), threads);

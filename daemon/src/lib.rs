@@ -1,7 +1,7 @@
 //! The Kazeia daemon's parts, shared by the `kazeia` command line, the daemon (`kazeiad`, also
 //! `kazeia daemon`) and the speech-dispatcher module `sd_kazeia`.
 //!
-//! - [`config`]: `kazeia.toml`.
+//! - [`config`]: the configuration file, `kazeia.toml`.
 //! - [`engine`]: the resident model on its configured backends; [`voices`]: what clients may ask for.
 //! - [`request`], [`queue`]: utterances and the priority queue; [`player`]: the worker that speaks them.
 //! - [`service`]: request checks and live reconfiguration, behind [`dbus`] (Kazeia's API and Spiel).

@@ -76,7 +76,6 @@ struct Speaking {
 struct State {
     waiting: VecDeque<Arc<Request>>,
     speaking: Option<Speaking>,
-    /// Utterances started once (so a replayed one does not signal `Started` twice).
     paused: bool,
     closed: bool,
     max_utterances: usize,
@@ -522,7 +521,7 @@ mod tests {
             Err(QueueError::Full(2))
         );
         q.close();
-        assert_eq!(q.next(), None);
+        assert!(q.next().is_none());
         assert_eq!(q.push(req(4, "a", Priority::Text)), Err(QueueError::Closed));
         assert_eq!(log.lock().unwrap().len(), 2);
     }

@@ -124,9 +124,8 @@ impl<R: Read> SpielReader<R> {
     /// The next chunk, or `None` at the end of the stream.
     pub fn next_chunk(&mut self) -> io::Result<Option<Chunk>> {
         let mut kind = [0u8; 1];
-        match self.input.read(&mut kind)? {
-            0 => return Ok(None),
-            _ => {}
+        if self.input.read(&mut kind)? == 0 {
+            return Ok(None);
         }
         match kind[0] {
             CHUNK_AUDIO => {

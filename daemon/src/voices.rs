@@ -41,7 +41,7 @@ pub fn model_language(requested: &str, info: &EngineInfo) -> Result<String> {
         return Ok("auto".into());
     }
     let lower = requested.to_ascii_lowercase();
-    if info.languages.iter().any(|l| *l == lower) {
+    if info.languages.contains(&lower) {
         return Ok(lower);
     }
     let primary = lower.split(['-', '_']).next().unwrap_or("");

@@ -332,7 +332,8 @@ async fn bad_input_gets_error_replies_and_the_daemon_keeps_serving() {
     let no_options = HashMap::<&str, Variant<'_>>::new;
     let with = |key: &'static str, value: Variant<'static>| HashMap::from([(key, value)]);
     let ssml = |text: &'static str| (text, with("ssml", Variant::from(true)));
-    let cases: Vec<(&str, (String, HashMap<&str, Variant<'_>>), &str)> = vec![
+    type Case<'a> = (&'a str, (String, HashMap<&'a str, Variant<'a>>), &'a str);
+    let cases: Vec<Case> = vec![
         ("empty", ("".into(), no_options()), "InvalidArgs"),
         ("blank", ("  \n ".into(), no_options()), "InvalidArgs"),
         ("huge", (huge.clone(), no_options()), "TextTooLong"),
