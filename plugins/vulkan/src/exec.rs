@@ -110,15 +110,19 @@ impl<'a> Batch<'a> {
         }
     }
 
-    /// Adds `d`, or gives it back when it must start a new batch.
-    fn add(&mut self, mut d: Dispatch<'a>) -> Result<(), Dispatch<'a>> {
+    /// Whether `d` can join this batch (its host buffers do not partially overlap one the batch writes).
+    fn accepts(&self, d: &Dispatch<'_>) -> bool {
+        d.tensors.iter().all(|t| {
+            t.generated.is_some()
+                || self
+                    .find((t.ptr as usize, t.ptr as usize + t.len * 4))
+                    .is_ok()
+        })
+    }
+
+    /// Adds `d` (which [`Batch::accepts`]).
+    fn add(&mut self, mut d: Dispatch<'a>) {
         let range = |ptr: *mut f32, len: usize| (ptr as usize, ptr as usize + len * 4);
-        // Check every host tensor first, so a refused dispatch leaves the batch unchanged.
-        for t in &d.tensors {
-            if t.generated.is_none() && self.find(range(t.ptr, t.len)).is_err() {
-                return Err(d);
-            }
-        }
         let mut slot_of = Vec::with_capacity(d.tensors.len());
         for t in d.tensors.iter_mut() {
             if let Some(data) = t.generated.take() {
@@ -196,7 +200,6 @@ impl<'a> Batch<'a> {
             push: d.push,
             groups: d.groups.map(|g| g as u32),
         });
-        Ok(())
     }
 
     /// The signature with the slots' sizes and transfers: the key of the batch's plan.
@@ -283,12 +286,10 @@ impl Executor {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         let mut batch = Batch::default();
         for d in dispatches {
-            if let Err(d) = batch.add(d) {
+            if !batch.accepts(&d) {
                 self.submit(&mut state, pipelines, std::mem::take(&mut batch))?;
-                if batch.add(d).is_err() {
-                    return Err("an op's buffers overlap each other".into());
-                }
             }
+            batch.add(d);
         }
         if !batch.steps.is_empty() {
             self.submit(&mut state, pipelines, batch)?;
