@@ -3,7 +3,8 @@
 //!
 //! - [`config`]: the configuration file, `kazeia.toml`.
 //! - [`engine`]: the resident model on its configured backends; [`voices`]: what clients may ask for.
-//! - [`request`], [`queue`]: utterances and the priority queue; [`player`]: the worker that speaks them.
+//! - [`request`], [`queue`]: utterances and the priority queue; [`player`]: the worker that speaks them,
+//!   with [`short_cache`] for instant repeats of short texts.
 //! - [`service`]: request checks and live reconfiguration, behind [`dbus`] (Kazeia's API and Spiel).
 //! - [`daemon_cmd`]: the daemon's main loop (signals, reload, bus lifetime); [`say_cmd`], [`install_cmd`]:
 //!   `kazeia say` and `kazeia install`.
@@ -24,6 +25,7 @@ pub mod queue;
 pub mod request;
 pub mod say_cmd;
 pub mod service;
+pub mod short_cache;
 pub mod speechd;
 pub mod spiel_stream;
 pub mod voices;

@@ -18,6 +18,7 @@ use crate::config::DaemonConfig;
 use crate::engine::Engine;
 use crate::queue::{Event, Interrupt, Interruption, Reason, SpeechQueue};
 use crate::request::{Output, Request};
+use crate::short_cache::{CacheKey, ShortCache};
 use crate::spiel_stream::{EventKind, SpielWriter};
 use crate::voices::resolve_voice;
 
@@ -73,6 +74,7 @@ pub struct Player {
     sink: RwLock<Option<Arc<dyn AudioSink>>>,
     config: RwLock<DaemonConfig>,
     active: Mutex<Option<Arc<Active>>>,
+    cache: ShortCache,
 }
 
 impl Player {
@@ -83,6 +85,7 @@ impl Player {
             sink: RwLock::new(None),
             config: RwLock::new(config),
             active: Mutex::new(None),
+            cache: ShortCache::default(),
         }
     }
 
@@ -111,6 +114,7 @@ impl Player {
     /// Puts a new engine in place; the utterance in progress finishes on the old one.
     pub fn set_engine(&self, engine: Arc<Engine>) {
         *self.engine.write().unwrap_or_else(|e| e.into_inner()) = Some(engine);
+        self.cache.clear();
     }
 
     pub fn set_sink(&self, sink: Arc<dyn AudioSink>) {
@@ -121,6 +125,7 @@ impl Player {
     pub fn set_config(&self, config: DaemonConfig) {
         self.queue.set_max_utterances(config.queue.max_utterances);
         *self.config.write().unwrap_or_else(|e| e.into_inner()) = config;
+        self.cache.clear();
     }
 
     pub fn pause(&self) {
@@ -201,6 +206,7 @@ impl Player {
             stream,
             request,
             control: &active.control,
+            cache: &self.cache,
         };
         if !request.started.swap(true, Ordering::SeqCst) {
             self.queue.emit(Event::Started(request.id));
@@ -340,6 +346,7 @@ struct Speaker<'a> {
     stream: StreamConfig,
     request: &'a Request,
     control: &'a SessionControl,
+    cache: &'a ShortCache,
 }
 
 impl Speaker<'_> {
@@ -380,12 +387,23 @@ impl Speaker<'_> {
                     } else {
                         base.volume * prosody.volume
                     };
-                    let mut filter = ProsodyFilter::new(
-                        sample_rate,
-                        base.rate * prosody.rate,
-                        base.pitch * prosody.pitch,
-                        volume,
-                    );
+                    let (rate, pitch) = (base.rate * prosody.rate, base.pitch * prosody.pitch);
+                    let key = CacheKey::new(text, &self.voice, rate, pitch, volume);
+                    if let Some(audio_again) = key.as_ref().and_then(|k| self.cache.get(k)) {
+                        audio(&audio_again)?;
+                        sent += audio_again.len() as u64;
+                        continue;
+                    }
+                    let mut kept = key.as_ref().map(|_| Vec::new());
+                    let mut filter = ProsodyFilter::new(sample_rate, rate, pitch, volume);
+                    let mut deliver = |samples: &[f32]| -> Result<()> {
+                        audio(samples)?;
+                        sent += samples.len() as u64;
+                        if let Some(kept) = kept.as_mut() {
+                            kept.extend_from_slice(samples);
+                        }
+                        Ok(())
+                    };
                     let mut out = Vec::new();
                     let mut failure: Option<anyhow::Error> = None;
                     let result = self.engine.synth.synthesize(
@@ -397,11 +415,10 @@ impl Speaker<'_> {
                         &mut |chunk| {
                             out.clear();
                             filter.process(chunk, &mut out);
-                            if let Err(e) = audio(&out) {
+                            if let Err(e) = deliver(&out) {
                                 failure = Some(e);
                                 self.control.stop_async();
                             }
-                            sent += out.len() as u64;
                             Ok(())
                         },
                     );
@@ -412,8 +429,10 @@ impl Speaker<'_> {
                     if !self.control.is_stopped() {
                         out.clear();
                         filter.finish(&mut out);
-                        audio(&out)?;
-                        sent += out.len() as u64;
+                        deliver(&out)?;
+                        if let (Some(key), Some(kept)) = (key, kept) {
+                            self.cache.insert(key, kept);
+                        }
                     }
                 }
             }

@@ -176,7 +176,10 @@ async fn spiel(
     .await?;
     let fd: std::os::fd::OwnedFd = writer.into();
     let read = std::thread::spawn(move || {
-        let mut stream = SpielReader::new(reader).expect("Spiel header");
+        // A refused call closes the pipe before any header: nothing to read then.
+        let Ok(mut stream) = SpielReader::new(reader) else {
+            return (Vec::new(), Vec::new());
+        };
         let mut samples = Vec::new();
         let mut marks = Vec::new();
         while let Some(chunk) = stream.next_chunk().expect("well-formed Spiel stream") {
@@ -243,14 +246,22 @@ async fn activation_speak_on_pipewire_and_spiel_stream() {
         "done"
     );
     let recording = recorder.stop();
-    let heard = recording.sound_duration(0.01);
+    // Compared as the recorder measures: from the first to the last sample above a threshold, and the
+    // loud time alone (which leaves out any gap a late graph cycle of a loaded machine inserts).
+    let threshold = 0.01;
+    let loud = |s: &f32| s.abs() > threshold;
+    let first = expected.iter().position(loud).unwrap();
+    let last = expected.iter().rposition(loud).unwrap();
+    let generated = (last + 1 - first) as f64 / 24000.0;
+    let heard = recording.sound_duration(threshold);
+    let loud_time = recording.loud_time(threshold);
     eprintln!(
-        "played {heard:.3} s, generated {seconds:.3} s, peak {}",
+        "played {heard:.3} s ({loud_time:.3} s loud), generated {generated:.3} s, peak {}",
         recording.peak()
     );
     assert!(
-        (heard - seconds).abs() < 0.1,
-        "heard {heard:.3} s of audio, generated {seconds:.3} s"
+        (loud_time - generated).abs() < 0.05 && heard > generated - 0.05,
+        "heard {heard:.3} s ({loud_time:.3} s loud), generated {generated:.3} s"
     );
     assert!(recording.peak() > 0.1);
 }
@@ -432,6 +443,13 @@ async fn bad_input_gets_error_replies_and_the_daemon_keeps_serving() {
     )
     .await
     .unwrap();
+    // A short text said again comes from the cache of short utterances: the same audio, although the
+    // model samples (a fresh seed each time).
+    let (first, _) = spiel(&connection, "Hi there.", false).await.unwrap();
+    let again_at = Instant::now();
+    let (second, _) = spiel(&connection, "Hi there.", false).await.unwrap();
+    eprintln!("repeated short text served in {:?}", again_at.elapsed());
+    assert_eq!(first, second);
     let names: Vec<&str> = marks.iter().map(|(n, _)| n.as_str()).collect();
     assert_eq!(names, ["__spd_0", "end"]);
     assert!(marks[0].1 > 0 && marks[0].1 < marks[1].1 && marks[1].1 == samples.len());
@@ -533,7 +551,12 @@ async fn configuration_changes_apply_while_running() {
     assert_eq!(backends(&proxy).await["decoder"], "cpu");
 
     // Saving the file switches the decoder's backend, without a restart.
-    let plugin_dir = kazeia_tests::cpu_plugin().parent().unwrap().to_path_buf();
+    // Both plugins are built into one directory: the decoder moves to Vulkan (lavapipe in CI) and back.
+    kazeia_tests::cpu_plugin();
+    let plugin_dir = kazeia_tests::vulkan_plugin()
+        .parent()
+        .unwrap()
+        .to_path_buf();
     write_config(
         &config,
         &quick_model(),
@@ -552,7 +575,7 @@ async fn configuration_changes_apply_while_running() {
         assert!(Instant::now() < deadline, "the file change was not applied");
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
-    assert!(decoder.contains("vulkan"), "{decoder}");
+    assert_eq!(decoder, "vulkan", "{}", daemon.log());
     let mut done = proxy.receive_finished().await.unwrap();
     let id = speak(&bus, "After the switch.");
     assert_eq!(
