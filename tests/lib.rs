@@ -1,5 +1,7 @@
 //! Helpers shared by Kazeia's cross-crate tests (see `README.md`).
 
+pub mod services;
+
 use std::path::PathBuf;
 use std::sync::OnceLock;
 

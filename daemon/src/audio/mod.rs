@@ -4,11 +4,32 @@
 //! samples as they are decoded, waits on [`Playback::wait_played`] to report index marks when their point of
 //! audio is heard, and calls [`Playback::finish`] to wait for the audible end. [`Playback::stop`] silences
 //! within 20 ms.
+//!
+//! A PipeWire sink plays one utterance at a time: `open` ends the one still playing, if any. Audio written
+//! after a stop is dropped. The WAV and null sinks take audio as it is written (`played()` = written).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Result;
+
+mod immediate;
+mod null_sink;
+#[cfg(feature = "pipewire")]
+mod pipewire_loop;
+#[cfg(feature = "pipewire")]
+pub mod pipewire_sink;
+#[cfg(feature = "pipewire")]
+mod sample_queue;
+mod spec;
+pub mod wav_read;
+mod wav_sink;
+
+pub use null_sink::NullSink;
+#[cfg(feature = "pipewire")]
+pub use pipewire_sink::PipeWireSink;
+pub use spec::ParseSinkSpecError;
+pub use wav_sink::WavSink;
 
 /// A long-lived audio output.
 pub trait AudioSink: Send + Sync {
@@ -45,7 +66,19 @@ pub enum SinkSpec {
     Null,
 }
 
-/// Opens the configured sink.
-pub fn open_sink(_spec: &SinkSpec) -> Result<Arc<dyn AudioSink>> {
-    anyhow::bail!("audio sinks are not written yet")
+/// Opens the configured sink: connects to PipeWire (an error if it is not running), or creates the WAV
+/// file.
+pub fn open_sink(spec: &SinkSpec) -> Result<Arc<dyn AudioSink>> {
+    Ok(match spec {
+        #[cfg(feature = "pipewire")]
+        SinkSpec::PipeWire { target } => Arc::new(PipeWireSink::connect(target.clone(), None)?),
+        #[cfg(not(feature = "pipewire"))]
+        SinkSpec::PipeWire { .. } => {
+            anyhow::bail!(
+                "this kazeia was built without PipeWire support (cargo feature `pipewire`)"
+            )
+        }
+        SinkSpec::Wav(path) => Arc::new(WavSink::create(path)?),
+        SinkSpec::Null => Arc::new(NullSink),
+    })
 }

@@ -1,0 +1,594 @@
+//! The PipeWire connection: one thread running a PipeWire main loop, owning the context, the core and
+//! one playback stream (PipeWire objects are `!Send`). Other threads talk to it through a
+//! `pipewire::channel` and share each utterance's queue ([`Shared`]).
+//!
+//! The stream is mono `f32` at the utterance's rate (PipeWire resamples), media.role Accessibility,
+//! node.latency 10 ms. Its `process` callback runs on PipeWire's real-time data thread (`RT_PROCESS`), in
+//! the graph cycle that plays what it hands over, so a busy machine does not make it miss cycles; it
+//! touches only [`Feed`] and the utterance's queue, whose writers hold the lock just to append a chunk.
+//! Between utterances the stream stays connected but inactive: no wake-ups, and the next utterance
+//! starts without a negotiation. A paused utterance keeps the stream active and feeds it nothing.
+//!
+//! Stream semantics relied on (pw_stream 0.3.65): after `flush(true)` the `drained` event fires (on this
+//! thread) once the graph has played what was queued; the stream then stays "drained" until
+//! `set_active(false)` resets it; `flush(false)` drops the queued buffers and flushes the node (the
+//! resampler's history too).
+
+use std::cell::RefCell;
+use std::path::{Path, PathBuf};
+use std::rc::{Rc, Weak};
+use std::sync::mpsc::{sync_channel, RecvTimeoutError, SyncSender};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Result};
+use pipewire as pw;
+use pw::context::ContextRc;
+use pw::core::CoreRc;
+use pw::main_loop::MainLoopRc;
+use pw::properties::properties;
+use pw::spa;
+use pw::stream::{Stream, StreamFlags, StreamListener, StreamRc, StreamState};
+
+use super::pipewire_sink::Shared;
+use super::sample_queue::SampleQueue;
+
+/// How long connecting may take before the caller gets an error instead of a hang.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+
+pub(super) enum Command {
+    /// Play this utterance (ends the one playing, if any).
+    Start(Arc<Shared>),
+    Stop(Arc<Shared>),
+    Quit,
+}
+
+/// Why the connection ended, once it has.
+#[derive(Default)]
+struct Status {
+    lost: Mutex<Option<String>>,
+}
+
+impl Status {
+    fn lost(&self) -> Option<String> {
+        self.lost.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn set_lost(&self, why: &str) {
+        self.lost
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get_or_insert_with(|| why.to_owned());
+    }
+}
+
+/// What a playback keeps to reach the loop thread.
+#[derive(Clone)]
+pub(super) struct Handle {
+    sender: pw::channel::Sender<Command>,
+    status: Arc<Status>,
+}
+
+impl Handle {
+    pub(super) fn send(&self, command: Command) -> Result<()> {
+        if let Some(why) = self.status.lost() {
+            bail!("pipewire: {why}");
+        }
+        self.sender
+            .send(command)
+            .map_err(|_| anyhow!("pipewire: the connection thread is gone"))
+    }
+}
+
+pub(super) struct Connection {
+    handle: Handle,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Connection {
+    /// Starts the loop thread, connects and makes the stream (inactive, at `rate`). Returns once the
+    /// server has answered, or an error (never later than [`CONNECT_TIMEOUT`]).
+    pub(super) fn start(
+        target: Option<String>,
+        remote: Option<PathBuf>,
+        rate: u32,
+    ) -> Result<Connection> {
+        let (sender, receiver) = pw::channel::channel();
+        let status = Arc::new(Status::default());
+        let (ready_tx, ready_rx) = sync_channel(1);
+        let thread = {
+            let status = status.clone();
+            let remote = remote.clone();
+            std::thread::Builder::new()
+                .name("kazeia-pipewire".into())
+                .spawn(move || run(target, remote, rate, receiver, status, ready_tx))?
+        };
+        let socket = socket_description(remote.as_deref());
+        match ready_rx.recv_timeout(CONNECT_TIMEOUT) {
+            Ok(Ok(())) => Ok(Connection {
+                handle: Handle { sender, status },
+                thread: Some(thread),
+            }),
+            Ok(Err(why)) => {
+                let _ = thread.join();
+                bail!("pipewire ({socket}): {why}")
+            }
+            Err(RecvTimeoutError::Timeout) => {
+                // Left to end on its own if the server ever answers; nobody waits for it.
+                status.set_lost("did not answer");
+                let _ = sender.send(Command::Quit);
+                bail!(
+                    "pipewire ({socket}): the server did not answer within {} s",
+                    CONNECT_TIMEOUT.as_secs()
+                )
+            }
+            Err(RecvTimeoutError::Disconnected) => {
+                let _ = thread.join();
+                bail!("pipewire ({socket}): the connection thread failed")
+            }
+        }
+    }
+
+    /// Why the connection ended (the server went away, the stream failed), if it has.
+    pub(super) fn lost(&self) -> Option<String> {
+        self.handle.status.lost()
+    }
+
+    pub(super) fn send(&self, command: Command) -> Result<()> {
+        self.handle.send(command)
+    }
+
+    pub(super) fn handle(&self) -> Handle {
+        self.handle.clone()
+    }
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        let _ = self.handle.sender.send(Command::Quit);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// Where libpipewire will look for the server, for error messages (it reads the same variables).
+fn socket_description(remote: Option<&Path>) -> String {
+    if let Some(path) = remote {
+        return path.display().to_string();
+    }
+    let name = std::env::var("PIPEWIRE_REMOTE")
+        .ok()
+        .filter(|n| !n.is_empty())
+        .unwrap_or_else(|| "pipewire-0".into());
+    let dir = std::env::var("PIPEWIRE_RUNTIME_DIR")
+        .or_else(|_| std::env::var("XDG_RUNTIME_DIR"))
+        .unwrap_or_else(|_| "/run/pipewire".into());
+    if name.starts_with('/') {
+        name
+    } else {
+        format!("{dir}/{name}")
+    }
+}
+
+/// The loop thread's state. Borrows of its cells never span a PipeWire call, which may call back.
+struct Ctx {
+    mainloop: MainLoopRc,
+    core: CoreRc,
+    target: Option<String>,
+    status: Arc<Status>,
+    output: RefCell<Option<Output>>,
+    feed: Arc<Feed>,
+}
+
+struct Output {
+    // Declared first so that they are unregistered before the stream is destroyed.
+    _feeder: StreamListener<Arc<Feed>>,
+    _listener: StreamListener<Weak<Ctx>>,
+    stream: StreamRc,
+    rate: u32,
+}
+
+/// What the real-time `process` callback shares with the loop thread. Its lock is never held across a
+/// PipeWire call on the loop thread: some of those wait for the data thread.
+#[derive(Default)]
+struct Feed {
+    state: Mutex<FeedState>,
+}
+
+#[derive(Default)]
+struct FeedState {
+    /// The utterance being played, if any.
+    current: Option<Arc<Shared>>,
+    /// `flush(true)` was called for it and `drained` has not come yet.
+    draining: bool,
+    /// Silence still to play after its last sample (set when its queue runs out at the end).
+    padding: Option<u64>,
+}
+
+impl Feed {
+    fn lock(&self) -> MutexGuard<'_, FeedState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Makes `next` the utterance fed (none: feed nothing); returns the one it replaces.
+    fn replace(&self, next: Option<Arc<Shared>>) -> Option<Arc<Shared>> {
+        let mut feed = self.lock();
+        feed.draining = false;
+        feed.padding = None;
+        std::mem::replace(&mut feed.current, next)
+    }
+
+    fn is_current(&self, shared: &Arc<Shared>) -> bool {
+        self.lock()
+            .current
+            .as_ref()
+            .is_some_and(|c| Arc::ptr_eq(c, shared))
+    }
+
+    /// One graph cycle wants audio (data thread): hand over up to one cycle of the current utterance.
+    fn process(&self, stream: &Stream) {
+        let time = stream.time().ok();
+        let mut feed = self.lock();
+        let Some(shared) = feed.current.clone() else {
+            return;
+        };
+        let mut state = shared.lock();
+        if state.done {
+            return;
+        }
+        // Everything handed over in earlier cycles has been played, but what waits in the resampler and
+        // the device.
+        let in_flight = time.as_ref().map_or(0, |t| in_flight(t, shared.rate));
+        state.played = state.played.max(state.consumed.saturating_sub(in_flight));
+        let mut written = (0, 0);
+        // Paused: the stream stays active and is fed nothing (the graph plays silence), so what PipeWire
+        // already holds plays out (one cycle) and nothing is lost; deactivating it would drop that.
+        if !state.paused {
+            if state.queue.is_empty() && state.finishing && feed.padding.is_none() {
+                // Silence behind the last sample pushes it out of the resampler; left there, it would be
+                // lost and would click at the start of the next utterance.
+                let resampler = time.as_ref().map_or(0, |t| t.buffered());
+                feed.padding = Some(resampler + u64::from(shared.rate.div_ceil(1000)));
+            }
+            let padding = feed.padding.unwrap_or(0);
+            if !state.queue.is_empty() || padding > 0 {
+                if let Some(mut buffer) = stream.dequeue_buffer() {
+                    written = fill(&mut buffer, &mut state.queue, padding, shared.rate);
+                } // the buffer is queued when dropped
+            }
+            if let Some(left) = &mut feed.padding {
+                *left = left.saturating_sub(written.1);
+            }
+        }
+        state.consumed += written.0;
+        let drain = state.finishing
+            && !state.paused
+            && state.queue.is_empty()
+            && feed.padding == Some(0)
+            && !feed.draining;
+        feed.draining |= drain;
+        drop(state);
+        drop(feed);
+        shared.notify();
+        if drain {
+            let _ = stream.flush(true);
+        }
+    }
+}
+
+fn run(
+    target: Option<String>,
+    remote: Option<PathBuf>,
+    rate: u32,
+    receiver: pw::channel::Receiver<Command>,
+    status: Arc<Status>,
+    ready: SyncSender<std::result::Result<(), String>>,
+) {
+    pw::init();
+    let connected = (|| -> std::result::Result<_, String> {
+        let mainloop =
+            MainLoopRc::new(None).map_err(|e| format!("cannot make a main loop: {e}"))?;
+        let context = ContextRc::new(
+            &mainloop,
+            Some(properties! { *pw::keys::APP_NAME => "Kazeia" }),
+        )
+        .map_err(|e| format!("cannot make a context: {e}"))?;
+        let mut props = properties! { *pw::keys::APP_NAME => "Kazeia" };
+        if let Some(path) = &remote {
+            props.insert(*pw::keys::REMOTE_NAME, path.to_string_lossy().as_bytes());
+        }
+        let core = context
+            .connect_rc(Some(props))
+            .map_err(|e| format!("cannot connect ({e}): is PipeWire running for this user?"))?;
+        Ok((mainloop, context, core))
+    })();
+    let (mainloop, context, core) = match connected {
+        Ok(c) => c,
+        Err(why) => {
+            let _ = ready.send(Err(why));
+            return;
+        }
+    };
+    let ctx = Rc::new(Ctx {
+        mainloop: mainloop.clone(),
+        core: core.clone(),
+        target,
+        status: status.clone(),
+        output: RefCell::new(None),
+        feed: Arc::default(),
+    });
+    let ready = Rc::new(RefCell::new(Some(ready)));
+    if let Err(why) = ctx.make_stream(rate, false) {
+        if let Some(ready) = ready.borrow_mut().take() {
+            let _ = ready.send(Err(why));
+        }
+        return;
+    }
+    // The server answering a sync proves the connection works before `start` returns.
+    let pending = match core.sync(0) {
+        Ok(seq) => seq.seq(),
+        Err(e) => {
+            if let Some(ready) = ready.borrow_mut().take() {
+                let _ = ready.send(Err(format!("the server does not answer: {e}")));
+            }
+            return;
+        }
+    };
+    let core_listener = core
+        .add_listener_local()
+        .done({
+            let ready = ready.clone();
+            move |id, seq| {
+                if id == pw::core::PW_ID_CORE && seq.seq() == pending {
+                    if let Some(ready) = ready.borrow_mut().take() {
+                        let _ = ready.send(Ok(()));
+                    }
+                }
+            }
+        })
+        .error({
+            let ctx = Rc::downgrade(&ctx);
+            move |id, _seq, res, message| {
+                // Errors on the core itself are fatal: the server went away or refused us.
+                if id == pw::core::PW_ID_CORE {
+                    if let Some(ctx) = ctx.upgrade() {
+                        let errno = std::io::Error::from_raw_os_error(-res);
+                        ctx.lose(&format!("connection lost ({message}: {errno})"));
+                    }
+                }
+            }
+        })
+        .register();
+    let attached = receiver.attach(mainloop.loop_(), {
+        let ctx = Rc::downgrade(&ctx);
+        move |command| {
+            if let Some(ctx) = ctx.upgrade() {
+                ctx.handle(command);
+            }
+        }
+    });
+
+    mainloop.run();
+
+    status.set_lost("the connection was closed");
+    let why = status.lost().unwrap_or_default();
+    if let Some(ready) = ready.borrow_mut().take() {
+        let _ = ready.send(Err(why.clone()));
+    }
+    if let Some(current) = ctx.feed.replace(None) {
+        current.fail(&why);
+    }
+    drop(attached);
+    drop(core_listener);
+    drop(ctx.output.take());
+    drop(ctx);
+    drop(core);
+    drop(context);
+    drop(mainloop);
+}
+
+impl Ctx {
+    /// Makes the playback stream for `rate` (replacing any other), active or not.
+    fn make_stream(self: &Rc<Self>, rate: u32, active: bool) -> std::result::Result<(), String> {
+        drop(self.output.take());
+        let mut props = properties! {
+            *pw::keys::MEDIA_TYPE => "Audio",
+            *pw::keys::MEDIA_CATEGORY => "Playback",
+            *pw::keys::MEDIA_ROLE => "Accessibility",
+            *pw::keys::MEDIA_NAME => "Speech",
+            *pw::keys::APP_NAME => "Kazeia",
+            *pw::keys::NODE_NAME => "kazeia",
+            // 10 ms cycles: first audio waits for one at most, and a stop cuts within one.
+            *pw::keys::NODE_LATENCY => format!("{}/{rate}", rate.div_ceil(100)),
+        };
+        if let Some(target) = &self.target {
+            props.insert(*pw::keys::TARGET_OBJECT, target.as_bytes());
+        }
+        let stream = StreamRc::new(self.core.clone(), "kazeia-speech", props)
+            .map_err(|e| format!("cannot make a stream: {e}"))?;
+        // Registered first: with RT_PROCESS, only the first listener's `process` is called, on the data
+        // thread, so its user data is the thread-safe `Feed` alone.
+        let feeder = stream
+            .add_local_listener_with_user_data(self.feed.clone())
+            .process(|stream, feed| feed.process(stream))
+            .register()
+            .map_err(|e| format!("cannot listen to the stream: {e}"))?;
+        let listener = stream
+            .add_local_listener_with_user_data(Rc::downgrade(self))
+            .state_changed(|_, ctx, _, new| {
+                if let (StreamState::Error(why), Some(ctx)) = (new, ctx.upgrade()) {
+                    ctx.lose(&format!("stream error: {why}"));
+                }
+            })
+            .drained(|stream, ctx| {
+                if let Some(ctx) = ctx.upgrade() {
+                    ctx.drained(stream);
+                }
+            })
+            .register()
+            .map_err(|e| format!("cannot listen to the stream: {e}"))?;
+        let format = format_pod(rate)?;
+        let mut params = [spa::pod::Pod::from_bytes(&format).ok_or("bad format pod")?];
+        let mut flags =
+            StreamFlags::AUTOCONNECT | StreamFlags::MAP_BUFFERS | StreamFlags::RT_PROCESS;
+        if !active {
+            flags |= StreamFlags::INACTIVE;
+        }
+        stream
+            .connect(spa::utils::Direction::Output, None, flags, &mut params)
+            .map_err(|e| format!("cannot connect the stream: {e}"))?;
+        *self.output.borrow_mut() = Some(Output {
+            _feeder: feeder,
+            _listener: listener,
+            stream,
+            rate,
+        });
+        Ok(())
+    }
+
+    fn stream(&self) -> Option<StreamRc> {
+        self.output.borrow().as_ref().map(|o| o.stream.clone())
+    }
+
+    fn handle(self: &Rc<Self>, command: Command) {
+        match command {
+            Command::Start(shared) => self.start(shared),
+            Command::Stop(shared) => {
+                if self.feed.is_current(&shared) {
+                    self.feed.replace(None);
+                    self.silence();
+                }
+            }
+            Command::Quit => self.mainloop.quit(),
+        }
+    }
+
+    fn start(self: &Rc<Self>, shared: Arc<Shared>) {
+        let rate = shared.rate;
+        if let Some(previous) = self.feed.replace(None) {
+            // Still playing: its audio goes, as on a stop. Deactivating also clears a drain it may have
+            // begun, which would otherwise keep the stream from asking for more.
+            previous.end();
+            self.silence();
+        }
+        let same_rate = self
+            .output
+            .borrow()
+            .as_ref()
+            .is_some_and(|o| o.rate == rate);
+        self.feed.replace(Some(shared));
+        if same_rate {
+            self.set_active(true);
+        } else if let Err(why) = self.make_stream(rate, true) {
+            self.lose(&why);
+        }
+    }
+
+    /// Drops what PipeWire holds of the audio and leaves the stream inactive.
+    fn silence(&self) {
+        if let Some(stream) = self.stream() {
+            let _ = stream.flush(false);
+        }
+        self.set_active(false);
+    }
+
+    fn set_active(&self, active: bool) {
+        if let Some(stream) = self.stream() {
+            let _ = stream.set_active(active);
+        }
+    }
+
+    fn drained(&self, stream: &Stream) {
+        let done = {
+            let mut feed = self.feed.lock();
+            if !feed.draining {
+                return; // a drain that a stop or another utterance overtook
+            }
+            feed.draining = false;
+            feed.padding = None;
+            feed.current.take()
+        };
+        if let Some(shared) = done {
+            shared.drained();
+        }
+        let _ = stream.set_active(false);
+    }
+
+    /// The server or the stream failed: fail the utterance and end the thread; the sink reconnects.
+    fn lose(&self, why: &str) {
+        self.status.set_lost(why);
+        if let Some(current) = self.feed.replace(None) {
+            current.fail(why);
+        }
+        self.mainloop.quit();
+    }
+}
+
+/// Copies up to one cycle's worth of samples into `buffer` from `queue`, or when it is empty and
+/// `padding` is left, one cycle of zeros; returns how many of each.
+fn fill(
+    buffer: &mut pw::buffer::Buffer,
+    queue: &mut SampleQueue,
+    padding: u64,
+    rate: u32,
+) -> (u64, u64) {
+    // The resampler says how much it needs for this cycle; without it, 10 ms.
+    let requested = buffer.requested() as usize;
+    let wanted = if requested > 0 {
+        requested
+    } else {
+        rate.div_ceil(100) as usize
+    };
+    let Some(data) = buffer.datas_mut().first_mut() else {
+        return (0, 0);
+    };
+    let (real, pad) = match data.data() {
+        Some(bytes) => {
+            let room = wanted.min(bytes.len() / 4);
+            let real = queue.take_into(&mut bytes[..room * 4]);
+            // Whole cycles of padding: a short buffer makes the resampler output less, not flush.
+            let pad = if real == 0 && padding > 0 { room } else { 0 };
+            bytes[..pad * 4].fill(0); // 0.0f32 is all zero bytes
+            (real, pad)
+        }
+        None => (0, 0),
+    };
+    let chunk = data.chunk_mut();
+    *chunk.offset_mut() = 0;
+    *chunk.stride_mut() = 4;
+    *chunk.size_mut() = ((real + pad) * 4) as u32;
+    (real as u64, pad as u64)
+}
+
+/// Samples (at `rate`) between the stream and the listener: the resampler's and the device's delay.
+fn in_flight(time: &pw::stream::Time, rate: u32) -> u64 {
+    let graph = time.rate();
+    let delay = time.delay().max(0) as u64;
+    let device = if graph.denom == 0 {
+        0
+    } else {
+        delay * graph.num as u64 * rate as u64 / graph.denom as u64
+    };
+    device + time.buffered()
+}
+
+/// The stream's only format: mono `f32` at `rate`.
+fn format_pod(rate: u32) -> std::result::Result<Vec<u8>, String> {
+    let mut info = spa::param::audio::AudioInfoRaw::new();
+    info.set_format(spa::param::audio::AudioFormat::F32LE);
+    info.set_rate(rate);
+    info.set_channels(1);
+    let mut position = [0; spa::param::audio::MAX_CHANNELS];
+    position[0] = spa::sys::SPA_AUDIO_CHANNEL_MONO;
+    info.set_position(position);
+    let object = spa::pod::Value::Object(spa::pod::Object {
+        type_: spa::sys::SPA_TYPE_OBJECT_Format,
+        id: spa::sys::SPA_PARAM_EnumFormat,
+        properties: info.into(),
+    });
+    spa::pod::serialize::PodSerializer::serialize(std::io::Cursor::new(Vec::new()), &object)
+        .map(|(cursor, _)| cursor.into_inner())
+        .map_err(|e| format!("cannot describe the audio format: {e:?}"))
+}

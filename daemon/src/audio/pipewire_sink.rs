@@ -1,0 +1,276 @@
+//! `pipewire[:TARGET]`: playback through PipeWire.
+//!
+//! One connection (a thread running the PipeWire loop, see `pipewire_loop`) serves every utterance: its
+//! stream stays connected and only goes inactive between utterances, so starting one costs no
+//! negotiation. Writers append to an unbounded queue under a short lock; PipeWire's real-time thread takes
+//! one graph cycle (10 ms asked) at a time from it. If the server goes away, calls fail and the next `open`
+//! connects again.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Result};
+
+use super::pipewire_loop::{Command, Connection, Handle};
+use super::sample_queue::SampleQueue;
+use super::{AudioSink, Playback};
+
+/// The rate the stream is made for at connection time (the model's); another rate remakes it.
+const CONNECT_RATE: u32 = 24_000;
+
+/// `finish` gives up when PipeWire takes no audio for this long while not paused (a stream nobody links,
+/// a hung server): the daemon must never stay stuck on one utterance.
+const STALL_LIMIT: Duration = Duration::from_secs(5);
+
+pub struct PipeWireSink {
+    target: Option<String>,
+    remote: Option<PathBuf>,
+    connection: Mutex<Option<Connection>>,
+}
+
+impl PipeWireSink {
+    /// Connects to the PipeWire server: the user's (from `PIPEWIRE_RUNTIME_DIR` / `XDG_RUNTIME_DIR`), or
+    /// the one listening on the socket `remote`. `target` names the node to play to (`node.name` or
+    /// serial); `None` follows the default sink.
+    pub fn connect(target: Option<String>, remote: Option<PathBuf>) -> Result<PipeWireSink> {
+        let connection = Connection::start(target.clone(), remote.clone(), CONNECT_RATE)?;
+        Ok(PipeWireSink {
+            target,
+            remote,
+            connection: Mutex::new(Some(connection)),
+        })
+    }
+}
+
+impl AudioSink for PipeWireSink {
+    fn open(&self, sample_rate: u32) -> Result<Box<dyn Playback>> {
+        if sample_rate == 0 {
+            bail!("pipewire sink: sample rate 0");
+        }
+        let mut connection = self.connection.lock().unwrap_or_else(|e| e.into_inner());
+        if connection.as_ref().is_none_or(|c| c.lost().is_some()) {
+            // The server went away since: connect again (an error here if it is still gone).
+            *connection = None;
+            *connection = Some(Connection::start(
+                self.target.clone(),
+                self.remote.clone(),
+                sample_rate,
+            )?);
+        }
+        let connection = connection.as_ref().expect("connected above");
+        let shared = Arc::new(Shared::new(sample_rate));
+        connection.send(Command::Start(shared.clone()))?;
+        Ok(Box::new(PwPlayback {
+            shared,
+            connection: connection.handle(),
+        }))
+    }
+
+    fn describe(&self) -> String {
+        match &self.target {
+            Some(t) => format!("pipewire:{t}"),
+            None => "pipewire".into(),
+        }
+    }
+}
+
+/// One utterance, shared by its [`PwPlayback`] and the loop thread.
+pub(super) struct Shared {
+    pub(super) rate: u32,
+    state: Mutex<PlayState>,
+    changed: Condvar,
+}
+
+pub(super) struct PlayState {
+    /// Written and not yet handed to PipeWire.
+    pub(super) queue: SampleQueue,
+    /// Handed to PipeWire.
+    pub(super) consumed: u64,
+    /// Heard (estimated from the stream's timing).
+    pub(super) played: u64,
+    /// `finish` was called: drain when the queue runs out.
+    pub(super) finishing: bool,
+    /// Drained, stopped, superseded or failed: nothing more will be played.
+    pub(super) done: bool,
+    pub(super) paused: bool,
+    pub(super) error: Option<String>,
+}
+
+impl Shared {
+    fn new(rate: u32) -> Shared {
+        Shared {
+            rate,
+            state: Mutex::new(PlayState {
+                queue: SampleQueue::default(),
+                consumed: 0,
+                played: 0,
+                finishing: false,
+                done: false,
+                paused: false,
+                error: None,
+            }),
+            changed: Condvar::new(),
+        }
+    }
+
+    pub(super) fn lock(&self) -> MutexGuard<'_, PlayState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(super) fn notify(&self) {
+        self.changed.notify_all();
+    }
+
+    /// Ends the utterance without playing the rest (stop, or another utterance took the stream).
+    pub(super) fn end(&self) {
+        let mut state = self.lock();
+        state.queue.clear();
+        state.done = true;
+        drop(state);
+        self.notify();
+    }
+
+    /// Everything handed to PipeWire has been heard.
+    pub(super) fn drained(&self) {
+        let mut state = self.lock();
+        state.played = state.consumed;
+        state.done = true;
+        drop(state);
+        self.notify();
+    }
+
+    pub(super) fn fail(&self, why: &str) {
+        let mut state = self.lock();
+        if !state.done {
+            state.error = Some(why.to_owned());
+            state.queue.clear();
+            state.done = true;
+        }
+        drop(state);
+        self.notify();
+    }
+}
+
+struct PwPlayback {
+    shared: Arc<Shared>,
+    connection: Handle,
+}
+
+impl PwPlayback {
+    fn send(&self, command: Command) {
+        // A lost connection has already failed this playback; there is nobody to tell.
+        let _ = self.connection.send(command);
+    }
+}
+
+impl Playback for PwPlayback {
+    fn write(&self, samples: &[f32]) -> Result<()> {
+        // Copied before locking: the real-time thread shares the lock.
+        let chunk = samples.to_vec();
+        let mut state = self.shared.lock();
+        if let Some(e) = &state.error {
+            bail!("pipewire: {e}");
+        }
+        // After a stop the rest of the utterance is dropped here, as the synthesis may still be running.
+        if !state.done {
+            state.queue.push(chunk);
+        }
+        drop(state);
+        Ok(())
+    }
+
+    fn played(&self) -> u64 {
+        self.shared.lock().played
+    }
+
+    fn wait_played(&self, target: u64, timeout: Duration) -> u64 {
+        let deadline = Instant::now() + timeout;
+        let mut state = self.shared.lock();
+        while state.played < target && !state.done {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            state = self
+                .shared
+                .changed
+                .wait_timeout(state, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        state.played
+    }
+
+    fn finish(&self) -> Result<()> {
+        let mut state = self.shared.lock();
+        state.finishing = true;
+        if state.consumed == 0 && state.queue.is_empty() && !state.done {
+            // Nothing was played: there is nothing to drain.
+            drop(state);
+            self.stop();
+            state = self.shared.lock();
+        }
+        let mut progress = (state.consumed, Instant::now());
+        loop {
+            if let Some(e) = &state.error {
+                bail!("pipewire: {e}");
+            }
+            if state.done {
+                return Ok(());
+            }
+            if state.paused || state.consumed != progress.0 {
+                progress = (state.consumed, Instant::now());
+            } else if progress.1.elapsed() > STALL_LIMIT {
+                drop(state);
+                self.stop();
+                return Err(anyhow!(
+                    "pipewire: no audio was taken for {} s (is a session manager such as WirePlumber \
+                     running and linking streams?)",
+                    STALL_LIMIT.as_secs()
+                ));
+            }
+            state = self
+                .shared
+                .changed
+                .wait_timeout(state, Duration::from_millis(100))
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+
+    fn stop(&self) {
+        self.shared.end();
+        self.send(Command::Stop(self.shared.clone()));
+    }
+
+    fn pause(&self) {
+        let mut state = self.shared.lock();
+        if state.done || state.paused {
+            return;
+        }
+        // The loop thread stops feeding the stream at its next cycle.
+        state.paused = true;
+        drop(state);
+        self.shared.notify();
+    }
+
+    fn resume(&self) {
+        let mut state = self.shared.lock();
+        if state.done || !state.paused {
+            return;
+        }
+        state.paused = false;
+        drop(state);
+        self.shared.notify();
+    }
+}
+
+impl Drop for PwPlayback {
+    fn drop(&mut self) {
+        // An utterance nobody holds any more must not keep playing (nor keep the stream active).
+        if !self.shared.lock().done {
+            self.stop();
+        }
+    }
+}

@@ -1,0 +1,549 @@
+//! The audio sinks against real outputs: a headless PipeWire (private dbus-daemon, pipewire, WirePlumber,
+//! a null sink recorded by pw-record), WAV files read back, the null sink.
+//!
+//! The PipeWire tests run one at a time (they measure timing, and the machine may be small) and print
+//! what they measure (`cargo test -- --nocapture` shows it).
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use kazeia::audio::{open_sink, Playback, SinkSpec};
+use kazeia_tests::services::TempDir;
+
+const RATE: u32 = 24_000;
+/// Louder than this is sound (the tones are 0.5).
+const THRESHOLD: f32 = 0.05;
+
+fn tone(seconds: f64, freq: f64, amplitude: f32) -> Vec<f32> {
+    tone_at(RATE, seconds, freq, amplitude)
+}
+
+fn tone_at(rate: u32, seconds: f64, freq: f64, amplitude: f32) -> Vec<f32> {
+    let n = (seconds * rate as f64).round() as usize;
+    (0..n)
+        .map(|i| {
+            amplitude * (2.0 * std::f64::consts::PI * freq * i as f64 / rate as f64).sin() as f32
+        })
+        .collect()
+}
+
+/// Writes `samples` in 80 ms pieces (one codec frame each), as synthesis does.
+fn write_in_frames(playback: &dyn Playback, samples: &[f32]) {
+    for piece in samples.chunks(1920) {
+        playback.write(piece).unwrap();
+    }
+}
+
+#[cfg(feature = "pipewire")]
+mod headless_pipewire {
+    use std::process::Command;
+    use std::sync::Mutex;
+    use std::time::{Duration, Instant};
+
+    use kazeia::audio::{open_sink, AudioSink, PipeWireSink, SinkSpec};
+    use kazeia_tests::services::{DbusSession, PipeWire, Recorder, Recording, TempDir};
+
+    use super::{tone, tone_at, write_in_frames, RATE, THRESHOLD};
+
+    /// One PipeWire test at a time.
+    static SERIAL: Mutex<()> = Mutex::new(());
+
+    fn serial() -> std::sync::MutexGuard<'static, ()> {
+        SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A sink on the test's PipeWire, playing to its null sink.
+    fn pipewire_sink(pw: &PipeWire) -> PipeWireSink {
+        PipeWireSink::connect(Some(pw.sink_name().into()), Some(pw.socket()))
+            .unwrap_or_else(|e| panic!("cannot connect to the test PipeWire: {e:#}\n{}", pw.logs()))
+    }
+
+    fn ms(d: Duration) -> f64 {
+        d.as_secs_f64() * 1000.0
+    }
+
+    /// Signed milliseconds from `a` to `b`.
+    fn ms_between(a: Instant, b: Instant) -> f64 {
+        if b >= a {
+            ms(b - a)
+        } else {
+            -ms(a - b)
+        }
+    }
+
+    fn first_sound_arrival(rec: &Recording) -> Instant {
+        let (first, _) = rec.sound_span(THRESHOLD).expect("no sound was recorded");
+        rec.arrival(first).unwrap()
+    }
+
+    fn last_sound_arrival(rec: &Recording) -> Instant {
+        let (_, end) = rec.sound_span(THRESHOLD).expect("no sound was recorded");
+        rec.arrival(end - 1).unwrap()
+    }
+
+    #[test]
+    fn pipewire_plays_a_tone_with_its_duration_amplitude_and_pitch() {
+        let _serial = serial();
+        let bus = DbusSession::start(None);
+        let pw = PipeWire::start(&bus);
+        let t = Instant::now();
+        let sink = pipewire_sink(&pw);
+        println!("connect: {:.1} ms", ms(t.elapsed()));
+        assert_eq!(sink.describe(), format!("pipewire:{}", pw.sink_name()));
+        let rec = Recorder::start(&pw);
+
+        let samples = tone(1.0, 440.0, 0.5);
+        let opened = Instant::now();
+        let playback = sink.open(RATE).unwrap();
+        write_in_frames(&*playback, &samples);
+        playback.finish().unwrap();
+        let finished = Instant::now();
+        assert_eq!(playback.played(), samples.len() as u64);
+        std::thread::sleep(Duration::from_millis(100));
+        let rec = rec.stop();
+
+        let duration = rec.sound_duration(THRESHOLD);
+        let (first, end) = rec.sound_span(THRESHOLD).unwrap();
+        let first_sound = ms_between(opened, first_sound_arrival(&rec));
+        let finish_vs_heard = ms_between(last_sound_arrival(&rec), finished);
+        println!(
+            "1 s tone: heard {duration:.4} s, peak {:.3}, {:.1} Hz; first sound {first_sound:.1} ms after open; \
+             finish returned {finish_vs_heard:.1} ms after the last sound arrived",
+            rec.peak(),
+            rec.frequency(first, end)
+        );
+        // Whole: not even a resampler's delay short at the end (the brief allows ±50 ms).
+        assert!(
+            (duration - 1.0).abs() <= 0.005,
+            "heard {duration} s of a 1 s tone"
+        );
+        assert!((rec.peak() - 0.5).abs() < 0.03, "peak {}", rec.peak());
+        assert!((rec.frequency(first, end) - 440.0).abs() < 3.0);
+        // The whole tone and nothing else: one span of sound.
+        assert_eq!(rec.sound_spans(THRESHOLD, 0.01).len(), 1);
+        assert!(first_sound < 100.0, "first sound after {first_sound} ms");
+        // `finish` returns once the end was heard: not before it reached the sink, and not long after.
+        assert!(
+            (-15.0..50.0).contains(&finish_vs_heard),
+            "finish returned {finish_vs_heard} ms after the last sound arrived"
+        );
+    }
+
+    #[test]
+    fn pipewire_stop_silences_at_once_and_ends_the_utterance() {
+        let _serial = serial();
+        let bus = DbusSession::start(None);
+        let pw = PipeWire::start(&bus);
+        let sink = pipewire_sink(&pw);
+        let rec = Recorder::start(&pw);
+
+        let playback = sink.open(RATE).unwrap();
+        write_in_frames(&*playback, &tone(3.0, 440.0, 0.5));
+        // Stop mid-utterance, half a second in.
+        assert!(playback.wait_played(RATE as u64 / 2, Duration::from_secs(5)) >= RATE as u64 / 2);
+        let stopped = Instant::now();
+        playback.stop();
+        let stop_call = stopped.elapsed();
+        let played_at_stop = playback.played();
+        // Everything returns at once after a stop, and later audio is dropped.
+        let t = Instant::now();
+        playback.finish().unwrap();
+        assert_eq!(
+            playback.wait_played(u64::MAX, Duration::from_secs(5)),
+            played_at_stop
+        );
+        playback.write(&tone(0.5, 440.0, 0.5)).unwrap();
+        assert!(t.elapsed() < Duration::from_millis(50));
+        std::thread::sleep(Duration::from_millis(300));
+        let rec = rec.stop();
+
+        let silence_after = ms_between(stopped, last_sound_arrival(&rec));
+        let heard = rec.sound_duration(THRESHOLD);
+        println!(
+            "stop: last sound arrived {silence_after:.1} ms after stop() (stop() took {:.2} ms); heard \
+             {heard:.3} s, played() said {:.3} s",
+            ms(stop_call),
+            played_at_stop as f64 / RATE as f64
+        );
+        // The arrival time is an upper bound: it adds the recorder's cycle (5 ms) to the moment it was heard.
+        assert!(
+            silence_after <= 20.0,
+            "sound went on {silence_after} ms after stop()"
+        );
+        let spans = rec.sound_spans(THRESHOLD, 0.01);
+        assert_eq!(spans.len(), 1, "{spans:?}");
+        assert!(
+            (0.45..0.7).contains(&heard),
+            "heard {heard} s; stopped after 0.5 s"
+        );
+    }
+
+    #[test]
+    fn pipewire_played_follows_the_audio_heard() {
+        let _serial = serial();
+        let bus = DbusSession::start(None);
+        let pw = PipeWire::start(&bus);
+        let sink = pipewire_sink(&pw);
+        let rec = Recorder::start(&pw);
+
+        let playback = sink.open(RATE).unwrap();
+        assert_eq!(playback.played(), 0);
+        write_in_frames(&*playback, &tone(3.0, 440.0, 0.5));
+        // played() advances with the clock: 1.5 s of audio takes 1.5 s to be heard.
+        let quarter = RATE as u64 / 4;
+        assert!(playback.wait_played(quarter, Duration::from_secs(5)) >= quarter);
+        let (from, t0) = (playback.played(), Instant::now());
+        assert!(playback.wait_played(7 * quarter, Duration::from_secs(5)) >= 7 * quarter);
+        let (to, t1) = (playback.played(), Instant::now());
+        let audio = (to - from) as f64 / RATE as f64;
+        let wall = (t1 - t0).as_secs_f64();
+        // And at a stop it says how much was heard: what the recorder got, less the quantum then playing.
+        playback.stop();
+        let said = playback.played() as f64 / RATE as f64;
+        std::thread::sleep(Duration::from_millis(100));
+        let rec = rec.stop();
+        let heard = rec.sound_duration(THRESHOLD);
+        println!(
+            "played(): {audio:.4} s of audio in {wall:.4} s; at the stop it said {said:.4} s, the recorder \
+             heard {heard:.4} s"
+        );
+        assert!(
+            (wall - audio).abs() <= 0.01,
+            "{audio} s of audio in {wall} s"
+        );
+        assert!(
+            (-0.002..0.015).contains(&(heard - said)),
+            "played() said {said} s, {heard} s were heard"
+        );
+    }
+
+    #[test]
+    fn pipewire_pause_holds_the_audio_and_resume_continues_it() {
+        let _serial = serial();
+        let bus = DbusSession::start(None);
+        let pw = PipeWire::start(&bus);
+        let sink = pipewire_sink(&pw);
+        let rec = Recorder::start(&pw);
+
+        let playback = sink.open(RATE).unwrap();
+        write_in_frames(&*playback, &tone(1.0, 440.0, 0.5));
+        playback.wait_played(RATE as u64 * 4 / 10, Duration::from_secs(5));
+        playback.pause();
+        std::thread::sleep(Duration::from_millis(50));
+        let held = playback.played();
+        // A waiter keeps waiting while paused.
+        let t = Instant::now();
+        assert_eq!(
+            playback.wait_played(RATE as u64, Duration::from_millis(400)),
+            held
+        );
+        assert!(t.elapsed() >= Duration::from_millis(400));
+        playback.resume();
+        playback.finish().unwrap();
+        assert_eq!(playback.played(), RATE as u64);
+        let rec = rec.stop();
+
+        let spans = rec.sound_spans(THRESHOLD, 0.05);
+        println!("pause: spans {spans:?} at {} Hz", rec.rate);
+        assert_eq!(spans.len(), 2, "the pause should split the tone: {spans:?}");
+        let gap = (spans[1].0 - spans[0].1) as f64 / rec.rate as f64;
+        assert!(gap > 0.4, "gap of {gap} s for a pause of 450 ms");
+        // Nothing lost or repeated across the pause.
+        let heard = spans.iter().map(|s| s.1 - s.0).sum::<usize>() as f64 / rec.rate as f64;
+        assert!((heard - 1.0).abs() <= 0.01, "{heard} s heard of 1 s");
+    }
+
+    #[test]
+    fn pipewire_utterances_follow_each_other_cleanly_on_one_connection() {
+        let _serial = serial();
+        let bus = DbusSession::start(None);
+        let pw = PipeWire::start(&bus);
+        let sink = pipewire_sink(&pw);
+        let rec = Recorder::start(&pw);
+
+        // Finished, stopped after 0.2 s, finished, then one at another rate (the stream is remade).
+        let utterances = [
+            (RATE, 330.0, 0.3, None),
+            (RATE, 440.0, 1.0, Some(0.2)),
+            (RATE, 550.0, 0.3, None),
+            (16_000, 660.0, 0.2, None),
+        ];
+        let mut first_sounds = Vec::new();
+        for (rate, freq, seconds, stop_at) in utterances {
+            let opened = Instant::now();
+            let playback = sink.open(rate).unwrap();
+            write_in_frames(&*playback, &tone_at(rate, seconds, freq, 0.5));
+            assert!(playback.wait_played(1, Duration::from_secs(5)) > 0);
+            first_sounds.push(ms(opened.elapsed()));
+            match stop_at {
+                Some(at) => {
+                    playback.wait_played((at * rate as f64) as u64, Duration::from_secs(5));
+                    playback.stop();
+                }
+                None => {
+                    playback.finish().unwrap();
+                    assert_eq!(playback.played(), (seconds * rate as f64) as u64);
+                }
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let rec = rec.stop();
+
+        let spans = rec.sound_spans(THRESHOLD, 0.05);
+        println!("played() > 0 {first_sounds:.1?} ms after open; spans {spans:?}");
+        assert_eq!(spans.len(), 4, "{spans:?}");
+        for (i, (span, (_, freq, seconds, stop_at))) in spans.iter().zip(utterances).enumerate() {
+            let heard = (span.1 - span.0) as f64 / rec.rate as f64;
+            // Whole utterances whole; the stopped one within a quantum of its stop.
+            let expected = stop_at.unwrap_or(seconds);
+            assert!(
+                (-0.005..0.015).contains(&(heard - expected)),
+                "utterance {i}: {heard} s, not {expected}"
+            );
+            // A click (audio left over from the utterance before) would show as extra zero crossings.
+            let got = rec.frequency(span.0, span.1);
+            assert!(
+                (got - freq).abs() < 3.0,
+                "utterance {i}: {got} Hz, not {freq}"
+            );
+        }
+    }
+
+    #[test]
+    fn pipewire_going_away_gives_errors_and_the_sink_reconnects() {
+        let _serial = serial();
+        let bus = DbusSession::start(None);
+        let mut pw = PipeWire::start(&bus);
+        let sink = pipewire_sink(&pw);
+        let playback = sink.open(RATE).unwrap();
+        write_in_frames(&*playback, &tone(5.0, 440.0, 0.5));
+        playback.wait_played(RATE as u64 / 4, Duration::from_secs(5));
+
+        pw.kill_server();
+        let t = Instant::now();
+        let err = playback.finish().unwrap_err().to_string();
+        println!(
+            "after the server died: finish() failed in {:.1} ms: {err}",
+            ms(t.elapsed())
+        );
+        assert!(
+            t.elapsed() < Duration::from_secs(2),
+            "took {:?}",
+            t.elapsed()
+        );
+        assert!(err.contains("pipewire"), "{err}");
+        assert!(playback.write(&[0.0; 100]).is_err());
+        assert!(playback.wait_played(u64::MAX, Duration::from_secs(5)) < u64::MAX);
+        let t = Instant::now();
+        let err = sink.open(RATE).err().expect("no server, yet open() worked");
+        println!(
+            "open() with no server failed in {:.1} ms: {err:#}",
+            ms(t.elapsed())
+        );
+        assert!(
+            format!("{err:#}").contains("is PipeWire running"),
+            "{err:#}"
+        );
+        drop(pw);
+
+        // A new server on the same socket: the same sink plays again.
+        let pw = PipeWire::start(&bus);
+        let rec = Recorder::start(&pw);
+        let playback = sink.open(RATE).unwrap();
+        write_in_frames(&*playback, &tone(0.3, 440.0, 0.5));
+        playback.finish().unwrap();
+        let rec = rec.stop();
+        assert!((rec.sound_duration(THRESHOLD) - 0.3).abs() <= 0.05);
+    }
+
+    #[test]
+    fn pipewire_not_running_is_a_clear_error_not_a_hang() {
+        let dir = TempDir::new("nopw");
+        let t = Instant::now();
+        let err = PipeWireSink::connect(None, Some(dir.path().join("pipewire-0")))
+            .err()
+            .expect("connected to nothing");
+        let err = format!("{err:#}");
+        println!("{err} ({:.1} ms)", ms(t.elapsed()));
+        assert!(t.elapsed() < Duration::from_secs(1));
+        assert!(err.contains("is PipeWire running"), "{err}");
+        assert!(err.contains(&dir.path().display().to_string()), "{err}");
+    }
+
+    /// `kazeia play`, a child process with the harness's environment: the path a user takes.
+    #[test]
+    fn kazeia_play_plays_a_wav_file_through_pipewire() {
+        let _serial = serial();
+        let bus = DbusSession::start(None);
+        let pw = PipeWire::start(&bus);
+        let dir = TempDir::new("play");
+        let wav = dir.path().join("tone.wav");
+        let wav_sink = open_sink(&SinkSpec::Wav(wav.clone())).unwrap();
+        let playback = wav_sink.open(RATE).unwrap();
+        playback.write(&tone(0.5, 440.0, 0.5)).unwrap();
+        playback.finish().unwrap();
+
+        let rec = Recorder::start(&pw);
+        let out = Command::new(env!("CARGO_BIN_EXE_kazeia"))
+            .args(["play", "--sink", "pipewire", "--chunk-ms", "80"])
+            .arg(&wav)
+            .env_clear()
+            .envs(pw.env())
+            .output()
+            .unwrap();
+        let rec = rec.stop();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        println!("{stderr}");
+        assert!(out.status.success(), "kazeia play failed: {stderr}");
+        assert!((rec.sound_duration(THRESHOLD) - 0.5).abs() <= 0.05);
+
+        // No PipeWire in this environment: a clear error, at once.
+        let empty = TempDir::new("nopw");
+        let t = Instant::now();
+        let out = Command::new(env!("CARGO_BIN_EXE_kazeia"))
+            .args(["play", "--sink", "pipewire"])
+            .arg(&wav)
+            .env_clear()
+            .env("XDG_RUNTIME_DIR", empty.path())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success());
+        assert!(stderr.contains("is PipeWire running"), "{stderr}");
+        assert!(t.elapsed() < Duration::from_secs(2));
+
+        // A bad sink is refused by the argument parser, with the accepted forms.
+        let out = Command::new(env!("CARGO_BIN_EXE_kazeia"))
+            .args(["play", "--sink", "alsa:hw0"])
+            .arg(&wav)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success());
+        assert!(stderr.contains("unknown kind `alsa`"), "{stderr}");
+        assert!(stderr.contains("`wav:PATH`"), "{stderr}");
+    }
+}
+
+fn read_wav(path: &Path) -> (u32, Vec<f32>) {
+    let bytes = std::fs::read(path).unwrap();
+    let audio = kazeia::audio::wav_read::parse_wav(&bytes).unwrap();
+    // The engine's reader insists on the plain 44-byte layout: a second opinion on the header.
+    let (rate, samples) = kazeia_engine::wav::read_wav(&bytes).unwrap();
+    assert_eq!(
+        (rate, samples.len()),
+        (audio.sample_rate, audio.samples.len())
+    );
+    (audio.sample_rate, audio.samples)
+}
+
+#[test]
+fn wav_sink_appends_utterances_to_one_file_valid_between_them() {
+    let dir = TempDir::new("wav");
+    let path = dir.path().join("out.wav");
+    let sink = open_sink(&SinkSpec::Wav(path.clone())).unwrap();
+    assert_eq!(sink.describe(), format!("wav:{}", path.display()));
+    // Valid and empty before anything is played.
+    assert_eq!(read_wav(&path).1.len(), 0);
+
+    let first = tone(0.25, 440.0, 0.5);
+    let playback = sink.open(RATE).unwrap();
+    write_in_frames(&*playback, &first);
+    assert_eq!(playback.played(), first.len() as u64);
+    assert_eq!(
+        playback.wait_played(1000, Duration::from_secs(5)),
+        first.len() as u64
+    );
+    // Waiting past what was written times out.
+    let t = Instant::now();
+    playback.wait_played(first.len() as u64 + 1, Duration::from_millis(100));
+    assert!(t.elapsed() >= Duration::from_millis(100));
+    playback.finish().unwrap();
+    let (rate, samples) = read_wav(&path);
+    assert_eq!((rate, samples.len()), (RATE, first.len()));
+
+    // A second utterance, stopped halfway: what came before the stop stays, the rest is dropped.
+    let playback = sink.open(RATE).unwrap();
+    playback.write(&[0.25; 1000]).unwrap();
+    playback.stop();
+    playback.write(&[0.25; 1000]).unwrap();
+    assert_eq!(playback.played(), 1000);
+    drop(playback);
+    assert_eq!(read_wav(&path).1.len(), first.len() + 1000);
+
+    // A third, dropped without finish: the header is fixed all the same.
+    let playback = sink.open(RATE).unwrap();
+    playback.write(&[-0.5; 500]).unwrap();
+    drop(playback);
+    let (_, samples) = read_wav(&path);
+    assert_eq!(samples.len(), first.len() + 1500);
+    for (got, want) in samples.iter().zip(&first) {
+        assert!((got - want).abs() < 1e-4);
+    }
+    assert!(samples[first.len()..first.len() + 1000]
+        .iter()
+        .all(|s| (s - 0.25).abs() < 1e-4));
+    assert!(samples[first.len() + 1000..]
+        .iter()
+        .all(|s| (s + 0.5).abs() < 1e-4));
+
+    // One file has one rate.
+    let err = sink.open(16_000).err().unwrap().to_string();
+    assert!(
+        err.contains("24000 Hz") && err.contains("16000 Hz"),
+        "{err}"
+    );
+}
+
+#[test]
+fn wav_sink_takes_the_rate_of_its_first_utterance_and_reports_bad_paths() {
+    let dir = TempDir::new("wav");
+    let path = dir.path().join("out.wav");
+    let sink = open_sink(&SinkSpec::Wav(path.clone())).unwrap();
+    let playback = sink.open(16_000).unwrap();
+    playback.write(&[0.5; 160]).unwrap();
+    playback.finish().unwrap();
+    assert_eq!(read_wav(&path).0, 16_000);
+
+    let missing = dir.path().join("no/such/dir/out.wav");
+    let err = format!(
+        "{:#}",
+        open_sink(&SinkSpec::Wav(missing.clone())).err().unwrap()
+    );
+    assert!(err.contains(&missing.display().to_string()), "{err}");
+}
+
+#[test]
+fn null_sink_counts_what_it_discards() {
+    let sink = open_sink(&"null".parse().unwrap()).unwrap();
+    assert_eq!(sink.describe(), "null");
+    let playback = sink.open(RATE).unwrap();
+    playback.write(&[0.5; 480]).unwrap();
+    playback.write(&[0.5; 20]).unwrap();
+    assert_eq!(playback.played(), 500);
+    playback.pause();
+    playback.resume();
+    playback.finish().unwrap();
+    // Done: waiting beyond the end returns at once.
+    let t = Instant::now();
+    assert_eq!(playback.wait_played(10_000, Duration::from_secs(5)), 500);
+    assert!(t.elapsed() < Duration::from_millis(100));
+    assert!(sink.open(0).is_err());
+}
+
+#[test]
+fn bad_sink_specs_are_clear_errors() {
+    for (spec, says) in [
+        ("alsa", "unknown kind `alsa`"),
+        ("pipewire:", "empty target"),
+        ("wav:", "no file"),
+        ("nul", "unknown kind `nul`"),
+    ] {
+        let err = spec.parse::<SinkSpec>().unwrap_err().to_string();
+        assert!(err.contains(says), "{spec}: {err}");
+        assert!(
+            err.contains("pipewire") || err.contains("wav:PATH") || err.contains("file"),
+            "{err}"
+        );
+    }
+}

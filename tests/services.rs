@@ -1,0 +1,675 @@
+//! Real services for tests, each private to the test that starts it: a session `dbus-daemon`, a headless
+//! PipeWire (pipewire + WirePlumber + a null sink, optionally pipewire-pulse) and a recorder of what
+//! reaches the sink. Everything lives in its own temporary directory and is killed on drop.
+//!
+//! Tests run in parallel threads of one process, so nothing here touches the process environment:
+//! children get their variables explicitly (`env()`).
+//!
+//! ```no_run
+//! use kazeia_tests::services::{DbusSession, PipeWire, Recorder};
+//! let bus = DbusSession::start(None);
+//! let pw = PipeWire::start(&bus);
+//! let rec = Recorder::start(&pw);
+//! std::process::Command::new("pw-play").envs(pw.env()).args(["--target", pw.sink_name(), "x.wav"]);
+//! let audio = rec.stop();
+//! assert!(audio.peak() > 0.4);
+//! ```
+
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// How long a service may take to become ready before the test fails.
+const READY_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// The Debian package that provides each program the services run.
+fn package_of(program: &str) -> &'static str {
+    match program {
+        "dbus-daemon" => "dbus-daemon",
+        "pipewire" | "pw-cli" | "pw-record" | "pw-metadata" | "pw-play" => "pipewire-bin",
+        "wireplumber" => "wireplumber",
+        "pipewire-pulse" => "pipewire-pulse",
+        "stdbuf" => "coreutils",
+        "speech-dispatcher" | "spd-say" => "speech-dispatcher",
+        _ => "(unknown; see tools/deps.sh)",
+    }
+}
+
+/// A program's full path, or a panic that names the package to install.
+pub fn require_program(program: &str) -> PathBuf {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .map(|dir| dir.join(program))
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| {
+            panic!(
+                "`{program}` is not installed: install the Debian package `{}` (tools/deps.sh installs \
+                 everything the tests need)",
+                package_of(program)
+            )
+        })
+}
+
+/// A fresh directory under the system temporary directory, removed on drop.
+pub struct TempDir(PathBuf);
+
+impl TempDir {
+    pub fn new(label: &str) -> TempDir {
+        static COUNTER: AtomicU64 = AtomicU64::new(0);
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        // Short: unix socket paths inside must stay under 108 bytes.
+        let path = std::env::temp_dir().join(format!(
+            "kz-{label}-{}-{}-{nanos:x}",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&path).expect("cannot create a temporary directory");
+        set_mode(&path, 0o700);
+        TempDir(path)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn set_mode(path: &Path, mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+        .expect("cannot set permissions");
+}
+
+extern "C" {
+    fn kill(pid: i32, sig: i32) -> i32;
+}
+const SIGINT: i32 = 2;
+const SIGKILL: i32 = 9;
+const SIGTERM: i32 = 15;
+
+/// A child started in its own process group, so that it and anything it spawned can be killed at once.
+pub struct Service {
+    name: String,
+    child: Child,
+    log: PathBuf,
+}
+
+impl Service {
+    /// Starts `program` with exactly `env` (plus PATH), stdout and stderr to `log`.
+    pub fn spawn(program: &str, args: &[&str], env: &[(String, String)], log: PathBuf) -> Service {
+        let path = require_program(program);
+        let out = std::fs::File::create(&log).expect("cannot create a log file");
+        let child = command(&path, args, env)
+            .stdout(out.try_clone().expect("log file"))
+            .stderr(out)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {program}: {e}"));
+        Service {
+            name: program.to_owned(),
+            child,
+            log,
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Panics with the log if the service has exited.
+    pub fn check_running(&mut self) {
+        if let Ok(Some(status)) = self.child.try_wait() {
+            panic!(
+                "{} exited ({status}); its log:\n{}",
+                self.name,
+                std::fs::read_to_string(&self.log).unwrap_or_default()
+            );
+        }
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// SIGTERM to the group, SIGKILL after a second, and reaps the child.
+    pub fn terminate(&mut self) {
+        terminate_group(&mut self.child, SIGTERM);
+    }
+}
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        self.terminate();
+    }
+}
+
+/// Sends `signal` to the child's process group, then SIGKILL to the group if the child is still there
+/// after a second (the stragglers too).
+fn terminate_group(child: &mut Child, signal: i32) -> Option<std::process::ExitStatus> {
+    let group = -(child.id() as i32);
+    if let Ok(Some(status)) = child.try_wait() {
+        unsafe { kill(group, SIGKILL) };
+        return Some(status);
+    }
+    unsafe { kill(group, signal) };
+    let deadline = Instant::now() + Duration::from_secs(1);
+    while Instant::now() < deadline {
+        if let Ok(Some(status)) = child.try_wait() {
+            unsafe { kill(group, SIGKILL) };
+            return Some(status);
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    unsafe { kill(group, SIGKILL) };
+    child.wait().ok()
+}
+
+/// A command with a clean environment: PATH and `env` only.
+fn command(program: &Path, args: &[&str], env: &[(String, String)]) -> Command {
+    use std::os::unix::process::CommandExt;
+    let mut cmd = Command::new(program);
+    cmd.args(args)
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .stdin(Stdio::null())
+        .process_group(0);
+    cmd
+}
+
+/// Polls `ready` (every 5 ms) until it holds; panics after [`READY_TIMEOUT`] with `what`.
+fn wait_until(what: &str, mut ready: impl FnMut() -> bool) {
+    let deadline = Instant::now() + READY_TIMEOUT;
+    while !ready() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// A private session bus.
+pub struct DbusSession {
+    dir: TempDir,
+    runtime_dir: PathBuf,
+    address: String,
+    child: Child,
+}
+
+impl DbusSession {
+    /// Starts `dbus-daemon` with a session configuration that lets anyone own any name, and activates
+    /// services from `service_dir` if given. It also makes a runtime directory, given to activated services
+    /// as `XDG_RUNTIME_DIR`; a [`PipeWire`] on this bus listens there, so they find it.
+    pub fn start(service_dir: Option<&Path>) -> DbusSession {
+        let program = require_program("dbus-daemon");
+        let dir = TempDir::new("bus");
+        let runtime_dir = dir.path().join("run");
+        std::fs::create_dir(&runtime_dir).expect("cannot create the runtime directory");
+        set_mode(&runtime_dir, 0o700);
+        let service_dir = service_dir
+            .map(|d| {
+                format!(
+                    "  <servicedir>{}</servicedir>\n",
+                    xml_escape(&d.display().to_string())
+                )
+            })
+            .unwrap_or_default();
+        let config = format!(
+            "<!DOCTYPE busconfig PUBLIC \"-//freedesktop//DTD D-Bus Bus Configuration 1.0//EN\"\n \
+             \"http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd\">\n\
+             <busconfig>\n  <type>session</type>\n  <listen>unix:tmpdir={}</listen>\n{service_dir}  \
+             <policy context=\"default\">\n    <allow send_destination=\"*\" eavesdrop=\"true\"/>\n    \
+             <allow eavesdrop=\"true\"/>\n    <allow own=\"*\"/>\n  </policy>\n</busconfig>\n",
+            xml_escape(&dir.path().display().to_string())
+        );
+        let config_path = dir.path().join("bus.conf");
+        std::fs::write(&config_path, config).expect("cannot write the bus configuration");
+        let env = [(
+            "XDG_RUNTIME_DIR".to_owned(),
+            runtime_dir.display().to_string(),
+        )];
+        let mut child = command(
+            &program,
+            &[
+                &format!("--config-file={}", config_path.display()),
+                "--nofork",
+                "--print-address=1",
+            ],
+            &env,
+        )
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start dbus-daemon: {e}"));
+        // The address is printed once the bus listens.
+        let stdout = child.stdout.take().expect("piped stdout");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut line = String::new();
+            let _ = BufReader::new(stdout).read_line(&mut line);
+            let _ = tx.send(line);
+        });
+        let address = match rx.recv_timeout(READY_TIMEOUT) {
+            Ok(line) if !line.trim().is_empty() => line.trim().to_owned(),
+            _ => {
+                terminate_group(&mut child, SIGKILL);
+                panic!("dbus-daemon did not print its address");
+            }
+        };
+        DbusSession {
+            dir,
+            runtime_dir,
+            address,
+            child,
+        }
+    }
+
+    /// `DBUS_SESSION_BUS_ADDRESS` for clients.
+    pub fn address(&self) -> &str {
+        &self.address
+    }
+
+    /// The runtime directory activated services get as `XDG_RUNTIME_DIR`.
+    pub fn runtime_dir(&self) -> &Path {
+        &self.runtime_dir
+    }
+
+    /// The bus's own temporary directory.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// What a child needs to use this bus.
+    pub fn env(&self) -> Vec<(String, String)> {
+        vec![
+            ("DBUS_SESSION_BUS_ADDRESS".into(), self.address.clone()),
+            (
+                "XDG_RUNTIME_DIR".into(),
+                self.runtime_dir.display().to_string(),
+            ),
+        ]
+    }
+}
+
+impl Drop for DbusSession {
+    fn drop(&mut self) {
+        terminate_group(&mut self.child, SIGTERM);
+    }
+}
+
+fn xml_escape(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
+/// Headless PipeWire: the daemon, WirePlumber (it links streams; it needs the session bus) and a mono
+/// 48 kHz null sink that is the default sink.
+pub struct PipeWire {
+    // Dropped in this order: the reverse of starting.
+    pulse: Option<Service>,
+    wireplumber: Service,
+    pipewire: Service,
+    env: Vec<(String, String)>,
+    runtime_dir: PathBuf,
+    sink: String,
+    dir: TempDir,
+}
+
+/// The null sink's name.
+pub const SINK_NAME: &str = "kazeia-test-sink";
+
+impl PipeWire {
+    /// Starts pipewire and WirePlumber on `bus`, creates the null sink and returns once WirePlumber has
+    /// made it the default sink (so streams get linked from then on).
+    pub fn start(bus: &DbusSession) -> PipeWire {
+        let dir = TempDir::new("pw");
+        let runtime_dir = bus.runtime_dir().to_path_buf();
+        let mut env = bus.env();
+        env.extend(
+            [
+                ("PIPEWIRE_RUNTIME_DIR", runtime_dir.display().to_string()),
+                // A fresh configuration and state: no saved default sink or volume from elsewhere.
+                ("HOME", dir.path().join("home").display().to_string()),
+                (
+                    "XDG_CONFIG_HOME",
+                    dir.path().join("config").display().to_string(),
+                ),
+                (
+                    "XDG_STATE_HOME",
+                    dir.path().join("state").display().to_string(),
+                ),
+                (
+                    "XDG_DATA_HOME",
+                    dir.path().join("data").display().to_string(),
+                ),
+            ]
+            .map(|(k, v)| (k.to_owned(), v)),
+        );
+        let socket = runtime_dir.join("pipewire-0");
+        let mut pipewire = Service::spawn("pipewire", &[], &env, dir.path().join("pipewire.log"));
+        wait_until("the pipewire socket", || {
+            pipewire.check_running();
+            socket.exists()
+        });
+        let mut wireplumber =
+            Service::spawn("wireplumber", &[], &env, dir.path().join("wireplumber.log"));
+        // WirePlumber's default-nodes module publishes the "default" metadata once it runs.
+        wait_until("WirePlumber", || {
+            wireplumber.check_running();
+            run_output("pw-metadata", &["-n", "default", "0"], &env).contains("Found \"default\"")
+        });
+        let node = format!(
+            "{{ factory.name=support.null-audio-sink node.name={SINK_NAME} \
+             node.description=\"Kazeia test sink\" media.class=Audio/Sink object.linger=true \
+             audio.position=[MONO] audio.rate=48000 }}"
+        );
+        // pw-cli reports nothing either way; the sink becoming the default below is the proof.
+        run_output("pw-cli", &["create-node", "adapter", &node], &env);
+        wait_until("WirePlumber to make the null sink the default", || {
+            wireplumber.check_running();
+            run_output(
+                "pw-metadata",
+                &["-n", "default", "0", "default.audio.sink"],
+                &env,
+            )
+            .contains(SINK_NAME)
+        });
+        PipeWire {
+            pulse: None,
+            wireplumber,
+            pipewire,
+            env,
+            runtime_dir,
+            sink: SINK_NAME.to_owned(),
+            dir,
+        }
+    }
+
+    /// Also starts pipewire-pulse (speech-dispatcher 0.11 plays through PulseAudio) and waits for its
+    /// socket; `env()` then includes `PULSE_SERVER`.
+    pub fn with_pulse(mut self) -> PipeWire {
+        let socket = self.runtime_dir.join("pulse").join("native");
+        let mut pulse = Service::spawn(
+            "pipewire-pulse",
+            &[],
+            &self.env,
+            self.dir.path().join("pipewire-pulse.log"),
+        );
+        wait_until("the pipewire-pulse socket", || {
+            pulse.check_running();
+            socket.exists()
+        });
+        self.env
+            .push(("PULSE_SERVER".into(), format!("unix:{}", socket.display())));
+        self.pulse = Some(pulse);
+        self
+    }
+
+    /// What a child needs to play here: XDG_RUNTIME_DIR, PIPEWIRE_RUNTIME_DIR, DBUS_SESSION_BUS_ADDRESS,
+    /// HOME and XDG_{CONFIG,STATE,DATA}_HOME (private), PULSE_SERVER with pulse.
+    pub fn env(&self) -> Vec<(String, String)> {
+        self.env.clone()
+    }
+
+    /// The PipeWire socket, for in-process clients (libpipewire's `remote.name`).
+    pub fn socket(&self) -> PathBuf {
+        self.runtime_dir.join("pipewire-0")
+    }
+
+    pub fn sink_name(&self) -> &str {
+        &self.sink
+    }
+
+    pub fn pipewire_pid(&self) -> u32 {
+        self.pipewire.pid()
+    }
+
+    /// The services' logs, for assertion messages.
+    pub fn logs(&self) -> String {
+        let mut all = format!(
+            "--- pipewire\n{}\n--- wireplumber\n{}",
+            self.pipewire.log(),
+            self.wireplumber.log()
+        );
+        if let Some(pulse) = &self.pulse {
+            all += &format!("\n--- pipewire-pulse\n{}", pulse.log());
+        }
+        all
+    }
+
+    /// Kills the PipeWire server (WirePlumber and pipewire-pulse go with it), to test clients that lose it.
+    pub fn kill_server(&mut self) {
+        if let Some(mut pulse) = self.pulse.take() {
+            pulse.terminate();
+        }
+        self.wireplumber.terminate();
+        self.pipewire.terminate();
+    }
+}
+
+/// Runs a short command with `env` and returns stdout and stderr together (empty if it could not run).
+fn run_output(program: &str, args: &[&str], env: &[(String, String)]) -> String {
+    let path = require_program(program);
+    match command(&path, args, env).output() {
+        Ok(out) => {
+            String::from_utf8_lossy(&out.stdout).into_owned()
+                + &String::from_utf8_lossy(&out.stderr)
+        }
+        Err(_) => String::new(),
+    }
+}
+
+/// Records what is played to the null sink: `pw-record` on the sink's monitor, mono f32 at 48 kHz, raw on
+/// its stdout. Each piece is stamped with the time it arrived, so tests can tell when audio was heard.
+pub struct Recorder {
+    child: Child,
+    reader: Option<JoinHandle<()>>,
+    pieces: Pieces,
+}
+
+/// What pw-record wrote, read by read, with when each read returned.
+type Pieces = Arc<Mutex<Vec<(Instant, Vec<f32>)>>>;
+
+/// The recorder's sample rate.
+pub const RECORD_RATE: u32 = 48_000;
+
+impl Recorder {
+    /// Starts recording the null sink and returns once audio (silence) arrives.
+    pub fn start(pw: &PipeWire) -> Recorder {
+        let stdbuf = require_program("stdbuf");
+        let pw_record = require_program("pw-record");
+        let rate = RECORD_RATE.to_string();
+        // stdbuf -o0: pw-record writes each cycle's audio as it comes, not in 4 KiB stdio blocks.
+        let mut child = command(
+            &stdbuf,
+            &[
+                "-o0",
+                &pw_record.display().to_string(),
+                "--target",
+                pw.sink_name(),
+                "-P",
+                "{ stream.capture.sink=true }",
+                "--rate",
+                &rate,
+                "--channels",
+                "1",
+                "--format",
+                "f32",
+                // The cycle Kazeia asks for: the graph runs as it would for a user, and time stamps come
+                // every 10 ms.
+                "--latency",
+                "10ms",
+                "-",
+            ],
+            &pw.env(),
+        )
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start pw-record: {e}"));
+        let mut stdout = child.stdout.take().expect("piped stdout");
+        let pieces: Pieces = Arc::default();
+        let reader = {
+            let pieces = pieces.clone();
+            std::thread::spawn(move || {
+                let mut buf = vec![0u8; 1 << 16];
+                let mut partial: Vec<u8> = Vec::new();
+                loop {
+                    let n = match stdout.read(&mut buf) {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => n,
+                    };
+                    let at = Instant::now();
+                    partial.extend_from_slice(&buf[..n]);
+                    let whole = partial.len() / 4 * 4;
+                    let samples = partial[..whole]
+                        .chunks_exact(4)
+                        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                        .collect();
+                    partial.drain(..whole);
+                    pieces.lock().unwrap().push((at, samples));
+                }
+            })
+        };
+        let mut recorder = Recorder {
+            child,
+            reader: Some(reader),
+            pieces,
+        };
+        wait_until("pw-record to capture", || {
+            if let Ok(Some(status)) = recorder.child.try_wait() {
+                panic!("pw-record exited ({status}) before recording");
+            }
+            !recorder.pieces.lock().unwrap().is_empty()
+        });
+        recorder
+    }
+
+    /// Samples recorded so far.
+    pub fn len(&self) -> usize {
+        self.pieces.lock().unwrap().iter().map(|p| p.1.len()).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Stops recording (SIGINT, as pw-record expects) and returns everything recorded.
+    pub fn stop(mut self) -> Recording {
+        terminate_group(&mut self.child, SIGINT);
+        if let Some(reader) = self.reader.take() {
+            let _ = reader.join();
+        }
+        let pieces = std::mem::take(&mut *self.pieces.lock().unwrap());
+        let mut samples = Vec::new();
+        let mut arrivals = Vec::new();
+        for (at, piece) in pieces {
+            samples.extend_from_slice(&piece);
+            arrivals.push((samples.len(), at));
+        }
+        Recording {
+            rate: RECORD_RATE,
+            samples,
+            arrivals,
+        }
+    }
+}
+
+impl Drop for Recorder {
+    fn drop(&mut self) {
+        terminate_group(&mut self.child, SIGKILL);
+    }
+}
+
+/// What a [`Recorder`] captured.
+pub struct Recording {
+    pub rate: u32,
+    pub samples: Vec<f32>,
+    /// (samples received so far, when): one entry per read from pw-record.
+    arrivals: Vec<(usize, Instant)>,
+}
+
+impl Recording {
+    pub fn peak(&self) -> f32 {
+        self.samples.iter().fold(0.0, |m, s| m.max(s.abs()))
+    }
+
+    /// Index of the first and one past the last sample louder than `threshold`.
+    pub fn sound_span(&self, threshold: f32) -> Option<(usize, usize)> {
+        let first = self.samples.iter().position(|s| s.abs() > threshold)?;
+        let last = self.samples.iter().rposition(|s| s.abs() > threshold)?;
+        Some((first, last + 1))
+    }
+
+    /// Seconds from the first to the end of the last sample louder than `threshold` (0 if none).
+    pub fn sound_duration(&self, threshold: f32) -> f64 {
+        self.sound_span(threshold)
+            .map_or(0.0, |(a, b)| (b - a) as f64 / self.rate as f64)
+    }
+
+    /// Seconds louder than `threshold` in total (gaps of silence excluded), counted in 5 ms windows.
+    pub fn loud_time(&self, threshold: f32) -> f64 {
+        let window = self.rate as usize / 200;
+        let loud = self
+            .samples
+            .chunks(window)
+            .filter(|w| w.iter().any(|s| s.abs() > threshold))
+            .count();
+        (loud * window) as f64 / self.rate as f64
+    }
+
+    /// Spans of sound separated by more than `gap` seconds of silence, as (start, end) sample indices.
+    pub fn sound_spans(&self, threshold: f32, gap: f64) -> Vec<(usize, usize)> {
+        let gap = (gap * self.rate as f64) as usize;
+        let mut spans: Vec<(usize, usize)> = Vec::new();
+        for (i, s) in self.samples.iter().enumerate() {
+            if s.abs() <= threshold {
+                continue;
+            }
+            match spans.last_mut() {
+                Some(span) if i - span.1 <= gap => span.1 = i + 1,
+                _ => spans.push((i, i + 1)),
+            }
+        }
+        spans
+    }
+
+    /// When the sample at `index` reached the test: the arrival of the read that held it, at most one
+    /// graph cycle (10 ms) after it was played. `None` past the end.
+    pub fn arrival(&self, index: usize) -> Option<Instant> {
+        self.arrivals
+            .iter()
+            .find(|(end, _)| *end > index)
+            .map(|(_, at)| *at)
+    }
+
+    /// Frequency of the dominant tone in `samples[range]`, from its zero crossings.
+    pub fn frequency(&self, start: usize, end: usize) -> f64 {
+        let part = &self.samples[start..end];
+        let crossings = part
+            .windows(2)
+            .filter(|w| (w[0] < 0.0) != (w[1] < 0.0))
+            .count();
+        crossings as f64 / 2.0 / (part.len() as f64 / self.rate as f64)
+    }
+
+    /// Root mean square of `samples[range]`.
+    pub fn rms(&self, start: usize, end: usize) -> f32 {
+        let part = &self.samples[start..end];
+        (part.iter().map(|s| s * s).sum::<f32>() / part.len().max(1) as f32).sqrt()
+    }
+}

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Installs every Debian package Kazeia's build and tests need; does nothing when all are present.
+# Idempotent; uses sudo when not root. Run by .ci/run; run it yourself on a fresh Debian 12 machine.
+set -euo pipefail
+
+packages=(
+    build-essential pkg-config
+    # pipewire-sys: bindgen needs libclang, system-deps finds libpipewire-0.3 through pkg-config
+    libclang-dev libpipewire-0.3-dev
+    # headless audio in tests: PipeWire, its session manager, the PulseAudio server for speech-dispatcher
+    pipewire pipewire-bin wireplumber pipewire-pulse
+    # private session buses in tests
+    dbus-daemon dbus-bin
+    sox
+    speech-dispatcher libspeechd-dev
+    # Vulkan backend tests on lavapipe
+    mesa-vulkan-drivers libvulkan1
+)
+
+missing=()
+for p in "${packages[@]}"; do
+    if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q '^install ok installed$'; then
+        missing+=("$p")
+    fi
+done
+if [ ${#missing[@]} -eq 0 ]; then
+    echo "deps.sh: all ${#packages[@]} packages are installed"
+    exit 0
+fi
+
+sudo=()
+if [ "$(id -u)" -ne 0 ]; then
+    sudo=(sudo)
+fi
+echo "deps.sh: installing ${missing[*]}"
+"${sudo[@]}" apt-get update -qq
+"${sudo[@]}" env DEBIAN_FRONTEND=noninteractive \
+    apt-get install -y -qq --no-install-recommends "${missing[@]}"
