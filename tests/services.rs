@@ -31,6 +31,7 @@ fn package_of(program: &str) -> &'static str {
     match program {
         "dbus-daemon" => "dbus-daemon",
         "pipewire" | "pw-cli" | "pw-record" | "pw-metadata" | "pw-play" => "pipewire-bin",
+        "dbus-send" => "dbus-bin",
         "wireplumber" => "wireplumber",
         "pipewire-pulse" => "pipewire-pulse",
         "stdbuf" => "coreutils",
@@ -97,6 +98,8 @@ extern "C" {
 const SIGINT: i32 = 2;
 const SIGKILL: i32 = 9;
 const SIGTERM: i32 = 15;
+const SIGCONT: i32 = 18;
+const SIGSTOP: i32 = 19;
 
 /// A child started in its own process group, so that it and anything it spawned can be killed at once.
 pub struct Service {
@@ -451,6 +454,16 @@ impl PipeWire {
         all
     }
 
+    /// Stops (SIGSTOP) or continues (SIGCONT) the PipeWire server, to test clients of a hung server.
+    pub fn freeze_server(&self, frozen: bool) {
+        unsafe {
+            kill(
+                self.pipewire.pid() as i32,
+                if frozen { SIGSTOP } else { SIGCONT },
+            )
+        };
+    }
+
     /// Kills the PipeWire server (WirePlumber and pipewire-pulse go with it), to test clients that lose it.
     pub fn kill_server(&mut self) {
         if let Some(mut pulse) = self.pulse.take() {
@@ -621,17 +634,6 @@ impl Recording {
             .map_or(0.0, |(a, b)| (b - a) as f64 / self.rate as f64)
     }
 
-    /// Seconds louder than `threshold` in total (gaps of silence excluded), counted in 5 ms windows.
-    pub fn loud_time(&self, threshold: f32) -> f64 {
-        let window = self.rate as usize / 200;
-        let loud = self
-            .samples
-            .chunks(window)
-            .filter(|w| w.iter().any(|s| s.abs() > threshold))
-            .count();
-        (loud * window) as f64 / self.rate as f64
-    }
-
     /// Spans of sound separated by more than `gap` seconds of silence, as (start, end) sample indices.
     pub fn sound_spans(&self, threshold: f32, gap: f64) -> Vec<(usize, usize)> {
         let gap = (gap * self.rate as f64) as usize;
@@ -671,5 +673,87 @@ impl Recording {
     pub fn rms(&self, start: usize, end: usize) -> f32 {
         let part = &self.samples[start..end];
         (part.iter().map(|s| s * s).sum::<f32>() / part.len().max(1) as f32).sqrt()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bus_activates_from_its_service_dir() {
+        let services = TempDir::new("svc");
+        std::fs::write(
+            services.path().join("org.kazeia.HarnessTest.service"),
+            "[D-BUS Service]\nName=org.kazeia.HarnessTest\nExec=/bin/false\n",
+        )
+        .unwrap();
+        let bus = DbusSession::start(Some(services.path()));
+        let listed = run_output(
+            "dbus-send",
+            &[
+                &format!("--bus={}", bus.address()),
+                "--print-reply",
+                "--dest=org.freedesktop.DBus",
+                "/org/freedesktop/DBus",
+                "org.freedesktop.DBus.ListActivatableNames",
+            ],
+            &[],
+        );
+        assert!(listed.contains("org.kazeia.HarnessTest"), "{listed}");
+    }
+
+    /// A 16-bit mono WAV file.
+    fn write_wav(path: &Path, rate: u32, samples: &[f32]) {
+        let data: Vec<u8> = samples
+            .iter()
+            .flat_map(|s| ((s * 32767.0) as i16).to_le_bytes())
+            .collect();
+        let mut out = b"RIFF".to_vec();
+        out.extend_from_slice(&(36 + data.len() as u32).to_le_bytes());
+        out.extend_from_slice(b"WAVEfmt \x10\0\0\0\x01\0\x01\0");
+        out.extend_from_slice(&rate.to_le_bytes());
+        out.extend_from_slice(&(rate * 2).to_le_bytes());
+        out.extend_from_slice(b"\x02\0\x10\0data");
+        out.extend_from_slice(&(data.len() as u32).to_le_bytes());
+        out.extend_from_slice(&data);
+        std::fs::write(path, out).unwrap();
+    }
+
+    #[test]
+    fn recorder_hears_what_pw_play_plays_and_pulse_takes_clients() {
+        let bus = DbusSession::start(None);
+        let pw = PipeWire::start(&bus).with_pulse();
+        let dir = TempDir::new("tone");
+        let wav = dir.path().join("tone.wav");
+        let tone: Vec<f32> = (0..24_000)
+            .map(|i| 0.5 * (2.0 * std::f32::consts::PI * 440.0 * i as f32 / 48_000.0).sin())
+            .collect();
+        write_wav(&wav, 48_000, &tone);
+        let rec = Recorder::start(&pw);
+        let played = command(
+            &require_program("pw-play"),
+            &["--target", pw.sink_name(), &wav.display().to_string()],
+            &pw.env(),
+        )
+        .status()
+        .unwrap();
+        assert!(played.success());
+        let rec = rec.stop();
+        let (start, end) = rec.sound_span(0.05).expect("nothing recorded");
+        assert!((rec.sound_duration(0.05) - 0.5).abs() < 0.05);
+        assert!((rec.peak() - 0.5).abs() < 0.01, "peak {}", rec.peak());
+        assert!((rec.rms(start, end) - 0.5 / 2f32.sqrt()).abs() < 0.01);
+        assert!((rec.frequency(start, end) - 440.0).abs() < 3.0);
+        assert!(rec.arrival(start).unwrap() <= rec.arrival(end - 1).unwrap());
+
+        let pulse = pw
+            .env()
+            .into_iter()
+            .find(|(k, _)| k == "PULSE_SERVER")
+            .expect("PULSE_SERVER in env()")
+            .1;
+        let socket = pulse.strip_prefix("unix:").unwrap();
+        std::os::unix::net::UnixStream::connect(socket).expect("pipewire-pulse takes clients");
     }
 }

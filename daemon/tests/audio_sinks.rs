@@ -357,6 +357,36 @@ mod headless_pipewire {
     }
 
     #[test]
+    fn pipewire_hung_server_gives_errors_not_hangs() {
+        let _serial = serial();
+        let bus = DbusSession::start(None);
+        let pw = PipeWire::start(&bus);
+        let sink = pipewire_sink(&pw);
+        let playback = sink.open(RATE).unwrap();
+        write_in_frames(&*playback, &tone(1.0, 440.0, 0.5));
+        playback.wait_played(RATE as u64 / 10, Duration::from_secs(5));
+
+        pw.freeze_server(true);
+        let t = Instant::now();
+        let err = playback.finish().unwrap_err().to_string();
+        let finish_took = t.elapsed();
+        let t = Instant::now();
+        let connect = PipeWireSink::connect(None, Some(pw.socket()));
+        let connect_took = t.elapsed();
+        pw.freeze_server(false);
+        println!(
+            "hung server: finish() failed after {:.2} s ({err}); connect failed after {:.2} s",
+            finish_took.as_secs_f64(),
+            connect_took.as_secs_f64()
+        );
+        assert!(err.contains("no audio was taken"), "{err}");
+        assert!(finish_took < Duration::from_secs(7), "{finish_took:?}");
+        let err = format!("{:#}", connect.err().expect("connected to a hung server"));
+        assert!(err.contains("did not answer"), "{err}");
+        assert!(connect_took < Duration::from_secs(4), "{connect_took:?}");
+    }
+
+    #[test]
     fn pipewire_not_running_is_a_clear_error_not_a_hang() {
         let dir = TempDir::new("nopw");
         let t = Instant::now();

@@ -225,8 +225,8 @@ impl Playback for PwPlayback {
                 drop(state);
                 self.stop();
                 return Err(anyhow!(
-                    "pipewire: no audio was taken for {} s (is a session manager such as WirePlumber \
-                     running and linking streams?)",
+                    "pipewire: no audio was taken for {} s (is the server hung, or is no session \
+                     manager such as WirePlumber linking streams?)",
                     STALL_LIMIT.as_secs()
                 ));
             }
