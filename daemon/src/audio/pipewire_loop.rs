@@ -190,6 +190,14 @@ struct Output {
     rate: u32,
 }
 
+impl Drop for Output {
+    fn drop(&mut self) {
+        // Takes the node out of the graph (waiting for the data thread) before the listeners go: the
+        // data thread must not be inside `process` when its closure is freed.
+        let _ = self.stream.disconnect();
+    }
+}
+
 /// What the real-time `process` callback shares with the loop thread. Its lock is never held across a
 /// PipeWire call on the loop thread: some of those wait for the data thread.
 #[derive(Default)]
