@@ -40,6 +40,16 @@ fn speaking_model(dir: &Path) -> PathBuf {
     model
 }
 
+/// Seconds of 5 ms windows holding a sample louder than `threshold` (silent gaps left out).
+fn loud_seconds(samples: &[f32], rate: u32, threshold: f32) -> f64 {
+    let window = rate as usize / 200;
+    let loud = samples
+        .chunks(window)
+        .filter(|w| w.iter().any(|s| s.abs() > threshold))
+        .count();
+    (loud * window) as f64 / rate as f64
+}
+
 /// The tiny fixture model as committed (2 ms frames): fast, for tests that count utterances.
 fn quick_model() -> PathBuf {
     fixtures_dir().join("lm/shape_0b6")
@@ -254,7 +264,7 @@ async fn activation_speak_on_pipewire_and_spiel_stream() {
     let last = expected.iter().rposition(loud).unwrap();
     let generated = (last + 1 - first) as f64 / 24000.0;
     let heard = recording.sound_duration(threshold);
-    let loud_time = recording.loud_time(threshold);
+    let loud_time = loud_seconds(&recording.samples, recording.rate, threshold);
     eprintln!(
         "played {heard:.3} s ({loud_time:.3} s loud), generated {generated:.3} s, peak {}",
         recording.peak()
@@ -817,4 +827,70 @@ fn install_places_every_file_for_the_user() {
     let out = Command::new(KAZEIA).args(["install"]).output().unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--user"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pause_resume_and_priorities_on_pipewire() {
+    let dir = TempDir::new("daemon-prio");
+    let model = speaking_model(dir.path());
+    let config = dir.path().join("kazeia.toml");
+    // 40 frames = 3.2 s per sentence.
+    write_config(
+        &config,
+        &model,
+        "pipewire",
+        "[generation]\nmax_frames = 40\n",
+    );
+    let bus = DbusSession::start(None);
+    let pw = PipeWire::start(&bus);
+    let _daemon = start_daemon(&bus, &pw.env(), &config, dir.path().join("kazeiad.log"));
+    let connection = connect(&bus).await;
+    let proxy = SpeechProxy::builder(&connection).build().await.unwrap();
+    let mut done = proxy.receive_finished().await.unwrap();
+    let mut started = proxy.receive_started().await.unwrap();
+    let recorder = Recorder::start(&pw);
+
+    let text = speak(&bus, "A long text read aloud.");
+    tokio::time::timeout(Duration::from_secs(30), started.next())
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    // Pause holds the audio; Resume goes on where it was.
+    call(&bus, "Pause", &[]).unwrap();
+    let paused_at = Instant::now();
+    let state: String = proxy.inner().get_property("State").await.unwrap();
+    assert_eq!(state, "paused");
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    call(&bus, "Resume", &[]).unwrap();
+    let resumed_at = Instant::now();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    // An important message interrupts the text, which is spoken again afterwards.
+    let mut options = HashMap::new();
+    options.insert("priority", Variant::from("important"));
+    let important = proxy.speak("Important news.", options).await.unwrap();
+    assert_eq!(
+        finished(&mut done, important, Duration::from_secs(30)).await,
+        "done"
+    );
+    assert_eq!(
+        finished(&mut done, text, Duration::from_secs(60)).await,
+        "done"
+    );
+    let recording = recorder.stop();
+
+    // Silence during the pause: no sound reached the recorder between 100 ms after Pause and Resume.
+    let spans = recording.sound_spans(0.01, 0.3);
+    assert!(spans.len() >= 2, "{spans:?}");
+    let heard_during_pause = spans.iter().any(|&(a, b)| {
+        let (start, end) = (
+            recording.arrival(a).unwrap(),
+            recording.arrival(b - 1).unwrap(),
+        );
+        start < resumed_at && end > paused_at + Duration::from_millis(100)
+    });
+    assert!(
+        !heard_during_pause,
+        "audio went on during the pause: {spans:?}"
+    );
 }
