@@ -17,6 +17,8 @@ pub mod log;
 pub mod module;
 pub mod output;
 pub mod protocol;
+#[cfg(test)]
+mod random_input;
 pub mod server_audio;
 pub mod settings;
 pub mod speaker;

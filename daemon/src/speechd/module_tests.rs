@@ -788,3 +788,37 @@ fn end_of_input_stops_speech_and_exits() {
     h.expect(&["202 OK RECEIVING MESSAGE", "200 OK SPEAKING", "701 BEGIN"]);
     assert_eq!(h.finish(), 0);
 }
+
+/// Random input through the whole module: every output line is a protocol line, audio blocks decode, and
+/// the module still answers at the end.
+#[test]
+fn random_input_never_breaks_the_module() {
+    use crate::speechd::random_input::{random_line, Rng};
+    let mut h = Harness::started(TestSynth::new());
+    let mut rng = Rng(0x0dd_ba11);
+    for _ in 0..3000 {
+        let line = random_line(&mut rng);
+        // DEBUG ON would create files named after the junk.
+        if !line.starts_with("DEBUG ON") {
+            h.send(&[&line]);
+        }
+    }
+    h.send(&[".", "QUIT"]);
+    let mut count = 0;
+    loop {
+        match h.next() {
+            Out::Line(l) if l == "210 OK QUIT" => break,
+            Out::Line(l) => {
+                let b = l.as_bytes();
+                let well_formed = b.len() >= 4
+                    && b[..3].iter().all(u8::is_ascii_digit)
+                    && (b[3] == b' ' || b[3] == b'-');
+                assert!(well_formed, "{l:?}");
+            }
+            _ => {}
+        }
+        count += 1;
+    }
+    assert!(count > 1000, "{count} outputs");
+    assert_eq!(h.finish(), 0);
+}

@@ -397,4 +397,62 @@ mod tests {
         assert_eq!(p.line("."), Some(Input::Error(CANT_SPEAK)));
         assert_eq!(p.line("STOP"), Some(Input::Command(Command::Stop)));
     }
+
+    /// Thousands of random lines: no panic, blocks always close at ".", acknowledgements only open blocks,
+    /// and what comes out is safe to hand to the rest of the module.
+    use crate::speechd::random_input::{random_line, Rng};
+
+    #[test]
+    fn random_input_keeps_the_parser_consistent() {
+        let mut rng = Rng(0x5dca_70ff);
+        let mut p = Parser::new();
+        let mut settings = crate::speechd::settings::Settings::default();
+        let (mut acks, mut commands, mut errors) = (0, 0, 0);
+        for _ in 0..20_000 {
+            let line = random_line(&mut rng);
+            let was_in_block = p.in_block();
+            let out = p.line(&line);
+            match &out {
+                None => assert!(was_in_block && p.in_block(), "{line:?}"),
+                Some(Input::Ack(_)) => {
+                    acks += 1;
+                    assert!(!was_in_block && p.in_block(), "{line:?}");
+                }
+                Some(Input::Command(c)) => {
+                    commands += 1;
+                    assert!(!p.in_block(), "{line:?}");
+                    match c {
+                        Command::Set(pairs) => {
+                            settings.apply(pairs);
+                        }
+                        Command::Speak(SpeakKind::Text, text) => {
+                            let _ = kazeia_engine::ssml::parse_ssml(text);
+                        }
+                        Command::Speak(SpeakKind::Char, text) => {
+                            crate::speechd::keys::char_text(text, settings.cap_let_recogn);
+                        }
+                        Command::Speak(SpeakKind::Key, text) => {
+                            crate::speechd::keys::key_text(text);
+                        }
+                        _ => {}
+                    }
+                }
+                Some(Input::Error(reply)) => {
+                    errors += 1;
+                    assert!(!p.in_block(), "{line:?}");
+                    assert!(reply.starts_with('3'), "{reply}");
+                }
+            }
+            if was_in_block && line.strip_suffix('\r').unwrap_or(&line) == "." {
+                assert!(!p.in_block());
+            }
+            assert!(
+                (-100..=100).contains(&settings.rate) && (-100..=100).contains(&settings.volume)
+            );
+        }
+        assert!(
+            acks > 1000 && commands > 1000 && errors > 1000,
+            "{acks} {commands} {errors}"
+        );
+    }
 }
