@@ -163,6 +163,30 @@ fn the_decoder_with_f16_convolutions_and_with_shared_memory_reductions() {
     }
 }
 
+#[test]
+fn decoding_again_replays_the_recorded_command_buffers() {
+    let backend = Arc::new(VulkanBackend::new(0, 1, Options::default()).unwrap());
+    let dir = fixtures().join("codec/window");
+    let decoder = CodecDecoder::load(&dir, backend.clone()).unwrap();
+    let codes = codes(&dir);
+    let first = decoder.decode(&codes).unwrap();
+    let after_first = backend.stats();
+    let second = decoder.decode(&codes).unwrap();
+    let after_second = backend.stats();
+    assert_eq!(first, second);
+    let submits = after_second.submits - after_first.submits;
+    eprintln!(
+        "one decode: {submits} submissions, {} dispatches",
+        after_second.dispatches - after_first.dispatches
+    );
+    assert!(submits > 0);
+    assert_eq!(
+        after_second.recorded, after_first.recorded,
+        "nothing recorded again"
+    );
+    assert_eq!(after_second.replayed - after_first.replayed, submits);
+}
+
 fn runs(case: &str) -> Vec<Value> {
     let text =
         std::fs::read_to_string(fixtures().join("lm").join(case).join("golden.json")).unwrap();

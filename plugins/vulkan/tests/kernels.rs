@@ -359,3 +359,46 @@ fn ops_the_device_cannot_take_run_on_the_cpu() {
     );
     assert!(b.is_enabled(Kernel::Gemm(GemmMode::Conv, Format::F32)));
 }
+
+#[test]
+fn device_weights_are_read_back_for_ops_past_the_dispatch_limits() {
+    // More output columns than 65535 workgroups of 64 can cover (the minimum limit; lavapipe's): the op runs on
+    // the CPU with the weight read back from the device, for a convolution and a transposed convolution.
+    let b = backend(true);
+    let len = 64 * 65_535 + 100;
+    let x = values(2 * len, 50, 1.0);
+    let w = values(2 * 3 * 2, 51, 1.0);
+    let bias = values(3, 52, 1.0);
+    let mut got = vec![f32::NAN; 3 * (len - 1)];
+    let mut want = vec![0.0; got.len()];
+    b.conv1d(
+        &b.upload_conv1d(&w, 3, 2, 2, Some(&bias)),
+        &x,
+        len,
+        1,
+        &mut got,
+    );
+    cpu().conv1d(
+        &cpu().upload_conv1d(&w, 3, 2, 2, Some(&bias)),
+        &x,
+        len,
+        1,
+        &mut want,
+    );
+    assert_eq!(got, want);
+    let mut got = vec![f32::NAN; 3 * (len + 1)];
+    let mut want = vec![0.0; got.len()];
+    b.conv_transpose1d(
+        &b.upload_conv_transpose1d(&w, 2, 3, 2, 1),
+        &x,
+        len,
+        &mut got,
+    );
+    cpu().conv_transpose1d(
+        &cpu().upload_conv_transpose1d(&w, 2, 3, 2, 1),
+        &x,
+        len,
+        &mut want,
+    );
+    assert_eq!(got, want);
+}
