@@ -894,3 +894,74 @@ async fn pause_resume_and_priorities_on_pipewire() {
         "audio went on during the pause: {spans:?}"
     );
 }
+
+/// Time to first audio through the daemon, on a real-size model:
+/// `KAZEIA_BENCH_MODEL=/path/to/model KAZEIA_BENCH_WEIGHTS=q4_0 cargo test --release -p kazeia --test
+/// daemon_dbus daemon_first_audio -- --ignored --nocapture`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "benchmark: needs KAZEIA_BENCH_MODEL"]
+async fn daemon_first_audio() {
+    let model = PathBuf::from(std::env::var("KAZEIA_BENCH_MODEL").expect("KAZEIA_BENCH_MODEL"));
+    let weights = std::env::var("KAZEIA_BENCH_WEIGHTS").unwrap_or_else(|_| "q4_0".into());
+    let dir = TempDir::new("daemon-bench");
+    let config = dir.path().join("kazeia.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[model]\npath = \"{}\"\nweights = \"{weights}\"\n[audio]\nsink = \"null\"\n\
+             [generation]\nmax_frames = 40\n",
+            model.display()
+        ),
+    )
+    .unwrap();
+    let bus = DbusSession::start(None);
+    let _daemon = start_daemon(&bus, &bus.env(), &config, dir.path().join("kazeiad.log"));
+    let connection = connect(&bus).await;
+    for (what, text) in [
+        ("sentence", "The quick brown fox jumps over the lazy dog."),
+        ("letter", "k"),
+        ("letter again (cached)", "k"),
+        ("word", "Enter"),
+    ] {
+        let (reader, writer) = std::io::pipe().unwrap();
+        let fd: std::os::fd::OwnedFd = writer.into();
+        let proxy = zbus::Proxy::new(
+            &connection,
+            "org.kazeia.Speech.Provider",
+            "/org/kazeia/Speech/Provider",
+            "org.freedesktop.Speech.Provider",
+        )
+        .await
+        .unwrap();
+        let start = Instant::now();
+        let read = std::thread::spawn(move || {
+            let mut stream = SpielReader::new(reader).unwrap();
+            let mut first = None;
+            let mut samples = 0;
+            while let Some(chunk) = stream.next_chunk().unwrap() {
+                if let Chunk::Audio(pcm) = chunk {
+                    first.get_or_insert_with(|| start.elapsed());
+                    samples += pcm.len() / 2;
+                }
+            }
+            (first, samples, start.elapsed())
+        });
+        proxy
+            .call::<_, _, ()>(
+                "Synthesize",
+                &(zbus::Fd::from(&fd), text, "", 1.0f64, 1.0f64, false, ""),
+            )
+            .await
+            .unwrap();
+        drop(fd);
+        let (first, samples, total) = tokio::task::spawn_blocking(move || read.join().unwrap())
+            .await
+            .unwrap();
+        eprintln!(
+            "{what}: first audio after {:.1} ms, {:.2} s of audio in {:.2} s",
+            first.unwrap().as_secs_f64() * 1e3,
+            samples as f64 / 24000.0,
+            total.as_secs_f64()
+        );
+    }
+}
