@@ -9,8 +9,8 @@ packages=(
     libclang-dev libpipewire-0.3-dev
     # headless audio in tests: PipeWire, its session manager, the PulseAudio server for speech-dispatcher
     pipewire pipewire-bin wireplumber pipewire-pulse
-    # private session buses in tests
-    dbus-daemon dbus-bin
+    # private session buses in tests; busctl (systemd) as a real D-Bus client
+    dbus-daemon dbus-bin systemd
     sox
     speech-dispatcher libspeechd-dev
     # Vulkan backend tests on lavapipe
