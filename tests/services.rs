@@ -3,7 +3,8 @@
 //! reaches the sink. Everything lives in its own temporary directory and is killed on drop.
 //!
 //! Tests run in parallel threads of one process, so nothing here touches the process environment:
-//! children get their variables explicitly (`env()`).
+//! children get their variables explicitly (`env()`). A service dies with the thread that started it
+//! (PR_SET_PDEATHSIG), so start and use it within one test.
 //!
 //! ```no_run
 //! use kazeia_tests::services::{DbusSession, PipeWire, Recorder};
@@ -19,7 +20,7 @@ use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::{mpsc, Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -35,24 +36,28 @@ fn package_of(program: &str) -> &'static str {
         "wireplumber" => "wireplumber",
         "pipewire-pulse" => "pipewire-pulse",
         "stdbuf" => "coreutils",
+        "chrt" => "util-linux",
         "speech-dispatcher" | "spd-say" => "speech-dispatcher",
         _ => "(unknown; see tools/deps.sh)",
     }
 }
 
-/// A program's full path, or a panic that names the package to install.
-pub fn require_program(program: &str) -> PathBuf {
+fn which(program: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH").unwrap_or_default();
     std::env::split_paths(&path)
         .map(|dir| dir.join(program))
         .find(|p| p.is_file())
-        .unwrap_or_else(|| {
-            panic!(
-                "`{program}` is not installed: install the Debian package `{}` (tools/deps.sh installs \
-                 everything the tests need)",
-                package_of(program)
-            )
-        })
+}
+
+/// A program's full path, or a panic that names the package to install.
+pub fn require_program(program: &str) -> PathBuf {
+    which(program).unwrap_or_else(|| {
+        panic!(
+            "`{program}` is not installed: install the Debian package `{}` (tools/deps.sh installs \
+             everything the tests need)",
+            package_of(program)
+        )
+    })
 }
 
 /// A fresh directory under the system temporary directory, removed on drop.
@@ -94,7 +99,10 @@ fn set_mode(path: &Path, mode: u32) {
 
 extern "C" {
     fn kill(pid: i32, sig: i32) -> i32;
+    fn prctl(option: i32, ...) -> i32;
+    fn getppid() -> i32;
 }
+const PR_SET_PDEATHSIG: i32 = 1;
 const SIGINT: i32 = 2;
 const SIGKILL: i32 = 9;
 const SIGTERM: i32 = 15;
@@ -177,7 +185,10 @@ fn terminate_group(child: &mut Child, signal: i32) -> Option<std::process::ExitS
     child.wait().ok()
 }
 
-/// A command with a clean environment: PATH and `env` only.
+/// A command with a clean environment (PATH and `env` only), in its own process group, killed when the
+/// thread that starts it ends: a test process that dies without unwinding (a broken stdout pipe, a
+/// double panic) leaves no services behind. So a service lives no longer than the test thread that
+/// started it.
 fn command(program: &Path, args: &[&str], env: &[(String, String)]) -> Command {
     use std::os::unix::process::CommandExt;
     let mut cmd = Command::new(program);
@@ -187,7 +198,46 @@ fn command(program: &Path, args: &[&str], env: &[(String, String)]) -> Command {
         .envs(env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::null())
         .process_group(0);
+    let parent = std::process::id() as i32;
+    // SAFETY: between fork and exec; prctl and getppid are async-signal-safe.
+    unsafe {
+        cmd.pre_exec(move || {
+            if prctl(PR_SET_PDEATHSIG, SIGKILL as std::ffi::c_ulong) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // The parent may have died before the prctl.
+            if getppid() != parent {
+                return Err(std::io::Error::other("the test process is gone"));
+            }
+            Ok(())
+        });
+    }
     cmd
+}
+
+/// [`command`], under `chrt -f` (real-time) where that is allowed. For PipeWire clients whose main loop
+/// moves the audio (pw-record, pw-play): at normal priority on a busy machine they miss cycles, and the
+/// recording loses pieces that were played.
+pub fn realtime_command(program: &Path, args: &[&str], env: &[(String, String)]) -> Command {
+    static CHRT: OnceLock<Option<PathBuf>> = OnceLock::new();
+    let chrt = CHRT.get_or_init(|| {
+        let chrt = which("chrt")?;
+        let allowed = command(&chrt, &["-f", "10", "true"], &[])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        allowed.then_some(chrt)
+    });
+    match chrt {
+        Some(chrt) => {
+            let program = program.display().to_string();
+            let mut all = vec!["-f", "10", program.as_str()];
+            all.extend_from_slice(args);
+            command(chrt, &all, env)
+        }
+        None => command(program, args, env),
+    }
 }
 
 /// Polls `ready` (every 5 ms) until it holds; panics after [`READY_TIMEOUT`] with `what`.
@@ -507,7 +557,7 @@ impl Recorder {
         let pw_record = require_program("pw-record");
         let rate = RECORD_RATE.to_string();
         // stdbuf -o0: pw-record writes each cycle's audio as it comes, not in 4 KiB stdio blocks.
-        let mut child = command(
+        let mut child = realtime_command(
             &stdbuf,
             &[
                 "-o0",
@@ -731,7 +781,7 @@ mod tests {
             .collect();
         write_wav(&wav, 48_000, &tone);
         let rec = Recorder::start(&pw);
-        let played = command(
+        let played = realtime_command(
             &require_program("pw-play"),
             &["--target", pw.sink_name(), &wav.display().to_string()],
             &pw.env(),

@@ -253,6 +253,35 @@ mod headless_pipewire {
         assert!((heard - 1.0).abs() <= 0.01, "{heard} s heard of 1 s");
     }
 
+    /// Synthesis behind playback: the queue runs dry mid-utterance, and later audio still plays whole.
+    #[test]
+    fn pipewire_audio_written_late_is_played_whole() {
+        let _serial = serial();
+        let bus = DbusSession::start(None);
+        let pw = PipeWire::start(&bus);
+        let sink = pipewire_sink(&pw);
+        let rec = Recorder::start(&pw);
+
+        let playback = sink.open(RATE).unwrap();
+        let samples = tone(0.6, 440.0, 0.5);
+        let (first, rest) = samples.split_at(RATE as usize / 5);
+        write_in_frames(&*playback, first);
+        // Dry for 0.2 s.
+        std::thread::sleep(Duration::from_millis(400));
+        assert_eq!(playback.played(), first.len() as u64);
+        write_in_frames(&*playback, rest);
+        playback.finish().unwrap();
+        assert_eq!(playback.played(), samples.len() as u64);
+        let rec = rec.stop();
+
+        let spans = rec.sound_spans(THRESHOLD, 0.05);
+        println!("late audio: spans {spans:?} at {} Hz", rec.rate);
+        assert_eq!(spans.len(), 2, "{spans:?}");
+        let seconds = |span: (usize, usize)| (span.1 - span.0) as f64 / rec.rate as f64;
+        assert!((seconds(spans[0]) - 0.2).abs() < 0.005, "{spans:?}");
+        assert!((seconds(spans[1]) - 0.4).abs() < 0.005, "{spans:?}");
+    }
+
     #[test]
     fn pipewire_utterances_follow_each_other_cleanly_on_one_connection() {
         let _serial = serial();
