@@ -255,8 +255,9 @@ impl Feed {
         let in_flight = in_flight.saturating_sub(feed.silence_since_sound);
         state.played = state.played.max(state.consumed.saturating_sub(in_flight));
         // Every cycle gets a full buffer: the samples there are, then silence (paused, or synthesis
-        // behind). A stream that delivers nothing for a cycle loses some of what it delivered before
-        // (measured: 5-21 ms gone at each pause that fed nothing).
+        // behind). The silence pushes the last samples out of the resampler, so what came before a pause
+        // or a dry spell is heard whole at once (delivering nothing left its last 1.4 ms in the
+        // resampler until more audio came) and `played()` can count it.
         let mut written = (0, 0);
         if let Some(mut buffer) = stream.dequeue_buffer() {
             let source = (!state.paused).then_some(&mut state.queue);
