@@ -36,6 +36,8 @@ enum Command {
     Backends(backends::BackendsArgs),
     /// Run the speech daemon (the same as `kazeiad`): resident model, D-Bus API and Spiel provider.
     Daemon(kazeia::daemon_cmd::DaemonArgs),
+    /// Play a WAV file through an audio sink (checks the audio setup: `--sink pipewire`, `wav:PATH`, `null`).
+    Play(kazeia::play_cmd::PlayArgs),
     /// Say text through the daemon (started by D-Bus activation if needed), else in process.
     Say(kazeia::say_cmd::SayArgs),
     /// Install the binaries, plugins, configuration, systemd unit, D-Bus activation files and the
@@ -56,6 +58,7 @@ fn main() -> ExitCode {
         Command::Bench(args) => bench::run(args),
         Command::Backends(args) => backends::run(args),
         Command::Daemon(args) => kazeia::daemon_cmd::run(args),
+        Command::Play(args) => kazeia::play_cmd::run(args),
         Command::Say(args) => kazeia::say_cmd::run(args),
         Command::Install(args) => kazeia::install_cmd::run(args),
     };

@@ -13,7 +13,7 @@ use kazeia_engine::ssml::Piece;
 use kazeia_engine::stream::{SessionControl, StreamConfig};
 use kazeia_engine::synth::{SynthOptions, Voice};
 
-use crate::audio::{AudioSink, Playback};
+use crate::audio::{open_sink, AudioSink, Playback};
 use crate::config::DaemonConfig;
 use crate::engine::Engine;
 use crate::queue::{Event, Interrupt, Interruption, Reason, SpeechQueue};
@@ -121,6 +121,23 @@ impl Player {
         *self.sink.write().unwrap_or_else(|e| e.into_inner()) = Some(sink);
     }
 
+    /// Forgets the sink (it could not be opened); the next utterance tries to open the configured one.
+    pub fn clear_sink(&self) {
+        *self.sink.write().unwrap_or_else(|e| e.into_inner()) = None;
+    }
+
+    /// The open sink, or the configured one opened now: the audio server may start after the daemon (at
+    /// login), or restart while it runs.
+    fn sink_or_open(&self) -> Result<Arc<dyn AudioSink>> {
+        if let Some(sink) = self.sink.read().unwrap_or_else(|e| e.into_inner()).clone() {
+            return Ok(sink);
+        }
+        let spec = self.config().sink()?;
+        let sink = open_sink(&spec).map_err(|e| anyhow!("audio sink {}: {e:#}", spec))?;
+        self.set_sink(sink.clone());
+        Ok(sink)
+    }
+
     /// The running configuration (voice defaults, queue limits, stream sizes apply from the next utterance).
     pub fn set_config(&self, config: DaemonConfig) {
         self.queue.set_max_utterances(config.queue.max_utterances);
@@ -213,12 +230,7 @@ impl Player {
         }
         match &request.output {
             Output::Sink => {
-                let sink = self
-                    .sink
-                    .read()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .clone()
-                    .ok_or_else(|| anyhow!("no audio sink is open"))?;
+                let sink = self.sink_or_open()?;
                 let playback: Arc<dyn Playback> = Arc::from(sink.open(engine.info.sample_rate)?);
                 *active.playback.lock().unwrap_or_else(|e| e.into_inner()) = Some(playback.clone());
                 if active.control.is_stopped() {

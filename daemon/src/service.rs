@@ -173,11 +173,25 @@ impl Service {
         }
         if config.audio.sink != running.audio.sink || self.player.sink_description() == "none" {
             let spec = config.sink()?;
-            let sink = tokio::task::spawn_blocking(move || open_sink(&spec))
+            let opening = spec.clone();
+            let opened = tokio::task::spawn_blocking(move || open_sink(&opening))
                 .await
-                .context("opening the audio sink panicked")??;
-            changes.push(format!("audio sink {}", sink.describe()));
-            self.player.set_sink(sink);
+                .context("opening the audio sink panicked")?;
+            match opened {
+                Ok(sink) => {
+                    changes.push(format!("audio sink {}", sink.describe()));
+                    self.player.set_sink(sink);
+                }
+                // The audio server may not run yet (the daemon can start first at login): Spiel clients are
+                // served meanwhile, and each utterance for the sink tries again.
+                Err(e) => {
+                    eprintln!(
+                        "kazeiad: warning: audio sink {spec}: {e:#}; will retry when speaking"
+                    );
+                    changes.push(format!("audio sink {spec} (not open yet)"));
+                    self.player.clear_sink();
+                }
+            }
         }
         if config != running && changes.is_empty() {
             changes.push("settings".into());

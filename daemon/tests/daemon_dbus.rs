@@ -150,20 +150,36 @@ async fn connect(bus: &DbusSession) -> zbus::Connection {
         .expect("cannot connect to the test bus")
 }
 
-/// Waits for `Finished(id, reason)`; the reason.
-async fn finished(
-    stream: &mut kazeia::dbus::client::FinishedStream,
-    id: u64,
-    timeout: Duration,
-) -> String {
-    tokio::time::timeout(timeout, async {
-        while let Some(signal) = stream.next().await {
-            let args = signal.args().unwrap();
-            if args.id == id {
-                return args.reason.clone();
-            }
+/// `Finished` signals as they come, kept by id so that waiting for one never loses another.
+struct Finishes {
+    stream: kazeia::dbus::client::FinishedStream,
+    seen: HashMap<u64, String>,
+}
+
+impl Finishes {
+    async fn new(proxy: &SpeechProxy<'_>) -> Self {
+        Finishes {
+            stream: proxy.receive_finished().await.unwrap(),
+            seen: HashMap::new(),
         }
-        panic!("the signal stream ended");
+    }
+}
+
+/// Waits for `Finished(id, reason)`; the reason.
+async fn finished(finishes: &mut Finishes, id: u64, timeout: Duration) -> String {
+    tokio::time::timeout(timeout, async {
+        loop {
+            if let Some(reason) = finishes.seen.remove(&id) {
+                return reason;
+            }
+            let signal = finishes
+                .stream
+                .next()
+                .await
+                .expect("the signal stream ended");
+            let args = signal.args().unwrap();
+            finishes.seen.insert(args.id, args.reason.clone());
+        }
     })
     .await
     .unwrap_or_else(|_| panic!("no Finished for {id} within {timeout:?}"))
@@ -248,7 +264,7 @@ async fn activation_speak_on_pipewire_and_spiel_stream() {
 
     // Speak from a real client plays on PipeWire: the recorder hears as much audio as was generated.
     let proxy = SpeechProxy::builder(&connection).build().await.unwrap();
-    let mut done = proxy.receive_finished().await.unwrap();
+    let mut done = Finishes::new(&proxy).await;
     let recorder = Recorder::start(&pw);
     let id = speak(&bus, text);
     assert_eq!(
@@ -293,7 +309,7 @@ async fn stop_during_a_long_utterance_ends_the_audio() {
     let _daemon = start_daemon(&bus, &pw.env(), &config, dir.path().join("kazeiad.log"));
     let connection = connect(&bus).await;
     let proxy = SpeechProxy::builder(&connection).build().await.unwrap();
-    let mut done = proxy.receive_finished().await.unwrap();
+    let mut done = Finishes::new(&proxy).await;
     let mut started_signals = proxy.receive_started().await.unwrap();
     let recorder = Recorder::start(&pw);
     let id = speak(
@@ -435,7 +451,7 @@ async fn bad_input_gets_error_replies_and_the_daemon_keeps_serving() {
     assert!(e.contains("no utterance 12345"), "{e}");
     // Still serving, and serving correctly.
     let proxy = SpeechProxy::builder(&connection).build().await.unwrap();
-    let mut done = proxy.receive_finished().await.unwrap();
+    let mut done = Finishes::new(&proxy).await;
     let id = speak(&bus, "Still here.");
     assert_eq!(
         finished(&mut done, id, Duration::from_secs(30)).await,
@@ -486,7 +502,7 @@ async fn fifty_clients_five_utterances_each_none_lost() {
                 .await
                 .unwrap();
             let proxy = SpeechProxy::builder(&connection).build().await.unwrap();
-            let mut done = proxy.receive_finished().await.unwrap();
+            let mut done = Finishes::new(&proxy).await;
             let mut accepted = Vec::new();
             let mut refused = Vec::new();
             for u in 0..5 {
@@ -501,7 +517,7 @@ async fn fifty_clients_five_utterances_each_none_lost() {
             }
             let mut outcomes = HashMap::new();
             while outcomes.len() < accepted.len() {
-                let signal = tokio::time::timeout(Duration::from_secs(240), done.next())
+                let signal = tokio::time::timeout(Duration::from_secs(240), done.stream.next())
                     .await
                     .expect("an accepted utterance never finished")
                     .unwrap();
@@ -586,7 +602,7 @@ async fn configuration_changes_apply_while_running() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     assert_eq!(decoder, "vulkan", "{}", daemon.log());
-    let mut done = proxy.receive_finished().await.unwrap();
+    let mut done = Finishes::new(&proxy).await;
     let id = speak(&bus, "After the switch.");
     assert_eq!(
         finished(&mut done, id, Duration::from_secs(30)).await,
@@ -843,10 +859,10 @@ async fn pause_resume_and_priorities_on_pipewire() {
     );
     let bus = DbusSession::start(None);
     let pw = PipeWire::start(&bus);
-    let _daemon = start_daemon(&bus, &pw.env(), &config, dir.path().join("kazeiad.log"));
+    let daemon = start_daemon(&bus, &pw.env(), &config, dir.path().join("kazeiad.log"));
     let connection = connect(&bus).await;
     let proxy = SpeechProxy::builder(&connection).build().await.unwrap();
-    let mut done = proxy.receive_finished().await.unwrap();
+    let mut done = Finishes::new(&proxy).await;
     let mut started = proxy.receive_started().await.unwrap();
     let recorder = Recorder::start(&pw);
 
@@ -873,10 +889,12 @@ async fn pause_resume_and_priorities_on_pipewire() {
         finished(&mut done, important, Duration::from_secs(30)).await,
         "done"
     );
-    assert_eq!(
-        finished(&mut done, text, Duration::from_secs(60)).await,
-        "done"
-    );
+    let reason = tokio::time::timeout(
+        Duration::from_secs(60),
+        finished(&mut done, text, Duration::from_secs(60)),
+    )
+    .await;
+    assert_eq!(reason.as_deref(), Ok("done"), "{}", daemon.log());
     let recording = recorder.stop();
 
     // Silence during the pause: no sound reached the recorder between 100 ms after Pause and Resume.
@@ -964,4 +982,45 @@ async fn daemon_first_audio() {
             total.as_secs_f64()
         );
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn starts_before_pipewire_and_plays_once_it_runs() {
+    let dir = TempDir::new("daemon-late-pw");
+    let config = dir.path().join("kazeia.toml");
+    let model = speaking_model(dir.path());
+    write_config(
+        &config,
+        &model,
+        "pipewire",
+        "[generation]\nmax_frames = 10\n",
+    );
+    let bus = DbusSession::start(None);
+    // No audio server yet: the daemon starts anyway and says why speech cannot play.
+    let daemon = start_daemon(&bus, &bus.env(), &config, dir.path().join("kazeiad.log"));
+    assert!(
+        daemon.log().contains("will retry when speaking"),
+        "{}",
+        daemon.log()
+    );
+    let connection = connect(&bus).await;
+    let proxy = SpeechProxy::builder(&connection).build().await.unwrap();
+    let mut done = Finishes::new(&proxy).await;
+    let id = speak(&bus, "Nobody hears this.");
+    let reason = finished(&mut done, id, Duration::from_secs(30)).await;
+    assert!(reason.starts_with("error: audio sink"), "{reason}");
+    // Spiel clients are served meanwhile.
+    let (samples, _) = spiel(&connection, "Heard by the client.", false)
+        .await
+        .unwrap();
+    assert!(!samples.is_empty());
+    // The audio server comes up: the next utterance plays.
+    let pw = PipeWire::start(&bus);
+    let recorder = Recorder::start(&pw);
+    let id = speak(&bus, "Now it plays.");
+    assert_eq!(
+        finished(&mut done, id, Duration::from_secs(30)).await,
+        "done"
+    );
+    assert!(recorder.stop().peak() > 0.1);
 }
