@@ -79,3 +79,36 @@ pub fn vulkan_plugin() -> PathBuf {
         })
         .clone()
 }
+
+/// The Hexagon backend built as a plugin (`libkazeia_backend_hexagon.so`), built the way [`cpu_plugin`] is.
+pub fn hexagon_plugin() -> PathBuf {
+    static PLUGIN: OnceLock<PathBuf> = OnceLock::new();
+    PLUGIN
+        .get_or_init(|| {
+            let name = format!("libkazeia_backend_hexagon{}", std::env::consts::DLL_SUFFIX);
+            let exe = std::env::current_exe().expect("test executable path");
+            let target = exe
+                .ancestors()
+                .nth(3)
+                .expect("target/<profile>/deps/<test>")
+                .join("plugin-for-tests");
+            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+            let status = std::process::Command::new(cargo)
+                .args([
+                    "build",
+                    "--quiet",
+                    "-p",
+                    "kazeia-backend-hexagon",
+                    "--target-dir",
+                ])
+                .arg(&target)
+                .current_dir(env!("CARGO_MANIFEST_DIR"))
+                .status()
+                .expect("cannot run cargo to build the Hexagon plugin");
+            assert!(status.success(), "building the Hexagon plugin failed");
+            let built = target.join("debug").join(&name);
+            assert!(built.is_file(), "{} was not built", built.display());
+            built
+        })
+        .clone()
+}

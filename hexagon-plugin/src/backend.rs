@@ -1,0 +1,237 @@
+//! The `Backend` on a compute-DSP session: Q8_0/Q4_0 linear layers of a few rows (the talker's and code
+//! predictor's token steps) run as HVX matvec ops submitted through the op queue; every other op runs on the
+//! CPU backend inside the plugin, so a stage can always be given to `hexagon` whole.
+//!
+//! Device-only: without a DSP `new` fails with the probe's reason (the engine then uses the CPU). The DSP path
+//! is untested until a device runs the README's runbook.
+
+use std::sync::Mutex;
+
+use kazeia_backend_abi::{AttentionSpan, Backend, Heads, Weight, WeightFormat};
+use kazeia_backend_cpu::CpuBackend;
+
+use crate::fastrpc::{Session, SharedBuffer};
+use crate::probe::dsp;
+use crate::queue::{encode, Arena, QueueKind, QueueOp, Slice};
+use crate::reference::quantize_activations;
+use crate::repack::{to_hvx, QuantRows};
+
+/// Rows up to which a linear layer runs as matvecs on the DSP (above: a prefill, left to the CPU's GEMM until
+/// the HMX path exists).
+const DSP_MAX_ROWS: usize = 4;
+
+/// A Q8_0/Q4_0 linear weight resident in shared memory in the HVX layout, with the CPU's copy for the rest.
+struct DspLinear {
+    cpu: Weight,
+    shared: SharedBuffer,
+    quants: Slice,
+    scales: Slice,
+    rows: QuantRows,
+}
+
+pub struct HexagonBackend {
+    cpu: CpuBackend,
+    session: Session,
+    /// One queue in flight at a time.
+    submit: Mutex<()>,
+}
+
+impl HexagonBackend {
+    pub fn new(threads: usize) -> Result<HexagonBackend, String> {
+        let dsp = dsp().map_err(str::to_string)?;
+        Ok(HexagonBackend {
+            cpu: CpuBackend::new(threads),
+            session: Session::open(dsp.api)?,
+            submit: Mutex::new(()),
+        })
+    }
+
+    fn upload_dsp_linear(&self, cpu: Weight) -> Result<DspLinear, String> {
+        let bytes = self.cpu.export_linear(&cpu).ok_or("not a linear weight")?;
+        let rows = QuantRows::from_cpu_export(&bytes)?;
+        let hvx = to_hvx(&rows);
+        let mut arena = Arena::default();
+        let quants = arena.push(&hvx.quants);
+        let scales = arena.push(&f32_bytes(&hvx.scales));
+        let mut shared = self.session.alloc(arena.bytes.len())?;
+        shared.bytes_mut().copy_from_slice(&arena.bytes);
+        Ok(DspLinear {
+            cpu,
+            shared,
+            quants: Slice {
+                buffer: 1,
+                ..quants
+            },
+            scales: Slice {
+                buffer: 1,
+                ..scales
+            },
+            rows,
+        })
+    }
+
+    /// One matvec per row through the queue.
+    fn dsp_linear(
+        &self,
+        w: &DspLinear,
+        x: &[f32],
+        rows: usize,
+        y: &mut [f32],
+    ) -> Result<(), String> {
+        let (out, inp) = (w.rows.out, x.len() / rows);
+        let mut arena = Arena::default();
+        let mut ops = Vec::new();
+        let mut outputs = Vec::new();
+        for r in 0..rows {
+            let (xq, xs) = quantize_activations(&x[r * inp..(r + 1) * inp], w.rows.padded_in);
+            let xq: Vec<u8> = xq.iter().map(|&v| v as u8).collect();
+            let xq = arena.push(&xq);
+            let xs = arena.push(&f32_bytes(&xs));
+            let ys = arena.reserve(out * 4);
+            outputs.push(ys);
+            ops.push(QueueOp {
+                kind: QueueKind::Matvec,
+                format: w.rows.format.code(),
+                args: [w.quants, w.scales, xq, xs, ys],
+                dims: [out as u32, w.rows.padded_in as u32, 0, 0, 0],
+            });
+        }
+        let queue = encode(&ops);
+        let _guard = self
+            .submit
+            .lock()
+            .map_err(|_| "a DSP submission panicked")?;
+        let mut qbuf = self.session.alloc(queue.len())?;
+        qbuf.bytes_mut().copy_from_slice(&queue);
+        let mut scratch = self.session.alloc(arena.bytes.len())?;
+        scratch.bytes_mut().copy_from_slice(&arena.bytes);
+        self.session.run_queue(&qbuf, &[scratch.fd, w.shared.fd])?;
+        for (r, s) in outputs.iter().enumerate() {
+            let bytes = &scratch.bytes()[s.offset as usize..(s.offset + s.len) as usize];
+            for (o, c) in bytes.chunks_exact(4).enumerate() {
+                let bias = w.rows.bias.as_ref().map_or(0.0, |b| b[o]);
+                y[r * out + o] = f32::from_le_bytes(c.try_into().unwrap()) + bias;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn f32_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+impl Backend for HexagonBackend {
+    fn name(&self) -> &str {
+        "hexagon"
+    }
+
+    fn upload_linear(
+        &self,
+        w: &[f32],
+        out_features: usize,
+        in_features: usize,
+        bias: Option<&[f32]>,
+        format: WeightFormat,
+    ) -> Weight {
+        let cpu = self
+            .cpu
+            .upload_linear(w, out_features, in_features, bias, format);
+        if !matches!(format, WeightFormat::Q8_0 | WeightFormat::Q4_0) {
+            return cpu;
+        }
+        // Weights that cannot go to the DSP (shared memory exhausted) stay on the CPU.
+        match self.upload_dsp_linear(cpu) {
+            Ok(dsp) => Weight::new(dsp),
+            Err(e) => {
+                eprintln!("kazeia-backend-hexagon: {e}; this layer runs on the CPU");
+                self.cpu
+                    .upload_linear(w, out_features, in_features, bias, format)
+            }
+        }
+    }
+    fn upload_conv1d(
+        &self,
+        w: &[f32],
+        cout: usize,
+        cin: usize,
+        k: usize,
+        bias: Option<&[f32]>,
+    ) -> Weight {
+        self.cpu.upload_conv1d(w, cout, cin, k, bias)
+    }
+    fn upload_depthwise_conv1d(
+        &self,
+        w: &[f32],
+        channels: usize,
+        k: usize,
+        bias: Option<&[f32]>,
+    ) -> Weight {
+        self.cpu.upload_depthwise_conv1d(w, channels, k, bias)
+    }
+    fn upload_conv_transpose1d(
+        &self,
+        w: &[f32],
+        cin: usize,
+        cout: usize,
+        k: usize,
+        stride: usize,
+    ) -> Weight {
+        self.cpu.upload_conv_transpose1d(w, cin, cout, k, stride)
+    }
+
+    fn linear(&self, w: &Weight, x: &[f32], rows: usize, y: &mut [f32]) {
+        match w.downcast::<DspLinear>() {
+            Some(dsp) if rows <= DSP_MAX_ROWS => {
+                if let Err(e) = self.dsp_linear(dsp, x, rows, y) {
+                    eprintln!("kazeia-backend-hexagon: {e}; running the layer on the CPU");
+                    self.cpu.linear(&dsp.cpu, x, rows, y);
+                }
+            }
+            Some(dsp) => self.cpu.linear(&dsp.cpu, x, rows, y),
+            None => self.cpu.linear(w, x, rows, y),
+        }
+    }
+    fn conv1d(&self, w: &Weight, x: &[f32], len: usize, dilation: usize, y: &mut [f32]) {
+        self.cpu.conv1d(w, x, len, dilation, y)
+    }
+    fn depthwise_conv1d(&self, w: &Weight, x: &[f32], len: usize, y: &mut [f32]) {
+        self.cpu.depthwise_conv1d(w, x, len, y)
+    }
+    fn conv_transpose1d(&self, w: &Weight, x: &[f32], len: usize, y: &mut [f32]) {
+        self.cpu.conv_transpose1d(w, x, len, y)
+    }
+    fn rms_norm(&self, x: &mut [f32], dim: usize, weight: &[f32], eps: f32) {
+        self.cpu.rms_norm(x, dim, weight, eps)
+    }
+    fn layer_norm(&self, x: &mut [f32], dim: usize, weight: &[f32], bias: &[f32], eps: f32) {
+        self.cpu.layer_norm(x, dim, weight, bias, eps)
+    }
+    fn rope(&self, x: &mut [f32], heads: usize, head_dim: usize, start_pos: usize, theta: f32) {
+        self.cpu.rope(x, heads, head_dim, start_pos, theta)
+    }
+    fn attention(
+        &self,
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        heads: Heads,
+        span: AttentionSpan,
+        scale: f32,
+        out: &mut [f32],
+    ) {
+        self.cpu.attention(q, k, v, heads, span, scale, out)
+    }
+    fn snake_beta(&self, x: &mut [f32], len: usize, alpha: &[f32], inv_beta: &[f32]) {
+        self.cpu.snake_beta(x, len, alpha, inv_beta)
+    }
+    fn gelu(&self, x: &mut [f32]) {
+        self.cpu.gelu(x)
+    }
+    fn silu(&self, x: &mut [f32]) {
+        self.cpu.silu(x)
+    }
+    fn silu_mul(&self, gate: &mut [f32], up: &[f32]) {
+        self.cpu.silu_mul(gate, up)
+    }
+}
