@@ -15,6 +15,8 @@ packages=(
     speech-dispatcher libspeechd-dev
     # Vulkan backend tests on lavapipe
     mesa-vulkan-drivers libvulkan1
+    # Hexagon plugin: HVX kernels built by clang --target=hexagon (lld links) and run under qemu-hexagon
+    clang lld qemu-user
 )
 
 missing=()

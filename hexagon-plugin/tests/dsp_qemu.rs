@@ -1,0 +1,284 @@
+//! The DSP side under emulation: `dsp/` compiled by Debian's clang for Hexagon v66 with 128-byte HVX into a
+//! freestanding program, run by `qemu-hexagon` on op queues made by the plugin's own encoder over weights the
+//! plugin repacked from the CPU backend's quantisation; every output compared bit for bit with
+//! `kazeia_backend_hexagon::reference`. Skipped (with the reason) only where clang or qemu-hexagon is missing
+//! and `CI` is unset: CI installs both through tools/deps.sh.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+
+use kazeia_backend_abi::{Backend, WeightFormat};
+use kazeia_backend_cpu::CpuBackend;
+use kazeia_backend_hexagon::queue::{encode, Arena, QueueKind, QueueOp, Slice};
+use kazeia_backend_hexagon::reference::{
+    conv1d_i16, conv_transpose1d_i16, matvec, quantize_activations,
+};
+use kazeia_backend_hexagon::repack::{to_hvx, QuantRows};
+
+const QEMU: &str = "qemu-hexagon";
+const SOURCES: [&str; 5] = [
+    "qemu_harness.c",
+    "qemu_runtime.c",
+    "queue_exec.c",
+    "hvx_matvec.c",
+    "hvx_conv.c",
+];
+
+/// The harness binary, or why it cannot be built here.
+fn harness() -> Option<PathBuf> {
+    static BUILT: OnceLock<Option<PathBuf>> = OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let missing = |tool: &str| Command::new(tool).arg("--version").output().is_err();
+            for tool in ["clang", QEMU] {
+                if missing(tool) {
+                    assert!(
+                        std::env::var_os("CI").is_none(),
+                        "{tool} is missing in CI (tools/deps.sh installs it)"
+                    );
+                    eprintln!(
+                        "SKIPPED: {tool} is not installed (apt-get install clang lld qemu-user)"
+                    );
+                    return None;
+                }
+            }
+            let dsp = Path::new(env!("CARGO_MANIFEST_DIR")).join("dsp");
+            let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("kazeia-hexagon-harness");
+            let output = Command::new("clang")
+                .args([
+                    "--target=hexagon",
+                    "-mv66",
+                    "-mhvx",
+                    "-mhvx-length=128b",
+                    "-O2",
+                    "-ffp-contract=off",
+                ])
+                .args([
+                    "-ffreestanding",
+                    "-nostdlib",
+                    "-static",
+                    "-fuse-ld=lld",
+                    "-Wall",
+                    "-Wextra",
+                    "-Werror",
+                ])
+                .args(SOURCES.iter().map(|s| dsp.join(s)))
+                .arg("-o")
+                .arg(&out)
+                .output()
+                .expect("cannot run clang");
+            assert!(
+                output.status.success(),
+                "clang failed:\n{}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+            Some(out)
+        })
+        .clone()
+}
+
+/// Runs `ops` over `arena` (buffer 0) on the emulated DSP: the status word, the failed op, the arena after.
+fn run(harness: &Path, ops: &[QueueOp], arena: &Arena) -> (u32, u32, Vec<u8>) {
+    let queue = encode(ops);
+    let mut input = vec![0u8; 128];
+    input[..4].copy_from_slice(&(queue.len() as u32).to_le_bytes());
+    input[4..8].copy_from_slice(&(arena.bytes.len() as u32).to_le_bytes());
+    input.extend_from_slice(&queue);
+    input.resize(128 + queue.len().next_multiple_of(128), 0);
+    input.extend_from_slice(&arena.bytes);
+    let mut child = Command::new(QEMU)
+        .arg(harness)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("cannot run qemu-hexagon");
+    child.stdin.take().unwrap().write_all(&input).unwrap();
+    let output = child.wait_with_output().unwrap();
+    assert!(
+        output.status.success(),
+        "harness exit status {}",
+        output.status
+    );
+    let out = output.stdout;
+    assert_eq!(out.len(), 8 + arena.bytes.len(), "harness output size");
+    let word = |i: usize| u32::from_le_bytes(out[i * 4..i * 4 + 4].try_into().unwrap());
+    (word(0), word(1), out[8..].to_vec())
+}
+
+fn values(n: usize, seed: u32) -> Vec<f32> {
+    (0..n)
+        .map(|i| {
+            (((i as u32).wrapping_mul(2_654_435_761) ^ seed.wrapping_mul(40503)) % 2001) as f32
+                / 1000.0
+                - 1.0
+        })
+        .collect()
+}
+
+/// Pseudo-random int16 over the whole range (so int32 sums wrap and wrapping is checked too).
+fn i16s(n: usize, seed: u32) -> Vec<i16> {
+    (0..n)
+        .map(|i| {
+            ((i as u32)
+                .wrapping_mul(2_246_822_519)
+                .wrapping_add(seed.wrapping_mul(3_266_489_917))
+                >> 16) as i16
+        })
+        .collect()
+}
+
+fn bytes_of<T: Copy>(v: &[T], f: impl Fn(T) -> Vec<u8>) -> Vec<u8> {
+    v.iter().flat_map(|&x| f(x)).collect()
+}
+
+fn slice_of(bytes: &[u8], s: Slice) -> &[u8] {
+    &bytes[s.offset as usize..(s.offset + s.len) as usize]
+}
+
+#[test]
+fn hvx_matvec_is_bit_exact_for_q8_0_and_q4_0() {
+    let Some(harness) = harness() else { return };
+    let cpu = CpuBackend::new(1);
+    let mut arena = Arena::default();
+    let mut ops = Vec::new();
+    let mut expected = Vec::new();
+    // A padded shape (70 rows: 3 tiles; 100 inputs: 4 blocks) and the code predictor's 1024×1024.
+    for (out, inp) in [(70, 100), (1024, 1024)] {
+        let w = values(out * inp, out as u32 + 1);
+        let x: Vec<f32> = values(inp, 77).iter().map(|v| v * 3.0).collect();
+        for format in [WeightFormat::Q8_0, WeightFormat::Q4_0] {
+            let lw = cpu.upload_linear(&w, out, inp, None, format);
+            let rows = QuantRows::from_cpu_export(&cpu.export_linear(&lw).unwrap()).unwrap();
+            let hvx = to_hvx(&rows);
+            let (xq, xs) = quantize_activations(&x, rows.padded_in);
+            let args = [
+                arena.push(&hvx.quants),
+                arena.push(&bytes_of(&hvx.scales, |v| v.to_le_bytes().to_vec())),
+                arena.push(&bytes_of(&xq, |v| vec![v as u8])),
+                arena.push(&bytes_of(&xs, |v| v.to_le_bytes().to_vec())),
+                arena.reserve(out * 4),
+            ];
+            ops.push(QueueOp {
+                kind: QueueKind::Matvec,
+                format: format.code(),
+                args,
+                dims: [out as u32, rows.padded_in as u32, 0, 0, 0],
+            });
+            expected.push((format, out, args[4], matvec(&rows, &xq, &xs)));
+        }
+    }
+    let (status, failed, result) = run(&harness, &ops, &arena);
+    assert_eq!((status, failed), (0, 0));
+    for (format, out, slice, want) in expected {
+        let got: Vec<u32> = slice_of(&result, slice)
+            .chunks_exact(4)
+            .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
+            .collect();
+        let want: Vec<u32> = want.iter().map(|v| v.to_bits()).collect();
+        assert_eq!(got, want, "{format} {out} rows");
+        assert!(want.iter().any(|&b| b != 0));
+    }
+}
+
+#[test]
+fn hvx_conv1d_and_transposed_conv1d_are_bit_exact() {
+    let Some(harness) = harness() else { return };
+    let mut arena = Arena::default();
+    let mut ops = Vec::new();
+    let mut expected = Vec::new();
+    // Dilated k=7 (2 full 64-output steps and a scalar tail), k=1, and a short input (tail only).
+    for (i, &(cout, cin, k, len, dilation)) in
+        [(5, 3, 7, 200, 3), (4, 6, 1, 130, 1), (2, 2, 3, 20, 2)]
+            .iter()
+            .enumerate()
+    {
+        let w = i16s(cout * cin * k, 10 + i as u32);
+        let x = i16s(cin * len, 20 + i as u32);
+        let y = arena.reserve(cout * (len - (k - 1) * dilation) * 4);
+        ops.push(QueueOp {
+            kind: QueueKind::Conv1dI16,
+            format: 0,
+            args: [
+                arena.push(&bytes_of(&w, |v| v.to_le_bytes().to_vec())),
+                arena.push(&bytes_of(&x, |v| v.to_le_bytes().to_vec())),
+                y,
+                Slice::default(),
+                Slice::default(),
+            ],
+            dims: [
+                cout as u32,
+                cin as u32,
+                k as u32,
+                len as u32,
+                dilation as u32,
+            ],
+        });
+        expected.push((y, conv1d_i16(&w, &x, (cout, cin, k), len, dilation)));
+    }
+    // The decoder's upsampling shapes: k = 2·stride, and a k that is not a multiple of the stride.
+    for (i, &(cin, cout, k, len, stride)) in [(3, 4, 10, 40, 5), (2, 3, 7, 70, 3), (4, 2, 16, 9, 8)]
+        .iter()
+        .enumerate()
+    {
+        let w = i16s(cin * cout * k, 30 + i as u32);
+        let x = i16s(cin * len, 40 + i as u32);
+        let pad = k.div_ceil(stride) - 1;
+        let y = arena.reserve(cout * ((len - 1) * stride + k) * 4);
+        ops.push(QueueOp {
+            kind: QueueKind::ConvTranspose1dI16,
+            format: 0,
+            args: [
+                arena.push(&bytes_of(&w, |v| v.to_le_bytes().to_vec())),
+                arena.push(&bytes_of(&x, |v| v.to_le_bytes().to_vec())),
+                y,
+                arena.reserve(cin * (len + 2 * pad + 64) * 2),
+                Slice::default(),
+            ],
+            dims: [cin as u32, cout as u32, k as u32, len as u32, stride as u32],
+        });
+        expected.push((y, conv_transpose1d_i16(&w, &x, (cin, cout, k), len, stride)));
+    }
+    let (status, failed, result) = run(&harness, &ops, &arena);
+    assert_eq!((status, failed), (0, 0));
+    for (n, (slice, want)) in expected.into_iter().enumerate() {
+        let got: Vec<i32> = slice_of(&result, slice)
+            .chunks_exact(4)
+            .map(|c| i32::from_le_bytes(c.try_into().unwrap()))
+            .collect();
+        assert_eq!(got, want, "op {n}");
+    }
+}
+
+#[test]
+fn the_dsp_refuses_bad_queues_with_a_status() {
+    let Some(harness) = harness() else { return };
+    let mut arena = Arena::default();
+    let x = arena.push(&[0; 256]);
+    let y = arena.reserve(64);
+    let conv = |x: Slice, y: Slice| QueueOp {
+        kind: QueueKind::Conv1dI16,
+        format: 0,
+        args: [x, x, y, Slice::default(), Slice::default()],
+        dims: [1, 1, 3, 16, 1],
+    };
+    // Op 1's output is one byte short of what its dims need: status 2 (bad slice) at op 1, nothing written.
+    let short = Slice {
+        len: 14 * 4 - 1,
+        ..y
+    };
+    let (status, failed, after) = run(&harness, &[conv(x, y), conv(x, short)], &arena);
+    assert_eq!((status, failed), (2, 1));
+    assert_eq!(after, arena.bytes);
+    // HMX tiles are refused by this (non-SDK) build: status 4.
+    let hmx = QueueOp {
+        kind: QueueKind::MatmulF16Tiles,
+        ..conv(x, y)
+    };
+    assert_eq!(run(&harness, &[hmx], &arena).0, 4);
+    // A dilation that leaves no output: status 3.
+    let mut bad = conv(x, y);
+    bad.dims[4] = 8;
+    assert_eq!(run(&harness, &[bad], &arena).0, 3);
+}
