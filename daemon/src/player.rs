@@ -190,11 +190,20 @@ impl Player {
             if self.queue.is_paused() {
                 active.pause();
             }
-            let reason = match self.speak(&request, &active) {
-                Ok(reason) => reason,
-                Err(e) => {
+            // A bug in one utterance must not silence the daemon: a panic ends that utterance only.
+            let spoken = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                self.speak(&request, &active)
+            }));
+            let reason = match spoken {
+                Ok(Ok(reason)) => reason,
+                Ok(Err(e)) => {
                     eprintln!("kazeiad: utterance {} failed: {e:#}", request.id);
                     Reason::Error(format!("{e:#}"))
+                }
+                Err(_) => {
+                    eprintln!("kazeiad: utterance {} hit an internal error", request.id);
+                    active.interrupt();
+                    Reason::Error("internal error (see the daemon's log)".into())
                 }
             };
             *self.active.lock().unwrap_or_else(|e| e.into_inner()) = None;
