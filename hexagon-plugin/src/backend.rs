@@ -105,7 +105,7 @@ impl HexagonBackend {
         qbuf.bytes_mut().copy_from_slice(&queue);
         let mut scratch = self.session.alloc(arena.bytes.len())?;
         scratch.bytes_mut().copy_from_slice(&arena.bytes);
-        self.session.run_queue(&qbuf, &[scratch.fd, w.shared.fd])?;
+        self.session.run_queue(&qbuf, &[&scratch, &w.shared])?;
         for (r, s) in outputs.iter().enumerate() {
             let bytes = &scratch.bytes()[s.offset as usize..(s.offset + s.len) as usize];
             for (o, c) in bytes.chunks_exact(4).enumerate() {

@@ -158,10 +158,12 @@ impl Session {
     }
 
     /// Runs the op queue held in `queue`: the DSP reads it and the buffers it names, and writes the outputs.
-    pub fn run_queue(&self, queue: &SharedBuffer, fds: &[i32]) -> Result<(), String> {
-        // In: [queue fd, queue length, buffer count] then the fd of each buffer id. Out: the DSP's status.
-        let mut header: Vec<i32> = vec![queue.fd, queue.len as i32, fds.len() as i32];
-        header.extend_from_slice(fds);
+    pub fn run_queue(&self, queue: &SharedBuffer, buffers: &[&SharedBuffer]) -> Result<(), String> {
+        // In: [queue fd, queue length, buffer count] then (fd, length) of each buffer id. Out: the DSP's status.
+        let mut header: Vec<i32> = vec![queue.fd, queue.len as i32, buffers.len() as i32];
+        for b in buffers {
+            header.extend_from_slice(&[b.fd, b.len as i32]);
+        }
         let mut status = [0i32; 2];
         let mut args = [
             RemoteArg {

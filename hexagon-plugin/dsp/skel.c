@@ -1,0 +1,58 @@
+/* The DSP-side FastRPC entry (SDK builds only: needs the Hexagon SDK's HAP and remote headers). Method 2 of
+ * the `remote_handle64` interface runs an op queue: in = [queue fd, queue length, buffer count, (fd, length) of each
+ * buffer id], out = [status, failed op]. Buffers are the host's rpcmem allocations, mapped here by fd. */
+#ifdef KAZEIA_HEXAGON_SDK
+#include <stdint.h>
+#include "AEEStdErr.h"
+#include "HAP_mem.h"
+#include "remote.h"
+#include "kazeia_queue.h"
+
+#define MAX_BUFFERS 16
+
+static int map_fd(int fd, uint32_t len, uint8_t **va)
+{
+    uint64_t pa;
+    return HAP_mmap_get(fd, (void **)va, &pa) == 0 && *va ? 0 : AEE_EBADPARM;
+}
+
+static int run_queue(const int32_t *in, uint32_t in_len, int32_t *out)
+{
+    if (in_len < 12 || in[2] < 0 || in[2] > MAX_BUFFERS || in_len < 12 + 8 * (uint32_t)in[2])
+        return AEE_EBADPARM;
+    uint8_t *queue, *buffers[MAX_BUFFERS];
+    uint32_t lens[MAX_BUFFERS];
+    if (map_fd(in[0], (uint32_t)in[1], &queue))
+        return AEE_EBADPARM;
+    for (int i = 0; i < in[2]; i++) {
+        if (map_fd(in[3 + 2 * i], (uint32_t)in[4 + 2 * i], &buffers[i]))
+            return AEE_EBADPARM;
+        lens[i] = (uint32_t)in[4 + 2 * i];
+    }
+    uint32_t failed = 0;
+    out[0] = kazeia_queue_run(queue, (uint32_t)in[1], buffers, lens, (uint32_t)in[2], &failed);
+    out[1] = (int32_t)failed;
+    for (int i = 0; i < in[2]; i++)
+        HAP_mmap_put(in[3 + 2 * i]);
+    HAP_mmap_put(in[0]);
+    return AEE_SUCCESS;
+}
+
+/* remote_handle64 skeleton: 0 open, 1 close, 2 run_queue (REMOTE_SCALARS_MAKE(2, 1, 1)). */
+int kazeia_hexagon_skel_handle_invoke(remote_handle64 h, uint32_t scalars, remote_arg *pra)
+{
+    (void)h;
+    switch (REMOTE_SCALARS_METHOD(scalars)) {
+    case 0:
+    case 1:
+        return AEE_SUCCESS;
+    case 2:
+        if (REMOTE_SCALARS_INBUFS(scalars) != 1 || REMOTE_SCALARS_OUTBUFS(scalars) != 1 ||
+            pra[1].buf.nLen < 8)
+            return AEE_EBADPARM;
+        return run_queue(pra[0].buf.pv, (uint32_t)pra[0].buf.nLen, pra[1].buf.pv);
+    default:
+        return AEE_EUNSUPPORTED;
+    }
+}
+#endif
