@@ -588,7 +588,7 @@ async fn configuration_changes_apply_while_running() {
         &quick_model(),
         "null",
         &format!(
-            "[generation]\nmax_frames = 6\n[backends]\ndecoder = \"vulkan\"\nplugin_path = [\"{}\"]\n",
+            "[generation]\nmax_frames = 6\n[backends]\ndecoder = \"vulkan:llvmpipe\"\nplugin_path = [\"{}\"]\n",
             plugin_dir.display()
         ),
     );
@@ -601,7 +601,7 @@ async fn configuration_changes_apply_while_running() {
         assert!(Instant::now() < deadline, "the file change was not applied");
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
-    assert_eq!(decoder, "vulkan", "{}", daemon.log());
+    assert_eq!(decoder, "vulkan:llvmpipe", "{}", daemon.log());
     let mut done = Finishes::new(&proxy).await;
     let id = speak(&bus, "After the switch.");
     assert_eq!(

@@ -180,18 +180,61 @@ pub fn inspect(path: &Path) -> PluginInfo {
     }
 }
 
-/// A backend for a stage by name, with the message to log when it had to fall back to the built-in CPU backend.
+/// Splits `name[:device]`; the device is an index or a part of a device's name (`vulkan:1`,
+/// `vulkan:radeon`).
+fn split_device(spec: &str) -> (&str, Option<&str>) {
+    match spec.split_once(':') {
+        Some((name, device)) if !device.is_empty() => (name, Some(device)),
+        Some((name, _)) => (name, None),
+        None => (spec, None),
+    }
+}
+
+/// The index of the device `wanted` (an index, or a case-insensitive part of its name) among `devices`.
+pub fn device_index(devices: &[String], wanted: &str) -> Result<u32, String> {
+    if let Ok(index) = wanted.parse::<u32>() {
+        return if (index as usize) < devices.len() {
+            Ok(index)
+        } else {
+            Err(format!("no device {index} (it has {})", devices.len()))
+        };
+    }
+    let lower = wanted.to_lowercase();
+    devices
+        .iter()
+        .position(|d| d.to_lowercase().contains(&lower))
+        .map(|i| i as u32)
+        .ok_or_else(|| {
+            format!(
+                "no device named like `{wanted}` (devices: {})",
+                devices.join("; ")
+            )
+        })
+}
+
+/// A backend for a stage by name (`NAME` or `NAME:DEVICE`, the device an index or part of its name), with
+/// the message to log when it had to fall back to the built-in CPU backend.
 pub fn backend_named(
-    name: &str,
+    spec: &str,
     threads: usize,
     plugins: &[PluginInfo],
 ) -> (Arc<dyn Backend>, Option<String>) {
+    let (name, device) = split_device(spec);
     let best = plugins
         .iter()
         .filter(|p| p.name == name && p.is_available())
         .max_by_key(|p| p.score);
     if let Some(plugin) = best {
-        match PluginBackend::create(plugin, 0, threads) {
+        let index = match device.map(|d| device_index(&plugin.devices, d)).transpose() {
+            Ok(index) => index.unwrap_or(0),
+            Err(e) => {
+                return (
+                    Arc::new(CpuBackend::new(threads)),
+                    Some(format!("backend `{spec}`: {e}; falling back to cpu")),
+                )
+            }
+        };
+        match PluginBackend::create(plugin, index, threads) {
             Ok(backend) => return (Arc::new(backend), None),
             Err(e) if name == "cpu" => {
                 return (
@@ -202,7 +245,7 @@ pub fn backend_named(
             Err(e) => {
                 return (
                     Arc::new(CpuBackend::new(threads)),
-                    Some(format!("backend `{name}`: {e}; falling back to cpu")),
+                    Some(format!("backend `{spec}`: {e}; falling back to cpu")),
                 )
             }
         }
@@ -213,9 +256,34 @@ pub fn backend_named(
             .find(|p| p.name == name)
             .and_then(|p| p.unavailable.clone())
             .unwrap_or_else(|| "no plugin of that name was found".into());
-        format!("backend `{name}` is unavailable ({why}); falling back to cpu")
+        format!("backend `{spec}` is unavailable ({why}); falling back to cpu")
     });
     (Arc::new(CpuBackend::new(threads)), message)
+}
+
+#[cfg(test)]
+mod device_tests {
+    use super::*;
+
+    #[test]
+    fn devices_by_index_or_name() {
+        let devices = vec![
+            "llvmpipe (LLVM 15)".to_owned(),
+            "AMD Radeon 780M".to_owned(),
+        ];
+        assert_eq!(device_index(&devices, "1"), Ok(1));
+        assert_eq!(device_index(&devices, "radeon"), Ok(1));
+        assert_eq!(device_index(&devices, "LLVMPIPE"), Ok(0));
+        assert!(device_index(&devices, "2")
+            .unwrap_err()
+            .contains("no device 2"));
+        assert!(device_index(&devices, "adreno")
+            .unwrap_err()
+            .contains("llvmpipe"));
+        assert_eq!(split_device("vulkan:1"), ("vulkan", Some("1")));
+        assert_eq!(split_device("vulkan"), ("vulkan", None));
+        assert_eq!(split_device("vulkan:"), ("vulkan", None));
+    }
 }
 
 struct Handle {
