@@ -261,31 +261,6 @@ pub fn backend_named(
     (Arc::new(CpuBackend::new(threads)), message)
 }
 
-#[cfg(test)]
-mod device_tests {
-    use super::*;
-
-    #[test]
-    fn devices_by_index_or_name() {
-        let devices = vec![
-            "llvmpipe (LLVM 15)".to_owned(),
-            "AMD Radeon 780M".to_owned(),
-        ];
-        assert_eq!(device_index(&devices, "1"), Ok(1));
-        assert_eq!(device_index(&devices, "radeon"), Ok(1));
-        assert_eq!(device_index(&devices, "LLVMPIPE"), Ok(0));
-        assert!(device_index(&devices, "2")
-            .unwrap_err()
-            .contains("no device 2"));
-        assert!(device_index(&devices, "adreno")
-            .unwrap_err()
-            .contains("llvmpipe"));
-        assert_eq!(split_device("vulkan:1"), ("vulkan", Some("1")));
-        assert_eq!(split_device("vulkan"), ("vulkan", None));
-        assert_eq!(split_device("vulkan:"), ("vulkan", None));
-    }
-}
-
 struct Handle {
     api: &'static PluginApi,
     backend: *mut c_void,
@@ -602,5 +577,30 @@ impl Backend for PluginBackend {
 
     fn silu_mul(&self, gate: &mut [f32], up: &[f32]) {
         self.in_place(OpKind::SiluMul, gate, up, &[], [0; 3], 0.0);
+    }
+}
+
+#[cfg(test)]
+mod device_tests {
+    use super::*;
+
+    #[test]
+    fn devices_by_index_or_name() {
+        let devices = vec![
+            "llvmpipe (LLVM 15)".to_owned(),
+            "AMD Radeon 780M".to_owned(),
+        ];
+        assert_eq!(device_index(&devices, "1"), Ok(1));
+        assert_eq!(device_index(&devices, "radeon"), Ok(1));
+        assert_eq!(device_index(&devices, "LLVMPIPE"), Ok(0));
+        assert!(device_index(&devices, "2")
+            .unwrap_err()
+            .contains("no device 2"));
+        assert!(device_index(&devices, "adreno")
+            .unwrap_err()
+            .contains("llvmpipe"));
+        assert_eq!(split_device("vulkan:1"), ("vulkan", Some("1")));
+        assert_eq!(split_device("vulkan"), ("vulkan", None));
+        assert_eq!(split_device("vulkan:"), ("vulkan", None));
     }
 }
