@@ -274,9 +274,14 @@ impl Player {
                 }
             })
         };
-        let result = speaker.run(&mut |samples| playback.write(samples), &mut |name, at| {
-            let _ = marks.send((at, name.to_owned()));
-        });
+        let mut ends = Vec::new();
+        let result = speaker.run(
+            &mut |samples| playback.write(samples),
+            &mut |name, at| {
+                let _ = marks.send((at, name.to_owned()));
+            },
+            &mut ends,
+        );
         drop(marks);
         let finished = match result {
             Ok(()) if !speaker.control.is_stopped() => playback.finish(),
@@ -287,6 +292,12 @@ impl Player {
             }
         };
         let _ = watcher.join();
+        if self.queue.interruption() == Some(Interruption::Requeue) {
+            // Played again later: from the first piece not wholly heard.
+            let from = &speaker.request.resume_from;
+            let heard = resume_point(&ends, playback.played(), from.load(Ordering::SeqCst));
+            from.store(heard, Ordering::SeqCst);
+        }
         finished?;
         Ok(if speaker.control.is_stopped() {
             Reason::Stopped
@@ -351,12 +362,24 @@ fn stream_to_spiel(speaker: &Speaker, file: &std::fs::File) -> Result<Reason> {
                 speaker.control.stop_async();
             }
         },
+        &mut Vec::new(),
     )?;
     Ok(if client_gone || speaker.control.is_stopped() {
         Reason::Stopped
     } else {
         Reason::Done
     })
+}
+
+/// The first piece not wholly heard, given the pieces' ends (in samples written) and the samples heard;
+/// `current` when none was.
+fn resume_point(ends: &[(usize, u64)], heard: u64, current: usize) -> usize {
+    ends.iter()
+        .filter(|(_, end)| *end <= heard)
+        .map(|(piece, _)| piece + 1)
+        .max()
+        .unwrap_or(current)
+        .max(current)
 }
 
 /// One utterance's synthesis, piece by piece, through the prosody filter.
@@ -371,19 +394,25 @@ struct Speaker<'a> {
 }
 
 impl Speaker<'_> {
-    /// Synthesises every piece: audio to `audio`, marks to `mark` with the number of samples before them.
+    /// Synthesises the pieces from `resume_from` on: audio to `audio`, marks to `mark` with the number of
+    /// samples before them; `ends` gets (piece, samples written once it was complete).
     fn run(
         &self,
         audio: &mut (dyn FnMut(&[f32]) -> Result<()> + Send),
         mark: &mut dyn FnMut(&str, u64),
+        ends: &mut Vec<(usize, u64)>,
     ) -> Result<()> {
         let sample_rate = self.engine.info.sample_rate;
         let base = self.request.prosody;
         let spiel = matches!(self.request.output, Output::Spiel(_));
         let mut sent = 0u64;
-        for piece in &self.request.pieces {
+        let first = self.request.resume_from.load(Ordering::SeqCst);
+        for (index, piece) in self.request.pieces.iter().enumerate().skip(first) {
             if self.control.is_stopped() {
                 break;
+            }
+            if index > first {
+                ends.push((index - 1, sent));
             }
             match piece {
                 Piece::Mark(name) => mark(name, sent),
@@ -458,6 +487,25 @@ impl Speaker<'_> {
                 }
             }
         }
+        if !self.control.is_stopped() && self.request.pieces.len() > first {
+            ends.push((self.request.pieces.len() - 1, sent));
+        }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::resume_point;
+
+    #[test]
+    fn an_interrupted_utterance_resumes_at_the_first_piece_not_heard() {
+        // Pieces 2, 3, 4 (resumed once already at 2) ended at 100, 250, 400 samples written.
+        let ends = [(2, 100), (3, 250), (4, 400)];
+        assert_eq!(resume_point(&ends, 50, 2), 2, "nothing wholly heard");
+        assert_eq!(resume_point(&ends, 100, 2), 3);
+        assert_eq!(resume_point(&ends, 399, 2), 4);
+        assert_eq!(resume_point(&ends, 10_000, 2), 5);
+        assert_eq!(resume_point(&[], 10_000, 0), 0);
     }
 }

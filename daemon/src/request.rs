@@ -1,7 +1,7 @@
 //! One utterance as the adapters hand it to the queue: parsed text, voice, prosody, where the audio goes.
 
 use std::fs::File;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, AtomicUsize};
 
 use kazeia_engine::ssml::Piece;
 
@@ -54,6 +54,8 @@ pub struct Request {
     pub output: Output,
     /// `Started` was signalled (an utterance interrupted by a higher priority is played again later).
     pub started: AtomicBool,
+    /// The first piece to speak: after an interruption, the pieces already heard are not said again.
+    pub resume_from: AtomicUsize,
 }
 
 impl Request {
@@ -75,6 +77,7 @@ impl Request {
             prosody,
             output,
             started: AtomicBool::new(false),
+            resume_from: AtomicUsize::new(0),
         }
     }
 

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use kazeia_engine::ssml::{parse_ssml, plain_text, Piece};
+use kazeia_engine::text::{split_for_synthesis, DEFAULT_CHUNK_CHARS};
 
 use crate::audio::open_sink;
 use crate::config::DaemonConfig;
@@ -100,6 +101,7 @@ impl Service {
         } else {
             plain_text(text)
         };
+        let pieces = split_long_pieces(pieces);
         let speakable = pieces.iter().any(|p| match p {
             Piece::Text { text, .. } => text.chars().any(char::is_alphanumeric),
             Piece::Break(_) => true,
@@ -203,6 +205,26 @@ impl Service {
             format!("applied: {}", changes.join("; "))
         })
     }
+}
+
+/// Long text pieces cut into the chunks the engine would speak one after the other anyway (a few
+/// sentences each): an interrupted utterance then resumes at the first chunk not yet heard.
+fn split_long_pieces(pieces: Vec<Piece>) -> Vec<Piece> {
+    let mut out = Vec::with_capacity(pieces.len());
+    for piece in pieces {
+        match piece {
+            Piece::Text { text, prosody } if text.chars().count() > DEFAULT_CHUNK_CHARS => {
+                for chunk in split_for_synthesis(&text, DEFAULT_CHUNK_CHARS) {
+                    out.push(Piece::Text {
+                        text: chunk,
+                        prosody,
+                    });
+                }
+            }
+            other => out.push(other),
+        }
+    }
+    out
 }
 
 /// `talker=cpu, code_predictor=cpu, decoder=vulkan`.

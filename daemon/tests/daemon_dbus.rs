@@ -1024,3 +1024,54 @@ async fn starts_before_pipewire_and_plays_once_it_runs() {
     );
     assert!(recorder.stop().peak() > 0.1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interrupted_text_resumes_where_it_was_and_reports_each_mark_once() {
+    let dir = TempDir::new("daemon-resume");
+    let model = speaking_model(dir.path());
+    let config = dir.path().join("kazeia.toml");
+    // 12 frames = 0.96 s per sentence at most.
+    write_config(
+        &config,
+        &model,
+        "pipewire",
+        "[generation]\nmax_frames = 12\n",
+    );
+    let bus = DbusSession::start(None);
+    let pw = PipeWire::start(&bus);
+    let _daemon = start_daemon(&bus, &pw.env(), &config, dir.path().join("kazeiad.log"));
+    let connection = connect(&bus).await;
+    let proxy = SpeechProxy::builder(&connection).build().await.unwrap();
+    let mut done = Finishes::new(&proxy).await;
+    let mut marks = proxy.receive_mark().await.unwrap();
+    let ssml = "<speak>One sentence.<mark name=\"m1\"/> Two sentences.<mark name=\"m2\"/> Three \
+                sentences.<mark name=\"m3\"/> Four sentences.<mark name=\"m4\"/></speak>";
+    let mut options = HashMap::new();
+    options.insert("ssml", Variant::from(true));
+    let text = proxy.speak(ssml, options).await.unwrap();
+    let mut heard = Vec::new();
+    // Interrupt with an important message once the second mark has been heard.
+    while heard.len() < 2 {
+        let m = tokio::time::timeout(Duration::from_secs(30), marks.next())
+            .await
+            .expect("marks")
+            .unwrap();
+        heard.push(m.args().unwrap().name.clone());
+    }
+    let mut options = HashMap::new();
+    options.insert("priority", Variant::from("important"));
+    let important = proxy.speak("Important.", options).await.unwrap();
+    assert_eq!(
+        finished(&mut done, important, Duration::from_secs(30)).await,
+        "done"
+    );
+    assert_eq!(
+        finished(&mut done, text, Duration::from_secs(30)).await,
+        "done"
+    );
+    while let Ok(Some(m)) = tokio::time::timeout(Duration::from_millis(300), marks.next()).await {
+        heard.push(m.args().unwrap().name.clone());
+    }
+    // Resumed after the heard sentences: no mark twice, none missing, in order.
+    assert_eq!(heard, ["m1", "m2", "m3", "m4"]);
+}

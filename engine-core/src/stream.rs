@@ -90,6 +90,9 @@ impl SessionControl {
 
     /// Runs `deliver` unless the session was stopped; `false` if it was.
     fn deliver(&self, deliver: impl FnOnce() -> Result<()>) -> Result<bool> {
+        // A chunk whose decoding was under way when a pause came waits for the resume (outside the
+        // delivery lock, so that a stop is never kept waiting).
+        self.wait_while_paused();
         let _guard = self.delivery.lock().unwrap_or_else(|e| e.into_inner());
         if self.is_stopped() {
             return Ok(false);

@@ -188,32 +188,32 @@ fn pause_holds_delivery_until_resume_and_loses_nothing() {
         )
         .unwrap();
 
+    // The pause is requested from the first delivery (deterministic whatever the machine's load); a
+    // thread resumes 300 ms later.
     let control = Arc::new(SessionControl::new());
     let log = Arc::new(Mutex::new(Vec::<(Instant, usize)>::new()));
-    let resumer = {
-        let (control, log) = (control.clone(), log.clone());
-        std::thread::spawn(move || {
-            while log.lock().unwrap().is_empty() {
-                std::thread::sleep(Duration::from_millis(1));
-            }
-            control.pause();
-            let paused_at = Instant::now();
-            std::thread::sleep(Duration::from_millis(300));
-            let resumed_at = Instant::now();
-            control.resume();
-            (paused_at, resumed_at)
-        })
-    };
+    let mut resumer = None;
     let mut audio = Vec::new();
     synth
         .synthesize(text, &voice(), &greedy(20), config, &control, &mut |c| {
             audio.extend_from_slice(c);
             log.lock().unwrap().push((Instant::now(), c.len()));
+            if resumer.is_none() {
+                control.pause();
+                let paused_at = Instant::now();
+                let control = control.clone();
+                resumer = Some(std::thread::spawn(move || {
+                    std::thread::sleep(Duration::from_millis(300));
+                    let resumed_at = Instant::now();
+                    control.resume();
+                    (paused_at, resumed_at)
+                }));
+            }
             Ok(())
         })
         .unwrap();
     let finished = Instant::now();
-    let (paused_at, resumed_at) = resumer.join().unwrap();
+    let (paused_at, resumed_at) = resumer.expect("audio was delivered").join().unwrap();
     assert!(
         finished > resumed_at,
         "the session ended before the pause took effect"
