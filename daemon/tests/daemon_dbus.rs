@@ -1075,3 +1075,101 @@ async fn an_interrupted_text_resumes_where_it_was_and_reports_each_mark_once() {
     // Resumed after the heard sentences: no mark twice, none missing, in order.
     assert_eq!(heard, ["m1", "m2", "m3", "m4"]);
 }
+
+/// The speech-dispatcher path on a real-size model: `sd_kazeia` driven on its stdin as speech-dispatcher
+/// drives it, timing SPEAK / CHAR → first `705` audio block. Same command as [`daemon_first_audio`] with
+/// `module_first_audio`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "benchmark: needs KAZEIA_BENCH_MODEL"]
+async fn module_first_audio() {
+    use std::io::Write;
+    use std::process::Stdio;
+    let model = PathBuf::from(std::env::var("KAZEIA_BENCH_MODEL").expect("KAZEIA_BENCH_MODEL"));
+    let weights = std::env::var("KAZEIA_BENCH_WEIGHTS").unwrap_or_else(|_| "q4_0".into());
+    let dir = TempDir::new("module-bench");
+    let config = dir.path().join("kazeia.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[model]\npath = \"{}\"\nweights = \"{weights}\"\n[audio]\nsink = \"null\"\n\
+             [generation]\nmax_frames = 40\n",
+            model.display()
+        ),
+    )
+    .unwrap();
+    let bus = DbusSession::start(None);
+    let _daemon = start_daemon(&bus, &bus.env(), &config, dir.path().join("kazeiad.log"));
+    let module_conf = fixtures_dir().join("../../config/speech-dispatcher/kazeia.conf");
+    let mut module = Command::new(env!("CARGO_BIN_EXE_sd_kazeia"))
+        .arg(&module_conf)
+        .envs(bus.env())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut input = module.stdin.take().unwrap();
+    let mut output = module.stdout.take().unwrap();
+    // Marker → when it was seen, from a reader thread over the raw output (705 blocks are binary).
+    let (seen_tx, seen) = std::sync::mpsc::channel::<(&'static str, Instant)>();
+    std::thread::spawn(move || {
+        use std::io::Read;
+        let mut window: Vec<u8> = Vec::new();
+        let mut buf = [0u8; 65536];
+        while let Ok(n) = output.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            window.extend_from_slice(&buf[..n]);
+            for marker in [
+                "299 OK LOADED",
+                "203 OK AUDIO INITIALIZED",
+                "705-AUDIO",
+                "702 END",
+            ] {
+                let m = marker.as_bytes();
+                while let Some(at) = window.windows(m.len()).position(|w| w == m) {
+                    let _ = seen_tx.send((marker, Instant::now()));
+                    window.drain(..at + m.len());
+                }
+            }
+            let keep = window.len().saturating_sub(64);
+            window.drain(..keep);
+        }
+    });
+    let wait_for = |marker: &str| loop {
+        let (m, at) = seen
+            .recv_timeout(Duration::from_secs(120))
+            .expect("the module answered");
+        if m == marker {
+            return at;
+        }
+    };
+    input.write_all(b"INIT\n").unwrap();
+    wait_for("299 OK LOADED");
+    input
+        .write_all(b"AUDIO\naudio_output_method=server\n.\n")
+        .unwrap();
+    wait_for("203 OK AUDIO INITIALIZED");
+    for (what, block) in [
+        (
+            "SPEAK sentence",
+            "SPEAK\n<speak>The quick brown fox jumps over the lazy dog.</speak>\n.\n",
+        ),
+        ("CHAR k", "CHAR\nk\n.\n"),
+        ("CHAR k again", "CHAR\nk\n.\n"),
+        ("KEY control_c", "KEY\ncontrol_c\n.\n"),
+    ] {
+        let start = Instant::now();
+        input.write_all(block.as_bytes()).unwrap();
+        let first = wait_for("705-AUDIO");
+        let end = wait_for("702 END");
+        eprintln!(
+            "{what}: first audio block after {:.1} ms, END after {:.2} s",
+            (first - start).as_secs_f64() * 1e3,
+            (end - start).as_secs_f64()
+        );
+    }
+    input.write_all(b"QUIT\n").unwrap();
+    let _ = module.wait();
+}
