@@ -297,13 +297,9 @@ async fn stop_during_a_long_utterance_ends_the_audio() {
     let dir = TempDir::new("daemon-stop");
     let model = speaking_model(dir.path());
     let config = dir.path().join("kazeia.toml");
-    // Sampling runs to the frame cap on this model: 400 frames = 32 s per sentence.
-    write_config(
-        &config,
-        &model,
-        "pipewire",
-        "[generation]\nmax_frames = 400\n",
-    );
+    // Greedy decoding, so the length does not depend on the sampler: ~1.1 s per 400-character chunk,
+    // about 12 s in all.
+    write_config(&config, &model, "pipewire", "[generation]\ngreedy = true\n");
     let bus = DbusSession::start(None);
     let pw = PipeWire::start(&bus);
     let _daemon = start_daemon(&bus, &pw.env(), &config, dir.path().join("kazeiad.log"));
@@ -312,10 +308,7 @@ async fn stop_during_a_long_utterance_ends_the_audio() {
     let mut done = Finishes::new(&proxy).await;
     let mut started_signals = proxy.receive_started().await.unwrap();
     let recorder = Recorder::start(&pw);
-    let id = speak(
-        &bus,
-        "This sentence goes on and on. And another one follows it.",
-    );
+    let id = speak(&bus, &"Hello world, this is a test. ".repeat(140));
     tokio::time::timeout(Duration::from_secs(30), started_signals.next())
         .await
         .expect("Started")
