@@ -10,6 +10,30 @@ pub fn fixtures_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures")
 }
 
+/// A model that speaks for seconds, made in `dir` from the committed fixtures with symlinks: the tiny
+/// 0.6B-shaped LM with a codec at the released rates (80 ms frames of 1920 samples). For tests that listen.
+pub fn speaking_model(dir: &std::path::Path) -> PathBuf {
+    let model = dir.join("model");
+    std::fs::create_dir_all(&model).expect("cannot create the model directory");
+    let lm = fixtures_dir().join("lm/shape_0b6");
+    for f in [
+        "config.json",
+        "generation_config.json",
+        "merges.txt",
+        "model.safetensors",
+        "tokenizer_config.json",
+        "vocab.json",
+    ] {
+        std::os::unix::fs::symlink(lm.join(f), model.join(f)).expect("cannot link a fixture");
+    }
+    std::os::unix::fs::symlink(
+        fixtures_dir().join("codec/rates/speech_tokenizer"),
+        model.join("speech_tokenizer"),
+    )
+    .expect("cannot link the codec fixture");
+    model
+}
+
 /// The CPU backend built as a plugin (`libkazeia_backend_cpu.so`).
 ///
 /// `cargo test` builds only the plugin crate's rlib, and a `.so` left in `target/<profile>/` by an earlier
@@ -17,98 +41,43 @@ pub fn fixtures_dir() -> PathBuf {
 /// (the outer cargo holds the lock of the main one); when it is up to date that takes a second.
 pub fn cpu_plugin() -> PathBuf {
     static PLUGIN: OnceLock<PathBuf> = OnceLock::new();
-    PLUGIN
-        .get_or_init(|| {
-            let name = format!("libkazeia_backend_cpu{}", std::env::consts::DLL_SUFFIX);
-            let exe = std::env::current_exe().expect("test executable path");
-            let target = exe
-                .ancestors()
-                .nth(3)
-                .expect("target/<profile>/deps/<test>")
-                .join("plugin-for-tests");
-            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-            let status = std::process::Command::new(cargo)
-                .args([
-                    "build",
-                    "--quiet",
-                    "-p",
-                    "kazeia-backend-cpu",
-                    "--target-dir",
-                ])
-                .arg(&target)
-                .current_dir(env!("CARGO_MANIFEST_DIR"))
-                .status()
-                .expect("cannot run cargo to build the CPU plugin");
-            assert!(status.success(), "building the CPU plugin failed");
-            let built = target.join("debug").join(&name);
-            assert!(built.is_file(), "{} was not built", built.display());
-            built
-        })
-        .clone()
+    PLUGIN.get_or_init(|| build_plugin("cpu")).clone()
 }
 
 /// The Vulkan backend built as a plugin (`libkazeia_backend_vulkan.so`), built the way [`cpu_plugin`] is.
 pub fn vulkan_plugin() -> PathBuf {
     static PLUGIN: OnceLock<PathBuf> = OnceLock::new();
-    PLUGIN
-        .get_or_init(|| {
-            let name = format!("libkazeia_backend_vulkan{}", std::env::consts::DLL_SUFFIX);
-            let exe = std::env::current_exe().expect("test executable path");
-            let target = exe
-                .ancestors()
-                .nth(3)
-                .expect("target/<profile>/deps/<test>")
-                .join("plugin-for-tests");
-            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-            let status = std::process::Command::new(cargo)
-                .args([
-                    "build",
-                    "--quiet",
-                    "-p",
-                    "kazeia-backend-vulkan",
-                    "--target-dir",
-                ])
-                .arg(&target)
-                .current_dir(env!("CARGO_MANIFEST_DIR"))
-                .status()
-                .expect("cannot run cargo to build the Vulkan plugin");
-            assert!(status.success(), "building the Vulkan plugin failed");
-            let built = target.join("debug").join(&name);
-            assert!(built.is_file(), "{} was not built", built.display());
-            built
-        })
-        .clone()
+    PLUGIN.get_or_init(|| build_plugin("vulkan")).clone()
 }
 
 /// The Hexagon backend built as a plugin (`libkazeia_backend_hexagon.so`), built the way [`cpu_plugin`] is.
 pub fn hexagon_plugin() -> PathBuf {
     static PLUGIN: OnceLock<PathBuf> = OnceLock::new();
-    PLUGIN
-        .get_or_init(|| {
-            let name = format!("libkazeia_backend_hexagon{}", std::env::consts::DLL_SUFFIX);
-            let exe = std::env::current_exe().expect("test executable path");
-            let target = exe
-                .ancestors()
-                .nth(3)
-                .expect("target/<profile>/deps/<test>")
-                .join("plugin-for-tests");
-            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-            let status = std::process::Command::new(cargo)
-                .args([
-                    "build",
-                    "--quiet",
-                    "-p",
-                    "kazeia-backend-hexagon",
-                    "--target-dir",
-                ])
-                .arg(&target)
-                .current_dir(env!("CARGO_MANIFEST_DIR"))
-                .status()
-                .expect("cannot run cargo to build the Hexagon plugin");
-            assert!(status.success(), "building the Hexagon plugin failed");
-            let built = target.join("debug").join(&name);
-            assert!(built.is_file(), "{} was not built", built.display());
-            built
-        })
-        .clone()
+    PLUGIN.get_or_init(|| build_plugin("hexagon")).clone()
+}
+
+/// Builds the `kazeia-backend-{backend}` cdylib into `target/plugin-for-tests/` and returns its path.
+fn build_plugin(backend: &str) -> PathBuf {
+    let name = format!(
+        "libkazeia_backend_{backend}{}",
+        std::env::consts::DLL_SUFFIX
+    );
+    let exe = std::env::current_exe().expect("test executable path");
+    let target = exe
+        .ancestors()
+        .nth(3)
+        .expect("target/<profile>/deps/<test>")
+        .join("plugin-for-tests");
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let package = format!("kazeia-backend-{backend}");
+    let status = std::process::Command::new(cargo)
+        .args(["build", "--quiet", "-p", &package, "--target-dir"])
+        .arg(&target)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .status()
+        .unwrap_or_else(|e| panic!("cannot run cargo to build the {backend} plugin: {e}"));
+    assert!(status.success(), "building the {backend} plugin failed");
+    let built = target.join("debug").join(&name);
+    assert!(built.is_file(), "{} was not built", built.display());
+    built
 }

@@ -9,36 +9,12 @@ use std::time::{Duration, Instant};
 use futures_util::StreamExt;
 use kazeia::dbus::client::SpeechProxy;
 use kazeia::spiel_stream::{s16le_to_f32, Chunk, EventKind, SpielReader};
-use kazeia_tests::fixtures_dir;
 use kazeia_tests::services::{DbusSession, PipeWire, Recorder, Service, TempDir};
+use kazeia_tests::{fixtures_dir, speaking_model};
 use zbus::wire::Variant;
 
 const KAZEIAD: &str = env!("CARGO_BIN_EXE_kazeiad");
 const KAZEIA: &str = env!("CARGO_BIN_EXE_kazeia");
-
-/// A model directory: the 0.6B-shaped tiny LM with a codec at the released rates (80 ms frames of
-/// 1920 samples), so utterances last seconds; built from the committed fixtures with symlinks.
-fn speaking_model(dir: &Path) -> PathBuf {
-    let model = dir.join("model");
-    std::fs::create_dir_all(&model).unwrap();
-    let lm = fixtures_dir().join("lm/shape_0b6");
-    for f in [
-        "config.json",
-        "generation_config.json",
-        "merges.txt",
-        "model.safetensors",
-        "tokenizer_config.json",
-        "vocab.json",
-    ] {
-        std::os::unix::fs::symlink(lm.join(f), model.join(f)).unwrap();
-    }
-    std::os::unix::fs::symlink(
-        fixtures_dir().join("codec/rates/speech_tokenizer"),
-        model.join("speech_tokenizer"),
-    )
-    .unwrap();
-    model
-}
 
 /// Seconds of 5 ms windows holding a sample louder than `threshold` (silent gaps left out).
 fn loud_seconds(samples: &[f32], rate: u32, threshold: f32) -> f64 {
@@ -907,15 +883,12 @@ async fn pause_resume_and_priorities_on_pipewire() {
     );
 }
 
-/// Time to first audio through the daemon, on a real-size model:
-/// `KAZEIA_BENCH_MODEL=/path/to/model KAZEIA_BENCH_WEIGHTS=q4_0 cargo test --release -p kazeia --test
-/// daemon_dbus daemon_first_audio -- --ignored --nocapture`.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "benchmark: needs KAZEIA_BENCH_MODEL"]
-async fn daemon_first_audio() {
+/// The daemon on a private bus with the model of `KAZEIA_BENCH_MODEL` (weights `KAZEIA_BENCH_WEIGHTS`,
+/// default q4_0), for the first-audio benchmarks.
+fn bench_daemon(label: &str) -> (TempDir, DbusSession, Service) {
     let model = PathBuf::from(std::env::var("KAZEIA_BENCH_MODEL").expect("KAZEIA_BENCH_MODEL"));
     let weights = std::env::var("KAZEIA_BENCH_WEIGHTS").unwrap_or_else(|_| "q4_0".into());
-    let dir = TempDir::new("daemon-bench");
+    let dir = TempDir::new(label);
     let config = dir.path().join("kazeia.toml");
     std::fs::write(
         &config,
@@ -927,7 +900,17 @@ async fn daemon_first_audio() {
     )
     .unwrap();
     let bus = DbusSession::start(None);
-    let _daemon = start_daemon(&bus, &bus.env(), &config, dir.path().join("kazeiad.log"));
+    let daemon = start_daemon(&bus, &bus.env(), &config, dir.path().join("kazeiad.log"));
+    (dir, bus, daemon)
+}
+
+/// Time to first audio through the daemon, on a real-size model:
+/// `KAZEIA_BENCH_MODEL=/path/to/model KAZEIA_BENCH_WEIGHTS=q4_0 cargo test --release -p kazeia --test
+/// daemon_dbus daemon_first_audio -- --ignored --nocapture`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "benchmark: needs KAZEIA_BENCH_MODEL"]
+async fn daemon_first_audio() {
+    let (_dir, bus, _daemon) = bench_daemon("daemon-bench");
     let connection = connect(&bus).await;
     for (what, text) in [
         ("sentence", "The quick brown fox jumps over the lazy dog."),
@@ -1078,21 +1061,7 @@ async fn an_interrupted_text_resumes_where_it_was_and_reports_each_mark_once() {
 async fn module_first_audio() {
     use std::io::Write;
     use std::process::Stdio;
-    let model = PathBuf::from(std::env::var("KAZEIA_BENCH_MODEL").expect("KAZEIA_BENCH_MODEL"));
-    let weights = std::env::var("KAZEIA_BENCH_WEIGHTS").unwrap_or_else(|_| "q4_0".into());
-    let dir = TempDir::new("module-bench");
-    let config = dir.path().join("kazeia.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[model]\npath = \"{}\"\nweights = \"{weights}\"\n[audio]\nsink = \"null\"\n\
-             [generation]\nmax_frames = 40\n",
-            model.display()
-        ),
-    )
-    .unwrap();
-    let bus = DbusSession::start(None);
-    let _daemon = start_daemon(&bus, &bus.env(), &config, dir.path().join("kazeiad.log"));
+    let (_dir, bus, _daemon) = bench_daemon("module-bench");
     let module_conf = fixtures_dir().join("../../config/speech-dispatcher/kazeia.conf");
     let mut module = Command::new(env!("CARGO_BIN_EXE_sd_kazeia"))
         .arg(&module_conf)

@@ -7,35 +7,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use kazeia_tests::fixtures_dir;
 use kazeia_tests::services::{require_program, DbusSession, PipeWire, Recorder, Service, TempDir};
+use kazeia_tests::speaking_model;
 
 const KAZEIAD: &str = env!("CARGO_BIN_EXE_kazeiad");
 const SD_KAZEIA: &str = env!("CARGO_BIN_EXE_sd_kazeia");
-
-/// The 0.6B-shaped tiny LM with a codec at the released rates (80 ms frames of 1920 samples at 24 kHz), so
-/// utterances last seconds; built from the committed fixtures with symlinks.
-fn speaking_model(dir: &Path) -> PathBuf {
-    let model = dir.join("model");
-    std::fs::create_dir_all(&model).unwrap();
-    let lm = fixtures_dir().join("lm/shape_0b6");
-    for f in [
-        "config.json",
-        "generation_config.json",
-        "merges.txt",
-        "model.safetensors",
-        "tokenizer_config.json",
-        "vocab.json",
-    ] {
-        std::os::unix::fs::symlink(lm.join(f), model.join(f)).unwrap();
-    }
-    std::os::unix::fs::symlink(
-        fixtures_dir().join("codec/rates/speech_tokenizer"),
-        model.join("speech_tokenizer"),
-    )
-    .unwrap();
-    model
-}
 
 /// Everything between spd-say and the sink, torn down on drop (in reverse order of the fields).
 struct Stack {
