@@ -57,7 +57,7 @@ pub fn run(args: DecodeArgs) -> Result<()> {
             let mut state = decoder.new_state();
             let mut wav = Vec::with_capacity(codes.len() * decoder.samples_per_frame());
             for chunk in codes.chunks(n) {
-                wav.extend(decoder.decode_chunk(&mut state, chunk, &mut |_, _| {})?);
+                wav.extend(decoder.decode_chunk(&mut state, chunk)?);
             }
             wav
         }

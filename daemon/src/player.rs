@@ -218,6 +218,7 @@ impl Player {
         let stream = StreamConfig {
             first_chunk_frames: config.stream.first_chunk_frames,
             chunk_frames: config.stream.chunk_frames,
+            profile_decoder: false,
         };
         let options = SynthOptions {
             greedy: config.generation.greedy,

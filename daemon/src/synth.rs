@@ -123,6 +123,7 @@ pub fn run(args: SynthArgs) -> Result<()> {
     let stream = StreamConfig {
         first_chunk_frames: args.first_chunk_frames.max(1),
         chunk_frames: args.chunk_frames.max(1),
+        profile_decoder: profiling(),
     };
     let mut wav = WavWriter::create(&args.out, synth.sample_rate(), format)
         .with_context(|| format!("cannot write {}", args.out.display()))?;
@@ -147,7 +148,7 @@ pub fn run(args: SynthArgs) -> Result<()> {
             return Err(e.into());
         }
     };
-    if std::env::var_os("KAZEIA_PROFILE").is_some_and(|v| v == "1") {
+    if profiling() {
         eprintln!("{}", report.profile(synth.sample_rate()));
     }
     for warning in &warnings {
@@ -173,4 +174,9 @@ pub fn run(args: SynthArgs) -> Result<()> {
         load_time.as_secs_f64()
     );
     Ok(())
+}
+
+/// `KAZEIA_PROFILE=1`: print where the time went (the decoder's stages timed one by one).
+fn profiling() -> bool {
+    std::env::var_os("KAZEIA_PROFILE").is_some_and(|v| v == "1")
 }

@@ -18,7 +18,9 @@ use kazeia_backend_abi::plugin::{
     EntryFn, ErrorBuffer, OpKind, OpRecord, PluginApi, WeightDesc, WeightKind, ENTRY_SYMBOL,
     PLUGIN_ABI_VERSION, PLUGIN_MAGIC,
 };
-use kazeia_backend_abi::{AttentionSpan, Backend, Heads, Weight, WeightFormat};
+use kazeia_backend_abi::{
+    records, AttentionSpan, Backend, Combine, Heads, Strided, Weight, WeightFormat,
+};
 
 use crate::CpuBackend;
 
@@ -281,6 +283,11 @@ impl Drop for Handle {
 pub struct PluginBackend {
     handle: Arc<Handle>,
     name: String,
+    /// What `supports_op` said per op kind (indexed by code).
+    supported: [bool; OpKind::ALL.len() + 1],
+    /// Runs the weightless ops the plugin does not take.
+    host: std::sync::OnceLock<CpuBackend>,
+    threads: usize,
 }
 
 /// A weight uploaded to a plugin; it keeps the plugin backend alive and frees itself there.
@@ -308,10 +315,41 @@ impl PluginBackend {
         if backend.is_null() {
             return Err(format!("cannot create a backend: {}", err.text()));
         }
+        let mut supported = [false; OpKind::ALL.len() + 1];
+        for kind in OpKind::ALL {
+            // SAFETY: a live backend of this table.
+            supported[kind as usize] = unsafe { (api.supports_op)(backend, kind as u32) };
+        }
         Ok(PluginBackend {
             handle: Arc::new(Handle { api, backend }),
             name: plugin.name.clone(),
+            supported,
+            host: std::sync::OnceLock::new(),
+            threads,
         })
+    }
+
+    /// Whether the plugin runs ops of `kind` (its `supports_op`); the others run on the built-in CPU backend
+    /// when they have no weight.
+    pub fn supports(&self, kind: OpKind) -> bool {
+        self.supported[kind as usize]
+    }
+
+    /// Hands `ops` (weights already the plugin's handles) to the plugin as one list.
+    fn submit(&self, ops: &[OpRecord]) -> Result<(), String> {
+        if ops.is_empty() {
+            return Ok(());
+        }
+        let mut err = ErrorBuffer::default();
+        // SAFETY: the records point at live buffers for the duration of the call (the caller's contract).
+        let status = unsafe {
+            (self.handle.api.run_ops)(self.handle.backend, ops.as_ptr(), ops.len(), &mut err)
+        };
+        if status == 0 {
+            Ok(())
+        } else {
+            Err(err.text())
+        }
     }
 
     fn upload(
@@ -347,15 +385,10 @@ impl PluginBackend {
     }
 
     fn run(&self, op: OpRecord) {
-        let mut err = ErrorBuffer::default();
         // SAFETY: the record points at live buffers for the duration of the call.
-        let status = unsafe { (self.handle.api.run_ops)(self.handle.backend, &op, 1, &mut err) };
-        assert!(
-            status == 0,
-            "backend `{}` failed an op: {}",
-            self.name,
-            err.text()
-        );
+        if let Err(e) = unsafe { self.run_records(std::slice::from_ref(&op)) } {
+            panic!("backend `{}` failed an op: {e}", self.name);
+        }
     }
 
     fn weight_ptr(&self, w: &Weight) -> *const c_void {
@@ -370,7 +403,7 @@ impl PluginBackend {
 
     fn weighted(&self, kind: OpKind, w: &Weight, x: &[f32], y: &mut [f32], n: [usize; 2]) {
         let mut op = OpRecord::new(kind);
-        op.weight = self.weight_ptr(w);
+        op.weight = w as *const Weight as *const c_void;
         (op.a, op.a_len) = (x.as_ptr(), x.len());
         (op.out, op.out_len) = (y.as_mut_ptr(), y.len());
         op.n[0] = n[0] as u64;
@@ -573,6 +606,47 @@ impl Backend for PluginBackend {
 
     fn silu(&self, x: &mut [f32]) {
         self.in_place(OpKind::Silu, x, &[], &[], [0; 3], 0.0);
+    }
+
+    fn strided(&self, combine: Combine, src: &[f32], dst: &mut [f32], shape: Strided) {
+        if let Err(e) = shape.check(src.len(), dst.len()) {
+            panic!("{e}");
+        }
+        self.run(OpRecord::strided(
+            combine,
+            src,
+            dst.as_mut_ptr(),
+            dst.len(),
+            shape,
+        ));
+    }
+
+    /// Consecutive ops the plugin takes go to it as one list (one submission on a device); a weightless op it
+    /// does not take runs here on the built-in CPU backend, between two lists.
+    unsafe fn run_records(&self, ops: &[OpRecord]) -> Result<(), String> {
+        let mut list: Vec<OpRecord> = Vec::with_capacity(ops.len());
+        for (i, op) in ops.iter().enumerate() {
+            let kind = OpKind::from_code(op.kind)
+                .ok_or_else(|| format!("op {i}: unknown kind {}", op.kind))?;
+            if self.supports(kind) {
+                let mut record = *op;
+                if kind.has_weight() {
+                    let weight = (op.weight as *const Weight)
+                        .as_ref()
+                        .ok_or_else(|| format!("op {i}: a {kind:?} op without a weight"))?;
+                    record.weight = self.weight_ptr(weight);
+                }
+                list.push(record);
+            } else if kind.has_weight() {
+                return Err(format!("op {i}: the plugin does not run {kind:?} ops"));
+            } else {
+                self.submit(&list)?;
+                list.clear();
+                let host = self.host.get_or_init(|| CpuBackend::new(self.threads));
+                records::run_record(host, op).map_err(|e| format!("op {i} on the CPU: {e}"))?;
+            }
+        }
+        self.submit(&list)
     }
 
     fn silu_mul(&self, gate: &mut [f32], up: &[f32]) {

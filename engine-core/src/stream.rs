@@ -10,7 +10,7 @@ use std::sync::mpsc;
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::codec::{profile_stage, CodecDecoder};
+use crate::codec::{profile_stage, CodecDecoder, Trace};
 use crate::error::{Error, Result};
 use crate::lm::sampler::SeededRng;
 use crate::lm::{generate, GenerateOptions, GenerateTimings, Prompt, TtsModel};
@@ -22,6 +22,9 @@ pub struct StreamConfig {
     pub first_chunk_frames: usize,
     /// Frames in every later chunk: larger, for throughput.
     pub chunk_frames: usize,
+    /// Time each decoder stage ([`StreamReport::decoder_stages`]). Each stage then ends its own list of ops
+    /// on the backend, so a device backend submits five times per chunk instead of once: for profiles only.
+    pub profile_decoder: bool,
 }
 
 impl Default for StreamConfig {
@@ -31,6 +34,7 @@ impl Default for StreamConfig {
         StreamConfig {
             first_chunk_frames: 1,
             chunk_frames: 8,
+            profile_decoder: false,
         }
     }
 }
@@ -141,7 +145,11 @@ impl StreamReport {
             ms(self.timings.code_predictor),
             ms(self.timings.code_predictor) / frames,
         );
+        let staged = self.decoder_stages.iter().any(|d| !d.is_zero());
         for (name, d) in crate::codec::PROFILE_STAGES.iter().zip(self.decoder_stages) {
+            if !staged {
+                break;
+            }
             out += &format!(
                 "  decoder {name:<15}{:7.1} ms  {:7.3} s/s\n",
                 ms(d),
@@ -213,11 +221,17 @@ pub fn stream_speech(
                 control.wait_while_paused();
                 let t = Instant::now();
                 let mut last = t;
-                let wav = codec.decode_chunk(&mut state, &frames, &mut |name, _| {
+                let mut time_stage = |name: &str, _: &[f32]| {
                     let now = Instant::now();
                     stats.stages[profile_stage(name)] += now - last;
                     last = now;
-                });
+                };
+                let trace = if config.profile_decoder {
+                    Trace::to(&mut time_stage)
+                } else {
+                    Trace::none()
+                };
+                let wav = codec.decode_chunk_traced(&mut state, &frames, trace);
                 stats.time += t.elapsed();
                 let wav = match wav {
                     Ok(wav) => wav,

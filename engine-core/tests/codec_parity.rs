@@ -187,7 +187,7 @@ fn chunked_decoding_equals_one_shot_for_every_chunk_size() {
             while start < codes.len() {
                 let end = (start + pattern[i % pattern.len()]).min(codes.len());
                 let chunk = decoder
-                    .decode_chunk(&mut state, &codes[start..end], &mut |_, _| {})
+                    .decode_chunk(&mut state, &codes[start..end])
                     .unwrap();
                 assert_eq!(chunk.len(), (end - start) * decoder.samples_per_frame());
                 streamed.extend(chunk);

@@ -48,6 +48,7 @@ fn streamed_audio_equals_the_official_one_shot_waveform_for_any_chunking() {
             let config = StreamConfig {
                 first_chunk_frames: first,
                 chunk_frames: later,
+                profile_decoder: false,
             };
             let mut audio = Vec::new();
             let mut deliveries = 0;
@@ -122,6 +123,7 @@ fn stop_silences_at_once_and_ends_generation_within_a_frame() {
     let config = StreamConfig {
         first_chunk_frames: 1,
         chunk_frames: 1,
+        profile_decoder: false,
     };
     let (report, _) = synth
         .synthesize(
@@ -172,6 +174,7 @@ fn pause_holds_delivery_until_resume_and_loses_nothing() {
     let config = StreamConfig {
         first_chunk_frames: 1,
         chunk_frames: 2,
+        profile_decoder: false,
     };
     let mut reference = Vec::new();
     synth

@@ -9,7 +9,7 @@ use kazeia_backend_abi::plugin::{
     ErrorBuffer, OpKind, OpRecord, PluginApi, WeightDesc, WeightKind, PLUGIN_ABI_VERSION,
     PLUGIN_MAGIC,
 };
-use kazeia_backend_abi::{AttentionSpan, Backend, Heads, Weight, WeightFormat};
+use kazeia_backend_abi::{Backend, Weight, WeightFormat};
 
 use crate::backend::HexagonBackend;
 use crate::probe::dsp;
@@ -189,57 +189,7 @@ unsafe extern "C" fn free_weight(_backend: *mut c_void, weight: *mut c_void) {
 
 /// Every op: those the DSP does not run go to the CPU backend inside the plugin.
 unsafe extern "C" fn supports_op(_backend: *mut c_void, kind: u32) -> bool {
-    (OpKind::Linear as u32..=OpKind::SiluMul as u32).contains(&kind)
-}
-
-unsafe fn run_op(backend: &HexagonBackend, op: &OpRecord) -> Result<(), String> {
-    let weight = || -> Result<&Weight, String> {
-        (op.weight as *const Weight)
-            .as_ref()
-            .ok_or("null weight".into())
-    };
-    let a = slice(op.a, op.a_len)?;
-    let b = slice(op.b, op.b_len)?;
-    let c = slice(op.c, op.c_len)?;
-    if op.out.is_null() {
-        return Err("null output".into());
-    }
-    let out = std::slice::from_raw_parts_mut(op.out, op.out_len);
-    let n = op.n.map(|v| v as usize);
-    match op.kind {
-        k if k == OpKind::Linear as u32 => backend.linear(weight()?, a, n[0], out),
-        k if k == OpKind::Conv1d as u32 => backend.conv1d(weight()?, a, n[0], n[1], out),
-        k if k == OpKind::DepthwiseConv1d as u32 => {
-            backend.depthwise_conv1d(weight()?, a, n[0], out)
-        }
-        k if k == OpKind::ConvTranspose1d as u32 => {
-            backend.conv_transpose1d(weight()?, a, n[0], out)
-        }
-        k if k == OpKind::RmsNorm as u32 => backend.rms_norm(out, n[0], a, op.f[0]),
-        k if k == OpKind::LayerNorm as u32 => backend.layer_norm(out, n[0], a, b, op.f[0]),
-        k if k == OpKind::Rope as u32 => backend.rope(out, n[0], n[1], n[2], op.f[0]),
-        k if k == OpKind::Attention as u32 => {
-            let heads = Heads {
-                q_heads: n[0],
-                kv_heads: n[1],
-                head_dim: n[2],
-            };
-            let span = AttentionSpan {
-                queries: n[3],
-                query_start: n[4],
-                keys: n[5],
-                key_start: n[6],
-                window: (n[7] > 0).then_some(n[7]),
-            };
-            backend.attention(a, b, c, heads, span, op.f[0], out)
-        }
-        k if k == OpKind::SnakeBeta as u32 => backend.snake_beta(out, n[0], a, b),
-        k if k == OpKind::Gelu as u32 => backend.gelu(out),
-        k if k == OpKind::Silu as u32 => backend.silu(out),
-        k if k == OpKind::SiluMul as u32 => backend.silu_mul(out, a),
-        other => return Err(format!("unsupported op kind {other}")),
-    }
-    Ok(())
+    OpKind::from_code(kind).is_some()
 }
 
 unsafe extern "C" fn run_ops(
@@ -257,7 +207,8 @@ unsafe extern "C" fn run_ops(
             return Err("null op list".into());
         }
         for (i, op) in std::slice::from_raw_parts(ops, count).iter().enumerate() {
-            run_op(backend, op).map_err(|e| format!("op {i}: {e}"))?;
+            kazeia_backend_abi::records::run_record(backend, op)
+                .map_err(|e| format!("op {i}: {e}"))?;
         }
         Ok(0)
     })

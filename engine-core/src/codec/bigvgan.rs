@@ -1,11 +1,13 @@
 //! The vocoder after the upsamplers (`decoder.decoder.*`): conv k7 → SnakeBeta decoder blocks (SnakeBeta →
 //! transposed conv ×rate → three residual units with dilations 1, 3, 9) → SnakeBeta → conv k7 to one channel.
 
-use kazeia_backend_abi::Backend;
+use kazeia_backend_abi::{Backend, Combine, Strided};
 
 use super::config::DecoderConfig;
 use super::conv::{CausalConv1d, CausalConvTranspose1d, ConvState, SnakeBeta};
+use super::Trace;
 use crate::error::Result;
+use crate::graph::{Graph, Tensor};
 use crate::weights::Weights;
 
 /// SnakeBeta → dilated causal conv k7 → SnakeBeta → conv k1 → + residual.
@@ -38,17 +40,18 @@ impl ResidualUnit {
         })
     }
 
-    fn forward(&self, backend: &dyn Backend, state: &mut ConvState, x: &mut [f32], len: usize) {
-        let mut h = x.to_vec();
-        self.act1.forward(backend, &mut h, len);
-        let mut h = self.conv1.forward(backend, state, &h, len);
-        self.act2.forward(backend, &mut h, len);
-        let h = self
-            .conv2
-            .forward(backend, &mut self.conv2.new_state(), &h, len);
-        for (a, b) in x.iter_mut().zip(&h) {
-            *a += b;
-        }
+    /// In place on `x[dim][len]`.
+    fn forward<'m>(&'m self, g: &mut Graph<'m>, state: &'m mut ConvState, x: Tensor, len: usize) {
+        let h = g.duplicate(x);
+        self.act1.forward(g, h, len);
+        let h2 = self.conv1.forward(g, state, h, len);
+        g.release(h);
+        self.act2.forward(g, h2, len);
+        let h3 = self.conv2.forward_pointwise(g, h2, len);
+        g.release(h2);
+        let n = g.len(x);
+        g.strided(Combine::Add, h3, x, Strided::contiguous(n));
+        g.release(h3);
     }
 }
 
@@ -93,18 +96,20 @@ impl DecoderBlock {
         }
     }
 
-    fn forward(
-        &self,
-        backend: &dyn Backend,
-        state: &mut BlockState,
-        mut x: Vec<f32>,
+    /// `x[cin][len]` (changed in place) → `(y[cout][len · rate], len · rate)`.
+    fn forward<'m>(
+        &'m self,
+        g: &mut Graph<'m>,
+        state: &'m mut BlockState,
+        x: Tensor,
         len: usize,
-    ) -> (Vec<f32>, usize) {
-        self.snake.forward(backend, &mut x, len);
-        let mut y = self.upsample.forward(backend, &mut state.carry, &x, len);
+    ) -> (Tensor, usize) {
+        let BlockState { carry, units } = state;
+        self.snake.forward(g, x, len);
+        let y = self.upsample.forward(g, carry, x, len);
         let out_len = self.upsample.out_len(len);
-        for (unit, unit_state) in self.units.iter().zip(&mut state.units) {
-            unit.forward(backend, unit_state, &mut y, out_len);
+        for (unit, unit_state) in self.units.iter().zip(units.iter_mut()) {
+            unit.forward(g, unit_state, y, out_len);
         }
         (y, out_len)
     }
@@ -181,30 +186,34 @@ impl Vocoder {
 
     /// `x[latent][len]` → the unclamped waveform, continuing after `state`; `trace` sees the output of every
     /// `decoder.decoder.{i}`.
-    pub fn forward(
-        &self,
-        backend: &dyn Backend,
-        state: &mut VocoderState,
-        x: &[f32],
+    pub fn forward<'m>(
+        &'m self,
+        g: &mut Graph<'m>,
+        state: &'m mut VocoderState,
+        x: Tensor,
         len: usize,
-        trace: &mut dyn FnMut(&str, &[f32]),
-    ) -> Vec<f32> {
-        let mut h = self
-            .input_conv
-            .forward(backend, &mut state.input_conv, x, len);
-        trace("decoder.0", &h);
+        trace: &mut Trace<'_>,
+    ) -> Tensor {
+        let VocoderState {
+            input_conv,
+            blocks,
+            output_conv,
+        } = state;
+        let mut h = self.input_conv.forward(g, input_conv, x, len);
+        trace.show(g, "decoder.0", h);
         let mut len = len;
-        for (i, (block, block_state)) in self.blocks.iter().zip(&mut state.blocks).enumerate() {
-            (h, len) = block.forward(backend, block_state, h, len);
-            trace(&format!("decoder.{}", i + 1), &h);
+        for (i, (block, block_state)) in self.blocks.iter().zip(blocks.iter_mut()).enumerate() {
+            let (y, y_len) = block.forward(g, block_state, h, len);
+            g.release(h);
+            (h, len) = (y, y_len);
+            trace.show(g, &format!("decoder.{}", i + 1), h);
         }
         let n = self.blocks.len();
-        self.final_snake.forward(backend, &mut h, len);
-        trace(&format!("decoder.{}", n + 1), &h);
-        let wav = self
-            .output_conv
-            .forward(backend, &mut state.output_conv, &h, len);
-        trace(&format!("decoder.{}", n + 2), &wav);
+        self.final_snake.forward(g, h, len);
+        trace.show(g, &format!("decoder.{}", n + 1), h);
+        let wav = self.output_conv.forward(g, output_conv, h, len);
+        g.release(h);
+        trace.show(g, &format!("decoder.{}", n + 2), wav);
         wav
     }
 }

@@ -7,9 +7,10 @@
 //! the `k − stride` output columns that later input still adds to. A one-shot decode is one chunk from a fresh
 //! state, so chunked and one-shot decodes run the same code.
 
-use kazeia_backend_abi::{Backend, Weight};
+use kazeia_backend_abi::{Backend, Combine, Strided, View, Weight};
 
 use crate::error::Result;
+use crate::graph::{Graph, Tensor};
 use crate::weights::Weights;
 
 /// The last `pad` input columns of a causal convolution, `[channels][pad]`; zeros before the first chunk.
@@ -27,17 +28,43 @@ impl ConvState {
         }
     }
 
-    /// `[channels][pad + len]`: the carried columns then `x`; keeps the last `pad` columns for the next chunk.
-    fn extend(&mut self, x: &[f32], channels: usize, len: usize) -> Vec<f32> {
+    /// `[channels][pad + len]`: the carried columns then `x`; the last `pad` columns are carried to the next
+    /// chunk.
+    fn extend<'m>(
+        &'m mut self,
+        g: &mut Graph<'m>,
+        x: Tensor,
+        channels: usize,
+        len: usize,
+    ) -> Tensor {
         let pad = self.pad;
         let width = pad + len;
-        let mut out = vec![0.0; channels * width];
-        for c in 0..channels {
-            let row = &mut out[c * width..(c + 1) * width];
-            row[..pad].copy_from_slice(&self.tail[c * pad..(c + 1) * pad]);
-            row[pad..].copy_from_slice(&x[c * len..(c + 1) * len]);
-            self.tail[c * pad..(c + 1) * pad].copy_from_slice(&row[len..]);
-        }
+        let tail = g.state(&mut self.tail);
+        let out = g.zeros(channels * width);
+        let columns = |cols, from: View, to: View| Strided {
+            rows: channels,
+            cols,
+            src: from,
+            dst: to,
+        };
+        g.strided(
+            Combine::Copy,
+            tail,
+            out,
+            columns(pad, View::rows(0, pad), View::rows(0, width)),
+        );
+        g.strided(
+            Combine::Copy,
+            x,
+            out,
+            columns(len, View::rows(0, len), View::rows(pad, width)),
+        );
+        g.strided(
+            Combine::Copy,
+            out,
+            tail,
+            columns(pad, View::rows(len, width), View::rows(0, pad)),
+        );
         out
     }
 }
@@ -75,27 +102,37 @@ impl CausalConv1d {
     }
 
     /// `x[cin][len]` → `y[cout][len]`, continuing after `state`.
-    pub fn forward(
-        &self,
-        backend: &dyn Backend,
-        state: &mut ConvState,
-        x: &[f32],
+    pub fn forward<'m>(
+        &'m self,
+        g: &mut Graph<'m>,
+        state: &'m mut ConvState,
+        x: Tensor,
         len: usize,
-    ) -> Vec<f32> {
-        let mut y = vec![0.0; self.cout * len];
+    ) -> Tensor {
         if state.pad == 0 {
-            backend.conv1d(&self.weight, x, len, self.dilation, &mut y);
-        } else {
-            let extended = state.extend(x, self.cin, len);
-            backend.conv1d(
-                &self.weight,
-                &extended,
-                len + state.pad,
-                self.dilation,
-                &mut y,
-            );
+            return self.forward_pointwise(g, x, len);
         }
+        let pad = state.pad;
+        let extended = state.extend(g, x, self.cin, len);
+        let y = g.conv1d(
+            &self.weight,
+            extended,
+            len + pad,
+            self.dilation,
+            self.cout * len,
+        );
+        g.release(extended);
         y
+    }
+
+    /// A convolution that looks at no earlier column (kernel 1): no state.
+    pub fn forward_pointwise<'m>(&'m self, g: &mut Graph<'m>, x: Tensor, len: usize) -> Tensor {
+        assert_eq!(
+            (self.k - 1) * self.dilation,
+            0,
+            "a convolution with context needs its state"
+        );
+        g.conv1d(&self.weight, x, len, self.dilation, self.cout * len)
     }
 }
 
@@ -127,16 +164,21 @@ impl CausalDepthwiseConv1d {
         ConvState::new(self.channels, self.k - 1)
     }
 
-    pub fn forward(
-        &self,
-        backend: &dyn Backend,
-        state: &mut ConvState,
-        x: &[f32],
+    pub fn forward<'m>(
+        &'m self,
+        g: &mut Graph<'m>,
+        state: &'m mut ConvState,
+        x: Tensor,
         len: usize,
-    ) -> Vec<f32> {
-        let extended = state.extend(x, self.channels, len);
-        let mut y = vec![0.0; self.channels * len];
-        backend.depthwise_conv1d(&self.weight, &extended, len + self.k - 1, &mut y);
+    ) -> Tensor {
+        let extended = state.extend(g, x, self.channels, len);
+        let y = g.depthwise_conv1d(
+            &self.weight,
+            extended,
+            len + self.k - 1,
+            self.channels * len,
+        );
+        g.release(extended);
         y
     }
 }
@@ -182,13 +224,13 @@ impl CausalConvTranspose1d {
 
     /// `x[cin][len]` → `y[cout][len · stride]`: the full transposed convolution plus the previous chunk's
     /// overlap; the new overlap is carried (the one-shot decode drops it: the official right trim).
-    pub fn forward(
-        &self,
-        backend: &dyn Backend,
-        carry: &mut [f32],
-        x: &[f32],
+    pub fn forward<'m>(
+        &'m self,
+        g: &mut Graph<'m>,
+        carry: &'m mut [f32],
+        x: Tensor,
         len: usize,
-    ) -> Vec<f32> {
+    ) -> Tensor {
         assert!(
             self.k >= self.stride,
             "kernel shorter than the stride is not a causal upsampler"
@@ -196,17 +238,47 @@ impl CausalConvTranspose1d {
         let full = (len - 1) * self.stride + self.k;
         let overlap = self.k - self.stride;
         let out_len = self.out_len(len);
-        let mut y_full = vec![0.0; self.cout * full];
-        backend.conv_transpose1d(&self.weight, x, len, &mut y_full);
-        let mut y = Vec::with_capacity(self.cout * out_len);
-        for (c, (row, b)) in y_full.chunks_exact_mut(full).zip(&self.bias).enumerate() {
-            let carried = &mut carry[c * overlap..(c + 1) * overlap];
-            for (v, old) in row.iter_mut().zip(carried.iter()) {
-                *v += old;
-            }
-            carried.copy_from_slice(&row[out_len..]);
-            y.extend(row[..out_len].iter().map(|v| v + b));
-        }
+        let columns = |cols, from: View, to: View| Strided {
+            rows: self.cout,
+            cols,
+            src: from,
+            dst: to,
+        };
+        let y_full = g.conv_transpose1d(&self.weight, x, len, self.cout * full);
+        let carry = g.state(carry);
+        let rows = |offset, width| View::rows(offset, width);
+        g.strided(
+            Combine::Add,
+            carry,
+            y_full,
+            columns(overlap, rows(0, overlap), rows(0, full)),
+        );
+        g.strided(
+            Combine::Copy,
+            y_full,
+            carry,
+            columns(overlap, rows(out_len, full), rows(0, overlap)),
+        );
+        let y = g.zeros(self.cout * out_len);
+        g.strided(
+            Combine::Copy,
+            y_full,
+            y,
+            columns(out_len, rows(0, full), rows(0, out_len)),
+        );
+        g.release(y_full);
+        let bias = g.constant(&self.bias);
+        let per_channel = View {
+            offset: 0,
+            row_stride: 1,
+            col_stride: 0,
+        };
+        g.strided(
+            Combine::Add,
+            bias,
+            y,
+            columns(out_len, per_channel, rows(0, out_len)),
+        );
         y
     }
 }
@@ -227,18 +299,8 @@ impl SnakeBeta {
         })
     }
 
-    pub fn forward(&self, backend: &dyn Backend, x: &mut [f32], len: usize) {
-        backend.snake_beta(x, len, &self.alpha, &self.inv_beta);
+    /// In place on `x[channels][len]`.
+    pub fn forward<'m>(&'m self, g: &mut Graph<'m>, x: Tensor, len: usize) {
+        g.snake_beta(x, len, &self.alpha, &self.inv_beta);
     }
-}
-
-/// `[rows][cols]` → `[cols][rows]`.
-pub fn transpose(x: &[f32], rows: usize, cols: usize) -> Vec<f32> {
-    let mut out = vec![0.0; rows * cols];
-    for (r, row) in x.chunks_exact(cols).enumerate() {
-        for (c, v) in row.iter().enumerate() {
-            out[c * rows + r] = *v;
-        }
-    }
-    out
 }

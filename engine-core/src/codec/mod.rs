@@ -20,9 +20,10 @@ use std::sync::Arc;
 use kazeia_backend_abi::Backend;
 
 pub use config::{CodecConfig, DecoderConfig};
-use conv::{transpose, CausalConv1d, ConvState};
+use conv::{CausalConv1d, ConvState};
 
 use crate::error::{Error, Result};
+use crate::graph::{Graph, Tensor};
 use crate::weights::{WeightFile, Weights};
 
 /// The decoder's stages as profiles report them.
@@ -42,6 +43,35 @@ pub fn profile_stage(trace_name: &str) -> usize {
         "pre_transformer" => 2,
         n if n.starts_with("upsample.") => 3,
         _ => 4,
+    }
+}
+
+/// Where a decode shows its intermediate results: nowhere (the whole chunk runs as one list on the backend), or
+/// to a function, after each stage (each shown result ends a list: for tests and per-stage profiles).
+pub struct Trace<'t>(Option<&'t mut TraceFn>);
+
+/// Sees a stage's name and its output.
+pub type TraceFn = dyn FnMut(&str, &[f32]);
+
+impl<'t> Trace<'t> {
+    pub fn none() -> Self {
+        Trace(None)
+    }
+
+    pub fn to(f: &'t mut TraceFn) -> Self {
+        Trace(Some(f))
+    }
+
+    fn show(&mut self, g: &mut Graph<'_>, name: &str, t: Tensor) {
+        if let Some(f) = &mut self.0 {
+            f(name, g.read(t));
+        }
+    }
+
+    fn show_host(&mut self, name: &str, data: &[f32]) {
+        if let Some(f) = &mut self.0 {
+            f(name, data);
+        }
     }
 }
 
@@ -180,7 +210,7 @@ impl CodecDecoder {
     /// Unlike the official `decode` (which restarts every 300 frames with 25 frames of context, see
     /// [`CodecDecoder::decode_official_chunking`]), this is the exact causal decode at every length.
     pub fn decode(&self, codes: &[Vec<u32>]) -> Result<Vec<f32>> {
-        self.decode_traced(codes, &mut |_, _| {})
+        self.decode_chunk(&mut self.new_state(), codes)
     }
 
     /// [`CodecDecoder::decode`], showing every stage's output to `trace` as `(name, [channels][len])`, with the
@@ -191,7 +221,7 @@ impl CodecDecoder {
         codes: &[Vec<u32>],
         trace: &mut dyn FnMut(&str, &[f32]),
     ) -> Result<Vec<f32>> {
-        self.decode_chunk(&mut self.new_state(), codes, trace)
+        self.decode_chunk_traced(&mut self.new_state(), codes, Trace::to(trace))
     }
 
     /// A fresh state: nothing decoded yet.
@@ -209,43 +239,66 @@ impl CodecDecoder {
         }
     }
 
-    /// Decodes the next frames after `state` → exactly `codes.len() × samples_per_frame` samples.
-    pub fn decode_chunk(
+    /// Decodes the next frames after `state` → exactly `codes.len() × samples_per_frame` samples, as one list
+    /// of ops on the backend.
+    pub fn decode_chunk(&self, state: &mut DecoderState, codes: &[Vec<u32>]) -> Result<Vec<f32>> {
+        self.decode_chunk_traced(state, codes, Trace::none())
+    }
+
+    /// [`CodecDecoder::decode_chunk`], showing every stage's output to `trace`.
+    pub fn decode_chunk_traced(
         &self,
         state: &mut DecoderState,
         codes: &[Vec<u32>],
-        trace: &mut dyn FnMut(&str, &[f32]),
+        mut trace: Trace<'_>,
     ) -> Result<Vec<f32>> {
         self.validate_codes(codes)?;
         let frames = codes.len();
         if frames == 0 {
             return Ok(Vec::new());
         }
-        let b = self.backend.as_ref();
         let cfg = &self.config.decoder_config;
+        let DecoderState {
+            pre_conv,
+            pre_transformer,
+            upsample,
+            vocoder,
+            frames: decoded,
+        } = state;
+        let mut g = Graph::new(self.backend.as_ref());
 
-        let z = self.quantizer.decode(b, codes);
-        let z = transpose(&z, frames, cfg.codebook_dim);
-        trace("quantizer", &z);
-        let x = self.pre_conv.forward(b, &mut state.pre_conv, &z, frames);
-        trace("pre_conv", &x);
-        let rows = transpose(&x, cfg.latent_dim, frames);
-        let rows = self
+        let z = self.quantizer.decode(&mut g, codes);
+        let z_cols = g.transpose(z, frames, cfg.codebook_dim);
+        g.release(z);
+        trace.show(&mut g, "quantizer", z_cols);
+        let x = self.pre_conv.forward(&mut g, pre_conv, z_cols, frames);
+        g.release(z_cols);
+        trace.show(&mut g, "pre_conv", x);
+        let rows = g.transpose(x, cfg.latent_dim, frames);
+        g.release(x);
+        let rows_out = self
             .pre_transformer
-            .forward(b, &mut state.pre_transformer, &rows, frames);
-        let mut h = transpose(&rows, frames, cfg.latent_dim);
-        trace("pre_transformer", &h);
+            .forward(&mut g, pre_transformer, rows, frames);
+        g.release(rows);
+        let mut h = g.transpose(rows_out, frames, cfg.latent_dim);
+        g.release(rows_out);
+        trace.show(&mut g, "pre_transformer", h);
         let mut len = frames;
-        for (i, (stage, stage_state)) in self.upsample.iter().zip(&mut state.upsample).enumerate() {
-            (h, len) = stage.forward(b, stage_state, &h, len);
-            trace(&format!("upsample.{i}"), &h);
+        for (i, (stage, stage_state)) in self.upsample.iter().zip(upsample.iter_mut()).enumerate() {
+            let (y, y_len) = stage.forward(&mut g, stage_state, h, len);
+            g.release(h);
+            (h, len) = (y, y_len);
+            trace.show(&mut g, &format!("upsample.{i}"), h);
         }
-        let mut wav = self.vocoder.forward(b, &mut state.vocoder, &h, len, trace);
+        let wav = self.vocoder.forward(&mut g, vocoder, h, len, &mut trace);
+        g.release(h);
+        let mut wav = g.take(wav);
+        g.finish();
         for s in &mut wav {
             *s = s.clamp(-1.0, 1.0);
         }
-        trace("wav", &wav);
-        state.frames += frames;
+        trace.show_host("wav", &wav);
+        *decoded += frames;
         Ok(wav)
     }
 

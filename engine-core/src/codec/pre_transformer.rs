@@ -1,10 +1,13 @@
 //! The codec's pre-transformer: `input_proj` → N pre-norm layers (RoPE attention over a causal sliding window,
 //! SwiGLU MLP, each residual branch scaled per channel by LayerScale) → final RMSNorm → `output_proj`.
 
-use kazeia_backend_abi::{AttentionSpan, Backend, Heads, Weight, WeightFormat};
+use kazeia_backend_abi::{
+    AttentionSpan, Backend, Combine, Heads, Strided, View, Weight, WeightFormat,
+};
 
 use super::config::DecoderConfig;
 use crate::error::Result;
+use crate::graph::{Graph, Tensor};
 use crate::linear::{load_linear, WeightStorage};
 use crate::weights::Weights;
 
@@ -26,6 +29,8 @@ struct Layer {
 /// across chunks. With a sliding window of `w` only the last `w − 1` positions are kept.
 #[derive(Clone)]
 pub struct PreTransformerState {
+    /// Per layer `[rows][kv_heads · head_dim]`: the first `next − first` rows are the kept keys (the buffer
+    /// keeps its size once the window is full, so a device replays the same recorded stage).
     keys: Vec<Vec<f32>>,
     values: Vec<Vec<f32>>,
     /// Absolute position of the first kept key.
@@ -182,107 +187,136 @@ impl PreTransformer {
     }
 
     /// `x[frames][latent]` → `y[frames][latent]`, at the positions following `state`'s.
-    pub fn forward(
-        &self,
-        backend: &dyn Backend,
-        state: &mut PreTransformerState,
-        x: &[f32],
+    pub fn forward<'m>(
+        &'m self,
+        g: &mut Graph<'m>,
+        state: &'m mut PreTransformerState,
+        x: Tensor,
         frames: usize,
-    ) -> Vec<f32> {
+    ) -> Tensor {
         let (h, heads) = (self.hidden, self.heads);
         let (q_out, kv_out) = (
             heads.q_heads * heads.head_dim,
             heads.kv_heads * heads.head_dim,
         );
-        let start = state.next;
-        let kept = start - state.first;
-        let mut hidden = vec![0.0; frames * h];
-        backend.linear(&self.input_proj, x, frames, &mut hidden);
-
-        let mut normed = vec![0.0; frames * h];
-        let mut q = vec![0.0; frames * q_out];
-        let mut k = vec![0.0; frames * kv_out];
-        let mut v = vec![0.0; frames * kv_out];
-        let mut attn = vec![0.0; frames * q_out];
-        let mut branch = vec![0.0; frames * h];
-        let mut gate = vec![0.0; frames * self.intermediate];
-        let mut up = vec![0.0; frames * self.intermediate];
+        let PreTransformerState {
+            keys,
+            values,
+            first,
+            next,
+        } = state;
+        let start = *next;
+        let kept = start - *first;
+        let seen = kept + frames;
+        // The next query (position `start + frames`) sees keys down to `start + frames − w + 1`.
+        let keep = self.window.map_or(seen, |w| seen.min(w - 1));
         let span = AttentionSpan {
             queries: frames,
             query_start: start,
-            keys: kept + frames,
-            key_start: state.first,
+            keys: seen,
+            key_start: *first,
             window: self.window,
         };
+        *next = start + frames;
+        *first = *next - keep;
+        let rows = |offset: usize, n: usize| Strided {
+            rows: 1,
+            cols: n * kv_out,
+            src: View::rows(offset * kv_out, n * kv_out),
+            dst: View::rows(0, n * kv_out),
+        };
         let scale = 1.0 / (heads.head_dim as f32).sqrt();
-        for (i, layer) in self.layers.iter().enumerate() {
-            normed.copy_from_slice(&hidden);
-            backend.rms_norm(&mut normed, h, &layer.input_norm, self.eps);
-            backend.linear(&layer.q_proj, &normed, frames, &mut q);
-            backend.linear(&layer.k_proj, &normed, frames, &mut k);
-            backend.linear(&layer.v_proj, &normed, frames, &mut v);
-            backend.rope(
-                &mut q,
-                heads.q_heads,
-                heads.head_dim,
-                start,
-                self.rope_theta,
-            );
-            backend.rope(
-                &mut k,
-                heads.kv_heads,
-                heads.head_dim,
-                start,
-                self.rope_theta,
-            );
-            state.keys[i].extend_from_slice(&k);
-            state.values[i].extend_from_slice(&v);
-            backend.attention(
-                &q,
-                &state.keys[i],
-                &state.values[i],
-                heads,
-                span,
-                scale,
-                &mut attn,
-            );
-            backend.linear(&layer.o_proj, &attn, frames, &mut branch);
-            add_scaled(&mut hidden, &branch, &layer.attn_scale);
 
-            normed.copy_from_slice(&hidden);
-            backend.rms_norm(&mut normed, h, &layer.post_attention_norm, self.eps);
-            backend.linear(&layer.gate_proj, &normed, frames, &mut gate);
-            backend.linear(&layer.up_proj, &normed, frames, &mut up);
-            backend.silu_mul(&mut gate, &up);
-            backend.linear(&layer.down_proj, &gate, frames, &mut branch);
-            add_scaled(&mut hidden, &branch, &layer.mlp_scale);
+        let hidden = g.linear(&self.input_proj, x, frames, h);
+        for ((layer, layer_keys), layer_values) in self
+            .layers
+            .iter()
+            .zip(keys.iter_mut())
+            .zip(values.iter_mut())
+        {
+            let normed = g.duplicate(hidden);
+            g.rms_norm(normed, h, &layer.input_norm, self.eps);
+            let q = g.linear(&layer.q_proj, normed, frames, q_out);
+            let k = g.linear(&layer.k_proj, normed, frames, kv_out);
+            let v = g.linear(&layer.v_proj, normed, frames, kv_out);
+            g.release(normed);
+            g.rope(q, heads.q_heads, heads.head_dim, start, self.rope_theta);
+            g.rope(k, heads.kv_heads, heads.head_dim, start, self.rope_theta);
+            // The kept window then the new keys; the window's new tail goes back to the state.
+            let mut window_of = |cache: &'m mut Vec<f32>, new: Tensor| {
+                let rows_needed = kept.max(keep) * kv_out;
+                if cache.len() < rows_needed {
+                    cache.resize(rows_needed, 0.0);
+                }
+                let cache = g.state(cache);
+                let all = g.zeros(seen * kv_out);
+                g.strided(Combine::Copy, cache, all, rows(0, kept));
+                let mut tail = rows(0, frames);
+                tail.dst.offset = kept * kv_out;
+                g.strided(Combine::Copy, new, all, tail);
+                g.release(new);
+                g.strided(Combine::Copy, all, cache, rows(seen - keep, keep));
+                all
+            };
+            let all_keys = window_of(layer_keys, k);
+            let all_values = window_of(layer_values, v);
+            let attn = g.attention(q, all_keys, all_values, heads, span, scale);
+            g.release(q);
+            g.release(all_keys);
+            g.release(all_values);
+            let branch = g.linear(&layer.o_proj, attn, frames, h);
+            g.release(attn);
+            add_scaled(g, hidden, branch, &layer.attn_scale, frames);
+
+            let normed = g.duplicate(hidden);
+            g.rms_norm(normed, h, &layer.post_attention_norm, self.eps);
+            let gate = g.linear(&layer.gate_proj, normed, frames, self.intermediate);
+            let up = g.linear(&layer.up_proj, normed, frames, self.intermediate);
+            g.release(normed);
+            g.silu_mul(gate, up);
+            g.release(up);
+            let branch = g.linear(&layer.down_proj, gate, frames, h);
+            g.release(gate);
+            add_scaled(g, hidden, branch, &layer.mlp_scale, frames);
         }
-        state.next = start + frames;
-        if let Some(w) = self.window {
-            // The next query (position `next`) sees keys down to `next − w + 1`.
-            let keep_from = state.next.saturating_sub(w - 1).max(state.first);
-            let drop = (keep_from - state.first) * kv_out;
-            for i in 0..self.layers.len() {
-                state.keys[i].drain(..drop);
-                state.values[i].drain(..drop);
-            }
-            state.first = keep_from;
-        }
-        backend.rms_norm(&mut hidden, h, &self.norm, self.eps);
-        let mut out = vec![0.0; frames * self.latent];
-        backend.linear(&self.output_proj, &hidden, frames, &mut out);
+        g.rms_norm(hidden, h, &self.norm, self.eps);
+        let out = g.linear(&self.output_proj, hidden, frames, self.latent);
+        g.release(hidden);
         out
     }
 }
 
-/// `hidden += scale ⊙ branch`, row by row (LayerScale on a residual branch).
-fn add_scaled(hidden: &mut [f32], branch: &[f32], scale: &[f32]) {
-    for (hrow, brow) in hidden
-        .chunks_exact_mut(scale.len())
-        .zip(branch.chunks_exact(scale.len()))
-    {
-        for ((hv, bv), s) in hrow.iter_mut().zip(brow).zip(scale) {
-            *hv += s * bv;
-        }
-    }
+/// `hidden += scale ⊙ branch`, row by row (LayerScale on a residual branch); `branch` is consumed.
+fn add_scaled<'m>(
+    g: &mut Graph<'m>,
+    hidden: Tensor,
+    branch: Tensor,
+    scale: &'m [f32],
+    frames: usize,
+) {
+    let dim = scale.len();
+    let scale = g.constant(scale);
+    let per_column = View {
+        offset: 0,
+        row_stride: 0,
+        col_stride: 1,
+    };
+    g.strided(
+        Combine::Mul,
+        scale,
+        branch,
+        Strided {
+            rows: frames,
+            cols: dim,
+            src: per_column,
+            dst: View::rows(0, dim),
+        },
+    );
+    g.strided(
+        Combine::Add,
+        branch,
+        hidden,
+        Strided::contiguous(frames * dim),
+    );
+    g.release(branch);
 }

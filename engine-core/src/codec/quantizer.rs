@@ -1,10 +1,11 @@
 //! RVQ dequantisation (`SplitResidualVectorQuantizer.decode`): one semantic codebook and the acoustic rest, each
 //! group summed and projected by its own bias-free 1×1 conv.
 
-use kazeia_backend_abi::{Backend, Weight, WeightFormat};
+use kazeia_backend_abi::{Backend, Combine, Strided, Weight, WeightFormat};
 
 use super::config::DecoderConfig;
 use crate::error::Result;
+use crate::graph::{Graph, Tensor};
 use crate::weights::Weights;
 
 struct Group {
@@ -78,10 +79,8 @@ impl Quantizer {
     }
 
     /// `codes[frame][quantizer]` (already validated) → `z[frame][codebook_dim]`.
-    pub fn decode(&self, backend: &dyn Backend, codes: &[Vec<u32>]) -> Vec<f32> {
+    pub fn decode<'m>(&'m self, g: &mut Graph<'m>, codes: &[Vec<u32>]) -> Tensor {
         let frames = codes.len();
-        let mut z = vec![0.0; frames * self.out_dim];
-        let mut rest_z = vec![0.0; frames * self.out_dim];
         let mut sum_first = vec![0.0; frames * self.dim];
         let mut sum_rest = vec![0.0; frames * self.dim];
         for (f, row) in codes.iter().enumerate() {
@@ -94,11 +93,18 @@ impl Quantizer {
                 }
             }
         }
-        backend.linear(&self.first.output_proj, &sum_first, frames, &mut z);
-        backend.linear(&self.rest.output_proj, &sum_rest, frames, &mut rest_z);
-        for (a, b) in z.iter_mut().zip(&rest_z) {
-            *a += b;
-        }
+        let (sum_first, sum_rest) = (g.input(sum_first), g.input(sum_rest));
+        let z = g.linear(&self.first.output_proj, sum_first, frames, self.out_dim);
+        let rest_z = g.linear(&self.rest.output_proj, sum_rest, frames, self.out_dim);
+        g.release(sum_first);
+        g.release(sum_rest);
+        g.strided(
+            Combine::Add,
+            rest_z,
+            z,
+            Strided::contiguous(frames * self.out_dim),
+        );
+        g.release(rest_z);
         z
     }
 

@@ -1,10 +1,11 @@
 //! The two ×ratio upsampling stages between the pre-transformer and the vocoder: a transposed convolution
 //! (kernel = stride) followed by a ConvNeXt block.
 
-use kazeia_backend_abi::{Backend, Weight, WeightFormat};
+use kazeia_backend_abi::{Backend, Combine, Strided, View, Weight, WeightFormat};
 
-use super::conv::{transpose, CausalConvTranspose1d, CausalDepthwiseConv1d, ConvState};
+use super::conv::{CausalConvTranspose1d, CausalDepthwiseConv1d, ConvState};
 use crate::error::Result;
+use crate::graph::{Graph, Tensor};
 use crate::weights::Weights;
 
 /// ConvNeXt block: depthwise causal conv k7 → LayerNorm over channels → Linear ×4 → GELU → Linear → ×γ →
@@ -45,20 +46,52 @@ impl ConvNeXt {
     }
 
     /// In place on `x[dim][len]`.
-    fn forward(&self, backend: &dyn Backend, state: &mut ConvState, x: &mut [f32], len: usize) {
+    fn forward<'m>(&'m self, g: &mut Graph<'m>, state: &'m mut ConvState, x: Tensor, len: usize) {
         let dim = self.dim;
-        let dw = self.dwconv.forward(backend, state, x, len);
-        let mut rows = transpose(&dw, dim, len);
-        backend.layer_norm(&mut rows, dim, &self.norm_weight, &self.norm_bias, 1e-6);
-        let mut wide = vec![0.0; len * 4 * dim];
-        backend.linear(&self.pwconv1, &rows, len, &mut wide);
-        backend.gelu(&mut wide);
-        backend.linear(&self.pwconv2, &wide, len, &mut rows);
-        for (t, row) in rows.chunks_exact(dim).enumerate() {
-            for (c, (v, g)) in row.iter().zip(&self.gamma).enumerate() {
-                x[c * len + t] += g * v;
-            }
-        }
+        let dw = self.dwconv.forward(g, state, x, len);
+        let rows = g.transpose(dw, dim, len);
+        g.release(dw);
+        g.layer_norm(rows, dim, &self.norm_weight, &self.norm_bias, 1e-6);
+        let wide = g.linear(&self.pwconv1, rows, len, 4 * dim);
+        g.release(rows);
+        g.gelu(wide);
+        let branch = g.linear(&self.pwconv2, wide, len, dim);
+        g.release(wide);
+        // x[c][t] += γ[c] · branch[t][c]
+        let gamma = g.constant(&self.gamma);
+        let per_column = View {
+            offset: 0,
+            row_stride: 0,
+            col_stride: 1,
+        };
+        g.strided(
+            Combine::Mul,
+            gamma,
+            branch,
+            Strided {
+                rows: len,
+                cols: dim,
+                src: per_column,
+                dst: View::rows(0, dim),
+            },
+        );
+        let transposed = View {
+            offset: 0,
+            row_stride: 1,
+            col_stride: dim,
+        };
+        g.strided(
+            Combine::Add,
+            branch,
+            x,
+            Strided {
+                rows: dim,
+                cols: len,
+                src: transposed,
+                dst: View::rows(0, len),
+            },
+        );
+        g.release(branch);
     }
 }
 
@@ -102,17 +135,17 @@ impl UpsampleStage {
     }
 
     /// `x[dim][len]` → `(y[dim][len·factor], len·factor)`, continuing after `state`.
-    pub fn forward(
-        &self,
-        backend: &dyn Backend,
-        state: &mut UpsampleState,
-        x: &[f32],
+    pub fn forward<'m>(
+        &'m self,
+        g: &mut Graph<'m>,
+        state: &'m mut UpsampleState,
+        x: Tensor,
         len: usize,
-    ) -> (Vec<f32>, usize) {
-        let mut y = self.transconv.forward(backend, &mut state.carry, x, len);
+    ) -> (Tensor, usize) {
+        let UpsampleState { carry, dwconv } = state;
+        let y = self.transconv.forward(g, carry, x, len);
         let out_len = self.transconv.out_len(len);
-        self.convnext
-            .forward(backend, &mut state.dwconv, &mut y, out_len);
+        self.convnext.forward(g, dwconv, y, out_len);
         (y, out_len)
     }
 }

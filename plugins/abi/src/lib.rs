@@ -10,8 +10,12 @@
 //! prefers.
 
 pub mod plugin;
+pub mod records;
+mod strided;
 
 use std::any::Any;
+
+pub use strided::{strided_on_host, Combine, Strided, View};
 
 /// A weight resident in a backend, in a layout only that backend knows.
 pub struct Weight {
@@ -217,4 +221,25 @@ pub trait Backend: Send + Sync {
     fn silu(&self, x: &mut [f32]);
     /// In-place `gate = silu(gate) · up` (the SwiGLU product).
     fn silu_mul(&self, gate: &mut [f32], up: &[f32]);
+
+    /// `dst[view] = src[view]` (or `+=`, `×=`) element by element over `shape`: copies, transposes,
+    /// concatenation, residual adds, per-channel scales and biases (zero strides). `shape` must pass
+    /// [`Strided::check`].
+    fn strided(&self, combine: Combine, src: &[f32], dst: &mut [f32], shape: Strided) {
+        strided_on_host(combine, src, dst, shape);
+    }
+
+    /// Runs a list of ops in order — a whole stage, so a device backend can submit it at once and keep the
+    /// results that later ops read on the device. Each record's weight is a `*const Weight` this backend made.
+    /// The default runs them one by one through the methods above.
+    ///
+    /// # Safety
+    /// Every record's pointers must be valid for their lengths for the call, and no op's output may overlap its
+    /// own inputs.
+    unsafe fn run_records(&self, ops: &[plugin::OpRecord]) -> Result<(), String> {
+        for (i, op) in ops.iter().enumerate() {
+            records::run_record(self, op).map_err(|e| format!("op {i}: {e}"))?;
+        }
+        Ok(())
+    }
 }

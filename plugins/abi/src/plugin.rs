@@ -10,6 +10,8 @@
 
 use std::ffi::{c_char, c_void};
 
+use crate::{Combine, Strided, View};
+
 /// `"KZBP"`.
 pub const PLUGIN_MAGIC: u32 = 0x4b5a_4250;
 /// Bumped on any incompatible change of the structures below.
@@ -103,10 +105,61 @@ pub enum OpKind {
     Silu = 11,
     /// out = gate (in place), a = up.
     SiluMul = 12,
+    /// `out[dst view] = a[src view]` ([`crate::Strided`]): n = [rows, cols, src offset, src row stride, src column
+    /// stride, dst offset, dst row stride, dst column stride]; `a` and `out` are different buffers.
+    Copy = 13,
+    /// `out[dst view] += a[src view]`, n as for [`OpKind::Copy`].
+    Add = 14,
+    /// `out[dst view] *= a[src view]`, n as for [`OpKind::Copy`].
+    Mul = 15,
+}
+
+impl OpKind {
+    /// Every kind, in code order.
+    pub const ALL: [OpKind; 15] = [
+        OpKind::Linear,
+        OpKind::Conv1d,
+        OpKind::DepthwiseConv1d,
+        OpKind::ConvTranspose1d,
+        OpKind::RmsNorm,
+        OpKind::LayerNorm,
+        OpKind::Rope,
+        OpKind::Attention,
+        OpKind::SnakeBeta,
+        OpKind::Gelu,
+        OpKind::Silu,
+        OpKind::SiluMul,
+        OpKind::Copy,
+        OpKind::Add,
+        OpKind::Mul,
+    ];
+
+    pub fn from_code(code: u32) -> Option<OpKind> {
+        OpKind::ALL.get((code as usize).checked_sub(1)?).copied()
+    }
+
+    /// Whether ops of this kind carry a weight handle.
+    pub fn has_weight(self) -> bool {
+        matches!(
+            self,
+            OpKind::Linear | OpKind::Conv1d | OpKind::DepthwiseConv1d | OpKind::ConvTranspose1d
+        )
+    }
+
+    /// The strided combination of a [`OpKind::Copy`]/[`OpKind::Add`]/[`OpKind::Mul`] op.
+    pub fn combine(self) -> Option<Combine> {
+        match self {
+            OpKind::Copy => Some(Combine::Copy),
+            OpKind::Add => Some(Combine::Add),
+            OpKind::Mul => Some(Combine::Mul),
+            _ => None,
+        }
+    }
 }
 
 /// One op on host buffers.
 #[repr(C)]
+#[derive(Clone, Copy)]
 pub struct OpRecord {
     pub kind: u32,
     pub weight: *const c_void,
@@ -123,6 +176,59 @@ pub struct OpRecord {
 }
 
 impl OpRecord {
+    /// A strided op (`Copy`, `Add` or `Mul`) from `src` into `dst`.
+    pub fn strided(
+        combine: Combine,
+        src: &[f32],
+        dst: *mut f32,
+        dst_len: usize,
+        shape: Strided,
+    ) -> Self {
+        let kind = match combine {
+            Combine::Copy => OpKind::Copy,
+            Combine::Add => OpKind::Add,
+            Combine::Mul => OpKind::Mul,
+        };
+        let mut op = OpRecord::new(kind);
+        (op.a, op.a_len) = (src.as_ptr(), src.len());
+        (op.out, op.out_len) = (dst, dst_len);
+        op.n = [
+            shape.rows,
+            shape.cols,
+            shape.src.offset,
+            shape.src.row_stride,
+            shape.src.col_stride,
+            shape.dst.offset,
+            shape.dst.row_stride,
+            shape.dst.col_stride,
+        ]
+        .map(|v| v as u64);
+        op
+    }
+
+    /// The shape of a strided op's record (`None` when a value does not fit this machine's `usize`).
+    pub fn strided_shape(&self) -> Option<Strided> {
+        let n: Vec<usize> = self
+            .n
+            .iter()
+            .map(|&v| usize::try_from(v).ok())
+            .collect::<Option<_>>()?;
+        Some(Strided {
+            rows: n[0],
+            cols: n[1],
+            src: View {
+                offset: n[2],
+                row_stride: n[3],
+                col_stride: n[4],
+            },
+            dst: View {
+                offset: n[5],
+                row_stride: n[6],
+                col_stride: n[7],
+            },
+        })
+    }
+
     pub fn new(kind: OpKind) -> Self {
         OpRecord {
             kind: kind as u32,

@@ -103,11 +103,7 @@ fn chunked_decoding_on_vulkan_equals_one_shot() {
             break;
         }
         let end = (at + size).min(codes.len());
-        chunked.extend(
-            decoder
-                .decode_chunk(&mut state, &codes[at..end], &mut |_, _| {})
-                .unwrap(),
-        );
+        chunked.extend(decoder.decode_chunk(&mut state, &codes[at..end]).unwrap());
         at = end;
     }
     let err = max_abs_diff(&chunked, &one_shot);

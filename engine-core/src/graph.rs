@@ -1,0 +1,523 @@
+//! A stage's ops collected into one list before they run, so a device backend gets the whole stage at once
+//! (one submission, intermediate results kept on the device, the recorded commands replayed for the next chunk)
+//! instead of one submit-and-wait per op.
+//!
+//! Model code asks a [`Graph`] for tensors and ops; nothing runs until the graph is flushed: when a result is
+//! read on the host ([`Graph::read`], [`Graph::take`]), at [`Graph::finish`], or when the memory held by pending
+//! ops passes [`FLUSH_BYTES`]. Everything between the heavy ops (residual adds, per-channel scales, transposes,
+//! a convolution's carried columns) is a strided op of the list too, so no host work splits a stage.
+//!
+//! Tensors are the graph's own buffers, constants borrowed from the model (norm weights, Snake parameters), or
+//! state borrowed from the caller and updated in place (a convolution's carried columns, a key/value window).
+//! Every op reads and writes whole tensors; offsets and strides are op parameters, so a device backend can match
+//! one op's output with a later op's input by buffer.
+
+use std::ffi::c_void;
+
+use kazeia_backend_abi::plugin::{OpKind, OpRecord};
+use kazeia_backend_abi::{AttentionSpan, Backend, Combine, Heads, Strided, Weight};
+
+/// Pending memory (bytes of the graph's own live and released buffers) past which the graph runs what it has, so
+/// a long one-shot decode does not hold every intermediate result at once.
+pub const FLUSH_BYTES: usize = 256 << 20;
+
+/// A tensor of a [`Graph`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Tensor(usize);
+
+enum Buffer<'m> {
+    Owned(Vec<f32>),
+    State(&'m mut [f32]),
+    Constant(&'m [f32]),
+}
+
+impl Buffer<'_> {
+    fn len(&self) -> usize {
+        match self {
+            Buffer::Owned(v) => v.len(),
+            Buffer::State(s) => s.len(),
+            Buffer::Constant(c) => c.len(),
+        }
+    }
+}
+
+/// An op whose buffers are tensors; turned into an [`OpRecord`] when the graph runs.
+struct Pending {
+    kind: OpKind,
+    weight: *const c_void,
+    inputs: [Option<Tensor>; 3],
+    out: Tensor,
+    n: [u64; 8],
+    f: [f32; 2],
+}
+
+/// Ops on tensors, run as one list on a backend.
+pub struct Graph<'m> {
+    backend: &'m dyn Backend,
+    buffers: Vec<Buffer<'m>>,
+    released: Vec<bool>,
+    ops: Vec<Pending>,
+    pending_bytes: usize,
+    flushes: usize,
+}
+
+impl<'m> Graph<'m> {
+    pub fn new(backend: &'m dyn Backend) -> Self {
+        Graph {
+            backend,
+            buffers: Vec::new(),
+            released: Vec::new(),
+            ops: Vec::new(),
+            pending_bytes: 0,
+            flushes: 0,
+        }
+    }
+
+    pub fn backend(&self) -> &'m dyn Backend {
+        self.backend
+    }
+
+    /// Lists handed to the backend so far.
+    pub fn flushes(&self) -> usize {
+        self.flushes
+    }
+
+    fn push(&mut self, buffer: Buffer<'m>) -> Tensor {
+        if let Buffer::Owned(v) = &buffer {
+            self.pending_bytes += v.len() * 4;
+        }
+        self.buffers.push(buffer);
+        self.released.push(false);
+        Tensor(self.buffers.len() - 1)
+    }
+
+    /// Host data as a new tensor.
+    pub fn input(&mut self, data: Vec<f32>) -> Tensor {
+        self.push(Buffer::Owned(data))
+    }
+
+    /// A new tensor of `len` zeros.
+    pub fn zeros(&mut self, len: usize) -> Tensor {
+        self.input(vec![0.0; len])
+    }
+
+    /// Model data that ops read (never written).
+    pub fn constant(&mut self, data: &'m [f32]) -> Tensor {
+        self.push(Buffer::Constant(data))
+    }
+
+    /// The caller's buffer, read and updated in place by the ops (after the graph has run).
+    pub fn state(&mut self, data: &'m mut [f32]) -> Tensor {
+        self.push(Buffer::State(data))
+    }
+
+    pub fn len(&self, t: Tensor) -> usize {
+        self.buffers[t.0].len()
+    }
+
+    /// No later op uses `t`: its memory goes at the next flush.
+    pub fn release(&mut self, t: Tensor) {
+        self.released[t.0] = true;
+    }
+
+    fn live(&self, t: Tensor) -> Tensor {
+        assert!(!self.released[t.0], "tensor {t:?} used after its release");
+        t
+    }
+
+    fn op(
+        &mut self,
+        kind: OpKind,
+        weight: Option<&'m Weight>,
+        inputs: [Option<Tensor>; 3],
+        out: Tensor,
+        n: [usize; 8],
+        f: f32,
+    ) {
+        let out = self.live(out);
+        assert!(
+            !matches!(self.buffers[out.0], Buffer::Constant(_)),
+            "a {kind:?} op writes a constant"
+        );
+        for t in inputs.into_iter().flatten() {
+            self.live(t);
+            assert_ne!(t, out, "a {kind:?} op reads its own output");
+        }
+        self.ops.push(Pending {
+            kind,
+            weight: weight.map_or(std::ptr::null(), |w| w as *const Weight as *const c_void),
+            inputs,
+            out,
+            n: n.map(|v| v as u64),
+            f: [f, 0.0],
+        });
+        if self.pending_bytes > FLUSH_BYTES {
+            self.flush();
+        }
+    }
+
+    fn weighted(
+        &mut self,
+        kind: OpKind,
+        w: &'m Weight,
+        x: Tensor,
+        n: [usize; 2],
+        out_len: usize,
+    ) -> Tensor {
+        let y = self.zeros(out_len);
+        self.op(
+            kind,
+            Some(w),
+            [Some(x), None, None],
+            y,
+            [n[0], n[1], 0, 0, 0, 0, 0, 0],
+            0.0,
+        );
+        y
+    }
+
+    /// [`Backend::linear`] → `y[rows][out_features]`.
+    pub fn linear(&mut self, w: &'m Weight, x: Tensor, rows: usize, out_features: usize) -> Tensor {
+        self.weighted(OpKind::Linear, w, x, [rows, 0], rows * out_features)
+    }
+
+    /// [`Backend::conv1d`] over `len` input columns → `out_len` values.
+    pub fn conv1d(
+        &mut self,
+        w: &'m Weight,
+        x: Tensor,
+        len: usize,
+        dilation: usize,
+        out_len: usize,
+    ) -> Tensor {
+        self.weighted(OpKind::Conv1d, w, x, [len, dilation], out_len)
+    }
+
+    /// [`Backend::depthwise_conv1d`] over `len` input columns → `out_len` values.
+    pub fn depthwise_conv1d(
+        &mut self,
+        w: &'m Weight,
+        x: Tensor,
+        len: usize,
+        out_len: usize,
+    ) -> Tensor {
+        self.weighted(OpKind::DepthwiseConv1d, w, x, [len, 0], out_len)
+    }
+
+    /// [`Backend::conv_transpose1d`] over `len` input columns → `out_len` values.
+    pub fn conv_transpose1d(
+        &mut self,
+        w: &'m Weight,
+        x: Tensor,
+        len: usize,
+        out_len: usize,
+    ) -> Tensor {
+        self.weighted(OpKind::ConvTranspose1d, w, x, [len, 0], out_len)
+    }
+
+    /// [`Backend::rms_norm`], in place.
+    pub fn rms_norm(&mut self, x: Tensor, dim: usize, weight: &'m [f32], eps: f32) {
+        let w = self.constant(weight);
+        self.op(
+            OpKind::RmsNorm,
+            None,
+            [Some(w), None, None],
+            x,
+            [dim, 0, 0, 0, 0, 0, 0, 0],
+            eps,
+        );
+    }
+
+    /// [`Backend::layer_norm`], in place.
+    pub fn layer_norm(
+        &mut self,
+        x: Tensor,
+        dim: usize,
+        weight: &'m [f32],
+        bias: &'m [f32],
+        eps: f32,
+    ) {
+        let (w, b) = (self.constant(weight), self.constant(bias));
+        self.op(
+            OpKind::LayerNorm,
+            None,
+            [Some(w), Some(b), None],
+            x,
+            [dim, 0, 0, 0, 0, 0, 0, 0],
+            eps,
+        );
+    }
+
+    /// [`Backend::rope`], in place.
+    pub fn rope(&mut self, x: Tensor, heads: usize, head_dim: usize, start_pos: usize, theta: f32) {
+        self.op(
+            OpKind::Rope,
+            None,
+            [None, None, None],
+            x,
+            [heads, head_dim, start_pos, 0, 0, 0, 0, 0],
+            theta,
+        );
+    }
+
+    /// [`Backend::attention`] → `out[queries][q_heads][head_dim]`.
+    pub fn attention(
+        &mut self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        heads: Heads,
+        span: AttentionSpan,
+        scale: f32,
+    ) -> Tensor {
+        let out = self.zeros(self.len(q));
+        let n = [
+            heads.q_heads,
+            heads.kv_heads,
+            heads.head_dim,
+            span.queries,
+            span.query_start,
+            span.keys,
+            span.key_start,
+            span.window.unwrap_or(0),
+        ];
+        self.op(
+            OpKind::Attention,
+            None,
+            [Some(q), Some(k), Some(v)],
+            out,
+            n,
+            scale,
+        );
+        out
+    }
+
+    /// [`Backend::snake_beta`] on `x[channels][len]`, in place.
+    pub fn snake_beta(&mut self, x: Tensor, len: usize, alpha: &'m [f32], inv_beta: &'m [f32]) {
+        let (a, b) = (self.constant(alpha), self.constant(inv_beta));
+        self.op(
+            OpKind::SnakeBeta,
+            None,
+            [Some(a), Some(b), None],
+            x,
+            [len, 0, 0, 0, 0, 0, 0, 0],
+            0.0,
+        );
+    }
+
+    /// [`Backend::gelu`], in place.
+    pub fn gelu(&mut self, x: Tensor) {
+        self.op(OpKind::Gelu, None, [None; 3], x, [0; 8], 0.0);
+    }
+
+    /// [`Backend::silu_mul`]: `gate = silu(gate) · up`, in place.
+    pub fn silu_mul(&mut self, gate: Tensor, up: Tensor) {
+        self.op(
+            OpKind::SiluMul,
+            None,
+            [Some(up), None, None],
+            gate,
+            [0; 8],
+            0.0,
+        );
+    }
+
+    /// [`Backend::strided`]: `dst[view] (=, +=, ×=) src[view]`.
+    pub fn strided(&mut self, combine: Combine, src: Tensor, dst: Tensor, shape: Strided) {
+        if let Err(e) = shape.check(self.len(src), self.len(dst)) {
+            panic!("{e}");
+        }
+        if shape.is_empty() {
+            return;
+        }
+        let kind = match combine {
+            Combine::Copy => OpKind::Copy,
+            Combine::Add => OpKind::Add,
+            Combine::Mul => OpKind::Mul,
+        };
+        let n = [
+            shape.rows,
+            shape.cols,
+            shape.src.offset,
+            shape.src.row_stride,
+            shape.src.col_stride,
+            shape.dst.offset,
+            shape.dst.row_stride,
+            shape.dst.col_stride,
+        ];
+        self.op(kind, None, [Some(src), None, None], dst, n, 0.0);
+    }
+
+    /// A copy of `x` (all of it) as a new tensor.
+    pub fn duplicate(&mut self, x: Tensor) -> Tensor {
+        let len = self.len(x);
+        let y = self.zeros(len);
+        self.strided(Combine::Copy, x, y, Strided::contiguous(len));
+        y
+    }
+
+    /// `x[rows][cols]` → a new `[cols][rows]` tensor.
+    pub fn transpose(&mut self, x: Tensor, rows: usize, cols: usize) -> Tensor {
+        let y = self.zeros(rows * cols);
+        self.strided(Combine::Copy, x, y, Strided::transpose(rows, cols));
+        y
+    }
+
+    /// Runs every pending op as one list, then frees the released buffers.
+    pub fn flush(&mut self) {
+        if !self.ops.is_empty() {
+            let bases: Vec<(*mut f32, usize)> = self
+                .buffers
+                .iter_mut()
+                .map(|b| match b {
+                    Buffer::Owned(v) => (v.as_mut_ptr(), v.len()),
+                    Buffer::State(s) => (s.as_mut_ptr(), s.len()),
+                    Buffer::Constant(c) => (c.as_ptr() as *mut f32, c.len()),
+                })
+                .collect();
+            let input = |t: Option<Tensor>| {
+                t.map_or((std::ptr::null(), 0), |t| {
+                    let (p, len) = bases[t.0];
+                    (p as *const f32, len)
+                })
+            };
+            let records: Vec<OpRecord> = self
+                .ops
+                .drain(..)
+                .map(|op| {
+                    let mut r = OpRecord::new(op.kind);
+                    r.weight = op.weight;
+                    (r.a, r.a_len) = input(op.inputs[0]);
+                    (r.b, r.b_len) = input(op.inputs[1]);
+                    (r.c, r.c_len) = input(op.inputs[2]);
+                    (r.out, r.out_len) = bases[op.out.0];
+                    r.n = op.n;
+                    r.f = op.f;
+                    r
+                })
+                .collect();
+            // SAFETY: every record points into a buffer this graph holds (owned, or borrowed for 'm) with its
+            // length; weights are borrowed for 'm; no op's output is one of its inputs (checked in `op`).
+            let result = unsafe { self.backend.run_records(&records) };
+            if let Err(e) = result {
+                panic!("backend `{}`: {e}", self.backend.name());
+            }
+            self.flushes += 1;
+        }
+        for (buffer, &released) in self.buffers.iter_mut().zip(&self.released) {
+            if let (Buffer::Owned(v), true) = (buffer, released) {
+                *v = Vec::new();
+            }
+        }
+        self.pending_bytes = self
+            .buffers
+            .iter()
+            .map(|b| match b {
+                Buffer::Owned(v) => v.len() * 4,
+                _ => 0,
+            })
+            .sum();
+    }
+
+    /// `t`'s values, after running what is pending.
+    pub fn read(&mut self, t: Tensor) -> &[f32] {
+        self.flush();
+        match &self.buffers[self.live(t).0] {
+            Buffer::Owned(v) => v,
+            Buffer::State(s) => s,
+            Buffer::Constant(c) => c,
+        }
+    }
+
+    /// A graph-owned tensor's values, moved out after running what is pending (the tensor is released).
+    pub fn take(&mut self, t: Tensor) -> Vec<f32> {
+        self.flush();
+        let t = self.live(t);
+        self.released[t.0] = true;
+        match &mut self.buffers[t.0] {
+            Buffer::Owned(v) => std::mem::take(v),
+            _ => panic!("only a graph's own tensors can be taken"),
+        }
+    }
+
+    /// Runs what is pending; state tensors hold their new values afterwards.
+    pub fn finish(mut self) {
+        self.flush();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::CpuBackend;
+    use kazeia_backend_abi::View;
+
+    #[test]
+    fn ops_run_only_when_a_result_is_needed_and_state_is_updated_in_place() {
+        let backend = CpuBackend::new(1);
+        let w = backend.upload_linear(
+            &[1.0, 2.0, 3.0, 4.0],
+            2,
+            2,
+            Some(&[0.5, -0.5]),
+            Default::default(),
+        );
+        let mut state = vec![10.0, 20.0];
+        let mut g = Graph::new(&backend);
+        let x = g.input(vec![1.0, 1.0, 2.0, 0.0]);
+        let s = g.state(&mut state);
+        let y = g.linear(&w, x, 2, 2);
+        g.strided(
+            Combine::Add,
+            s,
+            y,
+            Strided {
+                rows: 2,
+                cols: 2,
+                src: View {
+                    offset: 0,
+                    row_stride: 0,
+                    col_stride: 1,
+                },
+                dst: View::rows(0, 2),
+            },
+        );
+        g.strided(
+            Combine::Copy,
+            y,
+            s,
+            Strided {
+                rows: 1,
+                cols: 2,
+                src: View::rows(2, 2),
+                dst: View::rows(0, 2),
+            },
+        );
+        assert_eq!(g.flushes(), 0);
+        assert_eq!(g.read(y), [13.5, 26.5, 12.5, 25.5]);
+        assert_eq!(g.flushes(), 1);
+        let t = g.transpose(y, 2, 2);
+        assert_eq!(g.take(t), [13.5, 12.5, 26.5, 25.5]);
+        g.finish();
+        assert_eq!(state, [12.5, 25.5]);
+    }
+
+    #[test]
+    #[should_panic(expected = "reads its own output")]
+    fn an_op_reading_its_own_output_is_refused() {
+        let backend = CpuBackend::new(1);
+        let mut g = Graph::new(&backend);
+        let x = g.zeros(4);
+        g.silu_mul(x, x);
+    }
+
+    #[test]
+    #[should_panic(expected = "used after its release")]
+    fn a_released_tensor_cannot_be_used() {
+        let backend = CpuBackend::new(1);
+        let mut g = Graph::new(&backend);
+        let x = g.zeros(4);
+        g.release(x);
+        g.gelu(x);
+    }
+}

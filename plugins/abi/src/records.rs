@@ -1,0 +1,79 @@
+//! Running an [`OpRecord`] through the [`Backend`] trait's own methods: what a backend without a better way to
+//! take a list does with each op (the CPU plugins, and the default [`Backend::run_records`]).
+
+use crate::plugin::{OpKind, OpRecord};
+use crate::{AttentionSpan, Backend, Heads, Weight};
+
+/// A record's input buffer as a slice (empty when its length is 0).
+///
+/// # Safety
+/// `ptr` must be valid for `len` floats for the returned lifetime.
+pub unsafe fn input<'a>(ptr: *const f32, len: usize) -> Result<&'a [f32], String> {
+    if len == 0 {
+        return Ok(&[]);
+    }
+    if ptr.is_null() {
+        return Err("null buffer".into());
+    }
+    Ok(std::slice::from_raw_parts(ptr, len))
+}
+
+/// Runs one record on `backend`; its weight (if any) is a `*const Weight` that `backend` made.
+///
+/// # Safety
+/// The record's pointers must be valid for their lengths, and its output must not overlap its inputs.
+pub unsafe fn run_record<B: Backend + ?Sized>(backend: &B, op: &OpRecord) -> Result<(), String> {
+    let kind = OpKind::from_code(op.kind).ok_or_else(|| format!("unknown op kind {}", op.kind))?;
+    let weight = || -> Result<&Weight, String> {
+        (op.weight as *const Weight)
+            .as_ref()
+            .ok_or_else(|| format!("a {kind:?} op without a weight"))
+    };
+    let a = input(op.a, op.a_len)?;
+    let b = input(op.b, op.b_len)?;
+    let c = input(op.c, op.c_len)?;
+    if op.out.is_null() {
+        return if op.out_len == 0 {
+            Ok(())
+        } else {
+            Err("null output".into())
+        };
+    }
+    let out = std::slice::from_raw_parts_mut(op.out, op.out_len);
+    let n = op.n.map(|v| v as usize);
+    match kind {
+        OpKind::Linear => backend.linear(weight()?, a, n[0], out),
+        OpKind::Conv1d => backend.conv1d(weight()?, a, n[0], n[1], out),
+        OpKind::DepthwiseConv1d => backend.depthwise_conv1d(weight()?, a, n[0], out),
+        OpKind::ConvTranspose1d => backend.conv_transpose1d(weight()?, a, n[0], out),
+        OpKind::RmsNorm => backend.rms_norm(out, n[0], a, op.f[0]),
+        OpKind::LayerNorm => backend.layer_norm(out, n[0], a, b, op.f[0]),
+        OpKind::Rope => backend.rope(out, n[0], n[1], n[2], op.f[0]),
+        OpKind::Attention => {
+            let heads = Heads {
+                q_heads: n[0],
+                kv_heads: n[1],
+                head_dim: n[2],
+            };
+            let span = AttentionSpan {
+                queries: n[3],
+                query_start: n[4],
+                keys: n[5],
+                key_start: n[6],
+                window: (n[7] > 0).then_some(n[7]),
+            };
+            backend.attention(a, b, c, heads, span, op.f[0], out)
+        }
+        OpKind::SnakeBeta => backend.snake_beta(out, n[0], a, b),
+        OpKind::Gelu => backend.gelu(out),
+        OpKind::Silu => backend.silu(out),
+        OpKind::SiluMul => backend.silu_mul(out, a),
+        OpKind::Copy | OpKind::Add | OpKind::Mul => {
+            let shape = op.strided_shape().ok_or("a strided op's sizes overflow")?;
+            shape.check(a.len(), out.len())?;
+            let combine = kind.combine().expect("a strided kind");
+            backend.strided(combine, a, out, shape)
+        }
+    }
+    Ok(())
+}
