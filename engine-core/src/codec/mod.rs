@@ -48,17 +48,17 @@ pub fn profile_stage(trace_name: &str) -> usize {
 
 /// Where a decode shows its intermediate results: nowhere (the whole chunk runs as one list on the backend), or
 /// to a function, after each stage (each shown result ends a list: for tests and per-stage profiles).
-pub struct Trace<'t>(Option<&'t mut TraceFn>);
+pub struct Trace<'t>(Option<&'t mut TraceFn<'t>>);
 
 /// Sees a stage's name and its output.
-pub type TraceFn = dyn FnMut(&str, &[f32]);
+pub type TraceFn<'a> = dyn FnMut(&str, &[f32]) + 'a;
 
 impl<'t> Trace<'t> {
     pub fn none() -> Self {
         Trace(None)
     }
 
-    pub fn to(f: &'t mut TraceFn) -> Self {
+    pub fn to(f: &'t mut TraceFn<'t>) -> Self {
         Trace(Some(f))
     }
 
