@@ -24,7 +24,7 @@ for shader in matvec norm attention; do
     compile "$shader.comp" "${shader}_subgroup.spv" -DSUBGROUP=1
     compile "$shader.comp" "${shader}_shared.spv" -DSUBGROUP=0
 done
-for shader in gemm depthwise eltwise rope; do
+for shader in gemm depthwise eltwise rope strided; do
     compile "$shader.comp" "$shader.spv"
 done
 

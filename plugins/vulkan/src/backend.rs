@@ -5,7 +5,7 @@ use std::collections::HashSet;
 use std::sync::{Arc, OnceLock};
 
 use kazeia_backend_abi::plugin::{OpKind, OpRecord, WeightDesc, WeightKind};
-use kazeia_backend_abi::{Backend, WeightFormat};
+use kazeia_backend_abi::{Backend, Combine, WeightFormat};
 use kazeia_backend_cpu::CpuBackend;
 
 use crate::context::Gpu;
@@ -76,6 +76,9 @@ pub fn all_kernels() -> Vec<Kernel> {
         Kernel::Norm(NormKind::Layer),
         Kernel::Rope,
         Kernel::Attention,
+        Kernel::Strided(Combine::Copy),
+        Kernel::Strided(Combine::Add),
+        Kernel::Strided(Combine::Mul),
     ]);
     kernels
 }
@@ -174,7 +177,9 @@ impl VulkanBackend {
             k if k == OpKind::SiluMul as u32 => {
                 self.is_enabled(Kernel::Eltwise(Activation::SiluMul))
             }
-            _ => false,
+            k => OpKind::from_code(k)
+                .and_then(OpKind::combine)
+                .is_some_and(|c| self.is_enabled(Kernel::Strided(c))),
         }
     }
 

@@ -1,8 +1,8 @@
 //! [`VulkanBackend`] behind the `Backend` trait, in-process (tests and tools): the same calls the engine makes
 //! through the plugin table, with its failures as panics (as the engine's plugin wrapper does).
 
-use kazeia_backend_abi::plugin::{WeightDesc, WeightKind};
-use kazeia_backend_abi::{AttentionSpan, Backend, Heads, Weight, WeightFormat};
+use kazeia_backend_abi::plugin::{OpRecord, WeightDesc, WeightKind};
+use kazeia_backend_abi::{AttentionSpan, Backend, Combine, Heads, Strided, Weight, WeightFormat};
 
 use crate::backend::VulkanBackend;
 use crate::ops::{Math, Op};
@@ -201,5 +201,27 @@ impl Backend for VulkanBackend {
 
     fn silu_mul(&self, gate: &mut [f32], up: &[f32]) {
         self.one(Math::SiluMul, None, up, &[], &[], gate);
+    }
+
+    fn strided(&self, combine: Combine, src: &[f32], dst: &mut [f32], shape: Strided) {
+        self.one(Math::Strided { combine, shape }, None, src, &[], &[], dst);
+    }
+
+    /// The list as the plugin table would take it: consecutive device ops in one submission.
+    unsafe fn run_records(&self, ops: &[OpRecord]) -> Result<(), String> {
+        let records: Vec<OpRecord> = ops
+            .iter()
+            .map(|op| {
+                let mut record = *op;
+                if let Some(w) = (op.weight as *const Weight).as_ref() {
+                    let w = w
+                        .downcast::<VkWeight>()
+                        .ok_or("a weight made by another backend")?;
+                    record.weight = w as *const VkWeight as *const std::ffi::c_void;
+                }
+                Ok(record)
+            })
+            .collect::<Result<_, String>>()?;
+        VulkanBackend::run_records(self, &records)
     }
 }

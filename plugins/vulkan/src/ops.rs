@@ -1,7 +1,7 @@
 //! Op records from the ABI, checked, and turned into either one shader dispatch or a call on the CPU backend.
 
 use kazeia_backend_abi::plugin::{OpKind, OpRecord};
-use kazeia_backend_abi::{AttentionSpan, Backend, Heads, Weight};
+use kazeia_backend_abi::{AttentionSpan, Backend, Combine, Heads, Strided, Weight};
 use kazeia_backend_cpu::CpuBackend;
 
 use crate::context::Limits;
@@ -54,6 +54,10 @@ pub enum Math {
     Gelu,
     Silu,
     SiluMul,
+    Strided {
+        combine: Combine,
+        shape: Strided,
+    },
 }
 
 /// One checked op on host buffers.
@@ -136,7 +140,13 @@ impl<'a> Op<'a> {
             k if k == OpKind::Gelu as u32 => Math::Gelu,
             k if k == OpKind::Silu as u32 => Math::Silu,
             k if k == OpKind::SiluMul as u32 => Math::SiluMul,
-            other => return Err(format!("unknown op kind {other}")),
+            k => match OpKind::from_code(k).and_then(OpKind::combine) {
+                Some(combine) => Math::Strided {
+                    combine,
+                    shape: r.strided_shape().ok_or("a strided op's sizes overflow")?,
+                },
+                None => return Err(format!("unknown op kind {k}")),
+            },
         };
         if r.out.is_null() && r.out_len > 0 {
             return Err("null output buffer".into());
@@ -257,6 +267,7 @@ impl<'a> Op<'a> {
             ),
             Math::Gelu | Math::Silu => Ok(()),
             Math::SiluMul => check(a == out, || format!("silu_mul: {}", sizes())),
+            Math::Strided { shape, .. } => shape.check(a, out),
         }
     }
 
@@ -293,6 +304,7 @@ impl<'a> Op<'a> {
             Math::Gelu => cpu.gelu(out),
             Math::Silu => cpu.silu(out),
             Math::SiluMul => cpu.silu_mul(out, self.a),
+            Math::Strided { combine, shape } => cpu.strided(combine, self.a, out, shape),
         }
         Ok(())
     }
@@ -465,14 +477,18 @@ impl<'a> Op<'a> {
                 let v = d.read(self.c);
                 let o = d.write(self.out, self.out_len);
                 d.bind(0, q).bind(1, k).bind(2, v).bind(4, o);
+                // Only the distance between query and key positions matters (causality, window): positions
+                // relative to the earlier start keep the push constants, and so the recorded stage, the same
+                // from one chunk to the next.
+                let origin = span.query_start.min(span.key_start);
                 d.push(&[
                     u(heads.q_heads)?,
                     u(heads.kv_heads)?,
                     u(heads.head_dim)?,
                     u(span.queries)?,
-                    u(span.query_start)?,
+                    u(span.query_start - origin)?,
                     u(span.keys)?,
-                    u(span.key_start)?,
+                    u(span.key_start - origin)?,
                     u(span.window.unwrap_or(0))?,
                     scale.to_bits(),
                 ]);
@@ -501,6 +517,32 @@ impl<'a> Op<'a> {
                 d.bind(4, x);
                 d.push(&[u(self.out_len)?, 0]);
                 d.groups = grid(self.out_len.div_ceil(256));
+            }
+            Math::Strided { combine, shape } => {
+                d.kernel = Kernel::Strided(combine);
+                let src = d.read(self.a);
+                // A copy over the whole destination needs none of its old values on the device.
+                let dst = if combine == Combine::Copy && shape.covers_dst(self.out_len) {
+                    d.write(self.out, self.out_len)
+                } else {
+                    d.read_write(self.out, self.out_len)
+                };
+                d.bind(0, src).bind(4, dst);
+                d.push(&[
+                    u(shape.rows)?,
+                    u(shape.cols)?,
+                    u(shape.src.offset)?,
+                    u(shape.src.row_stride)?,
+                    u(shape.src.col_stride)?,
+                    u(shape.dst.offset)?,
+                    u(shape.dst.row_stride)?,
+                    u(shape.dst.col_stride)?,
+                ]);
+                // Indices are 32-bit in the shader.
+                u(shape.len())?;
+                u(self.a.len())?;
+                u(self.out_len)?;
+                d.groups = grid(shape.len().div_ceil(256));
             }
         }
         Some(d)

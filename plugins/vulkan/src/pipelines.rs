@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use ash::vk;
+use kazeia_backend_abi::Combine;
 
 use crate::context::Gpu;
 
@@ -71,6 +72,8 @@ pub enum Kernel {
     Norm(NormKind),
     Rope,
     Attention,
+    /// The ABI's strided Copy, Add and Mul.
+    Strided(Combine),
 }
 
 impl Kernel {
@@ -84,6 +87,7 @@ impl Kernel {
             Kernel::Norm(n) => 0x500 | n as u64,
             Kernel::Rope => 0x600,
             Kernel::Attention => 0x700,
+            Kernel::Strided(c) => 0x800 | c as u64,
         }
     }
 
@@ -112,6 +116,7 @@ impl Kernel {
             (Kernel::Depthwise, _) => spv!("depthwise.spv"),
             (Kernel::Eltwise(_), _) => spv!("eltwise.spv"),
             (Kernel::Rope, _) => spv!("rope.spv"),
+            (Kernel::Strided(_), _) => spv!("strided.spv"),
         }
     }
 
@@ -122,6 +127,7 @@ impl Kernel {
             Kernel::Gemm(m, f) => vec![f as u32, m as u32],
             Kernel::Eltwise(a) => vec![a as u32],
             Kernel::Norm(n) => vec![n as u32],
+            Kernel::Strided(c) => vec![c as u32],
             Kernel::Depthwise | Kernel::Rope | Kernel::Attention => vec![],
         }
     }

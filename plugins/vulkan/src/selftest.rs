@@ -3,7 +3,7 @@
 //! product of the very weights the device holds). A kernel that fails — wrong numbers, a driver error — is
 //! disabled and its ops run on the CPU.
 
-use kazeia_backend_abi::{AttentionSpan, Backend, Heads, WeightFormat};
+use kazeia_backend_abi::{AttentionSpan, Backend, Heads, Strided, View, WeightFormat};
 
 use crate::backend::{all_kernels, VulkanBackend};
 use crate::ops::{Math, Op};
@@ -395,6 +395,48 @@ fn test_kernel(backend: &VulkanBackend, kernel: Kernel) -> Result<(), String> {
                 let mut want = vec![0.0; q.len()];
                 cpu.attention(&q, &k, &v, heads, *span, scale, &mut want);
                 compare(&format!("attention {span:?}"), out, &want, TOLERANCE)?;
+            }
+            Ok(())
+        }
+        Kernel::Strided(combine) => {
+            // A transpose into the middle of a wider buffer, and a per-row value broadcast over a partial view
+            // (zero source stride, destination offset): copies, sums and products are exact.
+            let (rows, cols) = (37, 70);
+            let x = values(rows * cols, 23, 4.0);
+            let shapes = [
+                Strided {
+                    rows,
+                    cols,
+                    src: View::rows(0, cols),
+                    dst: View {
+                        offset: 5,
+                        row_stride: 1,
+                        col_stride: rows + 3,
+                    },
+                },
+                Strided {
+                    rows: rows - 1,
+                    cols: cols / 2,
+                    src: View {
+                        offset: 7,
+                        row_stride: 1,
+                        col_stride: 0,
+                    },
+                    dst: View::rows(cols / 2, cols),
+                },
+            ];
+            for (i, shape) in shapes.iter().enumerate() {
+                let dst_len = rows * cols + 5 + 3 * cols;
+                let start = values(dst_len, 24 + i as u32, 2.0);
+                let mut y = start.clone();
+                let mut want = start;
+                let math = Math::Strided {
+                    combine,
+                    shape: *shape,
+                };
+                device(&[op(math, None, &x, &[], &[], &mut y)])?;
+                cpu.strided(combine, &x, &mut want, *shape);
+                compare(&format!("{combine:?} {shape:?}"), &y, &want, 0.0)?;
             }
             Ok(())
         }

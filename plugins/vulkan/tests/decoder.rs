@@ -268,3 +268,42 @@ fn talker_and_code_predictor_on_vulkan_give_the_official_greedy_codes() {
         }
     }
 }
+
+#[test]
+fn a_decoder_chunk_is_one_submission_and_later_chunks_replay_it() {
+    // The streaming decode: every chunk is one list, so one submission and one wait; once the attention window
+    // is full, chunks of the same size have the same structure and replay the recorded command buffer.
+    let dir = fixtures().join("codec/window");
+    let vulkan = Arc::new(VulkanBackend::new(0, 1, Options::default()).unwrap());
+    let decoder = CodecDecoder::load(&dir, vulkan.clone()).unwrap();
+    let codes = codes(&dir);
+    let cpu = cpu_wav(&dir);
+    let mut state = decoder.new_state();
+    let mut wav = Vec::new();
+    for (i, chunk) in codes.chunks(2).enumerate() {
+        let before = vulkan.stats();
+        wav.extend(decoder.decode_chunk(&mut state, chunk).unwrap());
+        let after = vulkan.stats();
+        let (submits, recorded) = (
+            after.submits - before.submits,
+            after.recorded - before.recorded,
+        );
+        if i < 5 {
+            eprintln!(
+                "chunk {i}: {submits} submission(s), {} dispatches, {recorded} recorded",
+                after.dispatches - before.dispatches
+            );
+        }
+        assert_eq!(submits, 1, "chunk {i}: {submits} submissions");
+        // Windows of 4 positions keep 3: from the fourth chunk of 2 frames on, the window is full.
+        if i >= 3 {
+            assert_eq!(
+                recorded, 0,
+                "chunk {i} was recorded again instead of replayed"
+            );
+        }
+    }
+    let err = max_abs_diff(&wav, &cpu);
+    eprintln!("chunks of 2 frames on vulkan vs the cpu's one-shot decode: {err:e}");
+    assert!(err <= TOLERANCE, "{err:e}");
+}
