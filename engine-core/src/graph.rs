@@ -15,7 +15,7 @@
 use std::ffi::c_void;
 
 use kazeia_backend_abi::plugin::{OpKind, OpRecord};
-use kazeia_backend_abi::{AttentionSpan, Backend, Combine, Heads, Strided, Weight};
+use kazeia_backend_abi::{AttentionSpan, Backend, Combine, Heads, Strided, View, Weight};
 
 /// Pending memory (bytes of the graph's own live and released buffers) past which the graph runs what it has, so
 /// a long one-shot decode does not hold every intermediate result at once.
@@ -310,6 +310,11 @@ impl<'m> Graph<'m> {
         self.op(OpKind::Gelu, None, [None; 3], x, [0; 8], 0.0);
     }
 
+    /// [`Backend::silu`], in place.
+    pub fn silu(&mut self, x: Tensor) {
+        self.op(OpKind::Silu, None, [None; 3], x, [0; 8], 0.0);
+    }
+
     /// [`Backend::silu_mul`]: `gate = silu(gate) · up`, in place.
     pub fn silu_mul(&mut self, gate: Tensor, up: Tensor) {
         self.op(
@@ -353,6 +358,19 @@ impl<'m> Graph<'m> {
         let len = self.len(x);
         let y = self.zeros(len);
         self.strided(Combine::Copy, x, y, Strided::contiguous(len));
+        y
+    }
+
+    /// Row `index` of `x[..][width]` as a new tensor.
+    pub fn row(&mut self, x: Tensor, index: usize, width: usize) -> Tensor {
+        let y = self.zeros(width);
+        let shape = Strided {
+            rows: 1,
+            cols: width,
+            src: View::rows(index * width, width),
+            dst: View::rows(0, width),
+        };
+        self.strided(Combine::Copy, x, y, shape);
         y
     }
 
@@ -450,7 +468,6 @@ impl<'m> Graph<'m> {
 mod tests {
     use super::*;
     use crate::CpuBackend;
-    use kazeia_backend_abi::View;
 
     #[test]
     fn ops_run_only_when_a_result_is_needed_and_state_is_updated_in_place() {

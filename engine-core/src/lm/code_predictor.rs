@@ -7,6 +7,7 @@ use kazeia_backend_abi::{Backend, Heads, Weight};
 use super::config::CodePredictorConfig;
 use super::transformer::{DecoderStack, KvCache, StackShape};
 use crate::error::Result;
+use crate::graph::Graph;
 use crate::linear::{load_linear, WeightStorage};
 use crate::weights::Weights;
 
@@ -125,12 +126,21 @@ impl CodePredictor {
         input.extend_from_slice(cb0_embedding);
         let mut rows = 2;
         let mut codes = Vec::with_capacity(self.heads.len());
-        let mut logits = vec![0.0; self.vocab];
         for (step, head) in self.heads.iter().enumerate() {
-            let x = self.project(backend, &input, rows);
-            let hidden = self.stack.forward(backend, &x, rows, cache);
-            let last = &hidden[(rows - 1) * self.hidden..];
-            backend.linear(head, last, 1, &mut logits);
+            // One list of ops per step: projection, stack, head; the host only samples.
+            let mut g = Graph::new(backend);
+            let mut x = g.input(input.clone());
+            if let Some(projection) = &self.projection {
+                let projected = g.linear(projection, x, rows, self.hidden);
+                g.release(x);
+                x = projected;
+            }
+            let hidden = self.stack.forward_graph(&mut g, x, rows, cache);
+            let last = g.row(hidden, rows - 1, self.hidden);
+            g.release(hidden);
+            let logits = g.linear(head, last, 1, self.vocab);
+            let mut logits = g.take(logits);
+            g.finish();
             let code = choose(step, &mut logits);
             codes.push(code);
             input.clear();
@@ -138,16 +148,5 @@ impl CodePredictor {
             rows = 1;
         }
         codes
-    }
-
-    fn project(&self, backend: &dyn Backend, x: &[f32], rows: usize) -> Vec<f32> {
-        match &self.projection {
-            Some(w) => {
-                let mut y = vec![0.0; rows * self.hidden];
-                backend.linear(w, x, rows, &mut y);
-                y
-            }
-            None => x.to_vec(),
-        }
     }
 }

@@ -7,6 +7,7 @@ use kazeia_backend_abi::{Backend, Heads, Weight};
 use super::config::TalkerConfig;
 use super::transformer::{DecoderStack, KvCache, StackShape};
 use crate::error::{Error, Result};
+use crate::graph::Graph;
 use crate::linear::{load_linear, WeightStorage};
 use crate::weights::{EmbeddingTable, Weights};
 
@@ -105,11 +106,13 @@ impl Talker {
             }
             self.text_embedding.push_row(id as usize, &mut rows);
         }
-        let mut mid = vec![0.0; n * self.text_hidden];
-        backend.linear(&self.text_fc1, &rows, n, &mut mid);
-        backend.silu(&mut mid);
-        let mut out = vec![0.0; n * self.hidden];
-        backend.linear(&self.text_fc2, &mid, n, &mut out);
+        let mut g = Graph::new(backend);
+        let rows = g.input(rows);
+        let mid = g.linear(&self.text_fc1, rows, n, self.text_hidden);
+        g.silu(mid);
+        let out = g.linear(&self.text_fc2, mid, n, self.hidden);
+        let out = g.take(out);
+        g.finish();
         Ok(out)
     }
 
@@ -130,10 +133,16 @@ impl Talker {
         rows: usize,
         cache: &mut KvCache,
     ) -> (Vec<f32>, Vec<f32>) {
-        let hidden = self.stack.forward(backend, x, rows, cache);
-        let last = hidden[(rows - 1) * self.hidden..].to_vec();
-        let mut logits = vec![0.0; self.vocab];
-        backend.linear(&self.codec_head, &last, 1, &mut logits);
+        // One list of ops: the stack, then the codec head on the last position.
+        let mut g = Graph::new(backend);
+        let x = g.input(x.to_vec());
+        let hidden = self.stack.forward_graph(&mut g, x, rows, cache);
+        let last = g.row(hidden, rows - 1, self.hidden);
+        g.release(hidden);
+        let logits = g.linear(&self.codec_head, last, 1, self.vocab);
+        let logits = g.take(logits);
+        let last = g.take(last);
+        g.finish();
         (last, logits)
     }
 

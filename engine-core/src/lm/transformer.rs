@@ -1,9 +1,10 @@
 //! The Qwen3 decoder-layer stack shared by the talker and the code predictor: pre-norm layers with per-head
 //! q/k RMSNorm, grouped-query attention with split-half RoPE over a KV cache, SwiGLU MLP, and a final RMSNorm.
 
-use kazeia_backend_abi::{AttentionSpan, Backend, Heads, Weight};
+use kazeia_backend_abi::{AttentionSpan, Backend, Combine, Heads, Strided, View, Weight};
 
 use crate::error::Result;
+use crate::graph::{Graph, Tensor};
 use crate::linear::{load_linear, WeightStorage};
 use crate::weights::Weights;
 
@@ -43,44 +44,15 @@ pub struct DecoderStack {
     norm: Vec<f32>,
 }
 
-/// Keys and values of every layer for positions `0..len`, allocated once for `capacity` positions, with the
-/// scratch buffers of a forward pass (sized on first use, then reused every step).
+/// Keys and values of every layer for positions `0..len`, allocated once for `capacity` positions.
 pub struct KvCache {
     keys: Vec<Vec<f32>>,
     values: Vec<Vec<f32>>,
     len: usize,
     capacity: usize,
     row: usize,
-    scratch: Scratch,
-}
-
-#[derive(Default)]
-struct Scratch {
-    hidden: Vec<f32>,
-    normed: Vec<f32>,
-    q: Vec<f32>,
-    attn: Vec<f32>,
-    branch: Vec<f32>,
-    gate: Vec<f32>,
-    up: Vec<f32>,
-}
-
-impl Scratch {
-    /// Sizes every buffer for `rows` rows (no allocation once they have been that large).
-    fn fit(&mut self, rows: usize, s: &StackShape) {
-        let q_out = s.heads.q_heads * s.heads.head_dim;
-        for (buf, width) in [
-            (&mut self.hidden, s.hidden),
-            (&mut self.normed, s.hidden),
-            (&mut self.q, q_out),
-            (&mut self.attn, q_out),
-            (&mut self.branch, s.hidden),
-            (&mut self.gate, s.intermediate),
-            (&mut self.up, s.intermediate),
-        ] {
-            buf.resize(rows * width, 0.0);
-        }
-    }
+    /// The last [`DecoderStack::forward`]'s output.
+    out: Vec<f32>,
 }
 
 impl KvCache {
@@ -159,12 +131,12 @@ impl DecoderStack {
             len: 0,
             capacity,
             row,
-            scratch: Scratch::default(),
+            out: Vec::new(),
         }
     }
 
-    /// Runs `rows` new positions `x[rows][hidden]` (continuing after the cache) and returns the final-normed
-    /// hidden states `[rows][hidden]`, which live in the cache's scratch until the next call.
+    /// Runs `rows` new positions `x[rows][hidden]` (continuing after the cache) as one list of ops, and returns
+    /// the final-normed hidden states `[rows][hidden]`, which live in the cache until the next call.
     pub fn forward<'c>(
         &self,
         backend: &dyn Backend,
@@ -172,47 +144,76 @@ impl DecoderStack {
         rows: usize,
         cache: &'c mut KvCache,
     ) -> &'c [f32] {
+        let out = {
+            let mut g = Graph::new(backend);
+            let x = g.input(x.to_vec());
+            let hidden = self.forward_graph(&mut g, x, rows, cache);
+            let out = g.take(hidden);
+            g.finish();
+            out
+        };
+        cache.out = out;
+        &cache.out
+    }
+
+    /// [`DecoderStack::forward`]'s ops on `g`: `x[rows][hidden]` (changed in place) → the final-normed hidden
+    /// states; the new keys and values go to `cache` when the graph runs.
+    pub fn forward_graph<'m>(
+        &'m self,
+        g: &mut Graph<'m>,
+        x: Tensor,
+        rows: usize,
+        cache: &'m mut KvCache,
+    ) -> Tensor {
         let s = &self.shape;
         let (h, hd) = (s.hidden, s.heads.head_dim);
-        let kv_out = s.heads.kv_heads * hd;
+        let (q_out, kv_out) = (s.heads.q_heads * hd, s.heads.kv_heads * hd);
         let start = cache.len;
+        let total = start + rows;
         assert!(
-            start + rows <= cache.capacity,
+            total <= cache.capacity,
             "KV cache capacity {} exceeded",
             cache.capacity
         );
-        assert_eq!(x.len(), rows * h, "stack input size");
-
+        assert_eq!(g.len(x), rows * h, "stack input size");
+        cache.len = total;
         let KvCache {
-            keys,
-            values,
-            row,
-            scratch: sc,
-            ..
+            keys, values, row, ..
         } = cache;
-        sc.fit(rows, s);
-        sc.hidden.copy_from_slice(x);
+        let row = *row;
+        // The new rows at the end of the cached positions that attention reads.
+        let append = Strided {
+            rows: 1,
+            cols: rows * row,
+            src: View::rows(0, rows * row),
+            dst: View::rows(start * row, rows * row),
+        };
         let scale = 1.0 / (hd as f32).sqrt();
-        for (i, layer) in self.layers.iter().enumerate() {
-            sc.normed.copy_from_slice(&sc.hidden);
-            backend.rms_norm(&mut sc.normed, h, &layer.input_norm, s.eps);
-            backend.linear(&layer.q_proj, &sc.normed, rows, &mut sc.q);
-            backend.rms_norm(&mut sc.q, hd, &layer.q_norm, s.eps);
-            backend.rope(&mut sc.q, s.heads.q_heads, hd, start, s.rope_theta);
+        let hidden = x;
+        for (i, ((layer, layer_keys), layer_values)) in self
+            .layers
+            .iter()
+            .zip(keys.iter_mut())
+            .zip(values.iter_mut())
+            .enumerate()
+        {
+            let normed = g.duplicate(hidden);
+            g.rms_norm(normed, h, &layer.input_norm, s.eps);
+            let q = g.linear(&layer.q_proj, normed, rows, q_out);
+            g.rms_norm(q, hd, &layer.q_norm, s.eps);
+            g.rope(q, s.heads.q_heads, hd, start, s.rope_theta);
+            let k = g.linear(&layer.k_proj, normed, rows, kv_out);
+            g.rms_norm(k, hd, &layer.k_norm, s.eps);
+            g.rope(k, s.heads.kv_heads, hd, start, s.rope_theta);
+            let v = g.linear(&layer.v_proj, normed, rows, kv_out);
+            g.release(normed);
+            let cached_keys = g.state(&mut layer_keys[..total * row]);
+            let cached_values = g.state(&mut layer_values[..total * row]);
+            g.strided(Combine::Copy, k, cached_keys, append);
+            g.strided(Combine::Copy, v, cached_values, append);
+            g.release(k);
+            g.release(v);
 
-            let new = start * *row..(start + rows) * *row;
-            backend.linear(&layer.k_proj, &sc.normed, rows, &mut keys[i][new.clone()]);
-            backend.rms_norm(&mut keys[i][new.clone()], hd, &layer.k_norm, s.eps);
-            backend.rope(
-                &mut keys[i][new.clone()],
-                s.heads.kv_heads,
-                hd,
-                start,
-                s.rope_theta,
-            );
-            backend.linear(&layer.v_proj, &sc.normed, rows, &mut values[i][new]);
-
-            let total = start + rows;
             let span = AttentionSpan {
                 queries: rows,
                 query_start: start,
@@ -220,34 +221,26 @@ impl DecoderStack {
                 key_start: 0,
                 window: s.windows[i],
             };
-            backend.attention(
-                &sc.q,
-                &keys[i][..total * kv_out],
-                &values[i][..total * kv_out],
-                s.heads,
-                span,
-                scale,
-                &mut sc.attn,
-            );
-            backend.linear(&layer.o_proj, &sc.attn, rows, &mut sc.branch);
-            add(&mut sc.hidden, &sc.branch);
+            let attn = g.attention(q, cached_keys, cached_values, s.heads, span, scale);
+            g.release(q);
+            let branch = g.linear(&layer.o_proj, attn, rows, h);
+            g.release(attn);
+            g.strided(Combine::Add, branch, hidden, Strided::contiguous(rows * h));
+            g.release(branch);
 
-            sc.normed.copy_from_slice(&sc.hidden);
-            backend.rms_norm(&mut sc.normed, h, &layer.post_attention_norm, s.eps);
-            backend.linear(&layer.gate_proj, &sc.normed, rows, &mut sc.gate);
-            backend.linear(&layer.up_proj, &sc.normed, rows, &mut sc.up);
-            backend.silu_mul(&mut sc.gate, &sc.up);
-            backend.linear(&layer.down_proj, &sc.gate, rows, &mut sc.branch);
-            add(&mut sc.hidden, &sc.branch);
+            let normed = g.duplicate(hidden);
+            g.rms_norm(normed, h, &layer.post_attention_norm, s.eps);
+            let gate = g.linear(&layer.gate_proj, normed, rows, s.intermediate);
+            let up = g.linear(&layer.up_proj, normed, rows, s.intermediate);
+            g.release(normed);
+            g.silu_mul(gate, up);
+            g.release(up);
+            let branch = g.linear(&layer.down_proj, gate, rows, h);
+            g.release(gate);
+            g.strided(Combine::Add, branch, hidden, Strided::contiguous(rows * h));
+            g.release(branch);
         }
-        backend.rms_norm(&mut sc.hidden, h, &self.norm, s.eps);
-        cache.len = start + rows;
-        &cache.scratch.hidden
-    }
-}
-
-pub fn add(acc: &mut [f32], x: &[f32]) {
-    for (a, b) in acc.iter_mut().zip(x) {
-        *a += b;
+        g.rms_norm(hidden, h, &self.norm, s.eps);
+        hidden
     }
 }

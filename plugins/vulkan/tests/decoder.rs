@@ -8,7 +8,7 @@ use kazeia_backend_abi::Backend;
 use kazeia_backend_vulkan::{Options, VulkanBackend};
 use kazeia_engine::codec::CodecDecoder;
 use kazeia_engine::codes::parse_codes_json;
-use kazeia_engine::lm::{generate, LmBackends, PromptRequest, TtsModel};
+use kazeia_engine::lm::{generate, LmBackends, Prompt, PromptRequest, TtsModel};
 use kazeia_engine::plugins::{inspect, PluginBackend};
 use kazeia_engine::weights::WeightFile;
 use kazeia_engine::{CpuBackend, WeightFormat, WeightStorage};
@@ -175,7 +175,7 @@ fn decoding_again_replays_the_recorded_command_buffers() {
         "one decode: {submits} submissions, {} dispatches",
         after_second.dispatches - after_first.dispatches
     );
-    assert!(submits > 0);
+    assert_eq!(submits, 1, "a one-shot decode is one list");
     assert_eq!(
         after_second.recorded, after_first.recorded,
         "nothing recorded again"
@@ -201,6 +201,10 @@ fn ids(v: &Value) -> Vec<u32> {
 }
 
 fn greedy_codes(model: &TtsModel, run: &Value) -> Vec<Vec<u32>> {
+    greedy_from(model, &prompt_of(model, run), run)
+}
+
+fn prompt_of(model: &TtsModel, run: &Value) -> Prompt {
     let request = PromptRequest {
         input_ids: ids(&run["input_ids"]),
         instruct_ids: run["instruct_ids"]
@@ -210,12 +214,15 @@ fn greedy_codes(model: &TtsModel, run: &Value) -> Vec<Vec<u32>> {
         language: run["language"].as_str().unwrap().to_owned(),
         non_streaming_mode: run["non_streaming_mode"].as_bool().unwrap(),
     };
-    let prompt = model.prompt(&request).unwrap();
+    model.prompt(&request).unwrap()
+}
+
+fn greedy_from(model: &TtsModel, prompt: &Prompt, run: &Value) -> Vec<Vec<u32>> {
     let mut options = model.default_options(true);
     options.max_new_tokens = run["max_new_tokens"].as_u64().unwrap() as usize;
     generate(
         model,
-        &prompt,
+        prompt,
         &options,
         &mut || unreachable!("greedy"),
         &mut |_| true,
@@ -306,4 +313,47 @@ fn a_decoder_chunk_is_one_submission_and_later_chunks_replay_it() {
     let err = max_abs_diff(&wav, &cpu);
     eprintln!("chunks of 2 frames on vulkan vs the cpu's one-shot decode: {err:e}");
     assert!(err <= TOLERANCE, "{err:e}");
+}
+
+#[test]
+fn each_token_step_is_one_submission() {
+    // A talker step (stack and codec head) and a code-predictor step (projection, stack and head) are each one
+    // list: one submission, where the host only samples and looks up embeddings between them.
+    let vulkan = Arc::new(VulkanBackend::new(0, 1, Options::default()).unwrap());
+    let backends = LmBackends {
+        talker: vulkan.clone(),
+        code_predictor: vulkan.clone(),
+    };
+    let case = "shape_0b6";
+    let dir = fixtures().join("lm").join(case);
+    let model =
+        TtsModel::load_on(&dir, backends, WeightStorage::Convert(WeightFormat::F32)).unwrap();
+    let run = &runs(case)[0];
+    let start = vulkan.stats();
+    let prompt = prompt_of(&model, run);
+    let before = vulkan.stats();
+    let codes = greedy_from(&model, &prompt, run);
+    let after = vulkan.stats();
+    eprintln!(
+        "the prompt: {} submission(s)",
+        before.submits - start.submits
+    );
+    let expected: Vec<Vec<u32>> = run["codes"].as_array().unwrap().iter().map(ids).collect();
+    assert_eq!(codes, expected, "{}", run["name"]);
+    let frames = codes.len();
+    let steps = codes[0].len() - 1;
+    let submits = after.submits - before.submits;
+    eprintln!(
+        "{frames} frames: {submits} submissions, {} dispatches, {} recorded, {} replayed",
+        after.dispatches - before.dispatches,
+        after.recorded - before.recorded,
+        after.replayed - before.replayed
+    );
+    // The prefill (the first frame's talker step) and one talker step per later frame (the step after the last
+    // frame runs too unless the frame budget ends generation), one code-predictor step per further codebook.
+    let talker = submits - (frames * steps) as u64;
+    assert!(
+        talker == frames as u64 || talker == frames as u64 + 1,
+        "{submits} submissions for {frames} frames of {steps} code-predictor steps"
+    );
 }
