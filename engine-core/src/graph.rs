@@ -2,9 +2,10 @@
 //! (one submission, intermediate results kept on the device, the recorded commands replayed for the next chunk)
 //! instead of one submit-and-wait per op.
 //!
-//! Model code asks a [`Graph`] for tensors and ops; nothing runs until the graph is flushed: when a result is
-//! read on the host ([`Graph::read`], [`Graph::take`]), at [`Graph::finish`], or when the memory held by pending
-//! ops passes [`FLUSH_BYTES`]. Everything between the heavy ops (residual adds, per-channel scales, transposes,
+//! Model code asks a [`Graph`] for tensors and ops. On a backend that [prefers lists](Backend::prefers_lists)
+//! nothing runs until the graph is flushed: when a result is read on the host ([`Graph::read`], [`Graph::take`]),
+//! at [`Graph::finish`], or when the memory held by pending ops passes [`FLUSH_BYTES`]. On the others (the CPU)
+//! each op runs as soon as it is made and a released tensor's memory goes at once, as plain calls would. Everything between the heavy ops (residual adds, per-channel scales, transposes,
 //! a convolution's carried columns) is a strided op of the list too, so no host work splits a stage.
 //!
 //! Tensors are the graph's own buffers, constants borrowed from the model (norm weights, Snake parameters), or
@@ -59,10 +60,18 @@ pub struct Graph<'m> {
     ops: Vec<Pending>,
     pending_bytes: usize,
     flushes: usize,
+    /// Hold ops back until a result is needed (the backend prefers lists).
+    deferred: bool,
 }
 
 impl<'m> Graph<'m> {
     pub fn new(backend: &'m dyn Backend) -> Self {
+        Self::with_deferral(backend, backend.prefers_lists())
+    }
+
+    /// A graph that holds ops back until a result is needed (`deferred`) or runs each at once, whatever the
+    /// backend prefers (tests, comparisons).
+    pub fn with_deferral(backend: &'m dyn Backend, deferred: bool) -> Self {
         Graph {
             backend,
             buffers: Vec::new(),
@@ -70,6 +79,7 @@ impl<'m> Graph<'m> {
             ops: Vec::new(),
             pending_bytes: 0,
             flushes: 0,
+            deferred,
         }
     }
 
@@ -115,9 +125,15 @@ impl<'m> Graph<'m> {
         self.buffers[t.0].len()
     }
 
-    /// No later op uses `t`: its memory goes at the next flush.
+    /// No later op uses `t`: its memory goes at once when nothing is pending, else at the next flush.
     pub fn release(&mut self, t: Tensor) {
         self.released[t.0] = true;
+        if self.ops.is_empty() {
+            if let Buffer::Owned(v) = &mut self.buffers[t.0] {
+                self.pending_bytes -= v.len() * 4;
+                *v = Vec::new();
+            }
+        }
     }
 
     fn live(&self, t: Tensor) -> Tensor {
@@ -151,7 +167,7 @@ impl<'m> Graph<'m> {
             n: n.map(|v| v as u64),
             f: [f, 0.0],
         });
-        if self.pending_bytes > FLUSH_BYTES {
+        if !self.deferred || self.pending_bytes > FLUSH_BYTES {
             self.flush();
         }
     }
@@ -480,7 +496,7 @@ mod tests {
             Default::default(),
         );
         let mut state = vec![10.0, 20.0];
-        let mut g = Graph::new(&backend);
+        let mut g = Graph::with_deferral(&backend, true);
         let x = g.input(vec![1.0, 1.0, 2.0, 0.0]);
         let s = g.state(&mut state);
         let y = g.linear(&w, x, 2, 2);
@@ -517,6 +533,20 @@ mod tests {
         assert_eq!(g.take(t), [13.5, 12.5, 26.5, 25.5]);
         g.finish();
         assert_eq!(state, [12.5, 25.5]);
+    }
+
+    #[test]
+    fn without_deferral_each_op_runs_at_once_and_released_memory_goes() {
+        let backend = CpuBackend::new(1);
+        let mut g = Graph::new(&backend);
+        let x = g.input(vec![1.0, -2.0]);
+        let y = g.duplicate(x);
+        assert_eq!(g.flushes(), 1);
+        g.release(x);
+        assert_eq!(g.pending_bytes, 8);
+        g.gelu(y);
+        assert_eq!(g.flushes(), 2);
+        assert_eq!(g.take(y)[0], 0.841_344_7);
     }
 
     #[test]

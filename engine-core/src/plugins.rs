@@ -15,8 +15,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use kazeia_backend_abi::plugin::{
-    EntryFn, ErrorBuffer, OpKind, OpRecord, PluginApi, WeightDesc, WeightKind, ENTRY_SYMBOL,
-    PLUGIN_ABI_VERSION, PLUGIN_MAGIC,
+    EntryFn, ErrorBuffer, OpKind, OpRecord, PluginApi, WeightDesc, WeightKind, CAPABILITY_LISTS,
+    ENTRY_SYMBOL, PLUGIN_ABI_VERSION, PLUGIN_MAGIC,
 };
 use kazeia_backend_abi::{
     records, AttentionSpan, Backend, Combine, Heads, Strided, Weight, WeightFormat,
@@ -285,6 +285,8 @@ pub struct PluginBackend {
     name: String,
     /// What `supports_op` said per op kind (indexed by code).
     supported: [bool; OpKind::ALL.len() + 1],
+    /// The plugin's [`CAPABILITY_LISTS`].
+    lists: bool,
     /// Runs the weightless ops the plugin does not take.
     host: std::sync::OnceLock<CpuBackend>,
     threads: usize,
@@ -320,10 +322,13 @@ impl PluginBackend {
             // SAFETY: a live backend of this table.
             supported[kind as usize] = unsafe { (api.supports_op)(backend, kind as u32) };
         }
+        // SAFETY: as above.
+        let lists = unsafe { (api.supports_op)(backend, CAPABILITY_LISTS) };
         Ok(PluginBackend {
             handle: Arc::new(Handle { api, backend }),
             name: plugin.name.clone(),
             supported,
+            lists,
             host: std::sync::OnceLock::new(),
             threads,
         })
@@ -606,6 +611,10 @@ impl Backend for PluginBackend {
 
     fn silu(&self, x: &mut [f32]) {
         self.in_place(OpKind::Silu, x, &[], &[], [0; 3], 0.0);
+    }
+
+    fn prefers_lists(&self) -> bool {
+        self.lists
     }
 
     fn strided(&self, combine: Combine, src: &[f32], dst: &mut [f32], shape: Strided) {

@@ -229,6 +229,12 @@ pub trait Backend: Send + Sync {
         strided_on_host(combine, src, dst, shape);
     }
 
+    /// Whether this backend gains from whole lists ([`plugin::CAPABILITY_LISTS`]): a device backend. Model
+    /// code then holds ops back until a result is needed; otherwise each op runs as soon as it is made.
+    fn prefers_lists(&self) -> bool {
+        false
+    }
+
     /// Runs a list of ops in order — a whole stage, so a device backend can submit it at once and keep the
     /// results that later ops read on the device. Each record's weight is a `*const Weight` this backend made.
     /// The default runs them one by one through the methods above.

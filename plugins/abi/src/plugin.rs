@@ -21,6 +21,13 @@ pub const ENTRY_SYMBOL: &[u8] = b"kazeia_backend_plugin_v1\0";
 
 pub type EntryFn = unsafe extern "C" fn() -> *const PluginApi;
 
+/// `supports_op` codes from here on are capability questions, not op kinds.
+pub const CAPABILITY_BASE: u32 = 0x1000;
+/// Capability: the backend gains from receiving a whole stage as one list (a device: one submission, results
+/// kept on the device between ops). The engine then holds ops back until a result is needed; otherwise it hands
+/// each op over at once and frees intermediate results as soon as they are dead.
+pub const CAPABILITY_LISTS: u32 = CAPABILITY_BASE;
+
 /// A message from the plugin, NUL-terminated, truncated to fit.
 #[repr(C)]
 pub struct ErrorBuffer {
@@ -275,7 +282,8 @@ pub struct PluginApi {
         err: *mut ErrorBuffer,
     ) -> *mut c_void,
     pub free_weight: unsafe extern "C" fn(backend: *mut c_void, weight: *mut c_void),
-    /// Whether ops of this kind run on this backend.
+    /// Whether ops of this kind run on this backend; codes from [`CAPABILITY_BASE`] ask about capabilities
+    /// instead (false when the plugin does not know the code).
     pub supports_op: unsafe extern "C" fn(backend: *mut c_void, kind: u32) -> bool,
     /// Runs `count` ops in order.
     pub run_ops: unsafe extern "C" fn(

@@ -139,14 +139,41 @@ pub fn strided_on_host(combine: Combine, src: &[f32], dst: &mut [f32], shape: St
     if let Err(e) = shape.check(src.len(), dst.len()) {
         panic!("{e}");
     }
+    let cols = shape.cols;
     for r in 0..shape.rows {
-        for c in 0..shape.cols {
-            let v = src[shape.src.at(r, c)];
-            let d = &mut dst[shape.dst.at(r, c)];
-            match combine {
-                Combine::Copy => *d = v,
-                Combine::Add => *d += v,
-                Combine::Mul => *d *= v,
+        let d0 = shape.dst.at(r, 0);
+        let s0 = shape.src.at(r, 0);
+        // Rows of consecutive values (copies, adds, concatenation) and values repeated along a row (per-channel
+        // biases and scales) run as plain slice loops.
+        match (shape.dst.col_stride, shape.src.col_stride) {
+            (1, 1) => {
+                let d = &mut dst[d0..d0 + cols];
+                let s = &src[s0..s0 + cols];
+                match combine {
+                    Combine::Copy => d.copy_from_slice(s),
+                    Combine::Add => d.iter_mut().zip(s).for_each(|(d, s)| *d += s),
+                    Combine::Mul => d.iter_mut().zip(s).for_each(|(d, s)| *d *= s),
+                }
+            }
+            (1, 0) => {
+                let d = &mut dst[d0..d0 + cols];
+                let v = src[s0];
+                match combine {
+                    Combine::Copy => d.fill(v),
+                    Combine::Add => d.iter_mut().for_each(|d| *d += v),
+                    Combine::Mul => d.iter_mut().for_each(|d| *d *= v),
+                }
+            }
+            _ => {
+                for c in 0..cols {
+                    let v = src[shape.src.at(r, c)];
+                    let d = &mut dst[shape.dst.at(r, c)];
+                    match combine {
+                        Combine::Copy => *d = v,
+                        Combine::Add => *d += v,
+                        Combine::Mul => *d *= v,
+                    }
+                }
             }
         }
     }

@@ -203,6 +203,10 @@ impl Backend for VulkanBackend {
         self.one(Math::SiluMul, None, up, &[], &[], gate);
     }
 
+    fn prefers_lists(&self) -> bool {
+        true
+    }
+
     fn strided(&self, combine: Combine, src: &[f32], dst: &mut [f32], shape: Strided) {
         self.one(Math::Strided { combine, shape }, None, src, &[], &[], dst);
     }
