@@ -34,34 +34,38 @@ pub fn speaking_model(dir: &std::path::Path) -> PathBuf {
     model
 }
 
-/// The CPU backend built as a plugin (`libkazeia_backend_cpu.so`).
+/// The CPU backend built as a plugin (`libkazeia_backend_cpu_plugin.so`).
 ///
 /// `cargo test` builds only the plugin crate's rlib, and a `.so` left in `target/<profile>/` by an earlier
 /// `cargo build` may be stale, so the tests build it with the running cargo into their own target directory
 /// (the outer cargo holds the lock of the main one); when it is up to date that takes a second.
 pub fn cpu_plugin() -> PathBuf {
     static PLUGIN: OnceLock<PathBuf> = OnceLock::new();
-    PLUGIN.get_or_init(|| build_plugin("cpu")).clone()
+    PLUGIN
+        .get_or_init(|| build_plugin("kazeia-backend-cpu-plugin", "cpu_plugin"))
+        .clone()
 }
 
 /// The Vulkan backend built as a plugin (`libkazeia_backend_vulkan.so`), built the way [`cpu_plugin`] is.
 pub fn vulkan_plugin() -> PathBuf {
     static PLUGIN: OnceLock<PathBuf> = OnceLock::new();
-    PLUGIN.get_or_init(|| build_plugin("vulkan")).clone()
+    PLUGIN
+        .get_or_init(|| build_plugin("kazeia-backend-vulkan", "vulkan"))
+        .clone()
 }
 
 /// The Hexagon backend built as a plugin (`libkazeia_backend_hexagon.so`), built the way [`cpu_plugin`] is.
 pub fn hexagon_plugin() -> PathBuf {
     static PLUGIN: OnceLock<PathBuf> = OnceLock::new();
-    PLUGIN.get_or_init(|| build_plugin("hexagon")).clone()
+    PLUGIN
+        .get_or_init(|| build_plugin("kazeia-backend-hexagon", "hexagon"))
+        .clone()
 }
 
-/// Builds the `kazeia-backend-{backend}` cdylib into `target/plugin-for-tests/` and returns its path.
-fn build_plugin(backend: &str) -> PathBuf {
-    let name = format!(
-        "libkazeia_backend_{backend}{}",
-        std::env::consts::DLL_SUFFIX
-    );
+/// Builds `package`'s cdylib (`libkazeia_backend_{file}.so`) into `target/plugin-for-tests/` and returns its
+/// path.
+fn build_plugin(package: &str, file: &str) -> PathBuf {
+    let name = format!("libkazeia_backend_{file}{}", std::env::consts::DLL_SUFFIX);
     let exe = std::env::current_exe().expect("test executable path");
     let target = exe
         .ancestors()
@@ -69,14 +73,13 @@ fn build_plugin(backend: &str) -> PathBuf {
         .expect("target/<profile>/deps/<test>")
         .join("plugin-for-tests");
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let package = format!("kazeia-backend-{backend}");
     let status = std::process::Command::new(cargo)
-        .args(["build", "--quiet", "-p", &package, "--target-dir"])
+        .args(["build", "--quiet", "-p", package, "--target-dir"])
         .arg(&target)
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .status()
-        .unwrap_or_else(|e| panic!("cannot run cargo to build the {backend} plugin: {e}"));
-    assert!(status.success(), "building the {backend} plugin failed");
+        .unwrap_or_else(|e| panic!("cannot run cargo to build {package}: {e}"));
+    assert!(status.success(), "building {package} failed");
     let built = target.join("debug").join(&name);
     assert!(built.is_file(), "{} was not built", built.display());
     built

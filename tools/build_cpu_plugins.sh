@@ -18,7 +18,7 @@ for level in $levels; do
     *) flags="-C target-cpu=$level" ;;
   esac
   suffix=${level//[^a-z0-9]/_}
-  RUSTFLAGS="$flags" cargo build --release -p kazeia-backend-cpu --target-dir "target/plugin-$suffix"
-  cp "target/plugin-$suffix/release/libkazeia_backend_cpu.so" "$out/libkazeia_backend_cpu_$suffix.so"
+  RUSTFLAGS="$flags" cargo build --release -p kazeia-backend-cpu-plugin --target-dir "target/plugin-$suffix"
+  cp "target/plugin-$suffix/release/libkazeia_backend_cpu_plugin.so" "$out/libkazeia_backend_cpu_$suffix.so"
   echo "built $out/libkazeia_backend_cpu_$suffix.so ($level)"
 done

@@ -1,4 +1,4 @@
-//! Backend plugins for real: the CPU backend built as a `cdylib` (`libkazeia_backend_cpu.so`), loaded with `dlopen`, checked, and used for the codec decoder (the
+//! Backend plugins for real: the CPU backend built as a `cdylib` (`libkazeia_backend_cpu_plugin.so`), loaded with `dlopen`, checked, and used for the codec decoder (the
 //! LM through a plugin is tested in `lm_parity.rs`), giving the built-in backend's results; broken plugins are reported, never fatal.
 
 use std::path::{Path, PathBuf};

@@ -32,9 +32,8 @@ static API: PluginApi = PluginApi {
     import_linear,
 };
 
-/// The plugin's entry symbol.
-#[no_mangle]
-pub extern "C" fn kazeia_backend_plugin_v1() -> *const PluginApi {
+/// The plugin table; `plugins/cpu/plugin` exports it under the entry symbol.
+pub fn table() -> &'static PluginApi {
     &API
 }
 
