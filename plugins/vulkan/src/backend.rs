@@ -26,6 +26,9 @@ pub struct Options {
     pub conv_f16: bool,
     /// Run the startup self-test (kernels failing it run on the CPU).
     pub self_test: bool,
+    /// Kernel families kept off the device (`matvec`, `gemm`, `depthwise`, `eltwise`, `norm`, `rope`,
+    /// `attention`, `strided`): to work around a driver bug, or to compare.
+    pub disabled: Vec<String>,
 }
 
 impl Default for Options {
@@ -34,13 +37,15 @@ impl Default for Options {
             subgroups: None,
             conv_f16: false,
             self_test: true,
+            disabled: Vec::new(),
         }
     }
 }
 
 impl Options {
     /// `KAZEIA_VULKAN_SUBGROUPS=0` forces the shared-memory reductions; `KAZEIA_VULKAN_CONV_F16=1` stores
-    /// convolution weights as F16; `KAZEIA_VULKAN_SELF_TEST=0` skips the self-test.
+    /// convolution weights as F16; `KAZEIA_VULKAN_SELF_TEST=0` skips the self-test;
+    /// `KAZEIA_VULKAN_DISABLE=strided,attention` keeps kernel families off the device.
     pub fn from_env() -> Options {
         let flag = |name: &str| {
             std::env::var(name)
@@ -51,6 +56,14 @@ impl Options {
             subgroups: flag("KAZEIA_VULKAN_SUBGROUPS"),
             conv_f16: flag("KAZEIA_VULKAN_CONV_F16").unwrap_or(false),
             self_test: flag("KAZEIA_VULKAN_SELF_TEST").unwrap_or(true),
+            disabled: std::env::var("KAZEIA_VULKAN_DISABLE")
+                .map(|v| {
+                    v.split(',')
+                        .map(|f| f.trim().to_ascii_lowercase())
+                        .filter(|f| !f.is_empty())
+                        .collect()
+                })
+                .unwrap_or_default(),
         }
     }
 }
@@ -118,6 +131,18 @@ impl VulkanBackend {
             threads: threads.max(1),
             cpu: OnceLock::new(),
         };
+        let disabled: Vec<Kernel> = backend
+            .enabled
+            .iter()
+            .copied()
+            .filter(|k| backend.options.disabled.iter().any(|f| *f == k.family()))
+            .collect();
+        for kernel in disabled {
+            backend.enabled.remove(&kernel);
+            backend
+                .failures
+                .push((kernel, "disabled by KAZEIA_VULKAN_DISABLE".into()));
+        }
         if backend.options.self_test {
             for (kernel, result) in selftest::run(&backend) {
                 if let Err(reason) = result {

@@ -91,6 +91,20 @@ impl Kernel {
         }
     }
 
+    /// The kernel's family name (what `KAZEIA_VULKAN_DISABLE` lists).
+    pub fn family(self) -> &'static str {
+        match self {
+            Kernel::Matvec(_) => "matvec",
+            Kernel::Gemm(..) => "gemm",
+            Kernel::Depthwise => "depthwise",
+            Kernel::Eltwise(_) => "eltwise",
+            Kernel::Norm(_) => "norm",
+            Kernel::Rope => "rope",
+            Kernel::Attention => "attention",
+            Kernel::Strided(_) => "strided",
+        }
+    }
+
     /// Whether the kernel has a workgroup reduction (and so a subgroup and a shared-memory variant).
     fn reduces(self) -> bool {
         matches!(

@@ -17,6 +17,7 @@ const TOLERANCE: f32 = 1e-4;
 pub fn run(backend: &VulkanBackend) -> Vec<(Kernel, Result<(), String>)> {
     all_kernels()
         .into_iter()
+        .filter(|&k| backend.is_enabled(k))
         .map(|k| (k, test_kernel(backend, k)))
         .collect()
 }

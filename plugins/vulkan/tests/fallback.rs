@@ -1,0 +1,48 @@
+//! Ops the plugin does not take, through the plugin table: the engine asks `supports_op`, hands the plugin the
+//! lists around such ops, and runs them on its own CPU backend in between. Its own process, since the plugin
+//! reads `KAZEIA_VULKAN_DISABLE` when it creates a backend.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use kazeia_backend_abi::plugin::OpKind;
+use kazeia_engine::codec::CodecDecoder;
+use kazeia_engine::codes::parse_codes_json;
+use kazeia_engine::plugins::{inspect, PluginBackend};
+use kazeia_engine::CpuBackend;
+
+#[test]
+fn ops_the_plugin_does_not_take_run_on_the_cpu_between_its_lists() {
+    std::env::set_var("KAZEIA_VULKAN_DISABLE", "strided,rope");
+    let info = inspect(&kazeia_tests::vulkan_plugin());
+    assert!(info.is_available(), "{:?}", info.unavailable);
+    let vulkan = PluginBackend::create(&info, 0, 1).unwrap();
+    for kind in [OpKind::Copy, OpKind::Add, OpKind::Mul, OpKind::Rope] {
+        assert!(!vulkan.supports(kind), "{kind:?}");
+    }
+    for kind in [OpKind::Linear, OpKind::Conv1d, OpKind::Attention] {
+        assert!(vulkan.supports(kind), "{kind:?}");
+    }
+
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/codec/window");
+    let codes =
+        parse_codes_json(&std::fs::read_to_string(dir.join("codes.json")).unwrap()).unwrap();
+    let split = CodecDecoder::load(&dir, Arc::new(vulkan))
+        .unwrap()
+        .decode(&codes)
+        .unwrap();
+    let cpu = CodecDecoder::load(&dir, Arc::new(CpuBackend::new(1)))
+        .unwrap()
+        .decode(&codes)
+        .unwrap();
+    let err = split
+        .iter()
+        .zip(&cpu)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0f32, f32::max);
+    eprintln!(
+        "decoder with strided ops and rope on the CPU between Vulkan lists: {err:e} from the CPU"
+    );
+    assert_eq!(split.len(), cpu.len());
+    assert!(err <= 1e-3, "{err:e}");
+}
