@@ -22,7 +22,14 @@ typedef struct {
 } kzq_op;
 
 /* Status codes (first word of the status); the second word is the failing op. */
-enum kzq_status { KZQ_OK = 0, KZQ_BAD_QUEUE = 1, KZQ_BAD_SLICE = 2, KZQ_BAD_DIMS = 3, KZQ_UNSUPPORTED = 4 };
+enum kzq_status {
+    KZQ_OK = 0,
+    KZQ_BAD_QUEUE = 1,
+    KZQ_BAD_SLICE = 2,
+    KZQ_BAD_DIMS = 3,
+    KZQ_UNSUPPORTED = 4,
+    KZQ_ENGINE_FAILED = 5
+};
 
 /* Runs every op of `queue` over `buffers[i]` of `lens[i]` bytes; returns a status, *failed = op index. */
 int kazeia_queue_run(const uint8_t *queue, uint32_t queue_len, uint8_t *const *buffers, const uint32_t *lens,

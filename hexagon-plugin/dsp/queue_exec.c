@@ -2,6 +2,7 @@
  * against the op's dims before a kernel runs, so a bad queue is a status, never a stray access. */
 #include "kazeia_queue.h"
 #include "kernels.h"
+#include "tile_matmul.h"
 
 static uint32_t rd32(const uint8_t *p)
 {
@@ -67,8 +68,21 @@ static int run_op(const kzq_op *op, uint8_t *const *buffers, const uint32_t *len
         need[3] = cin * (len + 2 * ((k + s - 1) / s - 1) + 64) * 2;
         break;
     }
+    case KZQ_MATMUL_F16_TILES: {
+        /* a [m][k] and b [n][k] in fp16 tiles, y f32 [m][n]; dims = [m, n, k, group]. */
+        const uint64_t m = d[0], nn = d[1], k = d[2], group = d[3];
+        if (!kz_active_engine())
+            return KZQ_UNSUPPORTED;
+        if (m == 0 || nn == 0 || k == 0 || group == 0 || group > KZ_MAX_GROUP || m * nn > 0x3fffffffu)
+            return KZQ_BAD_DIMS;
+        const uint64_t kts = (k + 31) / 32;
+        need[0] = (m + 31) / 32 * kts * KZ_TILE_ELEMS * 2;
+        need[1] = (nn + 31) / 32 * kts * KZ_TILE_ELEMS * 2;
+        need[2] = m * nn * 4;
+        break;
+    }
     default:
-        return KZQ_UNSUPPORTED; /* KZQ_MATMUL_F16_TILES: HMX, SDK builds only (hmx_matmul.c). */
+        return KZQ_UNSUPPORTED;
     }
     for (int a = 0; a < 5; a++) {
         p[a] = 0;
@@ -82,9 +96,13 @@ static int run_op(const kzq_op *op, uint8_t *const *buffers, const uint32_t *len
     case KZQ_CONV1D_I16:
         hvx_conv1d_i16(p[0], p[1], p[2], (int)d[0], (int)d[1], (int)d[2], (int)d[3], (int)d[4]);
         break;
-    default:
+    case KZQ_CONV_TRANSPOSE1D_I16:
         hvx_conv_transpose1d_i16(p[0], p[1], p[2], p[3], (int)d[0], (int)d[1], (int)d[2], (int)d[3],
                                  (int)d[4]);
+        break;
+    default:
+        if (kz_tile_matmul(kz_active_engine(), p[0], p[1], p[2], d[0], d[1], d[2], d[3]))
+            return KZQ_ENGINE_FAILED;
     }
     return KZQ_OK;
 }

@@ -10,6 +10,11 @@
 
 #define MAX_BUFFERS 16
 
+#ifdef KAZEIA_HMX
+int kz_hmx_init(void);
+void kz_hmx_release(void);
+#endif
+
 static int map_fd(int fd, uint32_t len, uint8_t **va)
 {
     uint64_t pa;
@@ -38,13 +43,22 @@ static int run_queue(const int32_t *in, uint32_t in_len, int32_t *out)
     return AEE_SUCCESS;
 }
 
-/* remote_handle64 skeleton: 0 open, 1 close, 2 run_queue (REMOTE_SCALARS_MAKE(2, 1, 1)). */
+/* remote_handle64 skeleton: 0 open, 1 close, 2 run_queue (REMOTE_SCALARS_MAKE(2, 1, 1)). With HMX built in, open
+ * powers it up and checks it; when that fails the session still serves every HVX op, and KZQ_MATMUL_F16_TILES
+ * answers KZQ_UNSUPPORTED so the host keeps that work. */
 int kazeia_hexagon_skel_handle_invoke(remote_handle64 h, uint32_t scalars, remote_arg *pra)
 {
     (void)h;
     switch (REMOTE_SCALARS_METHOD(scalars)) {
     case 0:
+#ifdef KAZEIA_HMX
+        (void)kz_hmx_init();
+#endif
+        return AEE_SUCCESS;
     case 1:
+#ifdef KAZEIA_HMX
+        kz_hmx_release();
+#endif
         return AEE_SUCCESS;
     case 2:
         if (REMOTE_SCALARS_INBUFS(scalars) != 1 || REMOTE_SCALARS_OUTBUFS(scalars) != 1 ||

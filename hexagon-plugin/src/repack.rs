@@ -282,6 +282,49 @@ pub fn tile_matmul(a: &F16Tiles, b: &F16Tiles) -> Vec<f32> {
     y
 }
 
+/// Inner-dimension tiles the HMX path sums in its fp16 accumulator before adding the read-back to the f32 output
+/// (`KZ_MAX_GROUP` in `dsp/tile_matmul.h`).
+pub const MAX_GROUP: usize = 8;
+
+/// The HMX path's result (`dsp/tile_matmul.c` with its engine model `dsp/tile_emulated.c`), bit for bit:
+/// `y[m][n] = Σ_k a[m][k] · b[n][k]` where, per 32×32 output tile, `group` inner tiles are summed in f32 (tile by
+/// tile, then element by element along k, the zero padding included), that sum is rounded to fp16 (the
+/// accumulator's read-back), and the groups' read-backs are added to `y` in f32.
+pub fn tile_matmul_grouped(a: &F16Tiles, b: &F16Tiles, group: usize) -> Vec<f32> {
+    assert_eq!(a.cols, b.cols, "inner dimensions");
+    assert!(
+        (1..=MAX_GROUP).contains(&group),
+        "group of 1..={MAX_GROUP} tiles"
+    );
+    let (m, n, kts) = (a.rows, b.rows, a.col_tiles());
+    let value = |t: &F16Tiles, tile: usize, i: usize| {
+        f16::from_bits(t.data[tile * TILE * TILE + i]).to_f32()
+    };
+    let mut y = vec![0f32; m * n];
+    for mt in 0..a.row_tiles() {
+        for g0 in (0..kts).step_by(group) {
+            for nt in 0..b.row_tiles() {
+                for r in 0..TILE {
+                    for c in 0..TILE {
+                        let mut acc = 0f32;
+                        for kt in g0..(g0 + group).min(kts) {
+                            let (at, bt) = (mt * kts + kt, nt * kts + kt);
+                            for i in 0..TILE {
+                                acc += value(a, at, r * TILE + i) * value(b, bt, c * TILE + i);
+                            }
+                        }
+                        let (row, col) = (mt * TILE + r, nt * TILE + c);
+                        if row < m && col < n {
+                            y[row * n + col] += f16::from_f32(acc).to_f32();
+                        }
+                    }
+                }
+            }
+        }
+    }
+    y
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -393,6 +436,29 @@ mod tests {
                     + 1e-5;
                 let diff = (y[t * cout + co] - want[co * lout + t]).abs();
                 assert!(diff <= bound, "({co}, {t}): {diff} > {bound}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_hmx_model_is_within_one_fp16_rounding_of_each_group_of_the_f32_tile_product() {
+        // Its accumulator read-back rounds each group's partial sum to fp16: at most 2⁻¹¹ of the partial's
+        // magnitude per group, bounded by the sum of |products|.
+        let (m, n, k) = (37, 45, 300);
+        let a = F16Tiles::pack(&values(m * k, 6), m, k);
+        let b = F16Tiles::pack(&values(n * k, 7), n, k);
+        let f32_sums = tile_matmul(&a, &b);
+        let (am, bm) = (a.unpack(), b.unpack());
+        for group in [1, 3, MAX_GROUP] {
+            let y = tile_matmul_grouped(&a, &b, group);
+            for r in 0..m {
+                for c in 0..n {
+                    let magnitude: f32 =
+                        (0..k).map(|i| (am[r * k + i] * bm[c * k + i]).abs()).sum();
+                    let bound = magnitude * 2f32.powi(-11) + 1e-5;
+                    let diff = (y[r * n + c] - f32_sums[r * n + c]).abs();
+                    assert!(diff <= bound, "group {group} ({r}, {c}): {diff} > {bound}");
+                }
             }
         }
     }

@@ -15,15 +15,19 @@ use kazeia_backend_hexagon::queue::{encode, Arena, QueueKind, QueueOp, Slice};
 use kazeia_backend_hexagon::reference::{
     conv1d_i16, conv_transpose1d_i16, matvec, quantize_activations,
 };
-use kazeia_backend_hexagon::repack::{to_hvx, QuantRows};
+use kazeia_backend_hexagon::repack::{
+    conv_weight_tiles, im2col_tiles, tile_matmul_grouped, to_hvx, F16Tiles, QuantRows,
+};
 
 const QEMU: &str = "qemu-hexagon";
-const SOURCES: [&str; 5] = [
+const SOURCES: [&str; 7] = [
     "qemu_harness.c",
     "qemu_runtime.c",
     "queue_exec.c",
     "hvx_matvec.c",
     "hvx_conv.c",
+    "tile_matmul.c",
+    "tile_emulated.c",
 ];
 
 /// The harness binary, or why it cannot be built here.
@@ -54,6 +58,8 @@ fn harness() -> Option<PathBuf> {
                     "-mhvx-length=128b",
                     "-O2",
                     "-ffp-contract=off",
+                    // The HMX tile path with its software engine (the device build has -DKAZEIA_HMX instead).
+                    "-DKAZEIA_TILE_EMULATION",
                 ])
                 .args([
                     "-ffreestanding",
@@ -271,14 +277,104 @@ fn the_dsp_refuses_bad_queues_with_a_status() {
     let (status, failed, after) = run(&harness, &[conv(x, y), conv(x, short)], &arena);
     assert_eq!((status, failed), (2, 1));
     assert_eq!(after, arena.bytes);
-    // HMX tiles are refused by this (non-SDK) build: status 4.
+    // An fp16 tile product summing more inner tiles per group than the accumulator takes: status 3.
     let hmx = QueueOp {
         kind: QueueKind::MatmulF16Tiles,
         ..conv(x, y)
     };
-    assert_eq!(run(&harness, &[hmx], &arena).0, 4);
+    assert_eq!(hmx.dims[3], 16);
+    assert_eq!(run(&harness, &[hmx], &arena).0, 3);
     // A dilation that leaves no output: status 3.
     let mut bad = conv(x, y);
     bad.dims[4] = 8;
     assert_eq!(run(&harness, &[bad], &arena).0, 3);
+}
+
+#[test]
+fn the_fp16_tile_product_of_the_hmx_path_is_bit_exact_with_its_engine_model() {
+    // dsp/tile_matmul.c's tile walk with the software engine (the device swaps in HMX for the engine only),
+    // against src/repack.rs `tile_matmul_grouped`: partial tiles on every side, groups that do and do not divide
+    // the inner tiles, and a dilated convolution as an im2col product.
+    let Some(harness) = harness() else { return };
+    let mut arena = Arena::default();
+    let mut ops = Vec::new();
+    let mut expected = Vec::new();
+    let mut add = |a: F16Tiles, b: F16Tiles, group: usize, arena: &mut Arena| {
+        let tiles = |t: &F16Tiles| bytes_of(&t.data, |v| v.to_le_bytes().to_vec());
+        let y = arena.reserve(a.rows * b.rows * 4);
+        ops.push(QueueOp {
+            kind: QueueKind::MatmulF16Tiles,
+            format: 0,
+            args: [
+                arena.push(&tiles(&a)),
+                arena.push(&tiles(&b)),
+                y,
+                Slice::default(),
+                Slice::default(),
+            ],
+            dims: [a.rows as u32, b.rows as u32, a.cols as u32, group as u32, 0],
+        });
+        expected.push((y, tile_matmul_grouped(&a, &b, group)));
+    };
+    for (i, &(m, n, k, group)) in [(37, 45, 70, 2), (33, 64, 300, 8), (5, 3, 32, 1)]
+        .iter()
+        .enumerate()
+    {
+        let a = F16Tiles::pack(&values(m * k, 30 + i as u32), m, k);
+        let b = F16Tiles::pack(&values(n * k, 40 + i as u32), n, k);
+        add(a, b, group, &mut arena);
+    }
+    let (cout, cin, k, len, dilation) = (20, 12, 7, 50, 3);
+    let w = values(cout * cin * k, 50);
+    let x = values(cin * len, 51);
+    add(
+        im2col_tiles(&x, cin, len, k, dilation),
+        conv_weight_tiles(&w, cout, cin, k),
+        3,
+        &mut arena,
+    );
+    let (status, failed, result) = run(&harness, &ops, &arena);
+    assert_eq!((status, failed), (0, 0));
+    for (n, (slice, want)) in expected.iter().enumerate() {
+        let got: Vec<u32> = slice_of(&result, *slice)
+            .chunks_exact(4)
+            .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
+            .collect();
+        let want: Vec<u32> = want.iter().map(|v| v.to_bits()).collect();
+        assert_eq!(got, want, "product {n}");
+        assert!(want.iter().any(|&b| b != 0));
+    }
+}
+
+#[test]
+fn the_hmx_engine_compiles_against_the_documented_hexkl_api() {
+    // hmx_hexkl.c runs only on a device with the SDK; here it is compiled (no link) with -DKAZEIA_HMX against
+    // dsp/sdk_decls/, the HexKL micro functions declared as Qualcomm documents them, with the queue executor.
+    if harness().is_none() {
+        return;
+    }
+    let dsp = Path::new(env!("CARGO_MANIFEST_DIR")).join("dsp");
+    let output = Command::new("clang")
+        .args([
+            "--target=hexagon",
+            "-mv68",
+            "-mhvx",
+            "-mhvx-length=128b",
+            "-ffreestanding",
+            "-fsyntax-only",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-DKAZEIA_HMX",
+        ])
+        .arg("-I")
+        .arg(dsp.join("sdk_decls"))
+        .args(["hmx_hexkl.c", "tile_matmul.c", "queue_exec.c"].map(|s| dsp.join(s)))
+        .output()
+        .expect("cannot run clang");
+    assert!(
+        output.status.success(),
+        "clang failed:\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
 }
