@@ -1,24 +1,43 @@
 //! The `Backend` on a compute-DSP session: Q8_0/Q4_0 linear layers of a few rows (the talker's and code
-//! predictor's token steps) run as HVX matvec ops submitted through the op queue; every other op runs on the
-//! CPU backend inside the plugin, so a stage can always be given to `hexagon` whole.
+//! predictor's token steps) run as HVX matvec ops submitted through the op queue, and convolutions (the decoder's)
+//! as im2col fp16 tile products on HMX where the DSP build has it (the first one the DSP refuses as unsupported
+//! sends every later one to the CPU); every other op runs on the CPU backend inside the plugin, so a stage can
+//! always be given to `hexagon` whole.
 //!
 //! Device-only: without a DSP `new` fails with the probe's reason (the engine then uses the CPU). The DSP path
 //! is untested until a device runs the README's runbook.
 
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Mutex;
 
 use kazeia_backend_abi::{AttentionSpan, Backend, Heads, Weight, WeightFormat};
 use kazeia_backend_cpu::CpuBackend;
 
-use crate::fastrpc::{Session, SharedBuffer};
+use crate::fastrpc::{RunError, Session, SharedBuffer, STATUS_UNSUPPORTED};
 use crate::probe::dsp;
 use crate::queue::{encode, Arena, QueueKind, QueueOp, Slice};
 use crate::reference::quantize_activations;
-use crate::repack::{to_hvx, QuantRows};
+use crate::repack::{conv_weight_tiles, im2col_tiles, to_hvx, QuantRows, MAX_GROUP};
 
-/// Rows up to which a linear layer runs as matvecs on the DSP (above: a prefill, left to the CPU's GEMM until
-/// the HMX path exists).
+/// Rows up to which a linear layer runs as matvecs on the DSP (above: a prefill, left to the CPU's GEMM; the fp16
+/// tile product could take it, not wired yet).
 const DSP_MAX_ROWS: usize = 4;
+
+/// A conv1d weight resident in shared memory as fp16 im2col tiles (`[cout][k·cin]`), with the CPU's copy.
+struct DspConv {
+    cpu: Weight,
+    shared: SharedBuffer,
+    tiles: Slice,
+    cout: usize,
+    cin: usize,
+    k: usize,
+    bias: Vec<f32>,
+}
+
+/// What the DSP said about the fp16 tile product.
+const HMX_UNKNOWN: u8 = 0;
+const HMX_YES: u8 = 1;
+const HMX_NO: u8 = 2;
 
 /// A Q8_0/Q4_0 linear weight resident in shared memory in the HVX layout, with the CPU's copy for the rest.
 struct DspLinear {
@@ -34,6 +53,8 @@ pub struct HexagonBackend {
     session: Session,
     /// One queue in flight at a time.
     submit: Mutex<()>,
+    /// `HMX_*`: whether convolutions go to the DSP.
+    hmx: AtomicU8,
 }
 
 impl HexagonBackend {
@@ -43,7 +64,73 @@ impl HexagonBackend {
             cpu: CpuBackend::new(threads),
             session: Session::open(dsp.api)?,
             submit: Mutex::new(()),
+            hmx: AtomicU8::new(HMX_UNKNOWN),
         })
+    }
+
+    fn upload_dsp_conv(
+        &self,
+        w: &[f32],
+        (cout, cin, k): (usize, usize, usize),
+        bias: Option<&[f32]>,
+    ) -> Result<DspConv, String> {
+        let tiles = conv_weight_tiles(w, cout, cin, k);
+        let mut arena = Arena::default();
+        let slice = arena.push(&u16_bytes(&tiles.data));
+        let mut shared = self.session.alloc(arena.bytes.len())?;
+        shared.bytes_mut().copy_from_slice(&arena.bytes);
+        Ok(DspConv {
+            cpu: self.cpu.upload_conv1d(w, cout, cin, k, bias),
+            shared,
+            tiles: Slice { buffer: 1, ..slice },
+            cout,
+            cin,
+            k,
+            bias: bias.map_or_else(|| vec![0.0; cout], <[f32]>::to_vec),
+        })
+    }
+
+    /// `y[cout][lout]` = the convolution as `im2col(x)[lout][k·cin] · w[cout][k·cin]ᵀ` on HMX, plus the bias.
+    fn hmx_conv(
+        &self,
+        w: &DspConv,
+        x: &[f32],
+        len: usize,
+        dilation: usize,
+        y: &mut [f32],
+    ) -> Result<(), RunError> {
+        let lout = len - (w.k - 1) * dilation;
+        let columns = im2col_tiles(x, w.cin, len, w.k, dilation);
+        let mut arena = Arena::default();
+        let a = arena.push(&u16_bytes(&columns.data));
+        let out = arena.reserve(lout * w.cout * 4);
+        let queue = encode(&[QueueOp {
+            kind: QueueKind::MatmulF16Tiles,
+            format: 0,
+            args: [a, w.tiles, out, Slice::default(), Slice::default()],
+            dims: [
+                lout as u32,
+                w.cout as u32,
+                (w.k * w.cin) as u32,
+                MAX_GROUP as u32,
+                0,
+            ],
+        }]);
+        let _guard = self.submit.lock().unwrap_or_else(|e| e.into_inner());
+        let mut qbuf = self.session.alloc(queue.len()).map_err(RunError::Rpc)?;
+        qbuf.bytes_mut().copy_from_slice(&queue);
+        let mut scratch = self
+            .session
+            .alloc(arena.bytes.len())
+            .map_err(RunError::Rpc)?;
+        scratch.bytes_mut().copy_from_slice(&arena.bytes);
+        self.session.run_queue(&qbuf, &[&scratch, &w.shared])?;
+        let bytes = &scratch.bytes()[out.offset as usize..(out.offset + out.len) as usize];
+        for (i, c) in bytes.chunks_exact(4).enumerate() {
+            let (t, co) = (i / w.cout, i % w.cout);
+            y[co * lout + t] = f32::from_le_bytes(c.try_into().unwrap()) + w.bias[co];
+        }
+        Ok(())
     }
 
     fn upload_dsp_linear(&self, cpu: Weight) -> Result<DspLinear, String> {
@@ -105,7 +192,9 @@ impl HexagonBackend {
         qbuf.bytes_mut().copy_from_slice(&queue);
         let mut scratch = self.session.alloc(arena.bytes.len())?;
         scratch.bytes_mut().copy_from_slice(&arena.bytes);
-        self.session.run_queue(&qbuf, &[&scratch, &w.shared])?;
+        self.session
+            .run_queue(&qbuf, &[&scratch, &w.shared])
+            .map_err(|e| e.to_string())?;
         for (r, s) in outputs.iter().enumerate() {
             let bytes = &scratch.bytes()[s.offset as usize..(s.offset + s.len) as usize];
             for (o, c) in bytes.chunks_exact(4).enumerate() {
@@ -115,6 +204,10 @@ impl HexagonBackend {
         }
         Ok(())
     }
+}
+
+fn u16_bytes(v: &[u16]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
 }
 
 fn f32_bytes(v: &[f32]) -> Vec<u8> {
@@ -158,7 +251,16 @@ impl Backend for HexagonBackend {
         k: usize,
         bias: Option<&[f32]>,
     ) -> Weight {
-        self.cpu.upload_conv1d(w, cout, cin, k, bias)
+        if self.hmx.load(Ordering::Relaxed) == HMX_NO {
+            return self.cpu.upload_conv1d(w, cout, cin, k, bias);
+        }
+        match self.upload_dsp_conv(w, (cout, cin, k), bias) {
+            Ok(conv) => Weight::new(conv),
+            Err(e) => {
+                eprintln!("kazeia-backend-hexagon: {e}; this convolution runs on the CPU");
+                self.cpu.upload_conv1d(w, cout, cin, k, bias)
+            }
+        }
     }
     fn upload_depthwise_conv1d(
         &self,
@@ -193,7 +295,28 @@ impl Backend for HexagonBackend {
         }
     }
     fn conv1d(&self, w: &Weight, x: &[f32], len: usize, dilation: usize, y: &mut [f32]) {
-        self.cpu.conv1d(w, x, len, dilation, y)
+        let Some(conv) = w.downcast::<DspConv>() else {
+            return self.cpu.conv1d(w, x, len, dilation, y);
+        };
+        if self.hmx.load(Ordering::Relaxed) != HMX_NO {
+            match self.hmx_conv(conv, x, len, dilation, y) {
+                Ok(()) => {
+                    self.hmx.store(HMX_YES, Ordering::Relaxed);
+                    return;
+                }
+                Err(RunError::Rejected { status, .. }) if status == STATUS_UNSUPPORTED => {
+                    if self.hmx.swap(HMX_NO, Ordering::Relaxed) != HMX_NO {
+                        eprintln!(
+                            "kazeia-backend-hexagon: this DSP build has no HMX; convolutions run on the CPU"
+                        );
+                    }
+                }
+                Err(e) => {
+                    eprintln!("kazeia-backend-hexagon: {e}; running the convolution on the CPU")
+                }
+            }
+        }
+        self.cpu.conv1d(&conv.cpu, x, len, dilation, y)
     }
     fn depthwise_conv1d(&self, w: &Weight, x: &[f32], len: usize, y: &mut [f32]) {
         self.cpu.depthwise_conv1d(w, x, len, y)

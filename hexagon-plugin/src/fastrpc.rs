@@ -86,6 +86,29 @@ impl Api {
     }
 }
 
+/// Why a queue did not run.
+#[derive(Debug)]
+pub enum RunError {
+    /// The FastRPC call itself failed.
+    Rpc(String),
+    /// The DSP refused op `op` with a `kzq_status` (`dsp/kazeia_queue.h`): 4 = not supported by this DSP build.
+    Rejected { status: i32, op: i32 },
+}
+
+/// `KZQ_UNSUPPORTED`: the DSP build lacks the op (an fp16 tile product without HMX).
+pub const STATUS_UNSUPPORTED: i32 = 4;
+
+impl std::fmt::Display for RunError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RunError::Rpc(e) => f.write_str(e),
+            RunError::Rejected { status, op } => {
+                write!(f, "the DSP rejected op {op} of the queue (status {status})")
+            }
+        }
+    }
+}
+
 /// An open handle on the DSP-side library, in an unsigned protection domain.
 pub struct Session {
     api: &'static Api,
@@ -158,7 +181,11 @@ impl Session {
     }
 
     /// Runs the op queue held in `queue`: the DSP reads it and the buffers it names, and writes the outputs.
-    pub fn run_queue(&self, queue: &SharedBuffer, buffers: &[&SharedBuffer]) -> Result<(), String> {
+    pub fn run_queue(
+        &self,
+        queue: &SharedBuffer,
+        buffers: &[&SharedBuffer],
+    ) -> Result<(), RunError> {
         // In: [queue fd, queue length, buffer count] then (fd, length) of each buffer id. Out: the DSP's status.
         let mut header: Vec<i32> = vec![queue.fd, queue.len as i32, buffers.len() as i32];
         for b in buffers {
@@ -180,13 +207,15 @@ impl Session {
         // SAFETY: the argument buffers live for the call.
         let rc = unsafe { (self.api.invoke)(self.handle, scalars, args.as_mut_ptr()) };
         if rc != 0 {
-            return Err(format!("remote_handle64_invoke failed ({rc:#x})"));
+            return Err(RunError::Rpc(format!(
+                "remote_handle64_invoke failed ({rc:#x})"
+            )));
         }
         if status[0] != 0 {
-            return Err(format!(
-                "the DSP rejected op {} of the queue (status {})",
-                status[1], status[0]
-            ));
+            return Err(RunError::Rejected {
+                status: status[0],
+                op: status[1],
+            });
         }
         Ok(())
     }
