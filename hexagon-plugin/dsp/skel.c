@@ -1,10 +1,14 @@
-/* The DSP-side FastRPC entry (SDK builds only: needs the Hexagon SDK's HAP and remote headers). Method 2 of
+/* The DSP-side FastRPC entry (SDK builds only: needs the Hexagon SDK's HAP, QuRT and remote headers). Method 2 of
  * the `remote_handle64` interface runs an op queue: in = [queue fd, queue length, buffer count, (fd, length) of each
- * buffer id], out = [status, failed op]. Buffers are the host's rpcmem allocations, mapped here by fd. */
+ * buffer id], out = [status, failed op]. Buffers are the host's rpcmem allocations, mapped by the host with
+ * FASTRPC_MAP_FD and found here by fd (HAP_mmap_get). Such mappings leave cache maintenance to the user: every
+ * buffer is invalidated before the queue runs (the host's writes are read from DDR) and flushed after it (the
+ * DSP's results reach DDR before the host reads them). */
 #ifdef KAZEIA_HEXAGON_SDK
 #include <stdint.h>
 #include "AEEStdErr.h"
 #include "HAP_mem.h"
+#include "qurt.h"
 #include "remote.h"
 #include "kazeia_queue.h"
 
@@ -34,9 +38,15 @@ static int run_queue(const int32_t *in, uint32_t in_len, int32_t *out)
             return AEE_EBADPARM;
         lens[i] = (uint32_t)in[4 + 2 * i];
     }
+    qurt_mem_cache_clean((qurt_addr_t)queue, (qurt_size_t)in[1], QURT_MEM_CACHE_INVALIDATE, QURT_MEM_DCACHE);
+    for (int i = 0; i < in[2]; i++)
+        qurt_mem_cache_clean((qurt_addr_t)buffers[i], (qurt_size_t)lens[i], QURT_MEM_CACHE_INVALIDATE,
+                             QURT_MEM_DCACHE);
     uint32_t failed = 0;
     out[0] = kazeia_queue_run(queue, (uint32_t)in[1], buffers, lens, (uint32_t)in[2], &failed);
     out[1] = (int32_t)failed;
+    for (int i = 0; i < in[2]; i++)
+        qurt_mem_cache_clean((qurt_addr_t)buffers[i], (qurt_size_t)lens[i], QURT_MEM_CACHE_FLUSH, QURT_MEM_DCACHE);
     for (int i = 0; i < in[2]; i++)
         HAP_mmap_put(in[3 + 2 * i]);
     HAP_mmap_put(in[0]);
