@@ -15,12 +15,21 @@
 
 use std::ffi::c_void;
 
-use kazeia_backend_abi::plugin::{OpKind, OpRecord};
+use kazeia_backend_abi::plugin::{attention_n, strided_n, OpKind, OpRecord};
 use kazeia_backend_abi::{AttentionSpan, Backend, Combine, Heads, Strided, View, Weight};
 
 /// Pending memory (bytes of the graph's own live and released buffers) past which the graph runs what it has, so
 /// a long one-shot decode does not hold every intermediate result at once.
 pub const FLUSH_BYTES: usize = 256 << 20;
+
+/// An op's `n` from its first values (the rest zero).
+fn dims(values: &[usize]) -> [u64; 8] {
+    let mut n = [0u64; 8];
+    for (d, &v) in n.iter_mut().zip(values) {
+        *d = v as u64;
+    }
+    n
+}
 
 /// A tensor of a [`Graph`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -147,7 +156,7 @@ impl<'m> Graph<'m> {
         weight: Option<&'m Weight>,
         inputs: [Option<Tensor>; 3],
         out: Tensor,
-        n: [usize; 8],
+        n: [u64; 8],
         f: f32,
     ) {
         let out = self.live(out);
@@ -164,7 +173,7 @@ impl<'m> Graph<'m> {
             weight: weight.map_or(std::ptr::null(), |w| w as *const Weight as *const c_void),
             inputs,
             out,
-            n: n.map(|v| v as u64),
+            n,
             f: [f, 0.0],
         });
         if !self.deferred || self.pending_bytes > FLUSH_BYTES {
@@ -181,14 +190,7 @@ impl<'m> Graph<'m> {
         out_len: usize,
     ) -> Tensor {
         let y = self.zeros(out_len);
-        self.op(
-            kind,
-            Some(w),
-            [Some(x), None, None],
-            y,
-            [n[0], n[1], 0, 0, 0, 0, 0, 0],
-            0.0,
-        );
+        self.op(kind, Some(w), [Some(x), None, None], y, dims(&n), 0.0);
         y
     }
 
@@ -239,7 +241,7 @@ impl<'m> Graph<'m> {
             None,
             [Some(w), None, None],
             x,
-            [dim, 0, 0, 0, 0, 0, 0, 0],
+            dims(&[dim]),
             eps,
         );
     }
@@ -259,7 +261,7 @@ impl<'m> Graph<'m> {
             None,
             [Some(w), Some(b), None],
             x,
-            [dim, 0, 0, 0, 0, 0, 0, 0],
+            dims(&[dim]),
             eps,
         );
     }
@@ -271,7 +273,7 @@ impl<'m> Graph<'m> {
             None,
             [None, None, None],
             x,
-            [heads, head_dim, start_pos, 0, 0, 0, 0, 0],
+            dims(&[heads, head_dim, start_pos]),
             theta,
         );
     }
@@ -287,16 +289,7 @@ impl<'m> Graph<'m> {
         scale: f32,
     ) -> Tensor {
         let out = self.zeros(self.len(q));
-        let n = [
-            heads.q_heads,
-            heads.kv_heads,
-            heads.head_dim,
-            span.queries,
-            span.query_start,
-            span.keys,
-            span.key_start,
-            span.window.unwrap_or(0),
-        ];
+        let n = attention_n(heads, span);
         self.op(
             OpKind::Attention,
             None,
@@ -316,19 +309,19 @@ impl<'m> Graph<'m> {
             None,
             [Some(a), Some(b), None],
             x,
-            [len, 0, 0, 0, 0, 0, 0, 0],
+            dims(&[len]),
             0.0,
         );
     }
 
     /// [`Backend::gelu`], in place.
     pub fn gelu(&mut self, x: Tensor) {
-        self.op(OpKind::Gelu, None, [None; 3], x, [0; 8], 0.0);
+        self.op(OpKind::Gelu, None, [None; 3], x, [0u64; 8], 0.0);
     }
 
     /// [`Backend::silu`], in place.
     pub fn silu(&mut self, x: Tensor) {
-        self.op(OpKind::Silu, None, [None; 3], x, [0; 8], 0.0);
+        self.op(OpKind::Silu, None, [None; 3], x, [0u64; 8], 0.0);
     }
 
     /// [`Backend::silu_mul`]: `gate = silu(gate) · up`, in place.
@@ -338,7 +331,7 @@ impl<'m> Graph<'m> {
             None,
             [Some(up), None, None],
             gate,
-            [0; 8],
+            [0u64; 8],
             0.0,
         );
     }
@@ -351,22 +344,15 @@ impl<'m> Graph<'m> {
         if shape.is_empty() {
             return;
         }
-        let kind = match combine {
-            Combine::Copy => OpKind::Copy,
-            Combine::Add => OpKind::Add,
-            Combine::Mul => OpKind::Mul,
-        };
-        let n = [
-            shape.rows,
-            shape.cols,
-            shape.src.offset,
-            shape.src.row_stride,
-            shape.src.col_stride,
-            shape.dst.offset,
-            shape.dst.row_stride,
-            shape.dst.col_stride,
-        ];
-        self.op(kind, None, [Some(src), None, None], dst, n, 0.0);
+        let n = strided_n(shape);
+        self.op(
+            OpKind::from(combine),
+            None,
+            [Some(src), None, None],
+            dst,
+            n,
+            0.0,
+        );
     }
 
     /// A copy of `x` (all of it) as a new tensor.

@@ -15,8 +15,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use kazeia_backend_abi::plugin::{
-    EntryFn, ErrorBuffer, OpKind, OpRecord, PluginApi, WeightDesc, WeightKind, CAPABILITY_LISTS,
-    ENTRY_SYMBOL, PLUGIN_ABI_VERSION, PLUGIN_MAGIC,
+    attention_n, EntryFn, ErrorBuffer, OpKind, OpRecord, PluginApi, WeightDesc, WeightKind,
+    CAPABILITY_LISTS, ENTRY_SYMBOL, PLUGIN_ABI_VERSION, PLUGIN_MAGIC,
 };
 use kazeia_backend_abi::{
     records, AttentionSpan, Backend, Combine, Heads, Strided, Weight, WeightFormat,
@@ -586,17 +586,7 @@ impl Backend for PluginBackend {
         (op.b, op.b_len) = (k.as_ptr(), k.len());
         (op.c, op.c_len) = (v.as_ptr(), v.len());
         (op.out, op.out_len) = (out.as_mut_ptr(), out.len());
-        op.n = [
-            heads.q_heads,
-            heads.kv_heads,
-            heads.head_dim,
-            span.queries,
-            span.query_start,
-            span.keys,
-            span.key_start,
-            span.window.unwrap_or(0),
-        ]
-        .map(|v| v as u64);
+        op.n = attention_n(heads, span);
         op.f[0] = scale;
         self.run(op);
     }

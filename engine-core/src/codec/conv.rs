@@ -268,16 +268,11 @@ impl CausalConvTranspose1d {
         );
         g.release(y_full);
         let bias = g.constant(&self.bias);
-        let per_channel = View {
-            offset: 0,
-            row_stride: 1,
-            col_stride: 0,
-        };
         g.strided(
             Combine::Add,
             bias,
             y,
-            columns(out_len, per_channel, rows(0, out_len)),
+            columns(out_len, View::per_row(), rows(0, out_len)),
         );
         y
     }

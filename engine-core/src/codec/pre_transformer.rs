@@ -296,11 +296,6 @@ fn add_scaled<'m>(
 ) {
     let dim = scale.len();
     let scale = g.constant(scale);
-    let per_column = View {
-        offset: 0,
-        row_stride: 0,
-        col_stride: 1,
-    };
     g.strided(
         Combine::Mul,
         scale,
@@ -308,7 +303,7 @@ fn add_scaled<'m>(
         Strided {
             rows: frames,
             cols: dim,
-            src: per_column,
+            src: View::per_column(),
             dst: View::rows(0, dim),
         },
     );

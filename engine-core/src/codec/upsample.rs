@@ -59,11 +59,6 @@ impl ConvNeXt {
         g.release(wide);
         // x[c][t] += γ[c] · branch[t][c]
         let gamma = g.constant(&self.gamma);
-        let per_column = View {
-            offset: 0,
-            row_stride: 0,
-            col_stride: 1,
-        };
         g.strided(
             Combine::Mul,
             gamma,
@@ -71,15 +66,10 @@ impl ConvNeXt {
             Strided {
                 rows: len,
                 cols: dim,
-                src: per_column,
+                src: View::per_column(),
                 dst: View::rows(0, dim),
             },
         );
-        let transposed = View {
-            offset: 0,
-            row_stride: 1,
-            col_stride: dim,
-        };
         g.strided(
             Combine::Add,
             branch,
@@ -87,7 +77,7 @@ impl ConvNeXt {
             Strided {
                 rows: dim,
                 cols: len,
-                src: transposed,
+                src: View::transposed(dim),
                 dst: View::rows(0, len),
             },
         );

@@ -10,7 +10,7 @@
 
 use std::ffi::{c_char, c_void};
 
-use crate::{Combine, Strided, View};
+use crate::{AttentionSpan, Combine, Heads, Strided, View};
 
 /// `"KZBP"`.
 pub const PLUGIN_MAGIC: u32 = 0x4b5a_4250;
@@ -153,7 +153,8 @@ impl OpKind {
         )
     }
 
-    /// The strided combination of a [`OpKind::Copy`]/[`OpKind::Add`]/[`OpKind::Mul`] op.
+    /// The strided combination of a [`OpKind::Copy`]/[`OpKind::Add`]/[`OpKind::Mul`] op (inverse of
+    /// `OpKind::from(Combine)`).
     pub fn combine(self) -> Option<Combine> {
         match self {
             OpKind::Copy => Some(Combine::Copy),
@@ -162,6 +163,65 @@ impl OpKind {
             _ => None,
         }
     }
+}
+
+impl From<Combine> for OpKind {
+    fn from(c: Combine) -> OpKind {
+        match c {
+            Combine::Copy => OpKind::Copy,
+            Combine::Add => OpKind::Add,
+            Combine::Mul => OpKind::Mul,
+        }
+    }
+}
+
+/// `n` of a strided op ([`OpKind::Copy`]).
+pub fn strided_n(shape: Strided) -> [u64; 8] {
+    [
+        shape.rows,
+        shape.cols,
+        shape.src.offset,
+        shape.src.row_stride,
+        shape.src.col_stride,
+        shape.dst.offset,
+        shape.dst.row_stride,
+        shape.dst.col_stride,
+    ]
+    .map(|v| v as u64)
+}
+
+/// `n` of an [`OpKind::Attention`] op.
+pub fn attention_n(heads: Heads, span: AttentionSpan) -> [u64; 8] {
+    [
+        heads.q_heads,
+        heads.kv_heads,
+        heads.head_dim,
+        span.queries,
+        span.query_start,
+        span.keys,
+        span.key_start,
+        span.window.unwrap_or(0),
+    ]
+    .map(|v| v as u64)
+}
+
+/// An [`OpKind::Attention`] op's heads and span from its `n` (inverse of [`attention_n`]).
+pub fn attention_of(n: [u64; 8]) -> (Heads, AttentionSpan) {
+    let n = n.map(|v| v as usize);
+    (
+        Heads {
+            q_heads: n[0],
+            kv_heads: n[1],
+            head_dim: n[2],
+        },
+        AttentionSpan {
+            queries: n[3],
+            query_start: n[4],
+            keys: n[5],
+            key_start: n[6],
+            window: (n[7] > 0).then_some(n[7]),
+        },
+    )
 }
 
 /// One op on host buffers.
@@ -191,25 +251,10 @@ impl OpRecord {
         dst_len: usize,
         shape: Strided,
     ) -> Self {
-        let kind = match combine {
-            Combine::Copy => OpKind::Copy,
-            Combine::Add => OpKind::Add,
-            Combine::Mul => OpKind::Mul,
-        };
-        let mut op = OpRecord::new(kind);
+        let mut op = OpRecord::new(OpKind::from(combine));
         (op.a, op.a_len) = (src.as_ptr(), src.len());
         (op.out, op.out_len) = (dst, dst_len);
-        op.n = [
-            shape.rows,
-            shape.cols,
-            shape.src.offset,
-            shape.src.row_stride,
-            shape.src.col_stride,
-            shape.dst.offset,
-            shape.dst.row_stride,
-            shape.dst.col_stride,
-        ]
-        .map(|v| v as u64);
+        op.n = strided_n(shape);
         op
     }
 

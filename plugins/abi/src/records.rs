@@ -1,8 +1,8 @@
 //! Running an [`OpRecord`] through the [`Backend`] trait's own methods: what a backend without a better way to
 //! take a list does with each op (the CPU plugins, and the default [`Backend::run_records`]).
 
-use crate::plugin::{OpKind, OpRecord};
-use crate::{AttentionSpan, Backend, Heads, Weight};
+use crate::plugin::{attention_of, OpKind, OpRecord};
+use crate::{Backend, Weight};
 
 /// A record's input buffer as a slice (empty when its length is 0).
 ///
@@ -50,18 +50,7 @@ pub unsafe fn run_record<B: Backend + ?Sized>(backend: &B, op: &OpRecord) -> Res
         OpKind::LayerNorm => backend.layer_norm(out, n[0], a, b, op.f[0]),
         OpKind::Rope => backend.rope(out, n[0], n[1], n[2], op.f[0]),
         OpKind::Attention => {
-            let heads = Heads {
-                q_heads: n[0],
-                kv_heads: n[1],
-                head_dim: n[2],
-            };
-            let span = AttentionSpan {
-                queries: n[3],
-                query_start: n[4],
-                keys: n[5],
-                key_start: n[6],
-                window: (n[7] > 0).then_some(n[7]),
-            };
+            let (heads, span) = attention_of(op.n);
             backend.attention(a, b, c, heads, span, op.f[0], out)
         }
         OpKind::SnakeBeta => backend.snake_beta(out, n[0], a, b),

@@ -21,6 +21,33 @@ impl View {
         }
     }
 
+    /// One value per row, repeated along it (a per-channel bias over time): `values[r]`.
+    pub fn per_row() -> View {
+        View {
+            offset: 0,
+            row_stride: 1,
+            col_stride: 0,
+        }
+    }
+
+    /// One value per column, the same for every row (a per-feature scale over positions): `values[c]`.
+    pub fn per_column() -> View {
+        View {
+            offset: 0,
+            row_stride: 0,
+            col_stride: 1,
+        }
+    }
+
+    /// The transpose of a matrix whose rows are `width` long: element `(r, c)` is `m[c][r]`.
+    pub fn transposed(width: usize) -> View {
+        View {
+            offset: 0,
+            row_stride: 1,
+            col_stride: width,
+        }
+    }
+
     fn at(&self, r: usize, c: usize) -> usize {
         self.offset + r * self.row_stride + c * self.col_stride
     }
@@ -71,11 +98,7 @@ impl Strided {
             rows,
             cols,
             src: View::rows(0, cols),
-            dst: View {
-                offset: 0,
-                row_stride: 1,
-                col_stride: rows,
-            },
+            dst: View::transposed(rows),
         }
     }
 

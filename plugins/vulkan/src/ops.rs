@@ -1,6 +1,6 @@
 //! Op records from the ABI, checked, and turned into either one shader dispatch or a call on the CPU backend.
 
-use kazeia_backend_abi::plugin::{OpKind, OpRecord};
+use kazeia_backend_abi::plugin::{attention_of, OpKind, OpRecord};
 use kazeia_backend_abi::{AttentionSpan, Backend, Combine, Heads, Strided, Weight};
 use kazeia_backend_cpu::CpuBackend;
 
@@ -121,21 +121,14 @@ impl<'a> Op<'a> {
                 start_pos: n[2],
                 theta: r.f[0],
             },
-            k if k == OpKind::Attention as u32 => Math::Attention {
-                heads: Heads {
-                    q_heads: n[0],
-                    kv_heads: n[1],
-                    head_dim: n[2],
-                },
-                span: AttentionSpan {
-                    queries: n[3],
-                    query_start: n[4],
-                    keys: n[5],
-                    key_start: n[6],
-                    window: (n[7] > 0).then_some(n[7]),
-                },
-                scale: r.f[0],
-            },
+            k if k == OpKind::Attention as u32 => {
+                let (heads, span) = attention_of(r.n);
+                Math::Attention {
+                    heads,
+                    span,
+                    scale: r.f[0],
+                }
+            }
             k if k == OpKind::SnakeBeta as u32 => Math::SnakeBeta { len: n[0] },
             k if k == OpKind::Gelu as u32 => Math::Gelu,
             k if k == OpKind::Silu as u32 => Math::Silu,
