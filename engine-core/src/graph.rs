@@ -355,6 +355,19 @@ impl<'m> Graph<'m> {
         );
     }
 
+    /// `x[r][c] *= scale[c]` on `x[rows][scale.len()]`, in place (LayerScale, ConvNeXt's γ).
+    pub fn scale_columns(&mut self, x: Tensor, rows: usize, scale: &'m [f32]) {
+        let cols = scale.len();
+        let scale = self.constant(scale);
+        let shape = Strided {
+            rows,
+            cols,
+            src: View::per_column(),
+            dst: View::rows(0, cols),
+        };
+        self.strided(Combine::Mul, scale, x, shape);
+    }
+
     /// A copy of `x` (all of it) as a new tensor.
     pub fn duplicate(&mut self, x: Tensor) -> Tensor {
         let len = self.len(x);

@@ -295,18 +295,7 @@ fn add_scaled<'m>(
     frames: usize,
 ) {
     let dim = scale.len();
-    let scale = g.constant(scale);
-    g.strided(
-        Combine::Mul,
-        scale,
-        branch,
-        Strided {
-            rows: frames,
-            cols: dim,
-            src: View::per_column(),
-            dst: View::rows(0, dim),
-        },
-    );
+    g.scale_columns(branch, frames, scale);
     g.strided(
         Combine::Add,
         branch,

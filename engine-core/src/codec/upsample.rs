@@ -58,18 +58,7 @@ impl ConvNeXt {
         let branch = g.linear(&self.pwconv2, wide, len, dim);
         g.release(wide);
         // x[c][t] += γ[c] · branch[t][c]
-        let gamma = g.constant(&self.gamma);
-        g.strided(
-            Combine::Mul,
-            gamma,
-            branch,
-            Strided {
-                rows: len,
-                cols: dim,
-                src: View::per_column(),
-                dst: View::rows(0, dim),
-            },
-        );
+        g.scale_columns(branch, len, &self.gamma);
         g.strided(
             Combine::Add,
             branch,
