@@ -1,8 +1,8 @@
 //! The `Backend` on a compute-DSP session: Q8_0/Q4_0 linear layers of a few rows (the talker's and code
-//! predictor's token steps) run as HVX matvec ops submitted through the op queue, and convolutions (the decoder's)
-//! as im2col fp16 tile products on HMX where the DSP build has it (the first one the DSP refuses as unsupported
-//! sends every later one to the CPU); every other op runs on the CPU backend inside the plugin, so a stage can
-//! always be given to `hexagon` whole.
+//! predictor's token steps) run as HVX matvec ops submitted through the op queue; the decoder's convolutions and
+//! transposed convolutions (one product per output phase) run as im2col fp16 tile products on HMX where the DSP
+//! build has it (the first one the DSP refuses as unsupported sends every later one to the CPU); every other op
+//! runs on the CPU backend inside the plugin, so a stage can always be given to `hexagon` whole.
 //!
 //! Device-only: without a DSP `new` fails with the probe's reason (the engine then uses the CPU). The DSP path
 //! is untested until a device runs the README's runbook.
@@ -17,7 +17,10 @@ use crate::fastrpc::{RunError, Session, SharedBuffer, STATUS_UNSUPPORTED};
 use crate::probe::dsp;
 use crate::queue::{encode, Arena, QueueKind, QueueOp, Slice};
 use crate::reference::quantize_activations;
-use crate::repack::{conv_weight_tiles, im2col_tiles, to_hvx, QuantRows, MAX_GROUP};
+use crate::repack::{
+    conv_transpose_input_tiles, conv_transpose_phase_tiles, conv_weight_tiles, im2col_tiles,
+    scatter_phase, to_hvx, F16Tiles, QuantRows, MAX_GROUP,
+};
 
 /// Rows up to which a linear layer runs as matvecs on the DSP (above: a prefill, left to the CPU's GEMM; the fp16
 /// tile product could take it, not wired yet).
@@ -32,6 +35,18 @@ struct DspConv {
     cin: usize,
     k: usize,
     bias: Vec<f32>,
+}
+
+/// A transposed conv weight resident in shared memory as one set of fp16 im2col tiles per output phase
+/// (`repack::conv_transpose_phase_tiles`), with the CPU's copy.
+struct DspConvTranspose {
+    cpu: Weight,
+    shared: SharedBuffer,
+    phases: Vec<Slice>,
+    cin: usize,
+    cout: usize,
+    k: usize,
+    stride: usize,
 }
 
 /// What the DSP said about the fp16 tile product.
@@ -90,6 +105,50 @@ impl HexagonBackend {
         })
     }
 
+    /// fp16 tile products `input[m][k] · wᵀ` for each weight `w[n][k]` in `weights` (tiles in shared memory),
+    /// as one queue: each result `[m][n]` row-major.
+    fn tile_products(
+        &self,
+        input: &F16Tiles,
+        shared: &SharedBuffer,
+        weights: &[(Slice, usize)],
+    ) -> Result<Vec<Vec<f32>>, RunError> {
+        let (m, k) = (input.rows, input.cols);
+        let mut arena = Arena::default();
+        let a = arena.push(&u16_bytes(&input.data));
+        let mut outputs = Vec::with_capacity(weights.len());
+        let mut ops = Vec::with_capacity(weights.len());
+        for &(tiles, n) in weights {
+            let out = arena.reserve(m * n * 4);
+            outputs.push(out);
+            ops.push(QueueOp {
+                kind: QueueKind::MatmulF16Tiles,
+                format: 0,
+                args: [a, tiles, out, Slice::default(), Slice::default()],
+                dims: [m as u32, n as u32, k as u32, MAX_GROUP as u32, 0],
+            });
+        }
+        let queue = encode(&ops);
+        let _guard = self.submit.lock().unwrap_or_else(|e| e.into_inner());
+        let mut qbuf = self.session.alloc(queue.len()).map_err(RunError::Rpc)?;
+        qbuf.bytes_mut().copy_from_slice(&queue);
+        let mut scratch = self
+            .session
+            .alloc(arena.bytes.len())
+            .map_err(RunError::Rpc)?;
+        scratch.bytes_mut().copy_from_slice(&arena.bytes);
+        self.session.run_queue(&qbuf, &[&scratch, shared])?;
+        Ok(outputs
+            .iter()
+            .map(|out| {
+                scratch.bytes()[out.offset as usize..(out.offset + out.len) as usize]
+                    .chunks_exact(4)
+                    .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+                    .collect()
+            })
+            .collect())
+    }
+
     /// `y[cout][lout]` = the convolution as `im2col(x)[lout][k·cin] · w[cout][k·cin]ᵀ` on HMX, plus the bias.
     fn hmx_conv(
         &self,
@@ -101,36 +160,84 @@ impl HexagonBackend {
     ) -> Result<(), RunError> {
         let lout = len - (w.k - 1) * dilation;
         let columns = im2col_tiles(x, w.cin, len, w.k, dilation);
-        let mut arena = Arena::default();
-        let a = arena.push(&u16_bytes(&columns.data));
-        let out = arena.reserve(lout * w.cout * 4);
-        let queue = encode(&[QueueOp {
-            kind: QueueKind::MatmulF16Tiles,
-            format: 0,
-            args: [a, w.tiles, out, Slice::default(), Slice::default()],
-            dims: [
-                lout as u32,
-                w.cout as u32,
-                (w.k * w.cin) as u32,
-                MAX_GROUP as u32,
-                0,
-            ],
-        }]);
-        let _guard = self.submit.lock().unwrap_or_else(|e| e.into_inner());
-        let mut qbuf = self.session.alloc(queue.len()).map_err(RunError::Rpc)?;
-        qbuf.bytes_mut().copy_from_slice(&queue);
-        let mut scratch = self
-            .session
-            .alloc(arena.bytes.len())
-            .map_err(RunError::Rpc)?;
-        scratch.bytes_mut().copy_from_slice(&arena.bytes);
-        self.session.run_queue(&qbuf, &[&scratch, &w.shared])?;
-        let bytes = &scratch.bytes()[out.offset as usize..(out.offset + out.len) as usize];
-        for (i, c) in bytes.chunks_exact(4).enumerate() {
+        let product = self.tile_products(&columns, &w.shared, &[(w.tiles, w.cout)])?;
+        for (i, v) in product[0].iter().enumerate() {
             let (t, co) = (i / w.cout, i % w.cout);
-            y[co * lout + t] = f32::from_le_bytes(c.try_into().unwrap()) + w.bias[co];
+            y[co * lout + t] = v + w.bias[co];
         }
         Ok(())
+    }
+
+    fn upload_dsp_conv_transpose(
+        &self,
+        w: &[f32],
+        (cin, cout, k): (usize, usize, usize),
+        stride: usize,
+    ) -> Result<DspConvTranspose, String> {
+        let mut arena = Arena::default();
+        let phases = conv_transpose_phase_tiles(w, cin, cout, k, stride)
+            .iter()
+            .map(|tiles| Slice {
+                buffer: 1,
+                ..arena.push(&u16_bytes(&tiles.data))
+            })
+            .collect();
+        let mut shared = self.session.alloc(arena.bytes.len())?;
+        shared.bytes_mut().copy_from_slice(&arena.bytes);
+        Ok(DspConvTranspose {
+            cpu: self.cpu.upload_conv_transpose1d(w, cin, cout, k, stride),
+            shared,
+            phases,
+            cin,
+            cout,
+            k,
+            stride,
+        })
+    }
+
+    /// The full transposed convolution `y[cout][(len − 1)·stride + k]` as one fp16 tile product per output phase
+    /// on HMX, all in one queue.
+    fn hmx_conv_transpose(
+        &self,
+        w: &DspConvTranspose,
+        x: &[f32],
+        len: usize,
+        y: &mut [f32],
+    ) -> Result<(), RunError> {
+        let taps = w.k.div_ceil(w.stride);
+        let full = (len - 1) * w.stride + w.k;
+        let input = conv_transpose_input_tiles(x, w.cin, len, taps);
+        let weights: Vec<(Slice, usize)> = w.phases.iter().map(|&s| (s, w.cout)).collect();
+        let products = self.tile_products(&input, &w.shared, &weights)?;
+        for (p, product) in products.iter().enumerate() {
+            scatter_phase(product, p, w.stride, w.cout, y, full);
+        }
+        Ok(())
+    }
+
+    /// Runs `hmx` unless the DSP said it has no HMX; false (the caller then uses the CPU) when it did not run.
+    fn try_hmx(&self, hmx: impl FnOnce() -> Result<(), RunError>) -> bool {
+        if self.hmx.load(Ordering::Relaxed) == HMX_NO {
+            return false;
+        }
+        match hmx() {
+            Ok(()) => {
+                self.hmx.store(HMX_YES, Ordering::Relaxed);
+                true
+            }
+            Err(RunError::Rejected { status, .. }) if status == STATUS_UNSUPPORTED => {
+                if self.hmx.swap(HMX_NO, Ordering::Relaxed) != HMX_NO {
+                    eprintln!(
+                        "kazeia-backend-hexagon: this DSP build has no HMX; convolutions run on the CPU"
+                    );
+                }
+                false
+            }
+            Err(e) => {
+                eprintln!("kazeia-backend-hexagon: {e}; running the convolution on the CPU");
+                false
+            }
+        }
     }
 
     fn upload_dsp_linear(&self, cpu: Weight) -> Result<DspLinear, String> {
@@ -279,7 +386,18 @@ impl Backend for HexagonBackend {
         k: usize,
         stride: usize,
     ) -> Weight {
-        self.cpu.upload_conv_transpose1d(w, cin, cout, k, stride)
+        if self.hmx.load(Ordering::Relaxed) == HMX_NO {
+            return self.cpu.upload_conv_transpose1d(w, cin, cout, k, stride);
+        }
+        match self.upload_dsp_conv_transpose(w, (cin, cout, k), stride) {
+            Ok(conv) => Weight::new(conv),
+            Err(e) => {
+                eprintln!(
+                    "kazeia-backend-hexagon: {e}; this transposed convolution runs on the CPU"
+                );
+                self.cpu.upload_conv_transpose1d(w, cin, cout, k, stride)
+            }
+        }
     }
 
     fn linear(&self, w: &Weight, x: &[f32], rows: usize, y: &mut [f32]) {
@@ -322,7 +440,12 @@ impl Backend for HexagonBackend {
         self.cpu.depthwise_conv1d(w, x, len, y)
     }
     fn conv_transpose1d(&self, w: &Weight, x: &[f32], len: usize, y: &mut [f32]) {
-        self.cpu.conv_transpose1d(w, x, len, y)
+        let Some(conv) = w.downcast::<DspConvTranspose>() else {
+            return self.cpu.conv_transpose1d(w, x, len, y);
+        };
+        if !self.try_hmx(|| self.hmx_conv_transpose(conv, x, len, y)) {
+            self.cpu.conv_transpose1d(&conv.cpu, x, len, y)
+        }
     }
     fn rms_norm(&self, x: &mut [f32], dim: usize, weight: &[f32], eps: f32) {
         self.cpu.rms_norm(x, dim, weight, eps)

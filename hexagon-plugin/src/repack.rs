@@ -256,6 +256,73 @@ pub fn im2col_tiles(x: &[f32], cin: usize, len: usize, k: usize, dilation: usize
     F16Tiles::pack(&m, lout, k * cin)
 }
 
+/// A `ConvTranspose1d` (`w[cin][cout][k]`, `stride`) as `stride` convolutions over the same input, one per output
+/// phase: output column `q·stride + p` of the full transposed convolution is column `q` of phase `p`'s valid conv1d
+/// over `x` padded with `taps − 1` zeros on both sides, where `taps = ceil(k / stride)` and phase `p`'s kernel is
+/// `w'[co][ci][j] = w[ci][co][p + (taps − 1 − j)·stride]` (zero past `k`). Each phase's kernel comes back as im2col
+/// weight tiles; [`conv_transpose_input_tiles`] is the shared input.
+pub fn conv_transpose_phase_tiles(
+    w: &[f32],
+    cin: usize,
+    cout: usize,
+    k: usize,
+    stride: usize,
+) -> Vec<F16Tiles> {
+    assert_eq!(w.len(), cin * cout * k, "transposed conv weight size");
+    assert!(stride >= 1 && k >= 1, "stride and kernel");
+    let taps = k.div_ceil(stride);
+    (0..stride)
+        .map(|p| {
+            let mut phase = vec![0f32; cout * cin * taps];
+            for co in 0..cout {
+                for ci in 0..cin {
+                    for j in 0..taps {
+                        let tap = p + (taps - 1 - j) * stride;
+                        if tap < k {
+                            phase[(co * cin + ci) * taps + j] = w[(ci * cout + co) * k + tap];
+                        }
+                    }
+                }
+            }
+            conv_weight_tiles(&phase, cout, cin, taps)
+        })
+        .collect()
+}
+
+/// The input of every phase of [`conv_transpose_phase_tiles`]: `x[cin][len]` padded with `taps − 1` zeros on both
+/// sides, as im2col rows `[len + taps − 1][taps·cin]` in tiles.
+pub fn conv_transpose_input_tiles(x: &[f32], cin: usize, len: usize, taps: usize) -> F16Tiles {
+    let pad = taps - 1;
+    let width = len + 2 * pad;
+    let mut padded = vec![0f32; cin * width];
+    for ci in 0..cin {
+        padded[ci * width + pad..ci * width + pad + len]
+            .copy_from_slice(&x[ci * len..(ci + 1) * len]);
+    }
+    im2col_tiles(&padded, cin, width, taps, 1)
+}
+
+/// Scatters phase `p`'s product `y_p[q][cout]` into the full transposed convolution `y[cout][full]` (the columns
+/// `q·stride + p < full`).
+pub fn scatter_phase(
+    y_p: &[f32],
+    p: usize,
+    stride: usize,
+    cout: usize,
+    y: &mut [f32],
+    full: usize,
+) {
+    for (q, row) in y_p.chunks_exact(cout).enumerate() {
+        let column = q * stride + p;
+        if column >= full {
+            break;
+        }
+        for (co, v) in row.iter().enumerate() {
+            y[co * full + column] = *v;
+        }
+    }
+}
+
 /// `y[m][n] = Σ_k a[m][k] · b[n][k]` over tiles, accumulated in f32 tile by tile along k as HMX does
 /// (the reference for the HMX kernel; `b` is the weight, `a` the im2col input).
 pub fn tile_matmul(a: &F16Tiles, b: &F16Tiles) -> Vec<f32> {
@@ -458,6 +525,50 @@ mod tests {
                     let bound = magnitude * 2f32.powi(-11) + 1e-5;
                     let diff = (y[r * n + c] - f32_sums[r * n + c]).abs();
                     assert!(diff <= bound, "group {group} ({r}, {c}): {diff} > {bound}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_transposed_conv_as_phase_tile_products_is_the_cpu_one_up_to_fp16_rounding() {
+        // The decoder's upsamplers: kernel 2·stride, and a kernel that is not a multiple of the stride.
+        for &(cin, cout, k, stride, len) in &[(6, 5, 10, 5, 7), (4, 3, 7, 3, 9), (3, 2, 4, 4, 1)] {
+            let w = values(cin * cout * k, 8);
+            let x = values(cin * len, 9);
+            let cpu = CpuBackend::new(1);
+            let weight = cpu.upload_conv_transpose1d(&w, cin, cout, k, stride);
+            let full = (len - 1) * stride + k;
+            let mut want = vec![0.0; cout * full];
+            cpu.conv_transpose1d(&weight, &x, len, &mut want);
+            let taps = k.div_ceil(stride);
+            let input = conv_transpose_input_tiles(&x, cin, len, taps);
+            assert_eq!(input.rows, len + taps - 1);
+            let mut y = vec![f32::NAN; cout * full];
+            for (p, phase) in conv_transpose_phase_tiles(&w, cin, cout, k, stride)
+                .iter()
+                .enumerate()
+            {
+                scatter_phase(&tile_matmul(&input, phase), p, stride, cout, &mut y, full);
+            }
+            for co in 0..cout {
+                for u in 0..full {
+                    // Two fp16 roundings per product: at most 2·2⁻¹¹ of |w·x| each.
+                    let bound: f32 = (0..cin)
+                        .flat_map(|ci| (0..len).map(move |t| (ci, t)))
+                        .filter(|&(_, t)| u >= t * stride && u - t * stride < k)
+                        .map(|(ci, t)| {
+                            (w[(ci * cout + co) * k + u - t * stride] * x[ci * len + t]).abs()
+                        })
+                        .sum::<f32>()
+                        * 2.0
+                        * 2f32.powi(-11)
+                        + 1e-6;
+                    let diff = (y[co * full + u] - want[co * full + u]).abs();
+                    assert!(
+                        diff <= bound,
+                        "k {k} stride {stride} ({co}, {u}): {diff} > {bound}"
+                    );
                 }
             }
         }
