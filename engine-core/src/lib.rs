@@ -1,7 +1,7 @@
 //! Kazeia's model runtime for the Qwen3-TTS-12Hz family.
 //!
-//! Model code in this crate says *what* is computed as calls on a [`Backend`]; backends (the CPU one is always
-//! linked in) say *how*.
+//! Model code in this crate says *what* is computed as ops on a [`graph::Graph`] (a stage at a time, handed to a
+//! [`Backend`] as one list); backends (the CPU one is always linked in) say *how*.
 
 pub mod codec;
 pub mod codes;
