@@ -414,7 +414,7 @@ impl<'m> Graph<'m> {
                     (p as *const f32, len)
                 })
             };
-            let records: Vec<OpRecord> = self
+            let mut records: Vec<OpRecord> = self
                 .ops
                 .drain(..)
                 .map(|op| {
@@ -429,6 +429,15 @@ impl<'m> Graph<'m> {
                     r
                 })
                 .collect();
+            // Dead intermediate results need not come back from a device.
+            for (i, &(p, len)) in bases.iter().enumerate() {
+                let owned = matches!(self.buffers[i], Buffer::Owned(_));
+                if owned && self.released[i] && len > 0 {
+                    let mut r = OpRecord::new(OpKind::Discard);
+                    (r.a, r.a_len) = (p as *const f32, len);
+                    records.push(r);
+                }
+            }
             // SAFETY: every record points into a buffer this graph holds (owned, or borrowed for 'm) with its
             // length; weights are borrowed for 'm; no op's output is one of its inputs (checked in `op`).
             let result = unsafe { self.backend.run_records(&records) };

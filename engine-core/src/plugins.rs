@@ -636,6 +636,8 @@ impl Backend for PluginBackend {
                     record.weight = self.weight_ptr(weight);
                 }
                 list.push(record);
+            } else if kind == OpKind::Discard {
+                // A hint the plugin does not take: nothing to do.
             } else if kind.has_weight() {
                 return Err(format!("op {i}: the plugin does not run {kind:?} ops"));
             } else {

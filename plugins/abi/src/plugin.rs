@@ -119,11 +119,14 @@ pub enum OpKind {
     Add = 14,
     /// `out[dst view] *= a[src view]`, n as for [`OpKind::Copy`].
     Mul = 15,
+    /// A hint, no work: nobody reads buffer `a` after this list, so a device backend need not copy its device
+    /// copy back (the engine's dead intermediate results). `out` is null.
+    Discard = 16,
 }
 
 impl OpKind {
     /// Every kind, in code order.
-    pub const ALL: [OpKind; 15] = [
+    pub const ALL: [OpKind; 16] = [
         OpKind::Linear,
         OpKind::Conv1d,
         OpKind::DepthwiseConv1d,
@@ -139,6 +142,7 @@ impl OpKind {
         OpKind::Copy,
         OpKind::Add,
         OpKind::Mul,
+        OpKind::Discard,
     ];
 
     pub fn from_code(code: u32) -> Option<OpKind> {

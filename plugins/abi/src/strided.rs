@@ -148,6 +148,15 @@ impl Strided {
         Ok(())
     }
 
+    /// The destination elements `lo..hi` the op can write (`None` when it writes nothing).
+    pub fn dst_range(&self) -> Option<(usize, usize)> {
+        if self.is_empty() {
+            return None;
+        }
+        let last = self.dst.last(self.rows, self.cols)?;
+        Some((self.dst.offset, last + 1))
+    }
+
     /// Whether the destination view is the whole `dst_len`-value buffer in order (a copy then overwrites it all).
     pub fn covers_dst(&self, dst_len: usize) -> bool {
         self.len() == dst_len

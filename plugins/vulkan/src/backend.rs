@@ -10,7 +10,7 @@ use kazeia_backend_cpu::CpuBackend;
 
 use crate::context::Gpu;
 use crate::exec::{Executor, Stats};
-use crate::ops::{Dispatch, Op};
+use crate::ops::{Dispatch, Math, Op};
 use crate::pipelines::{Activation, Format, GemmMode, Kernel, NormKind, Pipelines};
 use crate::probe::vulkan;
 use crate::selftest;
@@ -441,6 +441,10 @@ impl VulkanBackend {
         let limits = self.gpu.limits;
         let mut pending: Vec<Dispatch<'_>> = Vec::new();
         for (i, op) in ops.iter().enumerate() {
+            if let Math::Discard = op.math {
+                pending.push(Dispatch::discard(op.a));
+                continue;
+            }
             if op.out_len == 0 {
                 continue;
             }

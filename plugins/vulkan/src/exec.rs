@@ -41,6 +41,9 @@ pub struct Stats {
     pub replayed: u64,
     /// Dispatches submitted.
     pub dispatches: u64,
+    /// Bytes copied from host buffers into the arena, and back.
+    pub uploaded: u64,
+    pub downloaded: u64,
 }
 
 enum Upload {
@@ -59,6 +62,8 @@ struct Slot {
     upload: Upload,
     /// Written by an op of the batch: copied back to `range` at the end.
     written: bool,
+    /// The elements the batch's ops can have changed (all of them unless every writer said less).
+    dirty: Option<(usize, usize)>,
 }
 
 #[derive(Clone, Copy)]
@@ -112,6 +117,9 @@ impl<'a> Batch<'a> {
 
     /// Whether `d` can join this batch (its host buffers do not partially overlap one the batch writes).
     fn accepts(&self, d: &Dispatch<'_>) -> bool {
+        if d.discard {
+            return true;
+        }
         d.tensors.iter().all(|t| {
             t.generated.is_some()
                 || self
@@ -122,6 +130,15 @@ impl<'a> Batch<'a> {
 
     /// Adds `d` (which [`Batch::accepts`]).
     fn add(&mut self, mut d: Dispatch<'a>) {
+        if d.discard {
+            // Its buffer is not read after the batch: what ops wrote there stays on the device.
+            let t = &d.tensors[0];
+            if let Ok(Some(i)) = self.find((t.ptr as usize, t.ptr as usize + t.len * 4)) {
+                self.slots[i].written = false;
+                self.slots[i].dirty = None;
+            }
+            return;
+        }
         let range = |ptr: *mut f32, len: usize| (ptr as usize, ptr as usize + len * 4);
         let mut slot_of = Vec::with_capacity(d.tensors.len());
         for t in d.tensors.iter_mut() {
@@ -132,6 +149,7 @@ impl<'a> Batch<'a> {
                     current: false,
                     upload: Upload::Generated(data),
                     written: false,
+                    dirty: None,
                 });
                 slot_of.push(self.slots.len() - 1);
                 continue;
@@ -152,6 +170,7 @@ impl<'a> Batch<'a> {
                             Upload::None
                         },
                         written: false,
+                        dirty: None,
                     });
                     self.slots.len() - 1
                 }
@@ -163,7 +182,13 @@ impl<'a> Batch<'a> {
                         s.current = false;
                     }
                 }
-                self.slots[index].written = true;
+                let slot = &mut self.slots[index];
+                let range = t.writes.unwrap_or((0, t.len));
+                slot.dirty = Some(match (slot.written, slot.dirty) {
+                    (true, Some((lo, hi))) => (lo.min(range.0), hi.max(range.1)),
+                    _ => range,
+                });
+                slot.written = true;
             }
             slot_of.push(index);
         }
@@ -349,6 +374,7 @@ impl Executor {
                 .ok_or("the arena is not host-visible")?;
             // SAFETY: `src` is a live host buffer of `len` floats (the op's contract); `dst` is in the mapping.
             unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst, bytes) };
+            state.stats.uploaded += bytes as u64;
         }
         self.gpu.submit(cmd, state.fence)?;
         self.gpu.wait(state.fence)?;
@@ -361,12 +387,15 @@ impl Executor {
             let Some((start, _)) = slot.range else {
                 continue;
             };
-            let bytes = slot.len * 4;
+            let (lo, hi) = slot.dirty.unwrap_or((0, slot.len));
+            let bytes = (hi - lo) * 4;
             let src = state.arena[chunk]
-                .mapped(offset, bytes)
+                .mapped(offset + lo as u64 * 4, bytes)
                 .ok_or("the arena is not host-visible")?;
-            // SAFETY: the op's output buffer is live and writable for `len` floats; the submission is complete.
-            unsafe { std::ptr::copy_nonoverlapping(src, start as *mut u8, bytes) };
+            // SAFETY: the op's output buffer is live and writable for `len` floats and `lo..hi` lies within it;
+            // the submission is complete.
+            unsafe { std::ptr::copy_nonoverlapping(src, (start + lo * 4) as *mut u8, bytes) };
+            state.stats.downloaded += bytes as u64;
         }
         Ok(())
     }

@@ -58,6 +58,8 @@ pub enum Math {
         combine: Combine,
         shape: Strided,
     },
+    /// The ABI's Discard: no work; buffer `a` is not read after the list.
+    Discard,
 }
 
 /// One checked op on host buffers.
@@ -133,6 +135,7 @@ impl<'a> Op<'a> {
             k if k == OpKind::Gelu as u32 => Math::Gelu,
             k if k == OpKind::Silu as u32 => Math::Silu,
             k if k == OpKind::SiluMul as u32 => Math::SiluMul,
+            k if k == OpKind::Discard as u32 => Math::Discard,
             k => match OpKind::from_code(k).and_then(OpKind::combine) {
                 Some(combine) => Math::Strided {
                     combine,
@@ -258,7 +261,7 @@ impl<'a> Op<'a> {
                 len > 0 && out % len == 0 && a == out / len && b == a,
                 || format!("snake_beta over {len} columns: {}", sizes()),
             ),
-            Math::Gelu | Math::Silu => Ok(()),
+            Math::Gelu | Math::Silu | Math::Discard => Ok(()),
             Math::SiluMul => check(a == out, || format!("silu_mul: {}", sizes())),
             Math::Strided { shape, .. } => shape.check(a, out),
         }
@@ -297,6 +300,7 @@ impl<'a> Op<'a> {
             Math::Gelu => cpu.gelu(out),
             Math::Silu => cpu.silu(out),
             Math::SiluMul => cpu.silu_mul(out, self.a),
+            Math::Discard => {}
             Math::Strided { combine, shape } => cpu.strided(combine, self.a, out, shape),
         }
         Ok(())
@@ -329,6 +333,7 @@ impl<'a> Op<'a> {
         let u = |v: usize| u32::try_from(v).ok();
         let mut d = Dispatch::new(w);
         match self.math {
+            Math::Discard => return Some(Dispatch::discard(self.a)),
             Math::Linear { rows } => {
                 let w = w?;
                 let Shape::Linear {
@@ -520,6 +525,10 @@ impl<'a> Op<'a> {
                 } else {
                     d.read_write(self.out, self.out_len)
                 };
+                // A KV-cache append writes a few rows of a long buffer: only they need copying back.
+                if let (Bind::Tensor(t), Some(range)) = (dst, shape.dst_range()) {
+                    d.tensors[t].writes = Some(range);
+                }
                 d.bind(0, src).bind(4, dst);
                 d.push(&[
                     u(shape.rows)?,
@@ -583,6 +592,8 @@ pub struct Tensor {
     pub ptr: *mut f32,
     pub len: usize,
     pub access: Access,
+    /// Elements `lo..hi` an op that writes the tensor can change (`None`: all of it): only those are copied back.
+    pub writes: Option<(usize, usize)>,
     /// Made by the plugin (the rope table): uploaded every run, never shared with another op.
     pub generated: Option<Vec<f32>>,
 }
@@ -599,6 +610,8 @@ pub enum Bind {
 
 /// One shader dispatch on host buffers.
 pub struct Dispatch<'a> {
+    /// Not a dispatch: its one tensor is not read after the batch (its copy need not come back).
+    pub discard: bool,
     pub kernel: Kernel,
     pub weight: Option<&'a GpuWeight>,
     pub tensors: Vec<Tensor>,
@@ -610,6 +623,7 @@ pub struct Dispatch<'a> {
 impl<'a> Dispatch<'a> {
     fn new(weight: Option<&'a GpuWeight>) -> Self {
         Dispatch {
+            discard: false,
             kernel: Kernel::Rope,
             weight,
             tensors: Vec::new(),
@@ -619,11 +633,20 @@ impl<'a> Dispatch<'a> {
         }
     }
 
+    /// The marker for [`Math::Discard`] of `buffer`.
+    pub fn discard(buffer: &[f32]) -> Dispatch<'a> {
+        let mut d = Dispatch::new(None);
+        d.discard = true;
+        d.read(buffer);
+        d
+    }
+
     fn tensor(&mut self, ptr: *mut f32, len: usize, access: Access) -> Bind {
         self.tensors.push(Tensor {
             ptr,
             len,
             access,
+            writes: None,
             generated: None,
         });
         Bind::Tensor(self.tensors.len() - 1)
@@ -647,6 +670,7 @@ impl<'a> Dispatch<'a> {
             ptr: std::ptr::null_mut(),
             len,
             access: Access::Read,
+            writes: None,
             generated: Some(data),
         });
         Bind::Tensor(self.tensors.len() - 1)

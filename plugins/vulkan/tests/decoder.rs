@@ -295,10 +295,12 @@ fn a_decoder_chunk_is_one_submission_and_later_chunks_replay_it() {
             after.submits - before.submits,
             after.recorded - before.recorded,
         );
+        let down = after.downloaded - before.downloaded;
         if i < 5 {
             eprintln!(
-                "chunk {i}: {submits} submission(s), {} dispatches, {recorded} recorded",
-                after.dispatches - before.dispatches
+                "chunk {i}: {submits} submission(s), {} dispatches, {recorded} recorded, {} bytes up, {down} down",
+                after.dispatches - before.dispatches,
+                after.uploaded - before.uploaded
             );
         }
         assert_eq!(submits, 1, "chunk {i}: {submits} submissions");
@@ -343,12 +345,21 @@ fn each_token_step_is_one_submission() {
     let frames = codes.len();
     let steps = codes[0].len() - 1;
     let submits = after.submits - before.submits;
+    let (up, down) = (
+        after.uploaded - before.uploaded,
+        after.downloaded - before.downloaded,
+    );
     eprintln!(
-        "{frames} frames: {submits} submissions, {} dispatches, {} recorded, {} replayed",
+        "{frames} frames: {submits} submissions, {} dispatches, {} recorded, {} replayed; {up} bytes uploaded, \
+         {down} downloaded",
         after.dispatches - before.dispatches,
         after.recorded - before.recorded,
         after.replayed - before.replayed
     );
+    // Dead intermediate results (Discard) and the KV prefix a step did not change are not copied back: what comes
+    // back is the logits, the last hidden state and the appended KV rows, a fraction of what goes up (the KV
+    // prefix every step reads).
+    assert!(down * 2 < up, "{down} bytes downloaded for {up} uploaded");
     // The prefill (the first frame's talker step) and one talker step per later frame (the step after the last
     // frame runs too unless the frame budget ends generation), one code-predictor step per further codebook.
     let talker = submits - (frames * steps) as u64;
