@@ -5,8 +5,9 @@
 //! Model code asks a [`Graph`] for tensors and ops. On a backend that [prefers lists](Backend::prefers_lists)
 //! nothing runs until the graph is flushed: when a result is read on the host ([`Graph::read`], [`Graph::take`]),
 //! at [`Graph::finish`], or when the memory held by pending ops passes [`FLUSH_BYTES`]. On the others (the CPU)
-//! each op runs as soon as it is made and a released tensor's memory goes at once, as plain calls would. Everything between the heavy ops (residual adds, per-channel scales, transposes,
-//! a convolution's carried columns) is a strided op of the list too, so no host work splits a stage.
+//! each op runs as soon as it is made and a released tensor's memory goes at once, as plain calls would.
+//! Everything between the heavy ops (residual adds, per-channel scales, transposes, a convolution's carried
+//! columns) is a strided op of the list too, so no host work splits a stage.
 //!
 //! Tensors are the graph's own buffers, constants borrowed from the model (norm weights, Snake parameters), or
 //! state borrowed from the caller and updated in place (a convolution's carried columns, a key/value window).
@@ -71,6 +72,8 @@ pub struct Graph<'m> {
     flushes: usize,
     /// Hold ops back until a result is needed (the backend prefers lists).
     deferred: bool,
+    /// [`FLUSH_BYTES`], smaller in tests.
+    flush_bytes: usize,
 }
 
 impl<'m> Graph<'m> {
@@ -89,6 +92,7 @@ impl<'m> Graph<'m> {
             pending_bytes: 0,
             flushes: 0,
             deferred,
+            flush_bytes: FLUSH_BYTES,
         }
     }
 
@@ -176,7 +180,7 @@ impl<'m> Graph<'m> {
             n,
             f: [f, 0.0],
         });
-        if !self.deferred || self.pending_bytes > FLUSH_BYTES {
+        if !self.deferred || self.pending_bytes > self.flush_bytes {
             self.flush();
         }
     }
@@ -555,6 +559,32 @@ mod tests {
         g.gelu(y);
         assert_eq!(g.flushes(), 2);
         assert_eq!(g.take(y)[0], 0.841_344_7);
+    }
+
+    #[test]
+    fn a_deferred_graph_runs_what_it_has_when_its_memory_passes_the_budget() {
+        // A long one-shot decode: released intermediate results are freed at each forced flush.
+        let backend = CpuBackend::new(1);
+        let mut g = Graph::with_deferral(&backend, true);
+        g.flush_bytes = 4 * 1024;
+        let mut x = g.input(vec![1.0; 256]);
+        for _ in 0..10 {
+            let y = g.duplicate(x);
+            g.gelu(y);
+            g.release(x);
+            x = y;
+        }
+        assert!(g.flushes() >= 2, "{} flushes", g.flushes());
+        assert!(
+            g.pending_bytes <= 2 * 4 * 1024,
+            "{} bytes held",
+            g.pending_bytes
+        );
+        let mut want = [1.0f32];
+        for _ in 0..10 {
+            backend.gelu(&mut want);
+        }
+        assert_eq!(g.take(x)[0], want[0]);
     }
 
     #[test]
