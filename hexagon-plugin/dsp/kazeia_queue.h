@@ -10,7 +10,13 @@
 #define KZQ_OP_SIZE 88
 #define KZQ_ALIGN 128
 
-enum kzq_kind { KZQ_MATVEC = 1, KZQ_CONV1D_I16 = 2, KZQ_CONV_TRANSPOSE1D_I16 = 3, KZQ_MATMUL_F16_TILES = 4 };
+enum kzq_kind {
+    KZQ_MATVEC = 1,
+    KZQ_CONV1D_I16 = 2,
+    KZQ_CONV_TRANSPOSE1D_I16 = 3,
+    KZQ_MATMUL_F16_TILES = 4,
+    KZQ_IM2COL_F16 = 5
+};
 /* WeightFormat codes of the plugin ABI. */
 enum kzq_format { KZQ_Q8_0 = 3, KZQ_Q4_0 = 4 };
 

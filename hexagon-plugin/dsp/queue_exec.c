@@ -81,6 +81,16 @@ static int run_op(const kzq_op *op, uint8_t *const *buffers, const uint32_t *len
         need[2] = m * nn * 4;
         break;
     }
+    case KZQ_IM2COL_F16: {
+        /* x f32 [cin][len] → fp16 im2col tiles; dims = [cin, len, k, dilation]. */
+        const uint64_t cin = d[0], len = d[1], k = d[2], dil = d[3];
+        if (cin == 0 || k == 0 || dil == 0 || (k - 1) * dil >= len || cin * len > 0x3fffffffu)
+            return KZQ_BAD_DIMS;
+        const uint64_t lout = len - (k - 1) * dil;
+        need[0] = cin * len * 4;
+        need[1] = (lout + 31) / 32 * ((k * cin + 31) / 32) * KZ_TILE_ELEMS * 2;
+        break;
+    }
     default:
         return KZQ_UNSUPPORTED;
     }
@@ -99,6 +109,9 @@ static int run_op(const kzq_op *op, uint8_t *const *buffers, const uint32_t *len
     case KZQ_CONV_TRANSPOSE1D_I16:
         hvx_conv_transpose1d_i16(p[0], p[1], p[2], p[3], (int)d[0], (int)d[1], (int)d[2], (int)d[3],
                                  (int)d[4]);
+        break;
+    case KZQ_IM2COL_F16:
+        kz_im2col_f16(p[0], p[1], d[0], d[1], d[2], d[3]);
         break;
     default:
         if (kz_tile_matmul(kz_active_engine(), p[0], p[1], p[2], d[0], d[1], d[2], d[3]))

@@ -74,6 +74,22 @@ uint16_t kz_f32_to_f16(float f)
     return (uint16_t)(sign | half_bits);
 }
 
+void kz_im2col_f16(const float *x, uint16_t *tiles, uint32_t cin, uint32_t len, uint32_t k, uint32_t dilation)
+{
+    const uint32_t lout = len - (k - 1) * dilation, cols = k * cin;
+    const uint32_t rts = (lout + KZ_TILE - 1) / KZ_TILE, cts = (cols + KZ_TILE - 1) / KZ_TILE;
+    for (uint32_t i = 0; i < rts * cts * KZ_TILE_ELEMS; i++)
+        tiles[i] = 0;
+    for (uint32_t t = 0; t < lout; t++)
+        for (uint32_t j = 0; j < k; j++)
+            for (uint32_t ci = 0; ci < cin; ci++) {
+                const uint32_t col = j * cin + ci;
+                const uint32_t at = ((t / KZ_TILE * cts + col / KZ_TILE) * KZ_TILE + t % KZ_TILE) * KZ_TILE +
+                                    col % KZ_TILE;
+                tiles[at] = kz_f32_to_f16(x[ci * len + t + j * dilation]);
+            }
+}
+
 int kz_tile_matmul(const kz_tile_engine *e, const uint16_t *a, const uint16_t *b, float *y, uint32_t m, uint32_t n,
                    uint32_t k, uint32_t group)
 {

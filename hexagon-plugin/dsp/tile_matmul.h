@@ -31,6 +31,10 @@ typedef struct kz_tile_engine {
 int kz_tile_matmul(const kz_tile_engine *e, const uint16_t *a, const uint16_t *b, float *y, uint32_t m, uint32_t n,
                    uint32_t k, uint32_t group);
 
+/* The input x[cin][len] (f32) of a valid dilated convolution as im2col rows [lout][k·cin] in zero-padded fp16
+ * tiles (src/repack.rs `im2col_tiles`): element (t, j·cin + ci) = x[ci][t + j·dilation]. */
+void kz_im2col_f16(const float *x, uint16_t *tiles, uint32_t cin, uint32_t len, uint32_t k, uint32_t dilation);
+
 /* IEEE binary16 ↔ binary32, round to nearest even (overflow → infinity). */
 float kz_f16_to_f32(uint16_t h);
 uint16_t kz_f32_to_f16(float f);

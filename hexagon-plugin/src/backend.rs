@@ -18,8 +18,8 @@ use crate::probe::dsp;
 use crate::queue::{encode, Arena, QueueKind, QueueOp, Slice};
 use crate::reference::quantize_activations;
 use crate::repack::{
-    conv_transpose_input_tiles, conv_transpose_phase_tiles, conv_weight_tiles, im2col_tiles,
-    scatter_phase, to_hvx, F16Tiles, QuantRows, MAX_GROUP,
+    conv_transpose_phase_tiles, conv_weight_tiles, pad_columns, scatter_phase, to_hvx, QuantRows,
+    MAX_GROUP,
 };
 
 /// Rows up to which a linear layer runs as matvecs on the DSP (above: a prefill, left to the CPU's GEMM; the fp16
@@ -105,27 +105,43 @@ impl HexagonBackend {
         })
     }
 
-    /// fp16 tile products `input[m][k] · wᵀ` for each weight `w[n][k]` in `weights` (tiles in shared memory),
-    /// as one queue: each result `[m][n]` row-major.
-    fn tile_products(
+    /// The convolution products `im2col(x)[lout][k·cin] · wᵀ` for each weight `w[n][k·cin]` in `weights` (tiles
+    /// in shared memory), as one queue: the DSP builds the fp16 im2col tiles of `x[cin][len]` once (`Im2colF16`),
+    /// then runs each product on them. Each result is `[lout][n]` row-major.
+    fn conv_products(
         &self,
-        input: &F16Tiles,
+        x: &[f32],
+        (cin, len, k, dilation): (usize, usize, usize, usize),
         shared: &SharedBuffer,
         weights: &[(Slice, usize)],
     ) -> Result<Vec<Vec<f32>>, RunError> {
-        let (m, k) = (input.rows, input.cols);
+        let lout = len - (k - 1) * dilation;
+        let inner = k * cin;
+        let tile_bytes = lout.div_ceil(32) * inner.div_ceil(32) * 32 * 32 * 2;
         let mut arena = Arena::default();
-        let a = arena.push(&u16_bytes(&input.data));
+        let xs = arena.push(&f32_bytes(x));
+        let tiles = arena.reserve(tile_bytes);
+        let mut ops = vec![QueueOp {
+            kind: QueueKind::Im2colF16,
+            format: 0,
+            args: [
+                xs,
+                tiles,
+                Slice::default(),
+                Slice::default(),
+                Slice::default(),
+            ],
+            dims: [cin as u32, len as u32, k as u32, dilation as u32, 0],
+        }];
         let mut outputs = Vec::with_capacity(weights.len());
-        let mut ops = Vec::with_capacity(weights.len());
-        for &(tiles, n) in weights {
-            let out = arena.reserve(m * n * 4);
+        for &(w, n) in weights {
+            let out = arena.reserve(lout * n * 4);
             outputs.push(out);
             ops.push(QueueOp {
                 kind: QueueKind::MatmulF16Tiles,
                 format: 0,
-                args: [a, tiles, out, Slice::default(), Slice::default()],
-                dims: [m as u32, n as u32, k as u32, MAX_GROUP as u32, 0],
+                args: [tiles, w, out, Slice::default(), Slice::default()],
+                dims: [lout as u32, n as u32, inner as u32, MAX_GROUP as u32, 0],
             });
         }
         let queue = encode(&ops);
@@ -159,8 +175,8 @@ impl HexagonBackend {
         y: &mut [f32],
     ) -> Result<(), RunError> {
         let lout = len - (w.k - 1) * dilation;
-        let columns = im2col_tiles(x, w.cin, len, w.k, dilation);
-        let product = self.tile_products(&columns, &w.shared, &[(w.tiles, w.cout)])?;
+        let dims = (w.cin, len, w.k, dilation);
+        let product = self.conv_products(x, dims, &w.shared, &[(w.tiles, w.cout)])?;
         for (i, v) in product[0].iter().enumerate() {
             let (t, co) = (i / w.cout, i % w.cout);
             y[co * lout + t] = v + w.bias[co];
@@ -206,9 +222,10 @@ impl HexagonBackend {
     ) -> Result<(), RunError> {
         let taps = w.k.div_ceil(w.stride);
         let full = (len - 1) * w.stride + w.k;
-        let input = conv_transpose_input_tiles(x, w.cin, len, taps);
+        let padded = pad_columns(x, w.cin, len, taps - 1);
+        let dims = (w.cin, len + 2 * (taps - 1), taps, 1);
         let weights: Vec<(Slice, usize)> = w.phases.iter().map(|&s| (s, w.cout)).collect();
-        let products = self.tile_products(&input, &w.shared, &weights)?;
+        let products = self.conv_products(&padded, dims, &w.shared, &weights)?;
         for (p, product) in products.iter().enumerate() {
             scatter_phase(product, p, w.stride, w.cout, y, full);
         }

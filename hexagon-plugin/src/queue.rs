@@ -31,8 +31,12 @@ pub enum QueueKind {
     /// HVX transposed conv1d on int16: args = [w i16 [cin][cout][k], x i16 [cin][len], y i32, scratch];
     /// dims = [cin, cout, k, len, stride].
     ConvTranspose1dI16 = 3,
-    /// HMX fp16 tile matmul (SDK builds only): args = [a tiles, b tiles, y f32]; dims = [m, n, k].
+    /// fp16 tile product `y = a·bᵀ` (HMX, or its model in emulation builds): args = [a tiles `[m][k]`, b tiles
+    /// `[n][k]`, y f32 `[m][n]`]; dims = [m, n, k, group].
     MatmulF16Tiles = 4,
+    /// A valid dilated convolution's input as fp16 im2col tiles (`repack::im2col_tiles`): args = [x f32
+    /// `[cin][len]`, tiles]; dims = [cin, len, k, dilation].
+    Im2colF16 = 5,
 }
 
 impl QueueKind {
@@ -42,6 +46,7 @@ impl QueueKind {
             2 => QueueKind::Conv1dI16,
             3 => QueueKind::ConvTranspose1dI16,
             4 => QueueKind::MatmulF16Tiles,
+            5 => QueueKind::Im2colF16,
             _ => return None,
         })
     }

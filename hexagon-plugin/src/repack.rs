@@ -289,17 +289,22 @@ pub fn conv_transpose_phase_tiles(
         .collect()
 }
 
-/// The input of every phase of [`conv_transpose_phase_tiles`]: `x[cin][len]` padded with `taps − 1` zeros on both
-/// sides, as im2col rows `[len + taps − 1][taps·cin]` in tiles.
-pub fn conv_transpose_input_tiles(x: &[f32], cin: usize, len: usize, taps: usize) -> F16Tiles {
-    let pad = taps - 1;
+/// `x[cin][len]` with `pad` zeros on both sides of each row: `[cin][len + 2·pad]`.
+pub fn pad_columns(x: &[f32], cin: usize, len: usize, pad: usize) -> Vec<f32> {
     let width = len + 2 * pad;
     let mut padded = vec![0f32; cin * width];
     for ci in 0..cin {
         padded[ci * width + pad..ci * width + pad + len]
             .copy_from_slice(&x[ci * len..(ci + 1) * len]);
     }
-    im2col_tiles(&padded, cin, width, taps, 1)
+    padded
+}
+
+/// The input of every phase of [`conv_transpose_phase_tiles`]: `x[cin][len]` padded with `taps − 1` zeros on both
+/// sides ([`pad_columns`]), as im2col rows `[len + taps − 1][taps·cin]` in tiles.
+pub fn conv_transpose_input_tiles(x: &[f32], cin: usize, len: usize, taps: usize) -> F16Tiles {
+    let padded = pad_columns(x, cin, len, taps - 1);
+    im2col_tiles(&padded, cin, len + 2 * (taps - 1), taps, 1)
 }
 
 /// Scatters phase `p`'s product `y_p[q][cout]` into the full transposed convolution `y[cout][full]` (the columns

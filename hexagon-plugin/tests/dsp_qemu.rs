@@ -378,3 +378,127 @@ fn the_hmx_engine_compiles_against_the_documented_hexkl_api() {
         String::from_utf8_lossy(&output.stderr)
     );
 }
+
+#[test]
+fn the_dsp_builds_im2col_tiles_and_runs_a_convolution_on_them_in_one_queue() {
+    // `Im2colF16` against `repack::im2col_tiles` byte for byte (a dilated conv, a transposed conv's padded phase
+    // input), and a queue chaining it into the tile product: the convolution the host backend sends.
+    let Some(harness) = harness() else { return };
+    let mut arena = Arena::default();
+    let mut ops = Vec::new();
+    let mut tiles_expected = Vec::new();
+    let shapes = [(12, 50, 7, 3), (5, 40, 3, 1), (3, 11, 2, 1)];
+    for (i, &(cin, len, k, dilation)) in shapes.iter().enumerate() {
+        let x = values(cin * len, 60 + i as u32);
+        let want = im2col_tiles(&x, cin, len, k, dilation);
+        let tiles = arena.reserve(want.data.len() * 2);
+        ops.push(QueueOp {
+            kind: QueueKind::Im2colF16,
+            format: 0,
+            args: [
+                arena.push(&bytes_of(&x, |v| v.to_le_bytes().to_vec())),
+                tiles,
+                Slice::default(),
+                Slice::default(),
+                Slice::default(),
+            ],
+            dims: [cin as u32, len as u32, k as u32, dilation as u32, 0],
+        });
+        tiles_expected.push((tiles, want));
+    }
+    // The first shape's tiles, multiplied by a conv weight in the same queue.
+    let (cin, len, k, dilation) = shapes[0];
+    let cout = 20;
+    let w = conv_weight_tiles(&values(cout * cin * k, 70), cout, cin, k);
+    let lout = len - (k - 1) * dilation;
+    let y = arena.reserve(lout * cout * 4);
+    ops.push(QueueOp {
+        kind: QueueKind::MatmulF16Tiles,
+        format: 0,
+        args: [
+            tiles_expected[0].0,
+            arena.push(&bytes_of(&w.data, |v| v.to_le_bytes().to_vec())),
+            y,
+            Slice::default(),
+            Slice::default(),
+        ],
+        dims: [lout as u32, cout as u32, (k * cin) as u32, 8, 0],
+    });
+    let (status, failed, result) = run(&harness, &ops, &arena);
+    assert_eq!((status, failed), (0, 0));
+    for (n, (slice, want)) in tiles_expected.iter().enumerate() {
+        let got: Vec<u16> = slice_of(&result, *slice)
+            .chunks_exact(2)
+            .map(|c| u16::from_le_bytes([c[0], c[1]]))
+            .collect();
+        assert_eq!(got, want.data, "im2col {n}");
+    }
+    let want: Vec<u32> = tile_matmul_grouped(&tiles_expected[0].1, &w, 8)
+        .iter()
+        .map(|v| v.to_bits())
+        .collect();
+    let got: Vec<u32> = slice_of(&result, y)
+        .chunks_exact(4)
+        .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    assert_eq!(got, want, "the convolution on DSP-built tiles");
+}
+
+#[test]
+fn the_dsp_rounds_to_fp16_as_the_host_does_at_the_edges() {
+    // Ties to even, the largest finite value and overflow, subnormals and the underflow to zero, signed zero and
+    // infinities, through `Im2colF16` (k = 1: the tiles hold x itself), against the `half` crate.
+    let Some(harness) = harness() else { return };
+    let ulp = 2f32.powi(-10);
+    let x: Vec<f32> = vec![
+        1.0 + ulp / 2.0,
+        1.0 + 1.5 * ulp,
+        -(1.0 + ulp / 2.0),
+        65504.0,
+        65519.0,
+        65520.0,
+        -70000.0,
+        2f32.powi(-24),
+        2f32.powi(-25),
+        2f32.powi(-25) * 1.01,
+        3.0 * 2f32.powi(-26),
+        2f32.powi(-15) * 1.7,
+        6.0e-5,
+        1e-30,
+        -0.0,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        0.333_333_34,
+        -2.718_281_7,
+        1024.5,
+    ];
+    let len = x.len();
+    let mut arena = Arena::default();
+    let tiles = arena.reserve(32 * 32 * 2);
+    let op = QueueOp {
+        kind: QueueKind::Im2colF16,
+        format: 0,
+        args: [
+            arena.push(&bytes_of(&x, |v| v.to_le_bytes().to_vec())),
+            tiles,
+            Slice::default(),
+            Slice::default(),
+            Slice::default(),
+        ],
+        dims: [1, len as u32, 1, 1, 0],
+    };
+    let (status, failed, result) = run(&harness, &[op], &arena);
+    assert_eq!((status, failed), (0, 0));
+    let got: Vec<u16> = slice_of(&result, tiles)
+        .chunks_exact(2)
+        .map(|c| u16::from_le_bytes([c[0], c[1]]))
+        .collect();
+    // Row t of the single column tile holds x[t] in column 0.
+    for (t, v) in x.iter().enumerate() {
+        assert_eq!(
+            got[t * 32],
+            half::f16::from_f32(*v).to_bits(),
+            "{v:e} (row {t})"
+        );
+    }
+}
