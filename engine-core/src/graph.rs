@@ -16,7 +16,7 @@
 
 use std::ffi::c_void;
 
-use kazeia_backend_abi::plugin::{attention_n, strided_n, OpKind, OpRecord};
+use kazeia_backend_abi::plugin::{attention_n, strided_n, strided_of, OpKind, OpRecord};
 use kazeia_backend_abi::{AttentionSpan, Backend, Combine, Heads, Strided, View, Weight};
 
 /// Pending memory (bytes of the graph's own live and released buffers) past which the graph runs what it has, so
@@ -67,6 +67,8 @@ pub struct Graph<'m> {
     backend: &'m dyn Backend,
     buffers: Vec<Buffer<'m>>,
     released: Vec<bool>,
+    /// Made by [`Graph::zeros`] and not yet written by an op.
+    fresh: Vec<bool>,
     ops: Vec<Pending>,
     pending_bytes: usize,
     flushes: usize,
@@ -88,6 +90,7 @@ impl<'m> Graph<'m> {
             backend,
             buffers: Vec::new(),
             released: Vec::new(),
+            fresh: Vec::new(),
             ops: Vec::new(),
             pending_bytes: 0,
             flushes: 0,
@@ -111,6 +114,7 @@ impl<'m> Graph<'m> {
         }
         self.buffers.push(buffer);
         self.released.push(false);
+        self.fresh.push(false);
         Tensor(self.buffers.len() - 1)
     }
 
@@ -121,7 +125,9 @@ impl<'m> Graph<'m> {
 
     /// A new tensor of `len` zeros.
     pub fn zeros(&mut self, len: usize) -> Tensor {
-        self.input(vec![0.0; len])
+        let t = self.input(vec![0.0; len]);
+        self.fresh[t.0] = true;
+        t
     }
 
     /// Model data that ops read (never written).
@@ -171,6 +177,22 @@ impl<'m> Graph<'m> {
         for t in inputs.into_iter().flatten() {
             self.live(t);
             assert_ne!(t, out, "a {kind:?} op reads its own output");
+        }
+        if std::mem::take(&mut self.fresh[out.0]) && self.deferred && kind.combine().is_some() {
+            // A strided op writes a fresh tensor, perhaps only in part: the zeros are set where the op runs
+            // rather than copied there.
+            let len = self.len(out);
+            let covered = strided_of(n).is_some_and(|s| s.covers_dst(len));
+            if !covered {
+                self.ops.push(Pending {
+                    kind: OpKind::Fill,
+                    weight: std::ptr::null(),
+                    inputs: [None; 3],
+                    out,
+                    n: [0; 8],
+                    f: [0.0; 2],
+                });
+            }
         }
         self.ops.push(Pending {
             kind,
@@ -559,6 +581,27 @@ mod tests {
         g.gelu(y);
         assert_eq!(g.flushes(), 2);
         assert_eq!(g.take(y)[0], 0.841_344_7);
+    }
+
+    #[test]
+    fn a_fresh_tensor_written_in_part_keeps_its_zeros_elsewhere() {
+        // Deferred, the graph sets such a tensor with a Fill op (a device then fills it instead of uploading).
+        let backend = CpuBackend::new(1);
+        let mut g = Graph::with_deferral(&backend, true);
+        let x = g.input(vec![7.0, 8.0, 9.0]);
+        let z = g.input(vec![5.0; 6]);
+        let fresh = g.zeros(6);
+        let part = Strided {
+            rows: 1,
+            cols: 3,
+            src: View::rows(0, 3),
+            dst: View::rows(2, 3),
+        };
+        g.strided(Combine::Copy, x, fresh, part);
+        g.strided(Combine::Add, x, z, part);
+        assert_eq!(g.ops.iter().filter(|o| o.kind == OpKind::Fill).count(), 1);
+        assert_eq!(g.read(fresh), [0.0, 0.0, 7.0, 8.0, 9.0, 0.0]);
+        assert_eq!(g.read(z), [5.0, 5.0, 12.0, 13.0, 14.0, 5.0]);
     }
 
     #[test]

@@ -122,11 +122,14 @@ pub enum OpKind {
     /// A hint, no work: nobody reads buffer `a` after this list, so a device backend need not copy its device
     /// copy back (the engine's dead intermediate results). `out` is null.
     Discard = 16,
+    /// `out[..] = f[0]`: every element set (a fresh buffer that later ops write only in part, so a device backend
+    /// sets it on the device instead of uploading the host's zeros).
+    Fill = 17,
 }
 
 impl OpKind {
     /// Every kind, in code order.
-    pub const ALL: [OpKind; 16] = [
+    pub const ALL: [OpKind; 17] = [
         OpKind::Linear,
         OpKind::Conv1d,
         OpKind::DepthwiseConv1d,
@@ -143,6 +146,7 @@ impl OpKind {
         OpKind::Add,
         OpKind::Mul,
         OpKind::Discard,
+        OpKind::Fill,
     ];
 
     pub fn from_code(code: u32) -> Option<OpKind> {
@@ -192,6 +196,28 @@ pub fn strided_n(shape: Strided) -> [u64; 8] {
         shape.dst.col_stride,
     ]
     .map(|v| v as u64)
+}
+
+/// A strided op's shape from its `n` (inverse of [`strided_n`]; `None` when a value does not fit a `usize`).
+pub fn strided_of(n: [u64; 8]) -> Option<Strided> {
+    let n: Vec<usize> = n
+        .iter()
+        .map(|&v| usize::try_from(v).ok())
+        .collect::<Option<_>>()?;
+    Some(Strided {
+        rows: n[0],
+        cols: n[1],
+        src: View {
+            offset: n[2],
+            row_stride: n[3],
+            col_stride: n[4],
+        },
+        dst: View {
+            offset: n[5],
+            row_stride: n[6],
+            col_stride: n[7],
+        },
+    })
 }
 
 /// `n` of an [`OpKind::Attention`] op.
@@ -264,25 +290,7 @@ impl OpRecord {
 
     /// The shape of a strided op's record (`None` when a value does not fit this machine's `usize`).
     pub fn strided_shape(&self) -> Option<Strided> {
-        let n: Vec<usize> = self
-            .n
-            .iter()
-            .map(|&v| usize::try_from(v).ok())
-            .collect::<Option<_>>()?;
-        Some(Strided {
-            rows: n[0],
-            cols: n[1],
-            src: View {
-                offset: n[2],
-                row_stride: n[3],
-                col_stride: n[4],
-            },
-            dst: View {
-                offset: n[5],
-                row_stride: n[6],
-                col_stride: n[7],
-            },
-        })
+        strided_of(self.n)
     }
 
     pub fn new(kind: OpKind) -> Self {

@@ -206,6 +206,8 @@ impl VulkanBackend {
             k if k == OpKind::SiluMul as u32 => {
                 self.is_enabled(Kernel::Eltwise(Activation::SiluMul))
             }
+            k if k == OpKind::Fill as u32 => self.is_enabled(Kernel::Strided(Combine::Copy)),
+            k if k == OpKind::Discard as u32 => true,
             k => OpKind::from_code(k)
                 .and_then(OpKind::combine)
                 .is_some_and(|c| self.is_enabled(Kernel::Strided(c))),

@@ -60,6 +60,10 @@ pub enum Math {
     },
     /// The ABI's Discard: no work; buffer `a` is not read after the list.
     Discard,
+    /// The ABI's Fill: every element of the output set to `value`.
+    Fill {
+        value: f32,
+    },
 }
 
 /// One checked op on host buffers.
@@ -136,6 +140,7 @@ impl<'a> Op<'a> {
             k if k == OpKind::Silu as u32 => Math::Silu,
             k if k == OpKind::SiluMul as u32 => Math::SiluMul,
             k if k == OpKind::Discard as u32 => Math::Discard,
+            k if k == OpKind::Fill as u32 => Math::Fill { value: r.f[0] },
             k => match OpKind::from_code(k).and_then(OpKind::combine) {
                 Some(combine) => Math::Strided {
                     combine,
@@ -261,7 +266,7 @@ impl<'a> Op<'a> {
                 len > 0 && out % len == 0 && a == out / len && b == a,
                 || format!("snake_beta over {len} columns: {}", sizes()),
             ),
-            Math::Gelu | Math::Silu | Math::Discard => Ok(()),
+            Math::Gelu | Math::Silu | Math::Discard | Math::Fill { .. } => Ok(()),
             Math::SiluMul => check(a == out, || format!("silu_mul: {}", sizes())),
             Math::Strided { shape, .. } => shape.check(a, out),
         }
@@ -301,6 +306,7 @@ impl<'a> Op<'a> {
             Math::Silu => cpu.silu(out),
             Math::SiluMul => cpu.silu_mul(out, self.a),
             Math::Discard => {}
+            Math::Fill { value } => out.fill(value),
             Math::Strided { combine, shape } => cpu.strided(combine, self.a, out, shape),
         }
         Ok(())
@@ -334,6 +340,15 @@ impl<'a> Op<'a> {
         let mut d = Dispatch::new(w);
         match self.math {
             Math::Discard => return Some(Dispatch::discard(self.a)),
+            Math::Fill { value } => {
+                // A strided copy of one generated value over the whole buffer: written, never uploaded.
+                d.kernel = Kernel::Strided(Combine::Copy);
+                let src = d.generated(vec![value]);
+                let dst = d.write(self.out, self.out_len);
+                d.bind(0, src).bind(4, dst);
+                d.push(&[1, u(self.out_len)?, 0, 0, 0, 0, u(self.out_len)?, 1]);
+                d.groups = grid(self.out_len.div_ceil(256));
+            }
             Math::Linear { rows } => {
                 let w = w?;
                 let Shape::Linear {

@@ -304,6 +304,10 @@ fn a_decoder_chunk_is_one_submission_and_later_chunks_replay_it() {
             );
         }
         assert_eq!(submits, 1, "chunk {i}: {submits} submissions");
+        // Up go the codes' embeddings, the carried state and per-channel constants; buffers the chunk fills
+        // in part are set on the device (Fill), not uploaded as zeros. Down come the samples and the state.
+        let up = after.uploaded - before.uploaded;
+        assert!(up < 2 * down, "chunk {i}: {up} bytes up for {down} down");
         // Windows of 4 positions keep 3: from the fourth chunk of 2 frames on, the window is full.
         if i >= 3 {
             assert_eq!(
