@@ -9,6 +9,9 @@
 //! host addresses, so the same stage run again (the next frame, the next chunk) replays it: per run only the host
 //! data is copied in and out.
 //!
+//! After the wait, only what the host can read is copied back: a buffer the list marked dead (`Discard`) stays on
+//! the device, and a buffer its ops wrote in part (a KV-cache append) comes back over that range alone.
+//!
 //! Activations live in an arena of host-visible buffers ("chunks", each at most one binding's range) shared by all
 //! plans, since one batch runs at a time; when a new plan needs a bigger arena, the arena grows and every cached
 //! plan is dropped (and re-recorded on next use).
