@@ -70,6 +70,8 @@ pub struct Graph<'m> {
     /// Made by [`Graph::zeros`] and not yet written by an op.
     fresh: Vec<bool>,
     ops: Vec<Pending>,
+    /// Hints sent at the head of the next list.
+    hints: Vec<OpRecord>,
     pending_bytes: usize,
     flushes: usize,
     /// Hold ops back until a result is needed (the backend prefers lists).
@@ -92,6 +94,7 @@ impl<'m> Graph<'m> {
             released: Vec::new(),
             fresh: Vec::new(),
             ops: Vec::new(),
+            hints: Vec::new(),
             pending_bytes: 0,
             flushes: 0,
             deferred,
@@ -440,21 +443,18 @@ impl<'m> Graph<'m> {
                     (p as *const f32, len)
                 })
             };
-            let mut records: Vec<OpRecord> = self
-                .ops
-                .drain(..)
-                .map(|op| {
-                    let mut r = OpRecord::new(op.kind);
-                    r.weight = op.weight;
-                    (r.a, r.a_len) = input(op.inputs[0]);
-                    (r.b, r.b_len) = input(op.inputs[1]);
-                    (r.c, r.c_len) = input(op.inputs[2]);
-                    (r.out, r.out_len) = bases[op.out.0];
-                    r.n = op.n;
-                    r.f = op.f;
-                    r
-                })
-                .collect();
+            let mut records: Vec<OpRecord> = std::mem::take(&mut self.hints);
+            records.extend(self.ops.drain(..).map(|op| {
+                let mut r = OpRecord::new(op.kind);
+                r.weight = op.weight;
+                (r.a, r.a_len) = input(op.inputs[0]);
+                (r.b, r.b_len) = input(op.inputs[1]);
+                (r.c, r.c_len) = input(op.inputs[2]);
+                (r.out, r.out_len) = bases[op.out.0];
+                r.n = op.n;
+                r.f = op.f;
+                r
+            }));
             // Dead intermediate results need not come back from a device.
             for (i, &(p, len)) in bases.iter().enumerate() {
                 let owned = matches!(self.buffers[i], Buffer::Owned(_));
@@ -465,7 +465,8 @@ impl<'m> Graph<'m> {
                 }
             }
             // SAFETY: every record points into a buffer this graph holds (owned, or borrowed for 'm) with its
-            // length; weights are borrowed for 'm; no op's output is one of its inputs (checked in `op`).
+            // length, or a resident buffer its caller keeps allocated (`resident`'s contract); weights are
+            // borrowed for 'm; no op's output is one of its inputs (checked in `op`).
             let result = unsafe { self.backend.run_records(&records) };
             if let Err(e) = result {
                 panic!("backend `{}`: {e}", self.backend.name());
@@ -485,6 +486,21 @@ impl<'m> Graph<'m> {
                 _ => 0,
             })
             .sum();
+    }
+
+    /// Tells a list-taking backend that `len` values at `buffer` (a whole KV cache, say, whose rows ops append to)
+    /// may stay on its device under `id` ([`OpKind::Resident`]).
+    ///
+    /// # Safety
+    /// The buffer must stay allocated until this graph has run, and under `id` its contents must change only
+    /// through ops of this backend's lists.
+    pub unsafe fn resident(&mut self, buffer: *const f32, len: usize, id: u64) {
+        if self.deferred {
+            let mut r = OpRecord::new(OpKind::Resident);
+            (r.a, r.a_len) = (buffer, len);
+            r.n[0] = id;
+            self.hints.push(r);
+        }
     }
 
     /// `t`'s values, after running what is pending.

@@ -287,6 +287,8 @@ pub struct PluginBackend {
     supported: [bool; OpKind::ALL.len() + 1],
     /// The plugin's [`CAPABILITY_LISTS`].
     lists: bool,
+    /// It runs every weightless op kind (so no host op of ours changes a buffer it keeps resident).
+    all_ops_supported: bool,
     /// Runs the weightless ops the plugin does not take.
     host: std::sync::OnceLock<CpuBackend>,
     threads: usize,
@@ -324,11 +326,15 @@ impl PluginBackend {
         }
         // SAFETY: as above.
         let lists = unsafe { (api.supports_op)(backend, CAPABILITY_LISTS) };
+        let all_ops_supported = OpKind::ALL
+            .iter()
+            .all(|&k| k.has_weight() || k.is_hint() || supported[k as usize]);
         Ok(PluginBackend {
             handle: Arc::new(Handle { api, backend }),
             name: plugin.name.clone(),
             supported,
             lists,
+            all_ops_supported,
             host: std::sync::OnceLock::new(),
             threads,
         })
@@ -627,6 +633,10 @@ impl Backend for PluginBackend {
         for (i, op) in ops.iter().enumerate() {
             let kind = OpKind::from_code(op.kind)
                 .ok_or_else(|| format!("op {i}: unknown kind {}", op.kind))?;
+            if kind == OpKind::Resident && !self.all_ops_supported {
+                // Ops it does not take run here, on host copies the plugin would not see change.
+                continue;
+            }
             if self.supports(kind) {
                 let mut record = *op;
                 if kind.has_weight() {
@@ -636,7 +646,7 @@ impl Backend for PluginBackend {
                     record.weight = self.weight_ptr(weight);
                 }
                 list.push(record);
-            } else if kind == OpKind::Discard {
+            } else if kind.is_hint() {
                 // A hint the plugin does not take: nothing to do.
             } else if kind.has_weight() {
                 return Err(format!("op {i}: the plugin does not run {kind:?} ops"));

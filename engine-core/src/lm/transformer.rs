@@ -44,8 +44,13 @@ pub struct DecoderStack {
     norm: Vec<f32>,
 }
 
+/// Ids that name each cache's buffers on a device for the cache's life ([`Graph::resident`]).
+static NEXT_CACHE_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
 /// Keys and values of every layer for positions `0..len`, allocated once for `capacity` positions.
 pub struct KvCache {
+    /// Unique to this cache: its layer `l` keys are resident under `id·2^16 + 2l`, values `+ 1`.
+    id: u64,
     keys: Vec<Vec<f32>>,
     values: Vec<Vec<f32>>,
     len: usize,
@@ -122,6 +127,7 @@ impl DecoderStack {
     pub fn new_cache(&self, capacity: usize) -> KvCache {
         let row = self.shape.heads.kv_heads * self.shape.heads.head_dim;
         KvCache {
+            id: NEXT_CACHE_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             keys: (0..self.layers.len())
                 .map(|_| vec![0.0; capacity * row])
                 .collect(),
@@ -178,8 +184,13 @@ impl DecoderStack {
         assert_eq!(g.len(x), rows * h, "stack input size");
         cache.len = total;
         let KvCache {
-            keys, values, row, ..
+            id,
+            keys,
+            values,
+            row,
+            ..
         } = cache;
+        let id = *id << 16;
         let row = *row;
         // The new rows at the end of the cached positions that attention reads.
         let append = Strided {
@@ -207,6 +218,15 @@ impl DecoderStack {
             g.rope(k, s.heads.kv_heads, hd, start, s.rope_theta);
             let v = g.linear(&layer.v_proj, normed, rows, kv_out);
             g.release(normed);
+            // SAFETY: the cache outlives the graph ('m), and its buffers change only through the appends below.
+            unsafe {
+                g.resident(layer_keys.as_ptr(), layer_keys.len(), id + 2 * i as u64);
+                g.resident(
+                    layer_values.as_ptr(),
+                    layer_values.len(),
+                    id + 2 * i as u64 + 1,
+                );
+            }
             let cached_keys = g.state(&mut layer_keys[..total * row]);
             let cached_values = g.state(&mut layer_values[..total * row]);
             g.strided(Combine::Copy, k, cached_keys, append);

@@ -125,11 +125,16 @@ pub enum OpKind {
     /// `out[..] = f[0]`: every element set (a fresh buffer that later ops write only in part, so a device backend
     /// sets it on the device instead of uploading the host's zeros).
     Fill = 17,
+    /// A hint, no work: buffer `a` (all of it) stays on the device between lists under id `n[0]`. Until that id
+    /// names another buffer, the host copy changes only through ops of lists given to this backend (each list
+    /// still copies back what its ops wrote), so a device backend may keep its own copy and stop uploading it.
+    /// The engine sends it for KV caches. `out` is null.
+    Resident = 18,
 }
 
 impl OpKind {
     /// Every kind, in code order.
-    pub const ALL: [OpKind; 17] = [
+    pub const ALL: [OpKind; 18] = [
         OpKind::Linear,
         OpKind::Conv1d,
         OpKind::DepthwiseConv1d,
@@ -147,10 +152,16 @@ impl OpKind {
         OpKind::Mul,
         OpKind::Discard,
         OpKind::Fill,
+        OpKind::Resident,
     ];
 
     pub fn from_code(code: u32) -> Option<OpKind> {
         OpKind::ALL.get((code as usize).checked_sub(1)?).copied()
+    }
+
+    /// Whether the kind is a hint (no work; a backend that does not take it loses nothing).
+    pub fn is_hint(self) -> bool {
+        matches!(self, OpKind::Discard | OpKind::Resident)
     }
 
     /// Whether ops of this kind carry a weight handle.

@@ -57,7 +57,7 @@ pub unsafe fn run_record<B: Backend + ?Sized>(backend: &B, op: &OpRecord) -> Res
         OpKind::Gelu => backend.gelu(out),
         OpKind::Silu => backend.silu(out),
         OpKind::SiluMul => backend.silu_mul(out, a),
-        OpKind::Discard => {}
+        OpKind::Discard | OpKind::Resident => {}
         OpKind::Fill => out.fill(op.f[0]),
         OpKind::Copy | OpKind::Add | OpKind::Mul => {
             let shape = op.strided_shape().ok_or("a strided op's sizes overflow")?;

@@ -10,7 +10,7 @@ use kazeia_backend_cpu::CpuBackend;
 
 use crate::context::Gpu;
 use crate::exec::{Executor, Stats};
-use crate::ops::{Dispatch, Math, Op};
+use crate::ops::{Dispatch, Hint, Math, Op};
 use crate::pipelines::{Activation, Format, GemmMode, Kernel, NormKind, Pipelines};
 use crate::probe::vulkan;
 use crate::selftest;
@@ -26,6 +26,8 @@ pub struct Options {
     pub conv_f16: bool,
     /// Run the startup self-test (kernels failing it run on the CPU).
     pub self_test: bool,
+    /// MiB of resident buffers (KV caches) kept on the device between submissions; 0 uploads them every time.
+    pub resident_mb: u64,
     /// Kernel families kept off the device (`matvec`, `gemm`, `depthwise`, `eltwise`, `norm`, `rope`,
     /// `attention`, `strided`): to work around a driver bug, or to compare.
     pub disabled: Vec<String>,
@@ -37,6 +39,7 @@ impl Default for Options {
             subgroups: None,
             conv_f16: false,
             self_test: true,
+            resident_mb: 512,
             disabled: Vec::new(),
         }
     }
@@ -45,7 +48,8 @@ impl Default for Options {
 impl Options {
     /// `KAZEIA_VULKAN_SUBGROUPS=0` forces the shared-memory reductions; `KAZEIA_VULKAN_CONV_F16=1` stores
     /// convolution weights as F16; `KAZEIA_VULKAN_SELF_TEST=0` skips the self-test;
-    /// `KAZEIA_VULKAN_DISABLE=strided,attention` keeps kernel families off the device.
+    /// `KAZEIA_VULKAN_DISABLE=strided,attention` keeps kernel families off the device;
+    /// `KAZEIA_VULKAN_RESIDENT_MB` (default 512) bounds the KV caches kept on the device.
     pub fn from_env() -> Options {
         let flag = |name: &str| {
             std::env::var(name)
@@ -56,6 +60,10 @@ impl Options {
             subgroups: flag("KAZEIA_VULKAN_SUBGROUPS"),
             conv_f16: flag("KAZEIA_VULKAN_CONV_F16").unwrap_or(false),
             self_test: flag("KAZEIA_VULKAN_SELF_TEST").unwrap_or(true),
+            resident_mb: std::env::var("KAZEIA_VULKAN_RESIDENT_MB")
+                .ok()
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(512),
             disabled: std::env::var("KAZEIA_VULKAN_DISABLE")
                 .map(|v| {
                     v.split(',')
@@ -120,7 +128,7 @@ impl VulkanBackend {
         let gpu = Gpu::new(vk, info)?;
         let subgroups = gpu.subgroup_arithmetic && options.subgroups != Some(false);
         let pipelines = Pipelines::new(&gpu, subgroups)?;
-        let exec = Executor::new(&gpu)?;
+        let exec = Executor::new(&gpu, options.resident_mb << 20)?;
         let mut backend = VulkanBackend {
             gpu,
             pipelines,
@@ -207,7 +215,7 @@ impl VulkanBackend {
                 self.is_enabled(Kernel::Eltwise(Activation::SiluMul))
             }
             k if k == OpKind::Fill as u32 => self.is_enabled(Kernel::Strided(Combine::Copy)),
-            k if k == OpKind::Discard as u32 => true,
+            k if k == OpKind::Discard as u32 || k == OpKind::Resident as u32 => true,
             k => OpKind::from_code(k)
                 .and_then(OpKind::combine)
                 .is_some_and(|c| self.is_enabled(Kernel::Strided(c))),
@@ -442,10 +450,18 @@ impl VulkanBackend {
     pub fn run(&self, ops: &[Op<'_>], device_only: bool) -> Result<(), String> {
         let limits = self.gpu.limits;
         let mut pending: Vec<Dispatch<'_>> = Vec::new();
+        let mut residents = Vec::new();
         for (i, op) in ops.iter().enumerate() {
-            if let Math::Discard = op.math {
-                pending.push(Dispatch::discard(op.a));
-                continue;
+            match op.math {
+                Math::Discard => {
+                    pending.push(Dispatch::hint(op.a, Hint::Discard));
+                    continue;
+                }
+                Math::Resident { id } => {
+                    pending.push(Dispatch::hint(op.a, Hint::Resident(id)));
+                    continue;
+                }
+                _ => {}
             }
             if op.out_len == 0 {
                 continue;
@@ -459,13 +475,18 @@ impl VulkanBackend {
                     return Err(format!("op {i} ({:?}) does not fit the device", op.math))
                 }
                 None => {
-                    self.exec
-                        .run(&self.pipelines, std::mem::take(&mut pending))?;
+                    self.exec.run(
+                        &self.pipelines,
+                        std::mem::take(&mut pending),
+                        &mut residents,
+                    )?;
                     op.run_on_cpu(self.cpu())
                         .map_err(|e| format!("op {i} on the CPU: {e}"))?;
+                    // A device copy of what the CPU just wrote is out of date.
+                    self.exec.host_wrote(op.out, op.out_len);
                 }
             }
         }
-        self.exec.run(&self.pipelines, pending)
+        self.exec.run(&self.pipelines, pending, &mut residents)
     }
 }

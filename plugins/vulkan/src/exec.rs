@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex};
 use ash::vk;
 
 use crate::context::{Buffer, Gpu, Memory};
-use crate::ops::{Access, Bind, Dispatch};
+use crate::ops::{Access, Bind, Dispatch, Hint};
 use crate::pipelines::{Pipelines, BINDINGS, PUSH_WORDS};
 use crate::weights::{GpuWeight, Section};
 
@@ -67,6 +67,8 @@ struct Slot {
     written: bool,
     /// The elements the batch's ops can have changed (all of them unless every writer said less).
     dirty: Option<(usize, usize)>,
+    /// Inside a resident buffer: its id and this slot's byte offset there (no upload, no arena space).
+    resident: Option<(u64, u64)>,
 }
 
 #[derive(Clone, Copy)]
@@ -85,11 +87,16 @@ struct Step<'a> {
 }
 
 /// One batch being assembled.
-#[derive(Default)]
 struct Batch<'a> {
     slots: Vec<Slot>,
     steps: Vec<Step<'a>>,
     signature: Vec<u64>,
+    /// Resident buffers the list named (id, host byte range), kept for the batches after this one.
+    residents: Vec<(u64, (usize, usize))>,
+    /// The device's storage-buffer offset alignment (a slot inside a resident buffer must start on it).
+    align: u64,
+    /// The largest resident buffer taken.
+    resident_cap: u64,
 }
 
 fn overlaps(a: (usize, usize), b: (usize, usize)) -> bool {
@@ -97,6 +104,25 @@ fn overlaps(a: (usize, usize), b: (usize, usize)) -> bool {
 }
 
 impl<'a> Batch<'a> {
+    fn new(align: u64, resident_cap: u64, residents: Vec<(u64, (usize, usize))>) -> Self {
+        Batch {
+            slots: Vec::new(),
+            steps: Vec::new(),
+            signature: Vec::new(),
+            residents,
+            align,
+            resident_cap,
+        }
+    }
+
+    /// The resident buffer holding host range `r` (id and byte offset), if a hint named one.
+    fn resident_for(&self, r: (usize, usize)) -> Option<(u64, u64)> {
+        self.residents
+            .iter()
+            .find(|(_, (s, e))| *s <= r.0 && r.1 <= *e)
+            .map(|&(id, (s, _))| (id, (r.0 - s) as u64))
+            .filter(|(_, offset)| offset % self.align == 0)
+    }
     /// The slot `t` would use: `Ok(Some(slot))` an existing one, `Ok(None)` a new one, `Err(())` when it
     /// overlaps a range written in this batch without being exactly it.
     fn find(&self, range: (usize, usize)) -> Result<Option<usize>, ()> {
@@ -120,7 +146,7 @@ impl<'a> Batch<'a> {
 
     /// Whether `d` can join this batch (its host buffers do not partially overlap one the batch writes).
     fn accepts(&self, d: &Dispatch<'_>) -> bool {
-        if d.discard {
+        if d.hint != Hint::None {
             return true;
         }
         d.tensors.iter().all(|t| {
@@ -133,14 +159,26 @@ impl<'a> Batch<'a> {
 
     /// Adds `d` (which [`Batch::accepts`]).
     fn add(&mut self, mut d: Dispatch<'a>) {
-        if d.discard {
-            // Its buffer is not read after the batch: what ops wrote there stays on the device.
-            let t = &d.tensors[0];
-            if let Ok(Some(i)) = self.find((t.ptr as usize, t.ptr as usize + t.len * 4)) {
-                self.slots[i].written = false;
-                self.slots[i].dirty = None;
+        let t = &d.tensors[0];
+        let hinted = (t.ptr as usize, t.ptr as usize + t.len * 4);
+        match d.hint {
+            Hint::None => {}
+            Hint::Discard => {
+                // Its buffer is not read after the batch: what ops wrote there stays on the device.
+                if let Ok(Some(i)) = self.find(hinted) {
+                    self.slots[i].written = false;
+                    self.slots[i].dirty = None;
+                }
+                return;
             }
-            return;
+            Hint::Resident(id) => {
+                // Named before the ops that use it; too large a buffer is simply uploaded as before.
+                if (t.len as u64) * 4 <= self.resident_cap {
+                    self.residents.retain(|&(other, _)| other != id);
+                    self.residents.push((id, hinted));
+                }
+                return;
+            }
         }
         let range = |ptr: *mut f32, len: usize| (ptr as usize, ptr as usize + len * 4);
         let mut slot_of = Vec::with_capacity(d.tensors.len());
@@ -153,6 +191,7 @@ impl<'a> Batch<'a> {
                     upload: Upload::Generated(data),
                     written: false,
                     dirty: None,
+                    resident: None,
                 });
                 slot_of.push(self.slots.len() - 1);
                 continue;
@@ -163,17 +202,19 @@ impl<'a> Batch<'a> {
                 Some(i) => i,
                 None => {
                     let reads = t.access != Access::Write;
+                    let resident = self.resident_for(r);
                     self.slots.push(Slot {
                         len: t.len,
                         range: Some(r),
                         current: true,
-                        upload: if reads {
+                        upload: if reads && resident.is_none() {
                             Upload::Host(t.ptr)
                         } else {
                             Upload::None
                         },
                         written: false,
                         dirty: None,
+                        resident,
                     });
                     self.slots.len() - 1
                 }
@@ -236,6 +277,9 @@ impl<'a> Batch<'a> {
         for s in &self.slots {
             let upload = !matches!(s.upload, Upload::None) as u64;
             key.push((s.len as u64) << 2 | upload << 1 | s.written as u64);
+            if let Some((id, offset)) = s.resident {
+                key.extend([u64::MAX, id, offset]);
+            }
         }
         key
     }
@@ -245,9 +289,11 @@ impl<'a> Batch<'a> {
 struct Plan {
     cmd: vk::CommandBuffer,
     descriptors: vk::DescriptorPool,
-    /// Per slot: arena chunk and byte offset.
+    /// Per slot: arena chunk and byte offset (unused for slots in resident buffers).
     placements: Vec<(usize, u64)>,
     weights: Vec<u64>,
+    /// Resident buffers its descriptors point into.
+    residents: Vec<u64>,
     last_used: u64,
     dispatches: u64,
 }
@@ -257,19 +303,35 @@ struct State {
     fence: vk::Fence,
     arena: Vec<Buffer>,
     plans: HashMap<Vec<u64>, Plan>,
+    /// Buffers kept on the device between batches (the ABI's Resident), by id.
+    residents: HashMap<u64, Resident>,
     tick: u64,
     stats: Stats,
+}
+
+/// The device copy of a host buffer named resident. Its first `valid` bytes equal the host's (uploaded when a batch
+/// first reached them, then kept equal: batches copy back what they write); the host writing it outside a batch
+/// resets `valid` to 0.
+struct Resident {
+    buffer: Buffer,
+    /// Host byte range.
+    start: usize,
+    end: usize,
+    valid: usize,
+    last_used: u64,
 }
 
 /// Runs dispatches on one device, one batch at a time.
 pub struct Executor {
     gpu: Arc<Gpu>,
     dummy: Buffer,
+    resident_cap: u64,
     state: Mutex<State>,
 }
 
 impl Executor {
-    pub fn new(gpu: &Arc<Gpu>) -> Result<Executor, String> {
+    /// An executor keeping at most `resident_cap` bytes of resident buffers (least recently used ones go first).
+    pub fn new(gpu: &Arc<Gpu>, resident_cap: u64) -> Result<Executor, String> {
         let dummy = Buffer::new(gpu, 256, Memory::Shared)?;
         // SAFETY: valid create infos; destroyed in `Drop`.
         let (pool, fence) = unsafe {
@@ -294,11 +356,13 @@ impl Executor {
         Ok(Executor {
             gpu: gpu.clone(),
             dummy,
+            resident_cap,
             state: Mutex::new(State {
                 pool,
                 fence,
                 arena: Vec::new(),
                 plans: HashMap::new(),
+                residents: HashMap::new(),
                 tick: 0,
                 stats: Stats::default(),
             }),
@@ -310,19 +374,143 @@ impl Executor {
     }
 
     /// Runs `dispatches` in order, in as few submissions as their buffer overlaps allow.
-    pub fn run(&self, pipelines: &Pipelines, dispatches: Vec<Dispatch<'_>>) -> Result<(), String> {
+    ///
+    /// `residents` carries the resident buffers a list named from one call to the next (a list split by an op
+    /// run on the CPU is several calls).
+    pub fn run(
+        &self,
+        pipelines: &Pipelines,
+        dispatches: Vec<Dispatch<'_>>,
+        residents: &mut Vec<(u64, (usize, usize))>,
+    ) -> Result<(), String> {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        let mut batch = Batch::default();
+        let align = self.gpu.limits.binding_align;
+        let mut batch = Batch::new(align, self.resident_cap, std::mem::take(residents));
         for d in dispatches {
             if !batch.accepts(&d) {
-                self.submit(&mut state, pipelines, std::mem::take(&mut batch))?;
+                let next = Batch::new(align, self.resident_cap, batch.residents.clone());
+                self.submit(&mut state, pipelines, std::mem::replace(&mut batch, next))?;
             }
             batch.add(d);
         }
+        *residents = batch.residents.clone();
         if !batch.steps.is_empty() {
             self.submit(&mut state, pipelines, batch)?;
         }
         Ok(())
+    }
+
+    /// The host wrote `len` floats at `ptr` outside a batch (an op run on the CPU): device copies of resident
+    /// buffers there are out of date.
+    pub fn host_wrote(&self, ptr: *const f32, len: usize) {
+        let (start, end) = (ptr as usize, ptr as usize + len * 4);
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        for r in state.residents.values_mut() {
+            if overlaps((r.start, r.end), (start, end)) {
+                r.valid = 0;
+            }
+        }
+    }
+
+    /// Makes the device copy of every resident buffer `batch` binds current as far as its slots reach: created
+    /// when new (or its range changed), then the bytes between what is valid and what the slots reach are
+    /// uploaded; older ones are dropped past the size cap.
+    fn prepare_residents(&self, state: &mut State, batch: &Batch<'_>) -> Result<(), String> {
+        let used: Vec<u64> = batch
+            .slots
+            .iter()
+            .filter_map(|s| s.resident.map(|r| r.0))
+            .collect();
+        for &(id, (start, end)) in &batch.residents {
+            if !used.contains(&id) {
+                continue;
+            }
+            let current = state
+                .residents
+                .get(&id)
+                .is_some_and(|r| (r.start, r.end) == (start, end));
+            if !current {
+                self.drop_resident(state, id);
+                self.make_room(state, (end - start) as u64, &used);
+                let buffer = Buffer::new(&self.gpu, (end - start) as u64, Memory::Shared)?;
+                state.residents.insert(
+                    id,
+                    Resident {
+                        buffer,
+                        start,
+                        end,
+                        valid: 0,
+                        last_used: 0,
+                    },
+                );
+            }
+            let reach = batch
+                .slots
+                .iter()
+                .filter_map(|s| match s.resident {
+                    Some((slot_id, at)) if slot_id == id => Some(at as usize + s.len * 4),
+                    _ => None,
+                })
+                .max()
+                .unwrap_or(0);
+            let tick = state.tick;
+            let r = state.residents.get_mut(&id).expect("just made");
+            r.last_used = tick;
+            if reach > r.valid {
+                let (from, bytes) = (r.valid, reach - r.valid);
+                let dst = r
+                    .buffer
+                    .mapped(from as u64, bytes)
+                    .ok_or("a resident buffer is not host-visible")?;
+                // SAFETY: the Resident hint's contract: the host range is live for the list.
+                unsafe { std::ptr::copy_nonoverlapping((start + from) as *const u8, dst, bytes) };
+                r.valid = reach;
+                state.stats.uploaded += bytes as u64;
+            }
+        }
+        Ok(())
+    }
+
+    /// Drops least recently used resident buffers (not in `keep`) until `extra` more bytes fit the cap.
+    fn make_room(&self, state: &mut State, extra: u64, keep: &[u64]) {
+        loop {
+            let total: u64 = state
+                .residents
+                .values()
+                .map(|r| (r.end - r.start) as u64)
+                .sum();
+            if total + extra <= self.resident_cap {
+                return;
+            }
+            let oldest = state
+                .residents
+                .iter()
+                .filter(|(id, _)| !keep.contains(id))
+                .min_by_key(|(_, r)| r.last_used)
+                .map(|(&id, _)| id);
+            match oldest {
+                Some(id) => self.drop_resident(state, id),
+                None => return,
+            }
+        }
+    }
+
+    /// Forgets resident buffer `id` and every plan bound to it.
+    fn drop_resident(&self, state: &mut State, id: u64) {
+        if state.residents.remove(&id).is_none() {
+            return;
+        }
+        let doomed: Vec<Vec<u64>> = state
+            .plans
+            .iter()
+            .filter(|(_, p)| p.residents.contains(&id))
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in doomed {
+            if let Some(plan) = state.plans.remove(&key) {
+                self.destroy_plan(state, plan);
+            }
+        }
     }
 
     /// Drops every plan that uses weight `id` (it is being freed).
@@ -350,6 +538,7 @@ impl Executor {
         let key = batch.key();
         state.tick += 1;
         let tick = state.tick;
+        self.prepare_residents(state, &batch)?;
         if !state.plans.contains_key(&key) {
             let plan = self.record(state, pipelines, &batch)?;
             if state.plans.len() >= MAX_PLANS {
@@ -367,6 +556,9 @@ impl Executor {
 
         for (slot, &(chunk, offset)) in batch.slots.iter().zip(&placements) {
             let bytes = slot.len * 4;
+            if slot.resident.is_some() {
+                continue;
+            }
             let src: *const f32 = match &slot.upload {
                 Upload::None => continue,
                 Upload::Host(p) => *p,
@@ -392,7 +584,11 @@ impl Executor {
             };
             let (lo, hi) = slot.dirty.unwrap_or((0, slot.len));
             let bytes = (hi - lo) * 4;
-            let src = state.arena[chunk]
+            let (buffer, offset) = match slot.resident {
+                Some((id, at)) => (&state.residents[&id].buffer, at),
+                None => (&state.arena[chunk], offset),
+            };
+            let src = buffer
                 .mapped(offset + lo as u64 * 4, bytes)
                 .ok_or("the arena is not host-visible")?;
             // SAFETY: the op's output buffer is live and writable for `len` floats and `lo..hi` lies within it;
@@ -440,6 +636,10 @@ impl Executor {
         let mut placements = Vec::with_capacity(batch.slots.len());
         let mut needed: Vec<u64> = vec![0];
         for s in &batch.slots {
+            if s.resident.is_some() {
+                placements.push((usize::MAX, 0));
+                continue;
+            }
             let bytes = ((s.len.max(1) * 4) as u64).div_ceil(align) * align;
             if bytes > cap {
                 return Err(format!(
@@ -497,9 +697,15 @@ impl Executor {
                             .offset(s.offset)
                             .range(s.bytes),
                         StepBind::Slot(i) => {
-                            let (chunk, offset) = placements[i];
+                            let (buffer, offset) = match batch.slots[i].resident {
+                                Some((id, at)) => (state.residents[&id].buffer.buffer, at),
+                                None => {
+                                    let (chunk, offset) = placements[i];
+                                    (state.arena[chunk].buffer, offset)
+                                }
+                            };
                             vk::DescriptorBufferInfo::default()
-                                .buffer(state.arena[chunk].buffer)
+                                .buffer(buffer)
                                 .offset(offset)
                                 .range((batch.slots[i].len.max(1) * 4) as u64)
                         }
@@ -587,11 +793,19 @@ impl Executor {
                 .collect();
             weights.sort_unstable();
             weights.dedup();
+            let mut residents: Vec<u64> = batch
+                .slots
+                .iter()
+                .filter_map(|s| s.resident.map(|r| r.0))
+                .collect();
+            residents.sort_unstable();
+            residents.dedup();
             Ok(Plan {
                 cmd,
                 descriptors,
                 placements,
                 weights,
+                residents,
                 last_used: 0,
                 dispatches: steps as u64,
             })

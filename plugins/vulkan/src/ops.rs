@@ -60,6 +60,10 @@ pub enum Math {
     },
     /// The ABI's Discard: no work; buffer `a` is not read after the list.
     Discard,
+    /// The ABI's Resident: no work; buffer `a` may stay on the device under `id`.
+    Resident {
+        id: u64,
+    },
     /// The ABI's Fill: every element of the output set to `value`.
     Fill {
         value: f32,
@@ -140,6 +144,7 @@ impl<'a> Op<'a> {
             k if k == OpKind::Silu as u32 => Math::Silu,
             k if k == OpKind::SiluMul as u32 => Math::SiluMul,
             k if k == OpKind::Discard as u32 => Math::Discard,
+            k if k == OpKind::Resident as u32 => Math::Resident { id: r.n[0] },
             k if k == OpKind::Fill as u32 => Math::Fill { value: r.f[0] },
             k => match OpKind::from_code(k).and_then(OpKind::combine) {
                 Some(combine) => Math::Strided {
@@ -266,7 +271,9 @@ impl<'a> Op<'a> {
                 len > 0 && out % len == 0 && a == out / len && b == a,
                 || format!("snake_beta over {len} columns: {}", sizes()),
             ),
-            Math::Gelu | Math::Silu | Math::Discard | Math::Fill { .. } => Ok(()),
+            Math::Gelu | Math::Silu | Math::Discard | Math::Resident { .. } | Math::Fill { .. } => {
+                Ok(())
+            }
             Math::SiluMul => check(a == out, || format!("silu_mul: {}", sizes())),
             Math::Strided { shape, .. } => shape.check(a, out),
         }
@@ -305,7 +312,7 @@ impl<'a> Op<'a> {
             Math::Gelu => cpu.gelu(out),
             Math::Silu => cpu.silu(out),
             Math::SiluMul => cpu.silu_mul(out, self.a),
-            Math::Discard => {}
+            Math::Discard | Math::Resident { .. } => {}
             Math::Fill { value } => out.fill(value),
             Math::Strided { combine, shape } => cpu.strided(combine, self.a, out, shape),
         }
@@ -339,7 +346,8 @@ impl<'a> Op<'a> {
         let u = |v: usize| u32::try_from(v).ok();
         let mut d = Dispatch::new(w);
         match self.math {
-            Math::Discard => return Some(Dispatch::discard(self.a)),
+            Math::Discard => return Some(Dispatch::hint(self.a, Hint::Discard)),
+            Math::Resident { id } => return Some(Dispatch::hint(self.a, Hint::Resident(id))),
             Math::Fill { value } => {
                 // A strided copy of one generated value over the whole buffer: written, never uploaded.
                 d.kernel = Kernel::Strided(Combine::Copy);
@@ -624,9 +632,18 @@ pub enum Bind {
 }
 
 /// One shader dispatch on host buffers.
+/// What a [`Dispatch`] that is not a dispatch says about its one tensor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Hint {
+    None,
+    /// Not read after the batch: its device copy need not come back.
+    Discard,
+    /// May stay on the device between batches under this id (the ABI's Resident).
+    Resident(u64),
+}
+
 pub struct Dispatch<'a> {
-    /// Not a dispatch: its one tensor is not read after the batch (its copy need not come back).
-    pub discard: bool,
+    pub hint: Hint,
     pub kernel: Kernel,
     pub weight: Option<&'a GpuWeight>,
     pub tensors: Vec<Tensor>,
@@ -638,7 +655,7 @@ pub struct Dispatch<'a> {
 impl<'a> Dispatch<'a> {
     fn new(weight: Option<&'a GpuWeight>) -> Self {
         Dispatch {
-            discard: false,
+            hint: Hint::None,
             kernel: Kernel::Rope,
             weight,
             tensors: Vec::new(),
@@ -648,10 +665,10 @@ impl<'a> Dispatch<'a> {
         }
     }
 
-    /// The marker for [`Math::Discard`] of `buffer`.
-    pub fn discard(buffer: &[f32]) -> Dispatch<'a> {
+    /// The marker for a hint ([`Math::Discard`], [`Math::Resident`]) about `buffer`.
+    pub fn hint(buffer: &[f32], hint: Hint) -> Dispatch<'a> {
         let mut d = Dispatch::new(None);
-        d.discard = true;
+        d.hint = hint;
         d.read(buffer);
         d
     }

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use kazeia_backend_abi::Backend;
-use kazeia_backend_vulkan::{Options, VulkanBackend};
+use kazeia_backend_vulkan::{Options, Stats, VulkanBackend};
 use kazeia_engine::codec::CodecDecoder;
 use kazeia_engine::codes::parse_codes_json;
 use kazeia_engine::lm::{generate, LmBackends, Prompt, PromptRequest, TtsModel};
@@ -321,11 +321,9 @@ fn a_decoder_chunk_is_one_submission_and_later_chunks_replay_it() {
     assert!(err <= TOLERANCE, "{err:e}");
 }
 
-#[test]
-fn each_token_step_is_one_submission() {
-    // A talker step (stack and codec head) and a code-predictor step (projection, stack and head) are each one
-    // list: one submission, where the host only samples and looks up embeddings between them.
-    let vulkan = Arc::new(VulkanBackend::new(0, 1, Options::default()).unwrap());
+/// Greedy codes of the first `shape_0b6` run with both LM stages on `vulkan`, with the stats of the generation
+/// (the prompt excluded).
+fn greedy_on(vulkan: &Arc<VulkanBackend>) -> (Vec<Vec<u32>>, Stats, Stats) {
     let backends = LmBackends {
         talker: vulkan.clone(),
         code_predictor: vulkan.clone(),
@@ -335,17 +333,22 @@ fn each_token_step_is_one_submission() {
     let model =
         TtsModel::load_on(&dir, backends, WeightStorage::Convert(WeightFormat::F32)).unwrap();
     let run = &runs(case)[0];
-    let start = vulkan.stats();
     let prompt = prompt_of(&model, run);
     let before = vulkan.stats();
     let codes = greedy_from(&model, &prompt, run);
     let after = vulkan.stats();
-    eprintln!(
-        "the prompt: {} submission(s)",
-        before.submits - start.submits
-    );
     let expected: Vec<Vec<u32>> = run["codes"].as_array().unwrap().iter().map(ids).collect();
     assert_eq!(codes, expected, "{}", run["name"]);
+    (codes, before, after)
+}
+
+#[test]
+fn each_token_step_is_one_submission_with_its_kv_cache_resident() {
+    // A talker step (stack and codec head) and a code-predictor step (projection, stack and head) are each one
+    // list: one submission, where the host only samples and looks up embeddings between them. The KV caches stay
+    // on the device between steps (Resident): against the same generation with them uploaded every step.
+    let vulkan = Arc::new(VulkanBackend::new(0, 1, Options::default()).unwrap());
+    let (codes, before, after) = greedy_on(&vulkan);
     let frames = codes.len();
     let steps = codes[0].len() - 1;
     let submits = after.submits - before.submits;
@@ -360,16 +363,44 @@ fn each_token_step_is_one_submission() {
         after.recorded - before.recorded,
         after.replayed - before.replayed
     );
-    // Dead intermediate results (Discard) and the KV prefix a step did not change are not copied back: what comes
-    // back is the logits, the last hidden state and the appended KV rows, a fraction of what goes up (the KV
-    // prefix every step reads).
-    assert!(down * 2 < up, "{down} bytes downloaded for {up} uploaded");
     // The prefill (the first frame's talker step) and one talker step per later frame (the step after the last
     // frame runs too unless the frame budget ends generation), one code-predictor step per further codebook.
     let talker = submits - (frames * steps) as u64;
     assert!(
         talker == frames as u64 || talker == frames as u64 + 1,
         "{submits} submissions for {frames} frames of {steps} code-predictor steps"
+    );
+
+    let uploading = Arc::new(
+        VulkanBackend::new(
+            0,
+            1,
+            Options {
+                resident_mb: 0,
+                ..Options::default()
+            },
+        )
+        .unwrap(),
+    );
+    let (_, before, after) = greedy_on(&uploading);
+    let (up_all, down_all) = (
+        after.uploaded - before.uploaded,
+        after.downloaded - before.downloaded,
+    );
+    eprintln!(
+        "with the KV caches uploaded every step: {up_all} bytes uploaded, {down_all} downloaded"
+    );
+    // Every step used to upload the KV prefix it reads; resident, only the rows it has not seen go up.
+    assert!(
+        up * 2 < up_all,
+        "{up} bytes uploaded resident, {up_all} not"
+    );
+    // Either way only what the host reads comes back: the logits, the last hidden state, the appended KV rows
+    // (dead intermediate results are discarded, the unchanged KV prefix is not copied back).
+    assert_eq!(down, down_all);
+    assert!(
+        down * 2 < up_all,
+        "{down} bytes downloaded for {up_all} uploaded"
     );
 }
 
@@ -381,4 +412,22 @@ fn through_the_plugin_table_vulkan_takes_lists_and_the_cpu_plugin_single_ops() {
     let cpu = inspect(&kazeia_tests::cpu_plugin());
     assert!(cpu.is_available(), "{:?}", cpu.unavailable);
     assert!(!PluginBackend::create(&cpu, 0, 1).unwrap().prefers_lists());
+}
+
+#[test]
+fn resident_kv_caches_stay_right_when_the_cpu_writes_them() {
+    // With the strided kernels off, the plugin runs the KV appends on the CPU, on the host copies: it must then
+    // upload the resident caches again before the device reads them. The official greedy codes tell.
+    let vulkan = Arc::new(
+        VulkanBackend::new(
+            0,
+            1,
+            Options {
+                disabled: vec!["strided".into()],
+                ..Options::default()
+            },
+        )
+        .unwrap(),
+    );
+    greedy_on(&vulkan);
 }

@@ -6,10 +6,12 @@ use std::path::Path;
 use std::sync::Arc;
 
 use kazeia_backend_abi::plugin::OpKind;
+use kazeia_backend_abi::Backend;
 use kazeia_engine::codec::CodecDecoder;
 use kazeia_engine::codes::parse_codes_json;
+use kazeia_engine::lm::{generate, LmBackends, PromptRequest, TtsModel};
 use kazeia_engine::plugins::{inspect, PluginBackend};
-use kazeia_engine::CpuBackend;
+use kazeia_engine::{CpuBackend, WeightFormat, WeightStorage};
 
 #[test]
 fn ops_the_plugin_does_not_take_run_on_the_cpu_between_its_lists() {
@@ -45,4 +47,44 @@ fn ops_the_plugin_does_not_take_run_on_the_cpu_between_its_lists() {
     );
     assert_eq!(split.len(), cpu.len());
     assert!(err <= 1e-3, "{err:e}");
+
+    // The LM stages too: their KV appends now run here, so the engine must not call the caches resident on the
+    // device (the plugin would not see them change). The official greedy codes tell.
+    let lm = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/lm/shape_0b6");
+    let plugin: Arc<dyn Backend> = Arc::new(PluginBackend::create(&info, 0, 1).unwrap());
+    let model = TtsModel::load_on(
+        &lm,
+        LmBackends {
+            talker: plugin.clone(),
+            code_predictor: plugin,
+        },
+        WeightStorage::Convert(WeightFormat::F32),
+    )
+    .unwrap();
+    let golden: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(lm.join("golden.json")).unwrap()).unwrap();
+    let run = &golden["runs"][0];
+    let ids = |v: &serde_json::Value| -> Vec<u32> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_u64().unwrap() as u32)
+            .collect()
+    };
+    let request = PromptRequest {
+        input_ids: ids(&run["input_ids"]),
+        instruct_ids: run["instruct_ids"]
+            .as_array()
+            .map(|_| ids(&run["instruct_ids"])),
+        speaker: run["speaker"].as_str().map(str::to_owned),
+        language: run["language"].as_str().unwrap().to_owned(),
+        non_streaming_mode: run["non_streaming_mode"].as_bool().unwrap(),
+    };
+    let prompt = model.prompt(&request).unwrap();
+    let mut options = model.default_options(true);
+    options.max_new_tokens = run["max_new_tokens"].as_u64().unwrap() as usize;
+    let greedy = &mut || unreachable!("greedy");
+    let codes = generate(&model, &prompt, &options, greedy, &mut |_| true).codes;
+    let expected: Vec<Vec<u32>> = run["codes"].as_array().unwrap().iter().map(ids).collect();
+    assert_eq!(codes, expected);
 }
