@@ -9,6 +9,7 @@
 //! `ConvTranspose1d` `[cin, cout, k]`) and come back as opaque [`Weight`] handles in whatever layout the backend
 //! prefers.
 
+pub mod exports;
 pub mod plugin;
 pub mod records;
 mod strided;

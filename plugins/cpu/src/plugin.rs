@@ -1,14 +1,10 @@
-//! The CPU backend as a plugin: the C table of `kazeia_backend_abi::plugin`, each entry a thin wrapper around
-//! [`CpuBackend`] that checks its arguments and turns panics into error messages.
+//! The CPU backend as a plugin: the C table of `kazeia_backend_abi::plugin`. What is CPU-specific is here (the
+//! score of this build on the running CPU, the device, `create`); the rest is `kazeia_backend_abi::exports`.
 
 use std::ffi::{c_char, c_void};
-use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use kazeia_backend_abi::plugin::{
-    ErrorBuffer, OpKind, OpRecord, PluginApi, WeightDesc, WeightKind, PLUGIN_ABI_VERSION,
-    PLUGIN_MAGIC,
-};
-use kazeia_backend_abi::{Backend, Weight, WeightFormat};
+use kazeia_backend_abi::exports::{self, guarded};
+use kazeia_backend_abi::plugin::{ErrorBuffer, PluginApi, PLUGIN_ABI_VERSION, PLUGIN_MAGIC};
 
 use crate::CpuBackend;
 
@@ -22,14 +18,14 @@ static API: PluginApi = PluginApi {
     device_count,
     device_name,
     create,
-    destroy,
-    upload,
-    free_weight,
-    supports_op,
-    run_ops,
-    export_linear,
-    free_bytes,
-    import_linear,
+    destroy: exports::destroy::<CpuBackend>,
+    upload: exports::upload::<CpuBackend>,
+    free_weight: exports::free_weight,
+    supports_op: exports::supports_every_op,
+    run_ops: exports::run_ops::<CpuBackend>,
+    export_linear: exports::export_linear::<CpuBackend>,
+    free_bytes: exports::free_bytes,
+    import_linear: exports::import_linear::<CpuBackend>,
 };
 
 /// The plugin table; `plugins/cpu/plugin` exports it under the entry symbol.
@@ -113,183 +109,11 @@ unsafe extern "C" fn device_name(index: u32, out: *mut ErrorBuffer) -> i32 {
     0
 }
 
-/// Runs `f`, turning a panic into an error message.
-fn guarded<T>(err: *mut ErrorBuffer, fallback: T, f: impl FnOnce() -> Result<T, String>) -> T {
-    match catch_unwind(AssertUnwindSafe(f)) {
-        Ok(Ok(value)) => value,
-        Ok(Err(message)) => {
-            // SAFETY: the caller passes a valid buffer or null.
-            if let Some(err) = unsafe { err.as_mut() } {
-                err.set(&message);
-            }
-            fallback
-        }
-        Err(panic) => {
-            let message = panic
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-                .unwrap_or_else(|| "panic".into());
-            // SAFETY: as above.
-            if let Some(err) = unsafe { err.as_mut() } {
-                err.set(&format!("the CPU plugin panicked: {message}"));
-            }
-            fallback
-        }
-    }
-}
-
 unsafe extern "C" fn create(device: u32, threads: u32, err: *mut ErrorBuffer) -> *mut c_void {
     guarded(err, std::ptr::null_mut(), || {
         if device != 0 {
             return Err(format!("no CPU device {device}"));
         }
         Ok(Box::into_raw(Box::new(CpuBackend::new(threads as usize))) as *mut c_void)
-    })
-}
-
-unsafe extern "C" fn destroy(backend: *mut c_void) {
-    if !backend.is_null() {
-        drop(Box::from_raw(backend as *mut CpuBackend));
-    }
-}
-
-unsafe fn slice<'a>(ptr: *const f32, len: usize) -> Result<&'a [f32], String> {
-    if len == 0 {
-        return Ok(&[]);
-    }
-    if ptr.is_null() {
-        return Err("null buffer".into());
-    }
-    Ok(std::slice::from_raw_parts(ptr, len))
-}
-
-unsafe extern "C" fn upload(
-    backend: *mut c_void,
-    desc: *const WeightDesc,
-    err: *mut ErrorBuffer,
-) -> *mut c_void {
-    guarded(err, std::ptr::null_mut(), || {
-        let backend = (backend as *const CpuBackend)
-            .as_ref()
-            .ok_or("null backend")?;
-        let d = desc.as_ref().ok_or("null weight description")?;
-        let data = slice(d.data, d.data_len)?;
-        let bias = if d.bias.is_null() {
-            None
-        } else {
-            Some(slice(d.bias, d.bias_len)?)
-        };
-        let n = d.dims.map(|v| v as usize);
-        let expected = match d.kind {
-            k if k == WeightKind::Linear as u32 => n[0] * n[1],
-            k if k == WeightKind::Conv1d as u32 => n[0] * n[1] * n[2],
-            k if k == WeightKind::DepthwiseConv1d as u32 => n[0] * n[1],
-            k if k == WeightKind::ConvTranspose1d as u32 => n[0] * n[1] * n[2],
-            other => return Err(format!("unknown weight kind {other}")),
-        };
-        if data.len() != expected {
-            return Err(format!(
-                "weight has {} values; its dims need {expected}",
-                data.len()
-            ));
-        }
-        let weight = match d.kind {
-            k if k == WeightKind::Linear as u32 => {
-                let format = WeightFormat::from_code(d.format).ok_or("unknown weight format")?;
-                backend.upload_linear(data, n[0], n[1], bias, format)
-            }
-            k if k == WeightKind::Conv1d as u32 => {
-                backend.upload_conv1d(data, n[0], n[1], n[2], bias)
-            }
-            k if k == WeightKind::DepthwiseConv1d as u32 => {
-                backend.upload_depthwise_conv1d(data, n[0], n[1], bias)
-            }
-            _ => backend.upload_conv_transpose1d(data, n[0], n[1], n[2], n[3]),
-        };
-        Ok(Box::into_raw(Box::new(weight)) as *mut c_void)
-    })
-}
-
-unsafe extern "C" fn free_weight(_backend: *mut c_void, weight: *mut c_void) {
-    if !weight.is_null() {
-        drop(Box::from_raw(weight as *mut Weight));
-    }
-}
-
-unsafe extern "C" fn supports_op(_backend: *mut c_void, kind: u32) -> bool {
-    OpKind::from_code(kind).is_some()
-}
-
-unsafe extern "C" fn run_ops(
-    backend: *mut c_void,
-    ops: *const OpRecord,
-    count: usize,
-    err: *mut ErrorBuffer,
-) -> i32 {
-    guarded(err, 1, || {
-        let backend = (backend as *const CpuBackend)
-            .as_ref()
-            .ok_or("null backend")?;
-        if count > 0 && ops.is_null() {
-            return Err("null op list".into());
-        }
-        for (i, op) in std::slice::from_raw_parts(ops, count).iter().enumerate() {
-            kazeia_backend_abi::records::run_record(backend, op)
-                .map_err(|e| format!("op {i}: {e}"))?;
-        }
-        Ok(0)
-    })
-}
-
-unsafe extern "C" fn export_linear(
-    backend: *mut c_void,
-    weight: *mut c_void,
-    bytes: *mut *mut u8,
-    len: *mut usize,
-) -> i32 {
-    guarded(std::ptr::null_mut(), 1, || {
-        let backend = (backend as *const CpuBackend)
-            .as_ref()
-            .ok_or("null backend")?;
-        let weight = (weight as *const Weight).as_ref().ok_or("null weight")?;
-        let exported = backend.export_linear(weight).ok_or("not a linear weight")?;
-        let boxed = exported.into_boxed_slice();
-        *len = boxed.len();
-        *bytes = Box::into_raw(boxed) as *mut u8;
-        Ok(0)
-    })
-}
-
-unsafe extern "C" fn free_bytes(bytes: *mut u8, len: usize) {
-    if !bytes.is_null() {
-        drop(Box::from_raw(std::ptr::slice_from_raw_parts_mut(
-            bytes, len,
-        )));
-    }
-}
-
-unsafe extern "C" fn import_linear(
-    backend: *mut c_void,
-    bytes: *const u8,
-    len: usize,
-    out: u64,
-    inp: u64,
-    format: u32,
-) -> *mut c_void {
-    guarded(std::ptr::null_mut(), std::ptr::null_mut(), || {
-        let backend = (backend as *const CpuBackend)
-            .as_ref()
-            .ok_or("null backend")?;
-        if bytes.is_null() {
-            return Err("null bytes".into());
-        }
-        let format = WeightFormat::from_code(format).ok_or("unknown format")?;
-        let data = std::slice::from_raw_parts(bytes, len);
-        Ok(backend
-            .import_linear(data, out as usize, inp as usize, format)
-            .map_or(std::ptr::null_mut(), |w| {
-                Box::into_raw(Box::new(w)) as *mut c_void
-            }))
     })
 }

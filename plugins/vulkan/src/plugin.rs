@@ -2,8 +2,8 @@
 //! checks its arguments and turns errors and panics into messages.
 
 use std::ffi::{c_char, c_void};
-use std::panic::{catch_unwind, AssertUnwindSafe};
 
+use kazeia_backend_abi::exports::{self, backend_ref, guarded};
 use kazeia_backend_abi::plugin::{
     ErrorBuffer, OpRecord, PluginApi, WeightDesc, PLUGIN_ABI_VERSION, PLUGIN_MAGIC,
 };
@@ -23,13 +23,13 @@ static API: PluginApi = PluginApi {
     device_count,
     device_name,
     create,
-    destroy,
+    destroy: exports::destroy::<VulkanBackend>,
     upload,
     free_weight,
     supports_op,
     run_ops,
     export_linear,
-    free_bytes,
+    free_bytes: exports::free_bytes,
     import_linear,
 };
 
@@ -37,27 +37,6 @@ static API: PluginApi = PluginApi {
 #[no_mangle]
 pub extern "C" fn kazeia_backend_plugin_v1() -> *const PluginApi {
     &API
-}
-
-/// Runs `f`, turning an error or a panic into a message in `err` and `fallback`.
-fn guarded<T>(err: *mut ErrorBuffer, fallback: T, f: impl FnOnce() -> Result<T, String>) -> T {
-    let message = match catch_unwind(AssertUnwindSafe(f)) {
-        Ok(Ok(value)) => return value,
-        Ok(Err(message)) => message,
-        Err(panic) => {
-            let text = panic
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-                .unwrap_or_else(|| "panic".into());
-            format!("the Vulkan plugin panicked: {text}")
-        }
-    };
-    // SAFETY: the caller passes a valid buffer or null.
-    if let Some(err) = unsafe { err.as_mut() } {
-        err.set(&message);
-    }
-    fallback
 }
 
 /// The best device's score; 0 without a loader or a usable device. A CPU-type device (lavapipe) scores 1, below
@@ -107,28 +86,13 @@ unsafe extern "C" fn create(device: u32, threads: u32, err: *mut ErrorBuffer) ->
     })
 }
 
-unsafe extern "C" fn destroy(backend: *mut c_void) {
-    if !backend.is_null() {
-        guarded(std::ptr::null_mut(), (), || {
-            drop(Box::from_raw(backend as *mut VulkanBackend));
-            Ok(())
-        })
-    }
-}
-
-unsafe fn backend_ref<'a>(backend: *mut c_void) -> Result<&'a VulkanBackend, String> {
-    (backend as *const VulkanBackend)
-        .as_ref()
-        .ok_or_else(|| "null backend".to_string())
-}
-
 unsafe extern "C" fn upload(
     backend: *mut c_void,
     desc: *const WeightDesc,
     err: *mut ErrorBuffer,
 ) -> *mut c_void {
     guarded(err, std::ptr::null_mut(), || {
-        let backend = backend_ref(backend)?;
+        let backend = backend_ref::<VulkanBackend>(backend)?;
         let desc = desc.as_ref().ok_or("null weight description")?;
         let weight = backend.upload(desc)?;
         Ok(Box::into_raw(Box::new(weight)) as *mut c_void)
@@ -141,7 +105,7 @@ unsafe extern "C" fn free_weight(backend: *mut c_void, weight: *mut c_void) {
     }
     guarded(std::ptr::null_mut(), (), || {
         let weight = *Box::from_raw(weight as *mut VkWeight);
-        match backend_ref(backend) {
+        match backend_ref::<VulkanBackend>(backend) {
             Ok(backend) => backend.free(weight),
             Err(_) => drop(weight),
         }
@@ -151,7 +115,7 @@ unsafe extern "C" fn free_weight(backend: *mut c_void, weight: *mut c_void) {
 
 unsafe extern "C" fn supports_op(backend: *mut c_void, kind: u32) -> bool {
     guarded(std::ptr::null_mut(), false, || {
-        Ok(backend_ref(backend)?.supports(kind))
+        Ok(backend_ref::<VulkanBackend>(backend)?.supports(kind))
     })
 }
 
@@ -162,7 +126,7 @@ unsafe extern "C" fn run_ops(
     err: *mut ErrorBuffer,
 ) -> i32 {
     guarded(err, 1, || {
-        let backend = backend_ref(backend)?;
+        let backend = backend_ref::<VulkanBackend>(backend)?;
         if count == 0 {
             return Ok(0);
         }
@@ -181,7 +145,7 @@ unsafe extern "C" fn export_linear(
     len: *mut usize,
 ) -> i32 {
     guarded(std::ptr::null_mut(), 1, || {
-        let backend = backend_ref(backend)?;
+        let backend = backend_ref::<VulkanBackend>(backend)?;
         let weight = (weight as *const VkWeight).as_ref().ok_or("null weight")?;
         if bytes.is_null() || len.is_null() {
             return Err("null output".into());
@@ -196,14 +160,6 @@ unsafe extern "C" fn export_linear(
     })
 }
 
-unsafe extern "C" fn free_bytes(bytes: *mut u8, len: usize) {
-    if !bytes.is_null() {
-        drop(Box::from_raw(std::ptr::slice_from_raw_parts_mut(
-            bytes, len,
-        )));
-    }
-}
-
 unsafe extern "C" fn import_linear(
     backend: *mut c_void,
     bytes: *const u8,
@@ -213,7 +169,7 @@ unsafe extern "C" fn import_linear(
     format: u32,
 ) -> *mut c_void {
     guarded(std::ptr::null_mut(), std::ptr::null_mut(), || {
-        let backend = backend_ref(backend)?;
+        let backend = backend_ref::<VulkanBackend>(backend)?;
         if bytes.is_null() {
             return Err("null bytes".into());
         }

@@ -1,0 +1,228 @@
+//! The parts of a plugin's C table ([`PluginApi`](crate::plugin::PluginApi)) that are the same in every plugin:
+//! turning errors and panics into messages, and — for a plugin whose backend implements [`Backend`] and keeps its
+//! weights as boxed [`Weight`]s (the CPU and Hexagon plugins) — every entry but `score`, `unavailable_reason`,
+//! the device entries and `create`. Generic entries are used with the plugin's type, e.g.
+//! `upload: exports::upload::<CpuBackend>`.
+
+use std::ffi::c_void;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use crate::plugin::{ErrorBuffer, OpKind, OpRecord, WeightDesc, WeightKind};
+use crate::records::{input, run_record};
+use crate::{Backend, Weight, WeightFormat};
+
+/// Runs `f`, turning an error or a panic into a message in `err` (when not null) and `fallback`.
+///
+/// # Safety
+/// `err` must be null or a valid buffer (what the table's callers pass).
+pub unsafe fn guarded<T>(
+    err: *mut ErrorBuffer,
+    fallback: T,
+    f: impl FnOnce() -> Result<T, String>,
+) -> T {
+    let message = match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(value)) => return value,
+        Ok(Err(message)) => message,
+        Err(panic) => {
+            let text = panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_else(|| "panic".into());
+            format!("the plugin panicked: {text}")
+        }
+    };
+    if let Some(err) = err.as_mut() {
+        err.set(&message);
+    }
+    fallback
+}
+
+/// The plugin's backend behind a table handle.
+///
+/// # Safety
+/// `backend` must be null or a `B` the plugin's `create` made.
+pub unsafe fn backend_ref<'a, B>(backend: *mut c_void) -> Result<&'a B, String> {
+    (backend as *const B)
+        .as_ref()
+        .ok_or_else(|| "null backend".to_string())
+}
+
+/// `destroy` for a backend `create` boxed.
+///
+/// # Safety
+/// As the table's `destroy`.
+pub unsafe extern "C" fn destroy<B>(backend: *mut c_void) {
+    if !backend.is_null() {
+        guarded(std::ptr::null_mut(), (), || {
+            drop(Box::from_raw(backend as *mut B));
+            Ok(())
+        })
+    }
+}
+
+/// `upload` through the [`Backend`] trait, the weight boxed.
+///
+/// # Safety
+/// As the table's `upload`.
+pub unsafe extern "C" fn upload<B: Backend>(
+    backend: *mut c_void,
+    desc: *const WeightDesc,
+    err: *mut ErrorBuffer,
+) -> *mut c_void {
+    guarded(err, std::ptr::null_mut(), || {
+        let backend = backend_ref::<B>(backend)?;
+        let d = desc.as_ref().ok_or("null weight description")?;
+        let data = input(d.data, d.data_len)?;
+        let bias = if d.bias.is_null() {
+            None
+        } else {
+            Some(input(d.bias, d.bias_len)?)
+        };
+        let n = d.dims.map(|v| v as usize);
+        let expected = match d.kind {
+            k if k == WeightKind::Linear as u32 || k == WeightKind::DepthwiseConv1d as u32 => {
+                n[0].checked_mul(n[1])
+            }
+            k if k == WeightKind::Conv1d as u32 || k == WeightKind::ConvTranspose1d as u32 => {
+                n[0].checked_mul(n[1]).and_then(|v| v.checked_mul(n[2]))
+            }
+            other => return Err(format!("unknown weight kind {other}")),
+        };
+        if expected != Some(data.len()) {
+            return Err(format!(
+                "the weight has {} values; its dimensions {:?} need another count",
+                data.len(),
+                d.dims
+            ));
+        }
+        let weight = match d.kind {
+            k if k == WeightKind::Linear as u32 => {
+                let format = WeightFormat::from_code(d.format).ok_or("unknown weight format")?;
+                backend.upload_linear(data, n[0], n[1], bias, format)
+            }
+            k if k == WeightKind::Conv1d as u32 => {
+                backend.upload_conv1d(data, n[0], n[1], n[2], bias)
+            }
+            k if k == WeightKind::DepthwiseConv1d as u32 => {
+                backend.upload_depthwise_conv1d(data, n[0], n[1], bias)
+            }
+            _ => {
+                if n[3] == 0 {
+                    return Err("a transposed convolution with stride 0".into());
+                }
+                backend.upload_conv_transpose1d(data, n[0], n[1], n[2], n[3])
+            }
+        };
+        Ok(Box::into_raw(Box::new(weight)) as *mut c_void)
+    })
+}
+
+/// `free_weight` for a weight [`upload`] boxed.
+///
+/// # Safety
+/// As the table's `free_weight`.
+pub unsafe extern "C" fn free_weight(_backend: *mut c_void, weight: *mut c_void) {
+    if !weight.is_null() {
+        drop(Box::from_raw(weight as *mut Weight));
+    }
+}
+
+/// `supports_op` of a backend that runs every op kind (what its device does not, it runs on its CPU backend) and
+/// gains nothing from lists.
+///
+/// # Safety
+/// As the table's `supports_op`.
+pub unsafe extern "C" fn supports_every_op(_backend: *mut c_void, kind: u32) -> bool {
+    OpKind::from_code(kind).is_some()
+}
+
+/// `run_ops`: each record through the [`Backend`] trait's methods.
+///
+/// # Safety
+/// As the table's `run_ops`.
+pub unsafe extern "C" fn run_ops<B: Backend>(
+    backend: *mut c_void,
+    ops: *const OpRecord,
+    count: usize,
+    err: *mut ErrorBuffer,
+) -> i32 {
+    guarded(err, 1, || {
+        let backend = backend_ref::<B>(backend)?;
+        if count == 0 {
+            return Ok(0);
+        }
+        if ops.is_null() {
+            return Err("null op list".into());
+        }
+        for (i, op) in std::slice::from_raw_parts(ops, count).iter().enumerate() {
+            run_record(backend, op).map_err(|e| format!("op {i}: {e}"))?;
+        }
+        Ok(0)
+    })
+}
+
+/// `export_linear` through [`Backend::export_linear`] (non-zero when the backend does not cache).
+///
+/// # Safety
+/// As the table's `export_linear`.
+pub unsafe extern "C" fn export_linear<B: Backend>(
+    backend: *mut c_void,
+    weight: *mut c_void,
+    bytes: *mut *mut u8,
+    len: *mut usize,
+) -> i32 {
+    guarded(std::ptr::null_mut(), 1, || {
+        let backend = backend_ref::<B>(backend)?;
+        let weight = (weight as *const Weight).as_ref().ok_or("null weight")?;
+        if bytes.is_null() || len.is_null() {
+            return Err("null output".into());
+        }
+        let exported = backend
+            .export_linear(weight)
+            .ok_or("not a cached linear weight")?
+            .into_boxed_slice();
+        *len = exported.len();
+        *bytes = Box::into_raw(exported) as *mut u8;
+        Ok(0)
+    })
+}
+
+/// `free_bytes` for what an `export_linear` boxed.
+///
+/// # Safety
+/// As the table's `free_bytes`.
+pub unsafe extern "C" fn free_bytes(bytes: *mut u8, len: usize) {
+    if !bytes.is_null() {
+        drop(Box::from_raw(std::ptr::slice_from_raw_parts_mut(
+            bytes, len,
+        )));
+    }
+}
+
+/// `import_linear` through [`Backend::import_linear`] (null when the bytes are not the backend's).
+///
+/// # Safety
+/// As the table's `import_linear`.
+pub unsafe extern "C" fn import_linear<B: Backend>(
+    backend: *mut c_void,
+    bytes: *const u8,
+    len: usize,
+    out: u64,
+    inp: u64,
+    format: u32,
+) -> *mut c_void {
+    guarded(std::ptr::null_mut(), std::ptr::null_mut(), || {
+        let backend = backend_ref::<B>(backend)?;
+        if bytes.is_null() {
+            return Err("null bytes".into());
+        }
+        let format = WeightFormat::from_code(format).ok_or("unknown format")?;
+        let data = std::slice::from_raw_parts(bytes, len);
+        Ok(backend
+            .import_linear(data, out as usize, inp as usize, format)
+            .map_or(std::ptr::null_mut(), |w| {
+                Box::into_raw(Box::new(w)) as *mut c_void
+            }))
+    })
+}
