@@ -15,8 +15,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use kazeia_backend_abi::plugin::{
-    attention_n, EntryFn, ErrorBuffer, OpKind, OpRecord, PluginApi, WeightDesc, WeightKind,
-    CAPABILITY_LISTS, ENTRY_SYMBOL, PLUGIN_ABI_VERSION, PLUGIN_MAGIC,
+    EntryFn, ErrorBuffer, OpKind, OpRecord, PluginApi, WeightDesc, CAPABILITY_LISTS, ENTRY_SYMBOL,
+    PLUGIN_ABI_VERSION, PLUGIN_MAGIC,
 };
 use kazeia_backend_abi::{
     records, AttentionSpan, Backend, Combine, Heads, Strided, Weight, WeightFormat,
@@ -363,23 +363,8 @@ impl PluginBackend {
         }
     }
 
-    fn upload(
-        &self,
-        kind: WeightKind,
-        format: WeightFormat,
-        dims: [usize; 4],
-        data: &[f32],
-        bias: Option<&[f32]>,
-    ) -> Weight {
-        let desc = WeightDesc {
-            kind: kind as u32,
-            format: format.code(),
-            dims: dims.map(|d| d as u64),
-            data: data.as_ptr(),
-            data_len: data.len(),
-            bias: bias.map_or(std::ptr::null(), <[f32]>::as_ptr),
-            bias_len: bias.map_or(0, <[f32]>::len),
-        };
+    /// Uploads `desc` (its slices live for the call); a refusal is a panic, as every other backend's.
+    fn upload(&self, desc: WeightDesc) -> Weight {
         let mut err = ErrorBuffer::default();
         // SAFETY: `desc` points at live slices for the duration of the call.
         let weight = unsafe { (self.handle.api.upload)(self.handle.backend, &desc, &mut err) };
@@ -411,26 +396,6 @@ impl PluginBackend {
         });
         w.weight
     }
-
-    fn weighted(&self, kind: OpKind, w: &Weight, x: &[f32], y: &mut [f32], n: [usize; 2]) {
-        let mut op = OpRecord::new(kind);
-        op.weight = w as *const Weight as *const c_void;
-        (op.a, op.a_len) = (x.as_ptr(), x.len());
-        (op.out, op.out_len) = (y.as_mut_ptr(), y.len());
-        op.n[0] = n[0] as u64;
-        op.n[1] = n[1] as u64;
-        self.run(op);
-    }
-
-    fn in_place(&self, kind: OpKind, x: &mut [f32], a: &[f32], b: &[f32], n: [usize; 3], f: f32) {
-        let mut op = OpRecord::new(kind);
-        (op.out, op.out_len) = (x.as_mut_ptr(), x.len());
-        (op.a, op.a_len) = (a.as_ptr(), a.len());
-        (op.b, op.b_len) = (b.as_ptr(), b.len());
-        op.n[..3].copy_from_slice(&n.map(|v| v as u64));
-        op.f[0] = f;
-        self.run(op);
-    }
 }
 
 impl Backend for PluginBackend {
@@ -446,7 +411,7 @@ impl Backend for PluginBackend {
         bias: Option<&[f32]>,
         format: WeightFormat,
     ) -> Weight {
-        self.upload(WeightKind::Linear, format, [out, inp, 0, 0], w, bias)
+        self.upload(WeightDesc::linear(w, out, inp, bias, format))
     }
 
     fn upload_conv1d(
@@ -457,13 +422,7 @@ impl Backend for PluginBackend {
         k: usize,
         bias: Option<&[f32]>,
     ) -> Weight {
-        self.upload(
-            WeightKind::Conv1d,
-            WeightFormat::F32,
-            [cout, cin, k, 0],
-            w,
-            bias,
-        )
+        self.upload(WeightDesc::conv1d(w, cout, cin, k, bias))
     }
 
     fn upload_depthwise_conv1d(
@@ -473,13 +432,7 @@ impl Backend for PluginBackend {
         k: usize,
         bias: Option<&[f32]>,
     ) -> Weight {
-        self.upload(
-            WeightKind::DepthwiseConv1d,
-            WeightFormat::F32,
-            [channels, k, 0, 0],
-            w,
-            bias,
-        )
+        self.upload(WeightDesc::depthwise_conv1d(w, channels, k, bias))
     }
 
     fn upload_conv_transpose1d(
@@ -490,13 +443,7 @@ impl Backend for PluginBackend {
         k: usize,
         stride: usize,
     ) -> Weight {
-        self.upload(
-            WeightKind::ConvTranspose1d,
-            WeightFormat::F32,
-            [cin, cout, k, stride],
-            w,
-            None,
-        )
+        self.upload(WeightDesc::conv_transpose1d(w, cin, cout, k, stride))
     }
 
     fn export_linear(&self, w: &Weight) -> Option<Vec<u8>> {
@@ -543,38 +490,64 @@ impl Backend for PluginBackend {
     }
 
     fn linear(&self, w: &Weight, x: &[f32], rows: usize, y: &mut [f32]) {
-        self.weighted(OpKind::Linear, w, x, y, [rows, 0]);
+        self.run(OpRecord::weighted(OpKind::Linear, w, x, y, [rows, 0]));
     }
 
     fn conv1d(&self, w: &Weight, x: &[f32], len: usize, dilation: usize, y: &mut [f32]) {
-        self.weighted(OpKind::Conv1d, w, x, y, [len, dilation]);
+        self.run(OpRecord::weighted(OpKind::Conv1d, w, x, y, [len, dilation]));
     }
 
     fn depthwise_conv1d(&self, w: &Weight, x: &[f32], len: usize, y: &mut [f32]) {
-        self.weighted(OpKind::DepthwiseConv1d, w, x, y, [len, 0]);
+        self.run(OpRecord::weighted(
+            OpKind::DepthwiseConv1d,
+            w,
+            x,
+            y,
+            [len, 0],
+        ));
     }
 
     fn conv_transpose1d(&self, w: &Weight, x: &[f32], len: usize, y: &mut [f32]) {
-        self.weighted(OpKind::ConvTranspose1d, w, x, y, [len, 0]);
+        self.run(OpRecord::weighted(
+            OpKind::ConvTranspose1d,
+            w,
+            x,
+            y,
+            [len, 0],
+        ));
     }
 
     fn rms_norm(&self, x: &mut [f32], dim: usize, weight: &[f32], eps: f32) {
-        self.in_place(OpKind::RmsNorm, x, weight, &[], [dim, 0, 0], eps);
+        self.run(OpRecord::in_place(
+            OpKind::RmsNorm,
+            x,
+            weight,
+            &[],
+            [dim, 0, 0],
+            eps,
+        ));
     }
 
     fn layer_norm(&self, x: &mut [f32], dim: usize, weight: &[f32], bias: &[f32], eps: f32) {
-        self.in_place(OpKind::LayerNorm, x, weight, bias, [dim, 0, 0], eps);
+        self.run(OpRecord::in_place(
+            OpKind::LayerNorm,
+            x,
+            weight,
+            bias,
+            [dim, 0, 0],
+            eps,
+        ));
     }
 
     fn rope(&self, x: &mut [f32], heads: usize, head_dim: usize, start_pos: usize, theta: f32) {
-        self.in_place(
+        self.run(OpRecord::in_place(
             OpKind::Rope,
             x,
             &[],
             &[],
             [heads, head_dim, start_pos],
             theta,
-        );
+        ));
     }
 
     fn attention(
@@ -587,26 +560,26 @@ impl Backend for PluginBackend {
         scale: f32,
         out: &mut [f32],
     ) {
-        let mut op = OpRecord::new(OpKind::Attention);
-        (op.a, op.a_len) = (q.as_ptr(), q.len());
-        (op.b, op.b_len) = (k.as_ptr(), k.len());
-        (op.c, op.c_len) = (v.as_ptr(), v.len());
-        (op.out, op.out_len) = (out.as_mut_ptr(), out.len());
-        op.n = attention_n(heads, span);
-        op.f[0] = scale;
-        self.run(op);
+        self.run(OpRecord::attention(q, k, v, heads, span, scale, out));
     }
 
     fn snake_beta(&self, x: &mut [f32], len: usize, alpha: &[f32], inv_beta: &[f32]) {
-        self.in_place(OpKind::SnakeBeta, x, alpha, inv_beta, [len, 0, 0], 0.0);
+        self.run(OpRecord::in_place(
+            OpKind::SnakeBeta,
+            x,
+            alpha,
+            inv_beta,
+            [len, 0, 0],
+            0.0,
+        ));
     }
 
     fn gelu(&self, x: &mut [f32]) {
-        self.in_place(OpKind::Gelu, x, &[], &[], [0; 3], 0.0);
+        self.run(OpRecord::in_place(OpKind::Gelu, x, &[], &[], [0; 3], 0.0));
     }
 
     fn silu(&self, x: &mut [f32]) {
-        self.in_place(OpKind::Silu, x, &[], &[], [0; 3], 0.0);
+        self.run(OpRecord::in_place(OpKind::Silu, x, &[], &[], [0; 3], 0.0));
     }
 
     fn prefers_lists(&self) -> bool {
@@ -661,7 +634,14 @@ impl Backend for PluginBackend {
     }
 
     fn silu_mul(&self, gate: &mut [f32], up: &[f32]) {
-        self.in_place(OpKind::SiluMul, gate, up, &[], [0; 3], 0.0);
+        self.run(OpRecord::in_place(
+            OpKind::SiluMul,
+            gate,
+            up,
+            &[],
+            [0; 3],
+            0.0,
+        ));
     }
 }
 

@@ -10,7 +10,7 @@
 
 use std::ffi::{c_char, c_void};
 
-use crate::{AttentionSpan, Combine, Heads, Strided, View};
+use crate::{AttentionSpan, Combine, Heads, Strided, View, Weight, WeightFormat};
 
 /// `"KZBP"`.
 pub const PLUGIN_MAGIC: u32 = 0x4b5a_4250;
@@ -81,6 +81,85 @@ pub struct WeightDesc {
     pub data_len: usize,
     pub bias: *const f32,
     pub bias_len: usize,
+}
+
+impl WeightDesc {
+    /// A description of `data` (and `bias`), valid while they are borrowed.
+    pub fn new(
+        kind: WeightKind,
+        format: WeightFormat,
+        dims: [usize; 4],
+        data: &[f32],
+        bias: Option<&[f32]>,
+    ) -> WeightDesc {
+        WeightDesc {
+            kind: kind as u32,
+            format: format.code(),
+            dims: dims.map(|d| d as u64),
+            data: data.as_ptr(),
+            data_len: data.len(),
+            bias: bias.map_or(std::ptr::null(), <[f32]>::as_ptr),
+            bias_len: bias.map_or(0, <[f32]>::len),
+        }
+    }
+
+    /// [`crate::Backend::upload_linear`]'s weight.
+    pub fn linear(
+        w: &[f32],
+        out: usize,
+        inp: usize,
+        bias: Option<&[f32]>,
+        format: WeightFormat,
+    ) -> WeightDesc {
+        WeightDesc::new(WeightKind::Linear, format, [out, inp, 0, 0], w, bias)
+    }
+
+    /// [`crate::Backend::upload_conv1d`]'s weight.
+    pub fn conv1d(
+        w: &[f32],
+        cout: usize,
+        cin: usize,
+        k: usize,
+        bias: Option<&[f32]>,
+    ) -> WeightDesc {
+        let dims = [cout, cin, k, 0];
+        WeightDesc::new(WeightKind::Conv1d, WeightFormat::F32, dims, w, bias)
+    }
+
+    /// [`crate::Backend::upload_depthwise_conv1d`]'s weight.
+    pub fn depthwise_conv1d(
+        w: &[f32],
+        channels: usize,
+        k: usize,
+        bias: Option<&[f32]>,
+    ) -> WeightDesc {
+        let dims = [channels, k, 0, 0];
+        WeightDesc::new(
+            WeightKind::DepthwiseConv1d,
+            WeightFormat::F32,
+            dims,
+            w,
+            bias,
+        )
+    }
+
+    /// [`crate::Backend::upload_conv_transpose1d`]'s weight.
+    pub fn conv_transpose1d(
+        w: &[f32],
+        cin: usize,
+        cout: usize,
+        k: usize,
+        stride: usize,
+    ) -> WeightDesc {
+        let dims = [cin, cout, k, stride];
+        WeightDesc::new(
+            WeightKind::ConvTranspose1d,
+            WeightFormat::F32,
+            dims,
+            w,
+            None,
+        )
+    }
 }
 
 /// Op kinds, with the meaning of an [`OpRecord`]'s fields for each (see [`crate::Backend`] for the math).
@@ -284,6 +363,55 @@ pub struct OpRecord {
 }
 
 impl OpRecord {
+    /// An op with weight `w` (`*const Weight`), input `x` and output `y`: `n = [n0, n1, 0…]`.
+    pub fn weighted(kind: OpKind, w: &Weight, x: &[f32], y: &mut [f32], n: [usize; 2]) -> Self {
+        let mut op = OpRecord::new(kind);
+        op.weight = w as *const Weight as *const c_void;
+        (op.a, op.a_len) = (x.as_ptr(), x.len());
+        (op.out, op.out_len) = (y.as_mut_ptr(), y.len());
+        op.n[..2].copy_from_slice(&n.map(|v| v as u64));
+        op
+    }
+
+    /// An op on `x` in place with parameter buffers `a`, `b`: `n = [n0, n1, n2, 0…]`, `f[0] = f`.
+    pub fn in_place(
+        kind: OpKind,
+        x: &mut [f32],
+        a: &[f32],
+        b: &[f32],
+        n: [usize; 3],
+        f: f32,
+    ) -> Self {
+        let mut op = OpRecord::new(kind);
+        (op.out, op.out_len) = (x.as_mut_ptr(), x.len());
+        (op.a, op.a_len) = (a.as_ptr(), a.len());
+        (op.b, op.b_len) = (b.as_ptr(), b.len());
+        op.n[..3].copy_from_slice(&n.map(|v| v as u64));
+        op.f[0] = f;
+        op
+    }
+
+    /// [`crate::Backend::attention`] as a record.
+    #[allow(clippy::too_many_arguments)]
+    pub fn attention(
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        heads: Heads,
+        span: AttentionSpan,
+        scale: f32,
+        out: &mut [f32],
+    ) -> Self {
+        let mut op = OpRecord::new(OpKind::Attention);
+        (op.a, op.a_len) = (q.as_ptr(), q.len());
+        (op.b, op.b_len) = (k.as_ptr(), k.len());
+        (op.c, op.c_len) = (v.as_ptr(), v.len());
+        (op.out, op.out_len) = (out.as_mut_ptr(), out.len());
+        op.n = attention_n(heads, span);
+        op.f[0] = scale;
+        op
+    }
+
     /// A strided op (`Copy`, `Add` or `Mul`) from `src` into `dst`.
     pub fn strided(
         combine: Combine,

@@ -1,61 +1,25 @@
-//! [`VulkanBackend`] behind the `Backend` trait, in-process (tests and tools): the same calls the engine makes
-//! through the plugin table, with its failures as panics (as the engine's plugin wrapper does).
+//! [`VulkanBackend`] behind the `Backend` trait, in-process (tests and tools): the records the engine's plugin
+//! wrapper would send through the plugin table, with its failures as panics (as that wrapper does).
 
-use kazeia_backend_abi::plugin::{OpRecord, WeightDesc, WeightKind};
+use kazeia_backend_abi::plugin::{OpKind, OpRecord, WeightDesc};
 use kazeia_backend_abi::{AttentionSpan, Backend, Combine, Heads, Strided, Weight, WeightFormat};
 
 use crate::backend::VulkanBackend;
-use crate::ops::{Math, Op};
 use crate::weights::VkWeight;
 
 impl VulkanBackend {
-    fn upload_desc(
-        &self,
-        kind: WeightKind,
-        format: WeightFormat,
-        dims: [usize; 4],
-        w: &[f32],
-        bias: Option<&[f32]>,
-    ) -> Weight {
-        let desc = WeightDesc {
-            kind: kind as u32,
-            format: format.code(),
-            dims: dims.map(|d| d as u64),
-            data: w.as_ptr(),
-            data_len: w.len(),
-            bias: bias.map_or(std::ptr::null(), <[f32]>::as_ptr),
-            bias_len: bias.map_or(0, <[f32]>::len),
-        };
+    fn upload_desc(&self, desc: WeightDesc) -> Weight {
         Weight::new(
             self.upload(&desc)
                 .unwrap_or_else(|e| panic!("vulkan: cannot upload a weight: {e}")),
         )
     }
 
-    fn one(
-        &self,
-        math: Math,
-        w: Option<&Weight>,
-        a: &[f32],
-        b: &[f32],
-        c: &[f32],
-        out: &mut [f32],
-    ) {
-        let weight = w.map(|w| {
-            w.downcast::<VkWeight>()
-                .expect("a weight made by another backend")
-        });
-        let op = Op {
-            math,
-            weight,
-            a,
-            b,
-            c,
-            out: out.as_mut_ptr(),
-            out_len: out.len(),
-        };
-        if let Err(e) = op.validate().and_then(|()| self.run(&[op], false)) {
-            panic!("vulkan: {math:?} failed: {e}");
+    /// Runs one record made with `*const Weight` weights.
+    fn one(&self, op: OpRecord) {
+        // SAFETY: the record's buffers are the caller's live slices.
+        if let Err(e) = unsafe { Backend::run_records(self, std::slice::from_ref(&op)) } {
+            panic!("vulkan: op {} failed: {e}", op.kind);
         }
     }
 }
@@ -73,7 +37,7 @@ impl Backend for VulkanBackend {
         bias: Option<&[f32]>,
         format: WeightFormat,
     ) -> Weight {
-        self.upload_desc(WeightKind::Linear, format, [out, inp, 0, 0], w, bias)
+        self.upload_desc(WeightDesc::linear(w, out, inp, bias, format))
     }
 
     fn upload_conv1d(
@@ -84,13 +48,7 @@ impl Backend for VulkanBackend {
         k: usize,
         bias: Option<&[f32]>,
     ) -> Weight {
-        self.upload_desc(
-            WeightKind::Conv1d,
-            WeightFormat::F32,
-            [cout, cin, k, 0],
-            w,
-            bias,
-        )
+        self.upload_desc(WeightDesc::conv1d(w, cout, cin, k, bias))
     }
 
     fn upload_depthwise_conv1d(
@@ -100,13 +58,7 @@ impl Backend for VulkanBackend {
         k: usize,
         bias: Option<&[f32]>,
     ) -> Weight {
-        self.upload_desc(
-            WeightKind::DepthwiseConv1d,
-            WeightFormat::F32,
-            [channels, k, 0, 0],
-            w,
-            bias,
-        )
+        self.upload_desc(WeightDesc::depthwise_conv1d(w, channels, k, bias))
     }
 
     fn upload_conv_transpose1d(
@@ -117,47 +69,62 @@ impl Backend for VulkanBackend {
         k: usize,
         stride: usize,
     ) -> Weight {
-        self.upload_desc(
-            WeightKind::ConvTranspose1d,
-            WeightFormat::F32,
-            [cin, cout, k, stride],
-            w,
-            None,
-        )
+        self.upload_desc(WeightDesc::conv_transpose1d(w, cin, cout, k, stride))
     }
 
     fn linear(&self, w: &Weight, x: &[f32], rows: usize, y: &mut [f32]) {
-        self.one(Math::Linear { rows }, Some(w), x, &[], &[], y);
+        self.one(OpRecord::weighted(OpKind::Linear, w, x, y, [rows, 0]));
     }
 
     fn conv1d(&self, w: &Weight, x: &[f32], len: usize, dilation: usize, y: &mut [f32]) {
-        self.one(Math::Conv1d { len, dilation }, Some(w), x, &[], &[], y);
+        self.one(OpRecord::weighted(OpKind::Conv1d, w, x, y, [len, dilation]));
     }
 
     fn depthwise_conv1d(&self, w: &Weight, x: &[f32], len: usize, y: &mut [f32]) {
-        self.one(Math::Depthwise { len }, Some(w), x, &[], &[], y);
+        self.one(OpRecord::weighted(
+            OpKind::DepthwiseConv1d,
+            w,
+            x,
+            y,
+            [len, 0],
+        ));
     }
 
     fn conv_transpose1d(&self, w: &Weight, x: &[f32], len: usize, y: &mut [f32]) {
-        self.one(Math::ConvTranspose { len }, Some(w), x, &[], &[], y);
+        self.one(OpRecord::weighted(
+            OpKind::ConvTranspose1d,
+            w,
+            x,
+            y,
+            [len, 0],
+        ));
     }
 
     fn rms_norm(&self, x: &mut [f32], dim: usize, weight: &[f32], eps: f32) {
-        self.one(Math::RmsNorm { dim, eps }, None, weight, &[], &[], x);
+        self.one(OpRecord::in_place(
+            OpKind::RmsNorm,
+            x,
+            weight,
+            &[],
+            [dim, 0, 0],
+            eps,
+        ));
     }
 
     fn layer_norm(&self, x: &mut [f32], dim: usize, weight: &[f32], bias: &[f32], eps: f32) {
-        self.one(Math::LayerNorm { dim, eps }, None, weight, bias, &[], x);
+        self.one(OpRecord::in_place(
+            OpKind::LayerNorm,
+            x,
+            weight,
+            bias,
+            [dim, 0, 0],
+            eps,
+        ));
     }
 
     fn rope(&self, x: &mut [f32], heads: usize, head_dim: usize, start_pos: usize, theta: f32) {
-        let math = Math::Rope {
-            heads,
-            head_dim,
-            start_pos,
-            theta,
-        };
-        self.one(math, None, &[], &[], &[], x);
+        let n = [heads, head_dim, start_pos];
+        self.one(OpRecord::in_place(OpKind::Rope, x, &[], &[], n, theta));
     }
 
     fn attention(
@@ -170,15 +137,22 @@ impl Backend for VulkanBackend {
         scale: f32,
         out: &mut [f32],
     ) {
-        self.one(Math::Attention { heads, span, scale }, None, q, k, v, out);
+        self.one(OpRecord::attention(q, k, v, heads, span, scale, out));
     }
 
     fn snake_beta(&self, x: &mut [f32], len: usize, alpha: &[f32], inv_beta: &[f32]) {
-        self.one(Math::SnakeBeta { len }, None, alpha, inv_beta, &[], x);
+        self.one(OpRecord::in_place(
+            OpKind::SnakeBeta,
+            x,
+            alpha,
+            inv_beta,
+            [len, 0, 0],
+            0.0,
+        ));
     }
 
     fn gelu(&self, x: &mut [f32]) {
-        self.one(Math::Gelu, None, &[], &[], &[], x);
+        self.one(OpRecord::in_place(OpKind::Gelu, x, &[], &[], [0; 3], 0.0));
     }
 
     fn export_linear(&self, w: &Weight) -> Option<Vec<u8>> {
@@ -196,11 +170,18 @@ impl Backend for VulkanBackend {
     }
 
     fn silu(&self, x: &mut [f32]) {
-        self.one(Math::Silu, None, &[], &[], &[], x);
+        self.one(OpRecord::in_place(OpKind::Silu, x, &[], &[], [0; 3], 0.0));
     }
 
     fn silu_mul(&self, gate: &mut [f32], up: &[f32]) {
-        self.one(Math::SiluMul, None, up, &[], &[], gate);
+        self.one(OpRecord::in_place(
+            OpKind::SiluMul,
+            gate,
+            up,
+            &[],
+            [0; 3],
+            0.0,
+        ));
     }
 
     fn prefers_lists(&self) -> bool {
@@ -208,7 +189,17 @@ impl Backend for VulkanBackend {
     }
 
     fn strided(&self, combine: Combine, src: &[f32], dst: &mut [f32], shape: Strided) {
-        self.one(Math::Strided { combine, shape }, None, src, &[], &[], dst);
+        if let Err(e) = shape.check(src.len(), dst.len()) {
+            panic!("{e}");
+        }
+        let dst_len = dst.len();
+        self.one(OpRecord::strided(
+            combine,
+            src,
+            dst.as_mut_ptr(),
+            dst_len,
+            shape,
+        ));
     }
 
     /// The list as the plugin table would take it: consecutive device ops in one submission.
