@@ -1,25 +1,23 @@
 //! The codec decoder and the language models with their stages on the Vulkan plugin, against the CPU backend and
 //! the official golden outputs (`tests/fixtures`).
 
-use std::path::{Path, PathBuf};
+mod common;
+
+use std::path::Path;
 use std::sync::Arc;
 
+use common::{fixtures, greedy_codes, greedy_from, ids, prompt_of, runs};
 use kazeia_backend_abi::Backend;
 use kazeia_backend_vulkan::{Options, Stats, VulkanBackend};
 use kazeia_engine::codec::CodecDecoder;
 use kazeia_engine::codes::parse_codes_json;
-use kazeia_engine::lm::{generate, LmBackends, Prompt, PromptRequest, TtsModel};
+use kazeia_engine::lm::{LmBackends, TtsModel};
 use kazeia_engine::plugins::{inspect, PluginBackend};
 use kazeia_engine::weights::WeightFile;
 use kazeia_engine::{CpuBackend, WeightFormat, WeightStorage};
-use serde_json::Value;
 
 /// The bound for the decoder on Vulkan against the CPU, f32.
 const TOLERANCE: f32 = 1e-3;
-
-fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures")
-}
 
 fn vulkan_plugin_backend() -> Arc<dyn Backend> {
     let info = inspect(&kazeia_tests::vulkan_plugin());
@@ -181,53 +179,6 @@ fn decoding_again_replays_the_recorded_command_buffers() {
         "nothing recorded again"
     );
     assert_eq!(after_second.replayed - after_first.replayed, submits);
-}
-
-fn runs(case: &str) -> Vec<Value> {
-    let text =
-        std::fs::read_to_string(fixtures().join("lm").join(case).join("golden.json")).unwrap();
-    serde_json::from_str::<Value>(&text).unwrap()["runs"]
-        .as_array()
-        .unwrap()
-        .clone()
-}
-
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
-}
-
-fn greedy_codes(model: &TtsModel, run: &Value) -> Vec<Vec<u32>> {
-    greedy_from(model, &prompt_of(model, run), run)
-}
-
-fn prompt_of(model: &TtsModel, run: &Value) -> Prompt {
-    let request = PromptRequest {
-        input_ids: ids(&run["input_ids"]),
-        instruct_ids: run["instruct_ids"]
-            .as_array()
-            .map(|_| ids(&run["instruct_ids"])),
-        speaker: run["speaker"].as_str().map(str::to_owned),
-        language: run["language"].as_str().unwrap().to_owned(),
-        non_streaming_mode: run["non_streaming_mode"].as_bool().unwrap(),
-    };
-    model.prompt(&request).unwrap()
-}
-
-fn greedy_from(model: &TtsModel, prompt: &Prompt, run: &Value) -> Vec<Vec<u32>> {
-    let mut options = model.default_options(true);
-    options.max_new_tokens = run["max_new_tokens"].as_u64().unwrap() as usize;
-    generate(
-        model,
-        prompt,
-        &options,
-        &mut || unreachable!("greedy"),
-        &mut |_| true,
-    )
-    .codes
 }
 
 #[test]

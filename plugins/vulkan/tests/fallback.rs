@@ -2,14 +2,15 @@
 //! lists around such ops, and runs them on its own CPU backend in between. Its own process, since the plugin
 //! reads `KAZEIA_VULKAN_DISABLE` when it creates a backend.
 
-use std::path::Path;
+mod common;
+
 use std::sync::Arc;
 
 use kazeia_backend_abi::plugin::OpKind;
 use kazeia_backend_abi::Backend;
 use kazeia_engine::codec::CodecDecoder;
 use kazeia_engine::codes::parse_codes_json;
-use kazeia_engine::lm::{generate, LmBackends, PromptRequest, TtsModel};
+use kazeia_engine::lm::{LmBackends, TtsModel};
 use kazeia_engine::plugins::{inspect, PluginBackend};
 use kazeia_engine::{CpuBackend, WeightFormat, WeightStorage};
 
@@ -26,7 +27,7 @@ fn ops_the_plugin_does_not_take_run_on_the_cpu_between_its_lists() {
         assert!(vulkan.supports(kind), "{kind:?}");
     }
 
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/codec/window");
+    let dir = common::fixtures().join("codec/window");
     let codes =
         parse_codes_json(&std::fs::read_to_string(dir.join("codes.json")).unwrap()).unwrap();
     let split = CodecDecoder::load(&dir, Arc::new(vulkan))
@@ -50,7 +51,7 @@ fn ops_the_plugin_does_not_take_run_on_the_cpu_between_its_lists() {
 
     // The LM stages too: their KV appends now run here, so the engine must not call the caches resident on the
     // device (the plugin would not see them change). The official greedy codes tell.
-    let lm = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/lm/shape_0b6");
+    let lm = common::fixtures().join("lm/shape_0b6");
     let plugin: Arc<dyn Backend> = Arc::new(PluginBackend::create(&info, 0, 1).unwrap());
     let model = TtsModel::load_on(
         &lm,
@@ -61,30 +62,13 @@ fn ops_the_plugin_does_not_take_run_on_the_cpu_between_its_lists() {
         WeightStorage::Convert(WeightFormat::F32),
     )
     .unwrap();
-    let golden: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(lm.join("golden.json")).unwrap()).unwrap();
-    let run = &golden["runs"][0];
-    let ids = |v: &serde_json::Value| -> Vec<u32> {
-        v.as_array()
-            .unwrap()
-            .iter()
-            .map(|x| x.as_u64().unwrap() as u32)
-            .collect()
-    };
-    let request = PromptRequest {
-        input_ids: ids(&run["input_ids"]),
-        instruct_ids: run["instruct_ids"]
-            .as_array()
-            .map(|_| ids(&run["instruct_ids"])),
-        speaker: run["speaker"].as_str().map(str::to_owned),
-        language: run["language"].as_str().unwrap().to_owned(),
-        non_streaming_mode: run["non_streaming_mode"].as_bool().unwrap(),
-    };
-    let prompt = model.prompt(&request).unwrap();
-    let mut options = model.default_options(true);
-    options.max_new_tokens = run["max_new_tokens"].as_u64().unwrap() as usize;
-    let greedy = &mut || unreachable!("greedy");
-    let codes = generate(&model, &prompt, &options, greedy, &mut |_| true).codes;
-    let expected: Vec<Vec<u32>> = run["codes"].as_array().unwrap().iter().map(ids).collect();
+    let run = &common::runs("shape_0b6")[0];
+    let codes = common::greedy_codes(&model, run);
+    let expected: Vec<Vec<u32>> = run["codes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(common::ids)
+        .collect();
     assert_eq!(codes, expected);
 }
