@@ -139,6 +139,14 @@ fn bytes_of<T: Copy>(v: &[T], f: impl Fn(T) -> Vec<u8>) -> Vec<u8> {
     v.iter().flat_map(|&x| f(x)).collect()
 }
 
+/// The bit patterns of little-endian f32s (compared bit for bit).
+fn f32_bits(bytes: &[u8]) -> Vec<u32> {
+    bytes
+        .chunks_exact(4)
+        .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
 fn slice_of(bytes: &[u8], s: Slice) -> &[u8] {
     &bytes[s.offset as usize..(s.offset + s.len) as usize]
 }
@@ -178,10 +186,7 @@ fn hvx_matvec_is_bit_exact_for_q8_0_and_q4_0() {
     let (status, failed, result) = run(&harness, &ops, &arena);
     assert_eq!((status, failed), (0, 0));
     for (format, out, slice, want) in expected {
-        let got: Vec<u32> = slice_of(&result, slice)
-            .chunks_exact(4)
-            .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
-            .collect();
+        let got = f32_bits(slice_of(&result, slice));
         let want: Vec<u32> = want.iter().map(|v| v.to_bits()).collect();
         assert_eq!(got, want, "{format} {out} rows");
         assert!(want.iter().any(|&b| b != 0));
@@ -336,10 +341,7 @@ fn the_fp16_tile_product_of_the_hmx_path_is_bit_exact_with_its_engine_model() {
     let (status, failed, result) = run(&harness, &ops, &arena);
     assert_eq!((status, failed), (0, 0));
     for (n, (slice, want)) in expected.iter().enumerate() {
-        let got: Vec<u32> = slice_of(&result, *slice)
-            .chunks_exact(4)
-            .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
-            .collect();
+        let got = f32_bits(slice_of(&result, *slice));
         let want: Vec<u32> = want.iter().map(|v| v.to_bits()).collect();
         assert_eq!(got, want, "product {n}");
         assert!(want.iter().any(|&b| b != 0));
@@ -437,10 +439,7 @@ fn the_dsp_builds_im2col_tiles_and_runs_a_convolution_on_them_in_one_queue() {
         .iter()
         .map(|v| v.to_bits())
         .collect();
-    let got: Vec<u32> = slice_of(&result, y)
-        .chunks_exact(4)
-        .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
-        .collect();
+    let got = f32_bits(slice_of(&result, y));
     assert_eq!(got, want, "the convolution on DSP-built tiles");
 }
 
