@@ -67,6 +67,8 @@ pub struct Graph<'m> {
     backend: &'m dyn Backend,
     buffers: Vec<Buffer<'m>>,
     released: Vec<bool>,
+    /// Released while ops were pending: freed (and discarded on a device) at the next flush.
+    dead: Vec<Tensor>,
     /// Made by [`Graph::zeros`] and not yet written by an op.
     fresh: Vec<bool>,
     ops: Vec<Pending>,
@@ -92,6 +94,7 @@ impl<'m> Graph<'m> {
             backend,
             buffers: Vec::new(),
             released: Vec::new(),
+            dead: Vec::new(),
             fresh: Vec::new(),
             ops: Vec::new(),
             hints: Vec::new(),
@@ -151,10 +154,17 @@ impl<'m> Graph<'m> {
     pub fn release(&mut self, t: Tensor) {
         self.released[t.0] = true;
         if self.ops.is_empty() {
-            if let Buffer::Owned(v) = &mut self.buffers[t.0] {
-                self.pending_bytes -= v.len() * 4;
-                *v = Vec::new();
-            }
+            self.free(t);
+        } else {
+            self.dead.push(t);
+        }
+    }
+
+    /// Drops an owned tensor's memory.
+    fn free(&mut self, t: Tensor) {
+        if let Buffer::Owned(v) = &mut self.buffers[t.0] {
+            self.pending_bytes -= v.len() * 4;
+            *v = Vec::new();
         }
     }
 
@@ -428,37 +438,40 @@ impl<'m> Graph<'m> {
     /// Runs every pending op as one list, then frees the released buffers.
     pub fn flush(&mut self) {
         if !self.ops.is_empty() {
-            let bases: Vec<(*mut f32, usize)> = self
-                .buffers
-                .iter_mut()
-                .map(|b| match b {
-                    Buffer::Owned(v) => (v.as_mut_ptr(), v.len()),
-                    Buffer::State(s) => (s.as_mut_ptr(), s.len()),
-                    Buffer::Constant(c) => (c.as_ptr() as *mut f32, c.len()),
-                })
-                .collect();
-            let input = |t: Option<Tensor>| {
-                t.map_or((std::ptr::null(), 0), |t| {
-                    let (p, len) = bases[t.0];
-                    (p as *const f32, len)
-                })
+            let Graph {
+                buffers,
+                ops,
+                hints,
+                dead,
+                ..
+            } = self;
+            let mut place = |t: Tensor| match &mut buffers[t.0] {
+                Buffer::Owned(v) => (v.as_mut_ptr(), v.len()),
+                Buffer::State(s) => (s.as_mut_ptr(), s.len()),
+                Buffer::Constant(c) => (c.as_ptr() as *mut f32, c.len()),
             };
-            let mut records: Vec<OpRecord> = std::mem::take(&mut self.hints);
-            records.extend(self.ops.drain(..).map(|op| {
+            let mut records: Vec<OpRecord> = std::mem::take(hints);
+            for op in ops.drain(..) {
                 let mut r = OpRecord::new(op.kind);
                 r.weight = op.weight;
+                let mut input = |t: Option<Tensor>| {
+                    t.map_or((std::ptr::null(), 0), |t| {
+                        let (p, len) = place(t);
+                        (p as *const f32, len)
+                    })
+                };
                 (r.a, r.a_len) = input(op.inputs[0]);
                 (r.b, r.b_len) = input(op.inputs[1]);
                 (r.c, r.c_len) = input(op.inputs[2]);
-                (r.out, r.out_len) = bases[op.out.0];
+                (r.out, r.out_len) = place(op.out);
                 r.n = op.n;
                 r.f = op.f;
-                r
-            }));
+                records.push(r);
+            }
             // Dead intermediate results need not come back from a device.
-            for (i, &(p, len)) in bases.iter().enumerate() {
-                let owned = matches!(self.buffers[i], Buffer::Owned(_));
-                if owned && self.released[i] && len > 0 {
+            for &t in dead.iter() {
+                let (p, len) = place(t);
+                if len > 0 {
                     let mut r = OpRecord::new(OpKind::Discard);
                     (r.a, r.a_len) = (p as *const f32, len);
                     records.push(r);
@@ -473,19 +486,9 @@ impl<'m> Graph<'m> {
             }
             self.flushes += 1;
         }
-        for (buffer, &released) in self.buffers.iter_mut().zip(&self.released) {
-            if let (Buffer::Owned(v), true) = (buffer, released) {
-                *v = Vec::new();
-            }
+        for t in std::mem::take(&mut self.dead) {
+            self.free(t);
         }
-        self.pending_bytes = self
-            .buffers
-            .iter()
-            .map(|b| match b {
-                Buffer::Owned(v) => v.len() * 4,
-                _ => 0,
-            })
-            .sum();
     }
 
     /// Tells a list-taking backend that `len` values at `buffer` (a whole KV cache, say, whose rows ops append to)
@@ -519,7 +522,10 @@ impl<'m> Graph<'m> {
         let t = self.live(t);
         self.released[t.0] = true;
         match &mut self.buffers[t.0] {
-            Buffer::Owned(v) => std::mem::take(v),
+            Buffer::Owned(v) => {
+                self.pending_bytes -= v.len() * 4;
+                std::mem::take(v)
+            }
             _ => panic!("only a graph's own tensors can be taken"),
         }
     }
