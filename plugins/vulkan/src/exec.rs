@@ -416,15 +416,19 @@ impl Executor {
     /// when new (or its range changed), then the bytes between what is valid and what the slots reach are
     /// uploaded; older ones are dropped past the size cap.
     fn prepare_residents(&self, state: &mut State, batch: &Batch<'_>) -> Result<(), String> {
-        let used: Vec<u64> = batch
-            .slots
-            .iter()
-            .filter_map(|s| s.resident.map(|r| r.0))
-            .collect();
-        for &(id, (start, end)) in &batch.residents {
-            if !used.contains(&id) {
-                continue;
+        // How far into each resident buffer the batch's slots reach.
+        let mut reaches: HashMap<u64, usize> = HashMap::new();
+        for s in &batch.slots {
+            if let Some((id, at)) = s.resident {
+                let reach = reaches.entry(id).or_default();
+                *reach = (*reach).max(at as usize + s.len * 4);
             }
+        }
+        let used: Vec<u64> = reaches.keys().copied().collect();
+        for &(id, (start, end)) in &batch.residents {
+            let Some(&reach) = reaches.get(&id) else {
+                continue;
+            };
             let current = state
                 .residents
                 .get(&id)
@@ -444,15 +448,6 @@ impl Executor {
                     },
                 );
             }
-            let reach = batch
-                .slots
-                .iter()
-                .filter_map(|s| match s.resident {
-                    Some((slot_id, at)) if slot_id == id => Some(at as usize + s.len * 4),
-                    _ => None,
-                })
-                .max()
-                .unwrap_or(0);
             let tick = state.tick;
             let r = state.residents.get_mut(&id).expect("just made");
             r.last_used = tick;
@@ -497,34 +492,27 @@ impl Executor {
 
     /// Forgets resident buffer `id` and every plan bound to it.
     fn drop_resident(&self, state: &mut State, id: u64) {
-        if state.residents.remove(&id).is_none() {
-            return;
-        }
-        let doomed: Vec<Vec<u64>> = state
-            .plans
-            .iter()
-            .filter(|(_, p)| p.residents.contains(&id))
-            .map(|(k, _)| k.clone())
-            .collect();
-        for key in doomed {
-            if let Some(plan) = state.plans.remove(&key) {
-                self.destroy_plan(state, plan);
-            }
+        if state.residents.remove(&id).is_some() {
+            self.destroy_plans_where(state, |p| p.residents.contains(&id));
         }
     }
 
     /// Drops every plan that uses weight `id` (it is being freed).
     pub fn forget_weight(&self, id: u64) {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        let doomed: Vec<Vec<u64>> = state
+        self.destroy_plans_where(&mut state, |p| p.weights.contains(&id));
+    }
+
+    fn destroy_plans_where(&self, state: &mut State, doomed: impl Fn(&Plan) -> bool) {
+        let keys: Vec<Vec<u64>> = state
             .plans
             .iter()
-            .filter(|(_, p)| p.weights.contains(&id))
+            .filter(|(_, p)| doomed(p))
             .map(|(k, _)| k.clone())
             .collect();
-        for key in doomed {
+        for key in keys {
             if let Some(plan) = state.plans.remove(&key) {
-                self.destroy_plan(&state, plan);
+                self.destroy_plan(state, plan);
             }
         }
     }
