@@ -87,7 +87,7 @@ pub fn looks_like_repo_id(s: &str) -> bool {
 }
 
 /// Progress callback: `(file, bytes done, total bytes if known)`.
-pub type Progress = dyn FnMut(&str, u64, Option<u64>);
+pub type Progress<'a> = dyn FnMut(&str, u64, Option<u64>) + 'a;
 
 /// A progress bar on standard error, redrawn at most ten times a second.
 pub fn stderr_progress() -> impl FnMut(&str, u64, Option<u64>) {
@@ -165,7 +165,7 @@ fn where_to_put(settings: &HubSettings, repo: &str) -> String {
 
 /// Resolves `repo` to a complete local snapshot: the cached one if complete (no network call), else
 /// downloading what is missing unless offline.
-pub fn resolve(repo: &str, settings: &HubSettings, progress: &mut Progress) -> Result<PathBuf> {
+pub fn resolve(repo: &str, settings: &HubSettings, progress: &mut Progress<'_>) -> Result<PathBuf> {
     if !looks_like_repo_id(repo) {
         return Err(Error::Input(format!(
             "`{repo}` is not a Hugging Face repo id (owner/name)"
@@ -269,7 +269,7 @@ fn needed_files(siblings: &[Sibling]) -> std::result::Result<Vec<&str>, String> 
 fn download(
     repo: &str,
     settings: &HubSettings,
-    progress: &mut Progress,
+    progress: &mut Progress<'_>,
 ) -> std::result::Result<PathBuf, String> {
     let follow = agent(5);
     let endpoint = settings.endpoint.trim_end_matches('/');
@@ -347,7 +347,7 @@ fn fetch_blob(
     name: &str,
     meta: &FileMeta,
     blob: &Path,
-    progress: &mut Progress,
+    progress: &mut Progress<'_>,
 ) -> std::result::Result<(), String> {
     let partial = blob.with_extension("incomplete");
     let mut out = std::fs::OpenOptions::new()
