@@ -13,16 +13,16 @@ arch=${triple%%-*}
 arch=${arch:-$(uname -m)}
 case "$arch" in
   x86_64) levels="x86-64 x86-64-v3 x86-64-v4" ;;
-  # ARMv8.0 (Cortex-A53/A72), ARMv8.2 + dotprod + fp16 (Cortex-A55/A76, Pi 5, RK3588), ARMv8.6 + i8mm + bf16
-  # (Cortex-A710/X2 and later, Neoverse V1/N2).
+  # ARMv8.0 (Cortex-A53/A72, Pi 4), ARMv8.2 dotprod + fp16 (Cortex-A55/A76: Pi 5, RK3588), ARMv8.6 i8mm + bf16
+  # (Cortex-A710/X2 and later, Neoverse V1/N2). Exactly these features, which the plugin checks at load.
   aarch64) levels="armv8.0 armv8.2 armv8.6" ;;
   *) levels="generic" ;;
 esac
 for level in $levels; do
   case "$level" in
     armv8.0 | generic) flags="" ;;
-    armv8.2) flags="-C target-feature=+v8.2a,+dotprod,+fp16" ;;
-    armv8.6) flags="-C target-feature=+v8.6a,+dotprod,+fp16,+i8mm,+bf16" ;;
+    armv8.2) flags="-C target-feature=+dotprod,+fp16" ;;
+    armv8.6) flags="-C target-feature=+dotprod,+fp16,+i8mm,+bf16" ;;
     *) flags="-C target-cpu=$level" ;;
   esac
   suffix=${level//[^a-z0-9]/_}

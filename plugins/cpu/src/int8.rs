@@ -85,7 +85,11 @@ fn weight_q(w: &LinearWeight, o: usize, i: usize) -> i32 {
         Storage::Q4_0 { nibbles, .. } => {
             let (b, j) = (i / BLOCK, i % BLOCK);
             let byte = nibbles[(o * k + b * BLOCK) / 2 + j % (BLOCK / 2)];
-            let nibble = if j < BLOCK / 2 { byte & 0x0f } else { byte >> 4 };
+            let nibble = if j < BLOCK / 2 {
+                byte & 0x0f
+            } else {
+                byte >> 4
+            };
             nibble as i32 - 8
         }
         _ => unreachable!("integer dot products are for Q8_0/Q4_0 weights"),

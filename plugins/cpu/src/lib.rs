@@ -1,6 +1,8 @@
 //! Kazeia's CPU backend: the reference implementation of every op in `kazeia-backend-abi`.
 
 mod activations;
+#[cfg(target_arch = "aarch64")]
+mod activations_arm;
 mod attention;
 mod conv;
 mod gemm_call;

@@ -158,8 +158,8 @@ unsafe fn sum4(a: float32x4_t) -> f32 {
     vgetq_lane_f32::<0>(p) + vgetq_lane_f32::<1>(p)
 }
 
-/// Blocks `b0..b0+n` (n ≤ 4) of output row `o` into the accumulators of rows `r0..r0+R`, lane `j` ← block
-/// `b0 + j`.
+/// Blocks `b0..b0+n` (n < 4, the last of a row) of output row `o` into the accumulators of rows `r0..r0+R`,
+/// lane `j` ← block `b0 + j`.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn int_group<const R: usize, const SDOT: bool, W: IntWeights>(
@@ -184,11 +184,51 @@ unsafe fn int_group<const R: usize, const SDOT: bool, W: IntWeights>(
         let xp = x.quants.as_ptr().add(row * k + b0 * BLOCK);
         let mut d = [vdupq_n_s32(0); 4];
         for j in 0..n {
-            let (x0, x1) = (vld1q_s8(xp.add(j * BLOCK)), vld1q_s8(xp.add(j * BLOCK + 16)));
+            let (x0, x1) = (
+                vld1q_s8(xp.add(j * BLOCK)),
+                vld1q_s8(xp.add(j * BLOCK + 16)),
+            );
             d[j] = block_dot::<SDOT>(wv[j].0, wv[j].1, x0, x1);
         }
         let sums = vpaddq_s32(vpaddq_s32(d[0], d[1]), vpaddq_s32(d[2], d[3]));
         let xsc = load4(&x.scales, row * nb + b0, n);
+        *a = vfmaq_f32(*a, vcvtq_f32_s32(sums), vmulq_f32(wsc, xsc));
+    }
+}
+
+/// Blocks `b0..b0+4` of output row `o` into the accumulators of rows `r0..r0+R` (the main loop: each weight
+/// block is loaded and unpacked once for all rows, the per-block sums reduced pairwise as they come).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn int_group4<const R: usize, const SDOT: bool, W: IntWeights>(
+    w: &W,
+    ws: &[f32],
+    x: &QuantizedActs,
+    r0: usize,
+    o: usize,
+    b0: usize,
+    acc: &mut [float32x4_t; R],
+) {
+    let (k, nb) = (x.k, x.k / BLOCK);
+    let xq = x.quants.as_ptr();
+    let mut first = [vdupq_n_s32(0); R];
+    let (a0, a1) = w.halves(o, b0);
+    let (c0, c1) = w.halves(o, b0 + 1);
+    for (r, f) in first.iter_mut().enumerate() {
+        let xp = xq.add((r0 + r) * k + b0 * BLOCK);
+        let d0 = block_dot::<SDOT>(a0, a1, vld1q_s8(xp), vld1q_s8(xp.add(16)));
+        let d1 = block_dot::<SDOT>(c0, c1, vld1q_s8(xp.add(32)), vld1q_s8(xp.add(48)));
+        *f = vpaddq_s32(d0, d1);
+    }
+    let (a0, a1) = w.halves(o, b0 + 2);
+    let (c0, c1) = w.halves(o, b0 + 3);
+    let wsc = vld1q_f32(ws.as_ptr().add(o * nb + b0));
+    for (r, a) in acc.iter_mut().enumerate() {
+        let xp = xq.add((r0 + r) * k + b0 * BLOCK);
+        let d2 = block_dot::<SDOT>(a0, a1, vld1q_s8(xp.add(64)), vld1q_s8(xp.add(80)));
+        let d3 = block_dot::<SDOT>(c0, c1, vld1q_s8(xp.add(96)), vld1q_s8(xp.add(112)));
+        let sums = vpaddq_s32(first[r], vpaddq_s32(d2, d3));
+        let xsc = vld1q_f32(x.scales.as_ptr().add((r0 + r) * nb + b0));
         *a = vfmaq_f32(*a, vcvtq_f32_s32(sums), vmulq_f32(wsc, xsc));
     }
 }
@@ -210,7 +250,7 @@ unsafe fn int_rows<const R: usize, const SDOT: bool, W: IntWeights>(
         let mut acc = [vdupq_n_f32(0.0); R];
         let mut b0 = 0;
         while b0 + 4 <= nb {
-            int_group::<R, SDOT, W>(w, ws, x, r0, o, b0, 4, &mut acc);
+            int_group4::<R, SDOT, W>(w, ws, x, r0, o, b0, &mut acc);
             b0 += 4;
         }
         if b0 < nb {
@@ -277,9 +317,11 @@ unsafe fn smmla_pairs<const P: usize, W: IntWeights>(
     let mut acc = [[vdupq_n_f32(0.0); 4]; P];
     let mut b = 0;
     while b + 4 <= nb {
-        for j in 0..4 {
-            smmla_block::<P, W>(w, ws, x, p0, o, o2, b + j, j, &mut acc);
-        }
+        // Unrolled by hand so that each slot is a register.
+        smmla_block::<P, W>(w, ws, x, p0, o, o2, b, 0, &mut acc);
+        smmla_block::<P, W>(w, ws, x, p0, o, o2, b + 1, 1, &mut acc);
+        smmla_block::<P, W>(w, ws, x, p0, o, o2, b + 2, 2, &mut acc);
+        smmla_block::<P, W>(w, ws, x, p0, o, o2, b + 3, 3, &mut acc);
         b += 4;
     }
     while b < nb {
@@ -351,27 +393,63 @@ macro_rules! int_rows_match {
 }
 
 #[target_feature(enable = "neon")]
-unsafe fn int_neon<W: IntWeights>(w: &W, ws: &[f32], x: &QuantizedActs, o0: usize, o1: usize, partial: &mut [f32]) {
-    by_rows!(x.rows, r, n, int_rows_match!(false, w, ws, x, r, n, o0, o1, partial));
+unsafe fn int_neon<W: IntWeights>(
+    w: &W,
+    ws: &[f32],
+    x: &QuantizedActs,
+    o0: usize,
+    o1: usize,
+    partial: &mut [f32],
+) {
+    by_rows!(
+        x.rows,
+        r,
+        n,
+        int_rows_match!(false, w, ws, x, r, n, o0, o1, partial)
+    );
 }
 
 #[target_feature(enable = "neon,dotprod")]
-unsafe fn int_dotprod<W: IntWeights>(w: &W, ws: &[f32], x: &QuantizedActs, o0: usize, o1: usize, partial: &mut [f32]) {
-    by_rows!(x.rows, r, n, int_rows_match!(true, w, ws, x, r, n, o0, o1, partial));
+unsafe fn int_dotprod<W: IntWeights>(
+    w: &W,
+    ws: &[f32],
+    x: &QuantizedActs,
+    o0: usize,
+    o1: usize,
+    partial: &mut [f32],
+) {
+    by_rows!(
+        x.rows,
+        r,
+        n,
+        int_rows_match!(true, w, ws, x, r, n, o0, o1, partial)
+    );
 }
 
 #[target_feature(enable = "neon,dotprod,i8mm")]
-unsafe fn int_i8mm<W: IntWeights>(w: &W, ws: &[f32], x: &QuantizedActs, o0: usize, o1: usize, partial: &mut [f32]) {
-    by_rows!(x.rows, r, n, match n {
-        8 => smmla_rows::<8, 4, W>(w, ws, x, r, o0, o1, partial),
-        7 => smmla_rows::<7, 4, W>(w, ws, x, r, o0, o1, partial),
-        6 => smmla_rows::<6, 3, W>(w, ws, x, r, o0, o1, partial),
-        5 => smmla_rows::<5, 3, W>(w, ws, x, r, o0, o1, partial),
-        4 => smmla_rows::<4, 2, W>(w, ws, x, r, o0, o1, partial),
-        3 => smmla_rows::<3, 2, W>(w, ws, x, r, o0, o1, partial),
-        2 => smmla_rows::<2, 1, W>(w, ws, x, r, o0, o1, partial),
-        _ => int_rows::<1, true, W>(w, ws, x, r, o0, o1, partial),
-    });
+unsafe fn int_i8mm<W: IntWeights>(
+    w: &W,
+    ws: &[f32],
+    x: &QuantizedActs,
+    o0: usize,
+    o1: usize,
+    partial: &mut [f32],
+) {
+    by_rows!(
+        x.rows,
+        r,
+        n,
+        match n {
+            8 => smmla_rows::<8, 4, W>(w, ws, x, r, o0, o1, partial),
+            7 => smmla_rows::<7, 4, W>(w, ws, x, r, o0, o1, partial),
+            6 => smmla_rows::<6, 3, W>(w, ws, x, r, o0, o1, partial),
+            5 => smmla_rows::<5, 3, W>(w, ws, x, r, o0, o1, partial),
+            4 => smmla_rows::<4, 2, W>(w, ws, x, r, o0, o1, partial),
+            3 => smmla_rows::<3, 2, W>(w, ws, x, r, o0, o1, partial),
+            2 => smmla_rows::<2, 1, W>(w, ws, x, r, o0, o1, partial),
+            _ => int_rows::<1, true, W>(w, ws, x, r, o0, o1, partial),
+        }
+    );
 }
 
 /// `partial[r][o − o0] = Σ_b (w·x)_b · d_w · d_x` for Q8_0/Q4_0 `w`, with `kernel` (which this CPU must have;
@@ -384,7 +462,10 @@ pub(crate) fn dot_int8(
     o1: usize,
     partial: &mut [f32],
 ) {
-    assert!(available().contains(&kernel), "{kernel:?} kernel on a CPU without it");
+    assert!(
+        available().contains(&kernel),
+        "{kernel:?} kernel on a CPU without it"
+    );
     assert!(x.k == w.padded_in && o1 <= w.out_features && partial.len() >= x.rows * (o1 - o0));
     assert!(kernel != Kernel::I8mm || x.rows < 2 || x.pairs.len() >= x.rows.div_ceil(2) * 2 * x.k);
     let ws = weight_scales(w);
@@ -444,7 +525,10 @@ impl FloatWeights for F16W {
         let v = vld1q_u16(self.0.add(o * self.1 + i));
         // SAFETY: same size; the bits are IEEE halves.
         let lo: float16x4_t = std::mem::transmute(vget_low_u16(v));
-        (vcvt_f32_f16(lo), vcvt_high_f32_f16(std::mem::transmute::<uint16x8_t, float16x8_t>(v)))
+        (
+            vcvt_f32_f16(lo),
+            vcvt_high_f32_f16(std::mem::transmute::<uint16x8_t, float16x8_t>(v)),
+        )
     }
 }
 
@@ -465,7 +549,11 @@ impl FloatWeights for Q4F<'_> {
         let (b, j) = ((o * self.2 + i) / BLOCK, i % BLOCK);
         let s = vdupq_n_f32(self.1[b]);
         let bytes = vld1_u8(self.0.add(b * BLOCK / 2 + j % 16));
-        let nib = if j < 16 { vand_u8(bytes, vdup_n_u8(0x0f)) } else { vshr_n_u8::<4>(bytes) };
+        let nib = if j < 16 {
+            vand_u8(bytes, vdup_n_u8(0x0f))
+        } else {
+            vshr_n_u8::<4>(bytes)
+        };
         let q = vsubq_s16(vreinterpretq_s16_u16(vmovl_u8(nib)), vdupq_n_s16(8));
         let lo = vcvtq_f32_s32(vmovl_s16(vget_low_s16(q)));
         let hi = vcvtq_f32_s32(vmovl_high_s16(q));
@@ -476,7 +564,13 @@ impl FloatWeights for Q4F<'_> {
 /// Rows `r0..r0+R` against output row `o`: each weight block is widened once for the `R` rows, two
 /// accumulators per row.
 #[inline(always)]
-unsafe fn float_row<const R: usize, W: FloatWeights>(w: &W, x: &[f32], k: usize, r0: usize, o: usize) -> [f32; R] {
+unsafe fn float_row<const R: usize, W: FloatWeights>(
+    w: &W,
+    x: &[f32],
+    k: usize,
+    r0: usize,
+    o: usize,
+) -> [f32; R] {
     let mut acc = [[vdupq_n_f32(0.0); 2]; R];
     for i in (0..k).step_by(8) {
         let (w0, w1) = w.load8(o, i);
@@ -507,21 +601,41 @@ unsafe fn float_rows<const R: usize, W: FloatWeights>(
 }
 
 #[target_feature(enable = "neon")]
-unsafe fn float_all<W: FloatWeights>(w: &W, x: &[f32], k: usize, rows: usize, o0: usize, o1: usize, partial: &mut [f32]) {
-    by_rows!(rows, r, n, match n {
-        8 => float_rows::<8, W>(w, x, k, r, o0, o1, partial),
-        7 => float_rows::<7, W>(w, x, k, r, o0, o1, partial),
-        6 => float_rows::<6, W>(w, x, k, r, o0, o1, partial),
-        5 => float_rows::<5, W>(w, x, k, r, o0, o1, partial),
-        4 => float_rows::<4, W>(w, x, k, r, o0, o1, partial),
-        3 => float_rows::<3, W>(w, x, k, r, o0, o1, partial),
-        2 => float_rows::<2, W>(w, x, k, r, o0, o1, partial),
-        _ => float_rows::<1, W>(w, x, k, r, o0, o1, partial),
-    });
+unsafe fn float_all<W: FloatWeights>(
+    w: &W,
+    x: &[f32],
+    k: usize,
+    rows: usize,
+    o0: usize,
+    o1: usize,
+    partial: &mut [f32],
+) {
+    by_rows!(
+        rows,
+        r,
+        n,
+        match n {
+            8 => float_rows::<8, W>(w, x, k, r, o0, o1, partial),
+            7 => float_rows::<7, W>(w, x, k, r, o0, o1, partial),
+            6 => float_rows::<6, W>(w, x, k, r, o0, o1, partial),
+            5 => float_rows::<5, W>(w, x, k, r, o0, o1, partial),
+            4 => float_rows::<4, W>(w, x, k, r, o0, o1, partial),
+            3 => float_rows::<3, W>(w, x, k, r, o0, o1, partial),
+            2 => float_rows::<2, W>(w, x, k, r, o0, o1, partial),
+            _ => float_rows::<1, W>(w, x, k, r, o0, o1, partial),
+        }
+    );
 }
 
 /// `partial[r][o − o0] = Σ_i x[r][i] · w[o][i]` on f32 activations, any format.
-pub(crate) fn dot_float(w: &LinearWeight, x: &[f32], rows: usize, o0: usize, o1: usize, partial: &mut [f32]) {
+pub(crate) fn dot_float(
+    w: &LinearWeight,
+    x: &[f32],
+    rows: usize,
+    o0: usize,
+    o1: usize,
+    partial: &mut [f32],
+) {
     let k = w.padded_in;
     assert!(x.len() >= rows * k && partial.len() >= rows * (o1 - o0) && o1 <= w.out_features);
     // SAFETY: NEON is part of the aarch64 baseline; the sizes were checked above.
@@ -530,12 +644,24 @@ pub(crate) fn dot_float(w: &LinearWeight, x: &[f32], rows: usize, o0: usize, o1:
             Storage::F32(d) => float_all(&F32W(d.as_ptr(), k), x, k, rows, o0, o1, partial),
             Storage::BF16(d) => float_all(&Bf16W(d.as_ptr(), k), x, k, rows, o0, o1, partial),
             Storage::F16(d) => float_all(&F16W(d.as_ptr(), k), x, k, rows, o0, o1, partial),
-            Storage::Q8_0 { scales, quants } => {
-                float_all(&Q8F(quants.as_ptr(), scales, k), x, k, rows, o0, o1, partial)
-            }
-            Storage::Q4_0 { scales, nibbles } => {
-                float_all(&Q4F(nibbles.as_ptr(), scales, k), x, k, rows, o0, o1, partial)
-            }
+            Storage::Q8_0 { scales, quants } => float_all(
+                &Q8F(quants.as_ptr(), scales, k),
+                x,
+                k,
+                rows,
+                o0,
+                o1,
+                partial,
+            ),
+            Storage::Q4_0 { scales, nibbles } => float_all(
+                &Q4F(nibbles.as_ptr(), scales, k),
+                x,
+                k,
+                rows,
+                o0,
+                o1,
+                partial,
+            ),
         }
     }
 }
@@ -572,7 +698,10 @@ mod tests {
     #[test]
     fn the_kernel_in_use_is_the_best_this_cpu_has() {
         let names: Vec<&str> = available().iter().map(|k| k.name()).collect();
-        eprintln!("aarch64 int8 kernels available: {names:?}, selected: {}", selected().name());
+        eprintln!(
+            "aarch64 int8 kernels available: {names:?}, selected: {}",
+            selected().name()
+        );
         if std::env::var_os("KAZEIA_ARM_KERNEL").is_none() {
             assert_eq!(selected(), *available().last().unwrap());
         }
@@ -606,7 +735,8 @@ mod tests {
                         for &kernel in available() {
                             let mut got = vec![f32::NAN; rows * (o1 - o0)];
                             dot_int8(kernel, &lw, &q, o0, o1, &mut got);
-                            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                            let bits =
+                                |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
                             assert_eq!(
                                 bits(&got),
                                 bits(&want),
@@ -634,7 +764,13 @@ mod tests {
                     padded[r * k..r * k + inp].copy_from_slice(&x[r * inp..(r + 1) * inp]);
                 }
                 let mut want = vec![0.0f32; rows * out];
-                dot_reference(&lw, &QuantizedActs::new(&padded, rows, k, false), 0, out, &mut want);
+                dot_reference(
+                    &lw,
+                    &QuantizedActs::new(&padded, rows, k, false),
+                    0,
+                    out,
+                    &mut want,
+                );
                 for (i, v) in want.iter_mut().enumerate() {
                     *v += bias[i % out];
                 }
