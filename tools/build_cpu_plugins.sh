@@ -26,7 +26,10 @@ for level in $levels; do
     *) flags="-C target-cpu=$level" ;;
   esac
   suffix=${level//[^a-z0-9]/_}
-  RUSTFLAGS="$flags" cargo build --release -p kazeia-backend-cpu-plugin --target-dir "target/plugin-$suffix"
-  cp "target/plugin-$suffix/$triple/release/libkazeia_backend_cpu_plugin.so" "$out/libkazeia_backend_cpu_$suffix.so"
+  # A level without extra flags is the ordinary build: share its target directory.
+  dir=target/plugin-$suffix
+  [ -n "$flags" ] || dir=target
+  RUSTFLAGS="$flags" cargo build --release -p kazeia-backend-cpu-plugin --target-dir "$dir"
+  cp "$dir/$triple/release/libkazeia_backend_cpu_plugin.so" "$out/libkazeia_backend_cpu_$suffix.so"
   echo "built $out/libkazeia_backend_cpu_$suffix.so ($level)"
 done

@@ -519,7 +519,7 @@ unsafe fn dot_avx2(
 }
 
 /// The portable decode-and-dot kernel, which the aarch64 kernels are tested against.
-#[cfg(test)]
+#[cfg(all(test, target_arch = "aarch64"))]
 pub(crate) fn dot_portable(
     w: &LinearWeight,
     x: &[f32],
@@ -532,7 +532,7 @@ pub(crate) fn dot_portable(
 }
 
 /// Weight `i` of output row `o`, decoded.
-#[cfg(test)]
+#[cfg(all(test, target_arch = "aarch64"))]
 pub(crate) fn weight_at(w: &LinearWeight, o: usize, i: usize) -> f32 {
     let mut block = [0.0f32; BLOCK];
     decode_block(w, o, i / BLOCK, &mut block);
