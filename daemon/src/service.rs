@@ -55,7 +55,7 @@ pub enum Refusal {
 }
 
 /// How long a request waits for the first model before `NotReady` (well under D-Bus's 25 s call timeout).
-pub const READY_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+pub const READY_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 pub struct Service {
     pub player: Arc<Player>,

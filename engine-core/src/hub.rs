@@ -363,6 +363,8 @@ fn fetch_blob(
     if meta.size.is_some_and(|size| have > size) {
         have = 0;
     }
+    // Said before the request, which may take a while to answer.
+    progress(name, have, meta.size);
     let response = call(agent, "GET", url, settings, have)?;
     let mut hasher = Sha256::new();
     if have > 0 && response.status() == 206 {
