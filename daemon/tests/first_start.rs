@@ -81,7 +81,10 @@ async fn first_start_downloads_while_serving_and_an_offline_start_needs_no_netwo
     let env = [
         ("HF_ENDPOINT", hub.endpoint.clone()),
         ("HF_HUB_CACHE", cache.display().to_string()),
-        ("KAZEIA_CACHE_DIR", dir.path().join("weights").display().to_string()),
+        (
+            "KAZEIA_CACHE_DIR",
+            dir.path().join("weights").display().to_string(),
+        ),
     ];
     let bus = DbusSession::start(Some(&activation_dir(dir.path(), &config, &env)));
     let connection = zbus::connection::Builder::address(bus.address())
@@ -91,7 +94,10 @@ async fn first_start_downloads_while_serving_and_an_offline_start_needs_no_netwo
     let proxy = proxy(&connection).await;
 
     // Activation by the first call: answered at once although the weights have not come.
-    let state = proxy.state().await.expect("activation answers while the model downloads");
+    let state = proxy
+        .state()
+        .await
+        .expect("activation answers while the model downloads");
     assert_eq!(state, "loading");
     let deadline = Instant::now() + Duration::from_secs(30);
     let progress = loop {
@@ -117,7 +123,9 @@ async fn first_start_downloads_while_serving_and_an_offline_start_needs_no_netwo
     hub.release();
     wait_state(&proxy, |s| s == "idle", "idle after the download").await;
     assert_eq!(proxy.load_progress().await.unwrap(), "");
-    speak(&proxy, "Now it speaks.").await.expect("Speak once loaded");
+    speak(&proxy, "Now it speaks.")
+        .await
+        .expect("Speak once loaded");
     let fetched = hub.state().requests.len();
     assert!(fetched > 0);
 
@@ -137,7 +145,9 @@ async fn first_start_downloads_while_serving_and_an_offline_start_needs_no_netwo
     }
     let state = wait_state(&proxy, |s| s == "idle", "idle on the second start").await;
     assert_eq!(state, "idle");
-    speak(&proxy, "Offline start.").await.expect("Speak on the second start");
+    speak(&proxy, "Offline start.")
+        .await
+        .expect("Speak on the second start");
     assert_eq!(
         hub.state().requests.len(),
         fetched,
