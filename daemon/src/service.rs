@@ -55,7 +55,7 @@ pub enum Refusal {
 }
 
 /// How long a request waits for the first model before `NotReady` (well under D-Bus's 25 s call timeout).
-pub const READY_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+pub const READY_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 pub struct Service {
     pub player: Arc<Player>,
@@ -166,10 +166,7 @@ impl Service {
     pub async fn apply(&self, config: DaemonConfig) -> Result<String> {
         let running = self.player.config();
         let mut changes = Vec::new();
-        let needs_engine = self
-            .player
-            .engine()
-            .is_none_or(|e| e.needs_reload(&config));
+        let needs_engine = self.player.engine().is_none_or(|e| e.needs_reload(&config));
         if needs_engine {
             let cfg = config.clone();
             let loading = self.loading.clone();

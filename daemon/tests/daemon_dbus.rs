@@ -69,7 +69,30 @@ fn start_daemon(
     let config = config.display().to_string();
     let daemon = Service::spawn(KAZEIAD, &["--config", &config], env, log);
     wait_for_name(bus, "org.kazeia.Speech");
+    wait_until_loaded(bus);
     daemon
+}
+
+/// The daemon owns its name before its model is loaded (`State` = `loading` meanwhile).
+fn wait_until_loaded(bus: &DbusSession) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let out = busctl(
+            bus,
+            &[
+                "get-property",
+                "org.kazeia.Speech",
+                "/org/kazeia/Speech",
+                "org.kazeia.Speech1",
+                "State",
+            ],
+        );
+        if !String::from_utf8_lossy(&out.stdout).contains("loading") {
+            return;
+        }
+        assert!(Instant::now() < deadline, "the model never loaded");
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 fn wait_for_name(bus: &DbusSession, name: &str) {

@@ -42,7 +42,10 @@ pub fn spiel_stream(data: &[u8]) {
     let mut chunks = 0usize;
     while let Ok(Some(chunk)) = reader.next_chunk() {
         chunks += 1;
-        assert!(chunks <= data.len() / 5 + 1, "more chunks than the input can hold");
+        assert!(
+            chunks <= data.len() / 5 + 1,
+            "more chunks than the input can hold"
+        );
         match chunk {
             Chunk::Audio(bytes) => assert!(bytes.len() <= data.len()),
             Chunk::Event { name, .. } => assert!(name.len() <= data.len()),
@@ -72,10 +75,7 @@ pub fn model_config(data: &[u8]) {
     let path = Path::new("config.json");
     if let Ok(config) = kazeia_engine::lm::ModelConfig::parse(text, path) {
         let t = &config.talker_config;
-        assert_eq!(
-            t.num_code_groups,
-            t.code_predictor_config.num_code_groups
-        );
+        assert_eq!(t.num_code_groups, t.code_predictor_config.num_code_groups);
         let _ = (config.model_type(), config.drops_instruct());
     }
     if let Ok(config) = kazeia_engine::codec::CodecConfig::parse(text, path) {
@@ -179,10 +179,16 @@ pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
     let config = Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/kazeia.toml");
     seeds.push(("toml_config", std::fs::read(config).unwrap_or_default()));
     seeds.push(("model_config", read("lm/shape_0b6/config.json")));
-    seeds.push(("model_config", read("lm/shape_0b6/speech_tokenizer/config.json")));
+    seeds.push((
+        "model_config",
+        read("lm/shape_0b6/speech_tokenizer/config.json"),
+    ));
 
     // A small safetensors file: the golden tensors of a fixture are a few kB.
-    seeds.push(("safetensors_header", read("lm/shape_0b6/golden.safetensors")));
+    seeds.push((
+        "safetensors_header",
+        read("lm/shape_0b6/golden.safetensors"),
+    ));
 
     // A cache file with two entries, and a CPU backend's exported Q8_0 and F32 layers.
     let backend = CpuBackend::new(1);

@@ -62,7 +62,8 @@ fn mutate(rng: &mut Rng, inputs: &[Vec<u8>]) -> Vec<u8> {
             }
             3 => {
                 // Interesting values: lengths and limits parsers compare against.
-                let v: u32 = [0, 1, 0x7f, 0x80, 0xff, 0xffff, 0x7fff_ffff, 0xffff_ffff][rng.below(8)];
+                let v: u32 =
+                    [0, 1, 0x7f, 0x80, 0xff, 0xffff, 0x7fff_ffff, 0xffff_ffff][rng.below(8)];
                 for (k, b) in v.to_le_bytes().into_iter().enumerate() {
                     if at + k < data.len() {
                         data[at + k] = b;
@@ -101,7 +102,10 @@ fn run(dir: &Path, name: &str, check: fn(&[u8]), runs: u64, seed: u64) {
             let _ = std::fs::create_dir_all(&artifacts);
             let path = artifacts.join(format!("crash-{seed}-{i}"));
             let _ = std::fs::write(&path, &data);
-            eprintln!("{name}: property failed on run {i}; input saved to {}", path.display());
+            eprintln!(
+                "{name}: property failed on run {i}; input saved to {}",
+                path.display()
+            );
             std::process::exit(1);
         }
     }
