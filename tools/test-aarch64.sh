@@ -41,7 +41,7 @@ levels=(
 )
 for spec in "${levels[@]}"; do
     read -r model best unavailable <<<"$spec"
-    listing=$(QEMU_CPU=$model qemu-aarch64 "$kazeia" backends --plugin-path "$plugins" | grep backend_cpu_)
+    listing=$(QEMU_CPU=$model qemu-aarch64 "$kazeia" backends --plugin-path "$plugins" | grep /plugins/libkazeia_backend_cpu_)
     echo "$listing"
     for u in $unavailable; do
         echo "$listing" | grep -E "backend_cpu_${u%%:*}\.so\): unavailable — .*${u#*:}" >/dev/null ||

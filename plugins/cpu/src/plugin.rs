@@ -78,26 +78,35 @@ fn isa() -> (i32, Option<&'static str>) {
 /// kernel decides the rest.
 #[cfg(target_arch = "aarch64")]
 fn arm_isa() -> (i32, Option<&'static str>) {
-    use std::arch::is_aarch64_feature_detected as has;
+    // The kernel's HWCAPs, read directly: `is_aarch64_feature_detected!` answers `true` for a feature the build
+    // was compiled with, whatever the CPU.
+    extern "C" {
+        fn getauxval(kind: std::ffi::c_ulong) -> std::ffi::c_ulong;
+    }
+    const AT_HWCAP: std::ffi::c_ulong = 16;
+    const AT_HWCAP2: std::ffi::c_ulong = 26;
+    // SAFETY: glibc's getauxval has no preconditions.
+    let (hwcap, hwcap2) = unsafe { (getauxval(AT_HWCAP), getauxval(AT_HWCAP2)) };
+    let has = |word: std::ffi::c_ulong, bits: std::ffi::c_ulong| word & bits == bits;
     let levels: [(bool, bool, &str); 4] = [
         (
             cfg!(target_feature = "dotprod"),
-            has!("dotprod"),
+            has(hwcap, 1 << 20), // HWCAP_ASIMDDP
             "built for ARMv8.2 (dotprod); this CPU lacks dotprod",
         ),
         (
             cfg!(target_feature = "fp16"),
-            has!("fp16"),
+            has(hwcap, (1 << 9) | (1 << 10)), // HWCAP_FPHP | HWCAP_ASIMDHP
             "built for ARMv8.2 (fp16); this CPU lacks fp16 arithmetic",
         ),
         (
             cfg!(target_feature = "i8mm"),
-            has!("i8mm"),
+            has(hwcap2, 1 << 13), // HWCAP2_I8MM
             "built for ARMv8.6 (i8mm); this CPU lacks i8mm",
         ),
         (
             cfg!(target_feature = "bf16"),
-            has!("bf16"),
+            has(hwcap2, 1 << 14), // HWCAP2_BF16
             "built for ARMv8.6 (bf16); this CPU lacks bf16",
         ),
     ];
