@@ -24,6 +24,14 @@
 //!   clients' streams at once (up to `[queue] spiel_streams`), each in its own session of the resident
 //!   engine, paced by how fast its client reads.
 //!
+//!   Why sessions side by side rather than preemption on one worker: audio already in a client's pipe
+//!   cannot be taken back, so a stream could only be set aside between sentence chunks, and the next
+//!   message would still wait for the chunk under way (seconds on a real model); and one worker is what a
+//!   stalled reader froze. The resident weights are read-only and shared; each session owns only its KV
+//!   cache and decoder state (bounded by `spiel_streams`). A stream whose client plays as it reads waits
+//!   in its pipe writes most of the time, so it takes the CPU only as fast as its audio is consumed and
+//!   leaves the rest to the newcomer.
+//!
 //! Limits are per client (`max_per_client`) under a global bound (`max_utterances`), of which a quarter is
 //! kept for `important`/`message`. A client's `Pause` holds that client's speech only: its utterance in
 //! progress waits in place while nobody else has something to say, and is set aside (to resume at the
