@@ -385,24 +385,35 @@ impl State {
 
     /// The next utterance for `lane`, if one may start now.
     fn take(&mut self, lane: Lane) -> Option<Arc<Request>> {
-        let at = match lane {
+        let entry = match lane {
             Lane::Sink => {
                 if self.speaking.iter().any(|s| s.entry.lane == Lane::Sink) {
                     return None;
                 }
-                // The last progress is said once no progress waits.
-                if !self
+                let paused = &self.paused;
+                let at = self
                     .waiting
                     .iter()
-                    .any(|e| e.lane == Lane::Sink && e.priority == Priority::Progress)
-                {
-                    if let Some(last) = self.last_progress.take() {
-                        self.insert(last);
-                    }
-                }
-                self.waiting
+                    .position(|e| e.lane == Lane::Sink && !paused.contains(e.client()));
+                // The held-back last progress is said once no progress waits, in its place as a
+                // message; until then a newer progress may still replace it.
+                let no_progress = !self
+                    .waiting
                     .iter()
-                    .position(|e| e.lane == Lane::Sink && !self.paused.contains(e.client()))?
+                    .any(|e| e.lane == Lane::Sink && e.priority == Priority::Progress);
+                let last_first = self.last_progress.as_ref().is_some_and(|last| {
+                    no_progress
+                        && !paused.contains(last.client())
+                        && at.is_none_or(|i| {
+                            let next = &self.waiting[i];
+                            (last.priority, last.id()) < (next.priority, next.id())
+                        })
+                });
+                if last_first {
+                    self.last_progress.take()?
+                } else {
+                    self.waiting.remove(at?)
+                }
             }
             Lane::Stream => {
                 let streaming: Vec<&str> = self
@@ -414,12 +425,12 @@ impl State {
                 if streaming.len() >= self.limits.streams {
                     return None;
                 }
-                self.waiting.iter().position(|e| {
+                let at = self.waiting.iter().position(|e| {
                     e.lane == Lane::Stream && !streaming.contains(&e.client())
-                })?
+                })?;
+                self.waiting.remove(at)
             }
         };
-        let entry = self.waiting.remove(at);
         if entry.request.priority == Priority::Progress && entry.id() == self.latest_progress {
             self.last_progress = None;
         }

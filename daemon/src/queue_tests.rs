@@ -461,3 +461,19 @@ fn priorities_parse() {
     assert_eq!("Important".parse::<Priority>(), Ok(Priority::Important));
     assert!("urgent".parse::<Priority>().is_err());
 }
+
+#[test]
+fn a_newer_progress_replaces_the_held_back_one_while_a_worker_waits() {
+    let (q, log) = queue();
+    hold(&q, "a");
+    q.push(req(1, "a", Message)).unwrap();
+    q.push(req(2, "a", Progress)).unwrap();
+    // The worker looks for work (nothing may start: its client is paused).
+    std::thread::scope(|s| {
+        s.spawn(|| q.next(Lane::Sink));
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        q.push(req(3, "a", Progress)).unwrap();
+        assert_eq!(finished(&log), vec![(2, Reason::Cancelled)]);
+        q.close();
+    });
+}
