@@ -200,7 +200,13 @@ impl DaemonConfig {
             }
         }
         let q = &self.queue;
-        if [q.max_utterances, q.max_text_bytes, q.max_per_client, q.spiel_streams].contains(&0)
+        if [
+            q.max_utterances,
+            q.max_text_bytes,
+            q.max_per_client,
+            q.spiel_streams,
+        ]
+        .contains(&0)
             || q.stall_timeout_ms == 0
         {
             bail!("[queue] limits must be positive");

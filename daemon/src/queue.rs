@@ -244,7 +244,9 @@ impl State {
     }
 
     fn sink_speaking(&mut self) -> Option<&mut Speaking> {
-        self.speaking.iter_mut().find(|s| s.entry.lane == Lane::Sink)
+        self.speaking
+            .iter_mut()
+            .find(|s| s.entry.lane == Lane::Sink)
     }
 
     /// Ends `entry` as cancelled by the rules; the latest `progress` is held back instead.
@@ -288,10 +290,9 @@ impl State {
         self.waiting
             .iter()
             .any(|e| e.lane == Lane::Sink && which.contains(&e.priority))
-            || self
-                .speaking
-                .iter()
-                .any(|s| s.entry.lane == Lane::Sink && s.going_on() && which.contains(&s.entry.priority))
+            || self.speaking.iter().any(|s| {
+                s.entry.lane == Lane::Sink && s.going_on() && which.contains(&s.entry.priority)
+            })
             || self
                 .last_progress
                 .as_ref()
@@ -300,9 +301,7 @@ impl State {
 
     fn insert(&mut self, entry: Entry) {
         let key = (entry.priority, entry.id());
-        let at = self
-            .waiting
-            .partition_point(|e| (e.priority, e.id()) < key);
+        let at = self.waiting.partition_point(|e| (e.priority, e.id()) < key);
         self.waiting.insert(at, entry);
     }
 
@@ -425,9 +424,10 @@ impl State {
                 if streaming.len() >= self.limits.streams {
                     return None;
                 }
-                let at = self.waiting.iter().position(|e| {
-                    e.lane == Lane::Stream && !streaming.contains(&e.client())
-                })?;
+                let at = self
+                    .waiting
+                    .iter()
+                    .position(|e| e.lane == Lane::Stream && !streaming.contains(&e.client()))?;
                 self.waiting.remove(at)
             }
         };

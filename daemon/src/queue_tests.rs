@@ -215,13 +215,21 @@ fn notification_is_cancelled_when_anything_else_waits_or_is_spoken() {
         q.push(req(1, "a", other)).unwrap();
         let (id, _) = start(&q);
         q.push(req(2, "b", Notification)).unwrap();
-        assert_eq!(finished(&log), vec![(2, Reason::Cancelled)], "{other:?} spoken");
+        assert_eq!(
+            finished(&log),
+            vec![(2, Reason::Cancelled)],
+            "{other:?} spoken"
+        );
         q.done(id, Reason::Done);
         let (q, log) = queue();
         hold(&q, "a");
         q.push(req(1, "a", other)).unwrap();
         q.push(req(2, "b", Notification)).unwrap();
-        assert_eq!(finished(&log), vec![(2, Reason::Cancelled)], "{other:?} waits");
+        assert_eq!(
+            finished(&log),
+            vec![(2, Reason::Cancelled)],
+            "{other:?} waits"
+        );
     }
 }
 
@@ -260,11 +268,7 @@ fn progress_does_not_interrupt_progress_the_new_one_is_dropped() {
     q.done(id, Reason::Done);
     assert_eq!(
         finished(&log),
-        vec![
-            (2, Reason::Cancelled),
-            (1, Reason::Done),
-            (3, Reason::Done)
-        ]
+        vec![(2, Reason::Cancelled), (1, Reason::Done), (3, Reason::Done)]
     );
 }
 
@@ -317,7 +321,11 @@ fn resume_interrupted_postpones_instead_of_cancelling() {
     q.push(req(1, "a", Text)).unwrap();
     let (id, w) = start(&q);
     q.push(req(2, "b", Text)).unwrap();
-    assert_eq!(w.interrupts.load(Ordering::SeqCst), 0, "texts queue in order");
+    assert_eq!(
+        w.interrupts.load(Ordering::SeqCst),
+        0,
+        "texts queue in order"
+    );
     q.push(req(3, "b", Important)).unwrap();
     assert_eq!(q.interruption(id), Some(Interruption::Requeue));
     q.done(id, Reason::Stopped);
@@ -356,13 +364,17 @@ fn one_client_cannot_fill_the_queue_and_room_is_kept_for_messages() {
     for id in 1..=3 {
         q.push(req(id, "a", Message)).unwrap();
     }
-    assert!(matches!(q.push(req(4, "a", Message)), Err(QueueError::Full(m)) if m.contains("max_per_client")));
+    assert!(
+        matches!(q.push(req(4, "a", Message)), Err(QueueError::Full(m)) if m.contains("max_per_client"))
+    );
     q.push(req(5, "b", Message)).unwrap();
     q.push(req(6, "b", Message)).unwrap();
     // 5 held: with a quarter (2) kept for important/message, no more text…
     q.push(req(7, "c", Progress)).unwrap();
     assert_eq!(q.len(), 6);
-    assert!(matches!(q.push(req(8, "c", Text)), Err(QueueError::Full(m)) if m.contains("max_utterances")));
+    assert!(
+        matches!(q.push(req(8, "c", Text)), Err(QueueError::Full(m)) if m.contains("max_utterances"))
+    );
     // …but a message still fits, up to the global bound.
     q.push(req(9, "c", Message)).unwrap();
     q.push(req(10, "c", Important)).unwrap();
@@ -412,7 +424,11 @@ fn a_client_leaving_releases_its_pause_held_speech_and_streams() {
     q.done(id, Reason::Stopped);
     assert_eq!(
         finished(&log),
-        vec![(2, Reason::Cancelled), (3, Reason::Cancelled), (1, Reason::Cancelled)]
+        vec![
+            (2, Reason::Cancelled),
+            (3, Reason::Cancelled),
+            (1, Reason::Cancelled)
+        ]
     );
     // An unpaused client that leaves (spd-say, busctl) is still heard.
     q.client_left("b");
@@ -431,7 +447,11 @@ fn streams_of_different_clients_run_at_once_each_clients_in_order() {
     }
     assert_eq!(q.next(Lane::Sink).unwrap().id, 1, "the sink lane is apart");
     assert_eq!(q.next(Lane::Stream).unwrap().id, 2);
-    assert_eq!(q.next(Lane::Stream).unwrap().id, 4, "not a's second before its first ended");
+    assert_eq!(
+        q.next(Lane::Stream).unwrap().id,
+        4,
+        "not a's second before its first ended"
+    );
     q.done(2, Reason::Done);
     assert_eq!(q.next(Lane::Stream).unwrap().id, 3);
     q.done(3, Reason::Done);

@@ -311,7 +311,10 @@ mod tests {
         let e = pipe.write_all(&chunk).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::TimedOut);
         let waited = start.elapsed();
-        assert!(waited >= Duration::from_millis(300) && waited < Duration::from_secs(3), "{waited:?}");
+        assert!(
+            waited >= Duration::from_millis(300) && waited < Duration::from_secs(3),
+            "{waited:?}"
+        );
         let stop = AtomicBool::new(false);
         let stopped = || stop.load(Ordering::SeqCst);
         let mut pipe = ClientPipe::new(&file, Duration::from_secs(60), &stopped).unwrap();

@@ -478,8 +478,7 @@ async fn fifty_clients_five_utterances_each_none_lost() {
                 let text = format!("Client {c} says number {u}.");
                 // `message`s queue in order (a `text` would cancel the other texts).
                 let options = HashMap::from([("priority", Variant::from("message"))]);
-                match proxy.speak(&text, options).await
-                {
+                match proxy.speak(&text, options).await {
                     Ok(id) => accepted.push(id),
                     Err(e) => refused.push(e.to_string()),
                 }

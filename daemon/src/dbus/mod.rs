@@ -64,7 +64,10 @@ pub fn sender(header: &zbus::message::Header<'_>) -> String {
 
 /// Releases what each client owns (pause, held utterances, streams) when it leaves the bus: its unique
 /// name loses its owner (`NameOwnerChanged`).
-pub async fn watch_clients(connection: &zbus::Connection, service: Arc<Service>) -> zbus::Result<()> {
+pub async fn watch_clients(
+    connection: &zbus::Connection,
+    service: Arc<Service>,
+) -> zbus::Result<()> {
     let bus = zbus::fdo::DBusProxy::new(connection).await?;
     let mut changes = bus.receive_name_owner_changed().await?;
     tokio::spawn(async move {

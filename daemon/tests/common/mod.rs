@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::io::PipeReader;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
@@ -206,4 +207,68 @@ pub fn peak_rss_mib(pid: u32) -> f64 {
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
         .expect("VmHWM in /proc/PID/status");
     kb / 1024.0
+}
+
+/// Every `Finished` signal, drained as it comes by a task of its own: a signal stream left unread fills
+/// up and then holds up the whole connection, method replies included.
+#[derive(Clone)]
+pub struct Collector {
+    pub seen: Arc<Mutex<HashMap<u64, String>>>,
+    /// Ids that got a second `Finished`.
+    pub twice: Arc<Mutex<Vec<u64>>>,
+    /// The draining task holds the connection: it ends with the last clone, so the client can leave.
+    _task: Arc<AbortOnDrop>,
+}
+
+struct AbortOnDrop(tokio::task::AbortHandle);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+impl Collector {
+    pub async fn start(proxy: &SpeechProxy<'_>) -> Self {
+        let seen: Arc<Mutex<HashMap<u64, String>>> = Arc::default();
+        let twice: Arc<Mutex<Vec<u64>>> = Arc::default();
+        let mut stream = proxy.receive_finished().await.unwrap();
+        let (s, t) = (seen.clone(), twice.clone());
+        let task = tokio::spawn(async move {
+            while let Some(signal) = stream.next().await {
+                let args = signal.args().unwrap();
+                if s.lock()
+                    .unwrap()
+                    .insert(args.id, args.reason.clone())
+                    .is_some()
+                {
+                    t.lock().unwrap().push(args.id);
+                }
+            }
+        });
+        Collector {
+            seen,
+            twice,
+            _task: Arc::new(AbortOnDrop(task.abort_handle())),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.seen.lock().unwrap().len()
+    }
+
+    /// Waits for `Finished(id, reason)`; the reason.
+    pub async fn of(&self, id: u64, timeout: Duration) -> String {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(reason) = self.seen.lock().unwrap().get(&id) {
+                return reason.clone();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no Finished for {id} within {timeout:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
 }
