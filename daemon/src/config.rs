@@ -86,6 +86,14 @@ pub struct QueueSection {
     pub max_utterances: usize,
     /// Longest text accepted in one request, in bytes.
     pub max_text_bytes: usize,
+    /// Utterances one client may have waiting or speaking at once.
+    pub max_per_client: usize,
+    /// Spiel streams generated at once (each client's in order).
+    pub spiel_streams: usize,
+    /// A Spiel client that takes nothing from its pipe this long is dropped (its utterance `cancelled`).
+    pub stall_timeout_ms: u64,
+    /// An interrupted `message`/`text` is resumed later instead of cancelled (not speech-dispatcher's model).
+    pub resume_interrupted: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Deserialize)]
@@ -140,6 +148,10 @@ impl Default for QueueSection {
         QueueSection {
             max_utterances: 256,
             max_text_bytes: 1 << 20,
+            max_per_client: 64,
+            spiel_streams: 4,
+            stall_timeout_ms: 5000,
+            resume_interrupted: false,
         }
     }
 }
@@ -187,7 +199,16 @@ impl DaemonConfig {
                 bail!("[backends] {stage} is empty (use \"cpu\" or a plugin's name)");
             }
         }
-        if self.queue.max_utterances == 0 || self.queue.max_text_bytes == 0 {
+        let q = &self.queue;
+        if [
+            q.max_utterances,
+            q.max_text_bytes,
+            q.max_per_client,
+            q.spiel_streams,
+        ]
+        .contains(&0)
+            || q.stall_timeout_ms == 0
+        {
             bail!("[queue] limits must be positive");
         }
         if self.stream.first_chunk_frames == 0 || self.stream.chunk_frames == 0 {

@@ -97,6 +97,7 @@ async fn serve(args: DaemonArgs) -> Result<()> {
         .build()
         .await
         .context("cannot serve on the session bus (is DBUS_SESSION_BUS_ADDRESS set? is another kazeiad running?)")?;
+    crate::dbus::watch_clients(&connection, service.clone()).await?;
     eprintln!("kazeiad: serving as {BUS_NAME} and {SPIEL_BUS_NAME}; loading the model");
 
     let api = connection

@@ -1,5 +1,6 @@
-//! The engine worker: takes utterances from the queue one at a time and speaks them with the resident
-//! engine, to the audio sink or to a Spiel client's pipe, reporting start, marks and end.
+//! The engine workers: one takes the audio sink's utterances from the queue one at a time, others stream
+//! Spiel requests into their clients' pipes (several clients at once, each in its own session of the one
+//! resident engine); both report start, marks and end.
 //!
 //! The engine and the sink sit in swappable slots so a new configuration applies between utterances.
 
@@ -16,10 +17,10 @@ use kazeia_engine::synth::{SynthOptions, Voice};
 use crate::audio::{open_sink, AudioSink, Playback};
 use crate::config::DaemonConfig;
 use crate::engine::Engine;
-use crate::queue::{Event, Interrupt, Interruption, Reason, SpeechQueue};
+use crate::queue::{Event, Interrupt, Interruption, Lane, Limits, Reason, SpeechQueue};
 use crate::request::{Output, Request};
 use crate::short_cache::{CacheKey, ShortCache};
-use crate::spiel_stream::{EventKind, SpielWriter};
+use crate::spiel_stream::{ClientPipe, EventKind, SpielWriter};
 use crate::voices::resolve_voice;
 
 /// The utterance being spoken, as pause/resume/stop reach it.
@@ -65,6 +66,36 @@ impl Interrupt for Active {
             p.stop();
         }
     }
+
+    fn hold(&self, held: bool) {
+        if held {
+            self.pause();
+        } else {
+            self.resume();
+        }
+    }
+}
+
+/// The queue's limits from `[queue]`.
+fn limits(config: &DaemonConfig) -> Limits {
+    let q = &config.queue;
+    Limits {
+        max_utterances: q.max_utterances,
+        max_per_client: q.max_per_client,
+        streams: q.spiel_streams,
+        resume_interrupted: q.resume_interrupted,
+    }
+}
+
+/// Fault injection for the tests (`KAZEIA_TEST_FAULTS=1`): a text with `kazeia-panic-worker` panics on the
+/// worker, one with `kazeia-panic-decoder` in the audio callback on the decoder thread.
+fn injected_panic(text: &str, place: &str) {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    if *ON.get_or_init(|| std::env::var_os("KAZEIA_TEST_FAULTS").is_some())
+        && text.contains(&format!("kazeia-panic-{place}"))
+    {
+        panic!("injected fault: {place} panic");
+    }
 }
 
 /// What the worker and the adapters share.
@@ -73,18 +104,16 @@ pub struct Player {
     engine: RwLock<Option<Arc<Engine>>>,
     sink: RwLock<Option<Arc<dyn AudioSink>>>,
     config: RwLock<DaemonConfig>,
-    active: Mutex<Option<Arc<Active>>>,
     cache: ShortCache,
 }
 
 impl Player {
     pub fn new(config: DaemonConfig, events: impl Fn(Event) + Send + Sync + 'static) -> Self {
         Player {
-            queue: SpeechQueue::new(config.queue.max_utterances, events),
+            queue: SpeechQueue::new(limits(&config), events),
             engine: RwLock::new(None),
             sink: RwLock::new(None),
             config: RwLock::new(config),
-            active: Mutex::new(None),
             cache: ShortCache::default(),
         }
     }
@@ -140,54 +169,51 @@ impl Player {
 
     /// The running configuration (voice defaults, queue limits, stream sizes apply from the next utterance).
     pub fn set_config(&self, config: DaemonConfig) {
-        self.queue.set_max_utterances(config.queue.max_utterances);
+        self.queue.set_limits(limits(&config));
         *self.config.write().unwrap_or_else(|e| e.into_inner()) = config;
         self.cache.clear();
     }
 
-    pub fn pause(&self) {
-        self.queue.set_paused(true);
-        if let Some(a) = self.active() {
-            a.pause();
-        }
+    /// Holds `client`'s speech (see [`SpeechQueue::set_paused`]).
+    pub fn pause(&self, client: &str) {
+        self.queue.set_paused(client, true);
     }
 
-    pub fn resume(&self) {
-        self.queue.set_paused(false);
-        if let Some(a) = self.active() {
-            a.resume();
-        }
-    }
-
-    fn active(&self) -> Option<Arc<Active>> {
-        self.active
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+    pub fn resume(&self, client: &str) {
+        self.queue.set_paused(client, false);
     }
 
     /// `speaking`, `paused` or `idle`.
     pub fn state(&self) -> &'static str {
-        if self.queue.is_paused() {
-            "paused"
-        } else if self.queue.snapshot().0.is_some() {
-            "speaking"
-        } else {
-            "idle"
-        }
+        self.queue.state()
     }
 
-    /// The worker loop; returns when the queue is closed.
+    /// The workers: the sink's on this thread, `[queue] spiel_streams` (as at start) for Spiel streams;
+    /// returns when the queue is closed.
     pub fn run(self: &Arc<Self>) {
-        while let Some(request) = self.queue.next() {
-            let active = Arc::new(Active::new());
-            *self.active.lock().unwrap_or_else(|e| e.into_inner()) = Some(active.clone());
-            if let Some(interruption) = self.queue.set_interrupt(active.clone()) {
-                if interruption != Interruption::Requeue || request.started.load(Ordering::SeqCst) {
-                    active.interrupt();
+        let streams = self.config().queue.spiel_streams.max(1);
+        std::thread::scope(|scope| {
+            for n in 0..streams {
+                let spawned = std::thread::Builder::new()
+                    .name(format!("kazeia-stream-{n}"))
+                    .spawn_scoped(scope, || self.serve(Lane::Stream));
+                if let Err(e) = spawned {
+                    eprintln!("kazeiad: cannot start a Spiel stream worker: {e}");
                 }
             }
-            if self.queue.is_paused() {
+            self.serve(Lane::Sink);
+        });
+    }
+
+    /// One worker: speaks the utterances of `lane` until the queue is closed.
+    fn serve(self: &Arc<Self>, lane: Lane) {
+        while let Some(request) = self.queue.next(lane) {
+            let active = Arc::new(Active::new());
+            let (interruption, held) = self.queue.set_interrupt(request.id, active.clone());
+            if interruption.is_some() {
+                active.interrupt();
+            }
+            if held {
                 active.pause();
             }
             // A bug in one utterance must not silence the daemon: a panic ends that utterance only.
@@ -206,8 +232,7 @@ impl Player {
                     Reason::Error("internal error (see the daemon's log)".into())
                 }
             };
-            *self.active.lock().unwrap_or_else(|e| e.into_inner()) = None;
-            self.queue.done(reason);
+            self.queue.done(request.id, reason);
         }
     }
 
@@ -235,6 +260,11 @@ impl Player {
             control: &active.control,
             cache: &self.cache,
         };
+        for piece in &request.pieces {
+            if let Piece::Text { text, .. } = piece {
+                injected_panic(text, "worker");
+            }
+        }
         if !request.started.swap(true, Ordering::SeqCst) {
             self.queue.emit(Event::Started(request.id));
         }
@@ -246,12 +276,15 @@ impl Player {
                 if active.control.is_stopped() {
                     playback.stop();
                 }
-                if self.queue.is_paused() {
+                if active.control.is_paused() {
                     playback.pause();
                 }
                 self.speak_to_sink(&speaker, playback)
             }
-            Output::Spiel(file) => speak_to_spiel(&speaker, file),
+            Output::Spiel(file) => {
+                let stall = Duration::from_millis(config.queue.stall_timeout_ms);
+                speak_to_spiel(&speaker, file, stall)
+            }
         }
     }
 
@@ -293,7 +326,7 @@ impl Player {
             }
         };
         let _ = watcher.join();
-        if self.queue.interruption() == Some(Interruption::Requeue) {
+        if self.queue.interruption(speaker.request.id) == Some(Interruption::Requeue) {
             // Played again later: from the first piece not wholly heard.
             let from = &speaker.request.resume_from;
             let heard = resume_point(&ends, playback.played(), from.load(Ordering::SeqCst));
@@ -327,48 +360,62 @@ fn watch_hangup(file: &std::fs::File, control: &SessionControl, done: &AtomicBoo
     }
 }
 
-fn speak_to_spiel(speaker: &Speaker, file: &std::fs::File) -> Result<Reason> {
+fn speak_to_spiel(speaker: &Speaker, file: &std::fs::File, stall: Duration) -> Result<Reason> {
     let done = AtomicBool::new(false);
     std::thread::scope(|scope| {
         scope.spawn(|| watch_hangup(file, speaker.control, &done));
-        let result = stream_to_spiel(speaker, file);
+        let result = stream_to_spiel(speaker, file, stall);
         done.store(true, Ordering::SeqCst);
         result
     })
 }
 
-fn stream_to_spiel(speaker: &Speaker, file: &std::fs::File) -> Result<Reason> {
-    let mut writer = match SpielWriter::new(file) {
+/// Streams the utterance into the client's pipe. Writes never block for long: a client that takes
+/// nothing for `stall` is dropped (`cancelled`), and a stop cuts a write that waits for room short.
+fn stream_to_spiel(speaker: &Speaker, file: &std::fs::File, stall: Duration) -> Result<Reason> {
+    let stopped = || speaker.control.is_stopped();
+    let pipe = ClientPipe::new(file, stall, &stopped)?;
+    let mut writer = match SpielWriter::new(pipe) {
         Ok(w) => w,
         Err(_) => return Ok(Reason::Stopped),
     };
-    // The client closing its end cancels: the write fails (EPIPE; Rust ignores SIGPIPE).
-    let mut client_gone = false;
+    // The first failure: the client closed its end (EPIPE; Rust ignores SIGPIPE) or stopped reading.
+    let failure: Mutex<Option<std::io::Error>> = Mutex::new(None);
+    let fail = |e: std::io::Error| {
+        failure
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get_or_insert(e);
+        speaker.control.stop_async();
+    };
     let writer = Mutex::new(&mut writer);
+    let lock = || writer.lock().unwrap_or_else(|e| e.into_inner());
     speaker.run(
         &mut |samples| {
-            if writer.lock().unwrap().audio(samples).is_err() {
-                client_gone = true;
-                speaker.control.stop_async();
+            if let Err(e) = lock().audio(samples) {
+                fail(e);
             }
             Ok(())
         },
         &mut |name, _| {
-            if writer
-                .lock()
-                .unwrap()
-                .event(EventKind::Mark, 0, 0, name)
-                .is_err()
-            {
-                speaker.control.stop_async();
+            if let Err(e) = lock().event(EventKind::Mark, 0, 0, name) {
+                fail(e);
             }
         },
         &mut Vec::new(),
     )?;
-    Ok(if client_gone || speaker.control.is_stopped() {
-        Reason::Stopped
-    } else {
-        Reason::Done
+    let failure = failure.into_inner().unwrap_or_else(|e| e.into_inner());
+    Ok(match failure {
+        Some(e) if e.kind() == std::io::ErrorKind::TimedOut => {
+            eprintln!(
+                "kazeiad: utterance {}: the Spiel client stopped reading ({e}); dropped",
+                speaker.request.id
+            );
+            Reason::Cancelled
+        }
+        Some(_) => Reason::Stopped,
+        None if speaker.control.is_stopped() => Reason::Stopped,
+        None => Reason::Done,
     })
 }
 
@@ -448,6 +495,7 @@ impl Speaker<'_> {
                     let mut kept = key.as_ref().map(|_| Vec::new());
                     let mut filter = ProsodyFilter::new(sample_rate, rate, pitch, volume);
                     let mut deliver = |samples: &[f32]| -> Result<()> {
+                        injected_panic(text, "decoder");
                         audio(samples)?;
                         sent += samples.len() as u64;
                         if let Some(kept) = kept.as_mut() {

@@ -1,16 +1,45 @@
-//! The speech queue: every client's utterances, ordered by priority as speech-dispatcher orders them, with
-//! per-client stop, global pause, a bounded length, and exactly one `Finished` for every accepted utterance.
+//! The speech queue: every client's utterances, with speech-dispatcher's priority model for the speakers,
+//! per-client limits, stop and pause, and exactly one `Finished` for every accepted utterance.
 //!
-//! Priorities, highest first: important > message > text > notification > progress.
-//! - An arriving `important` interrupts a `message` or `text` being played (it is started again afterwards)
-//!   and cancels `notification`/`progress` ones.
-//! - An arriving `message` interrupts a `text` being played the same way.
-//! - `notification` and `progress` are dropped when anything else is waiting or speaking, cancelled by any
-//!   other arriving utterance, and a newer one of the same kind replaces a waiting one.
-//! - Utterances streamed to a Spiel client are never interrupted by priority: their audio is already on
-//!   its way to the client, which owns its own playback order.
+//! Two lanes share the one resident engine:
+//! - **Sink**: what plays on the daemon's audio sink, one utterance at a time, ordered by SSIP's priorities
+//!   (the speech-dispatcher manual, "Priority Categories"), highest first:
+//!   - `important` is said as soon as the one in progress is not `important`: it cancels a `message` or
+//!     `text` being spoken and every `notification`/`progress`; importants are said in arrival order and
+//!     never interrupted; waiting `message`s and `text`s are postponed.
+//!   - `message` is said when no `important` or earlier `message` waits; it never interrupts a `message`; it
+//!     cancels every `text`, `notification` and `progress`, waiting or being spoken.
+//!   - `text` is said when no `important` or `message` waits; a new `text` cancels the other texts
+//!     (waiting or being spoken: only the latest is said), and every `notification` and `progress`.
+//!   - `notification` is cancelled at once when anything of another priority waits or is spoken; a newer
+//!     one cancels the older ones.
+//!   - `progress` behaves as `notification`, except that a new one is cancelled (not the one being
+//!     spoken) while another is spoken, and the last of a series that was not heard is said anyway, as a
+//!     `message`, once no `progress` waits.
+//!
+//!   With `[queue] resume_interrupted`, an interrupted `message`/`text` is postponed instead of cancelled,
+//!   and later resumed at the first sentence chunk or mark not yet heard (texts then queue in order).
+//! - **Stream**: Spiel requests, whose audio goes to the client's pipe. The client orders and plays them
+//!   itself, so they are outside the priority model: each client's requests are served in order, several
+//!   clients' streams at once (up to `[queue] spiel_streams`), each in its own session of the resident
+//!   engine, paced by how fast its client reads.
+//!
+//!   Why sessions side by side rather than preemption on one worker: audio already in a client's pipe
+//!   cannot be taken back, so a stream could only be set aside between sentence chunks, and the next
+//!   message would still wait for the chunk under way (seconds on a real model); and one worker is what a
+//!   stalled reader froze. The resident weights are read-only and shared; each session owns only its KV
+//!   cache and decoder state (bounded by `spiel_streams`). A stream whose client plays as it reads waits
+//!   in its pipe writes most of the time, so it takes the CPU only as fast as its audio is consumed and
+//!   leaves the rest to the newcomer.
+//!
+//! Limits are per client (`max_per_client`) under a global bound (`max_utterances`), of which a quarter is
+//! kept for `important`/`message`. A client's `Pause` holds that client's speech only: its utterance in
+//! progress waits in place while nobody else has something to say, and is set aside (to resume at the
+//! first piece not heard) as soon as someone has. When a client leaves the bus its pause ends, what that
+//! pause held and its streams are cancelled; the rest it queued is still said (as speech-dispatcher does
+//! for `spd-say`, which leaves right after sending).
 
-use std::collections::VecDeque;
+use std::collections::HashSet;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 use crate::request::{Output, Request};
@@ -24,7 +53,7 @@ pub enum Reason {
     Done,
     /// A client asked to stop it.
     Stopped,
-    /// Replaced or dropped by the priority rules.
+    /// Replaced or dropped by the priority rules, its client left, or its client stopped reading.
     Cancelled,
     /// The daemon is shutting down.
     Shutdown,
@@ -53,9 +82,11 @@ pub enum Event {
     Finished(Id, Reason),
 }
 
-/// How a speaking utterance is told to stop; set by the worker that plays it.
+/// How a speaking utterance is told to stop or to hold; set by the worker that plays it.
 pub trait Interrupt: Send + Sync {
     fn interrupt(&self);
+    /// Holds (`true`) or releases the audio in place: its client paused or resumed.
+    fn hold(&self, held: bool);
 }
 
 /// Why the worker must end the utterance it is playing.
@@ -63,29 +94,126 @@ pub trait Interrupt: Send + Sync {
 pub enum Interruption {
     /// End it with this reason.
     End(Reason),
-    /// Put it back in the queue and play it again later (a higher priority came).
+    /// Put it back in the queue and play it again later from the first piece not heard (a higher
+    /// priority came with `resume_interrupted`, or its client paused while others wait).
     Requeue,
 }
 
-struct Speaking {
+/// Which worker serves an utterance.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Lane {
+    Sink,
+    Stream,
+}
+
+impl Lane {
+    fn of(request: &Request) -> Lane {
+        match request.output {
+            Output::Sink => Lane::Sink,
+            Output::Spiel(_) => Lane::Stream,
+        }
+    }
+}
+
+/// The queue's limits and policy (`[queue]`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// Utterances waiting or speaking at once, over all clients.
+    pub max_utterances: usize,
+    /// Of them, from one client.
+    pub max_per_client: usize,
+    /// Spiel streams generated at once.
+    pub streams: usize,
+    /// Interrupted `message`/`text` are postponed and resumed instead of cancelled.
+    pub resume_interrupted: bool,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_utterances: 256,
+            max_per_client: 64,
+            streams: 4,
+            resume_interrupted: false,
+        }
+    }
+}
+
+impl Limits {
+    /// Room kept for `important` and `message` speech.
+    fn reserved(&self) -> usize {
+        (self.max_utterances / 4).min(self.max_utterances.saturating_sub(1))
+    }
+}
+
+/// A queued utterance and the priority it is ordered by (a held-back last `progress` is said as a
+/// `message`).
+#[derive(Clone)]
+struct Entry {
     request: Arc<Request>,
+    priority: Priority,
+    lane: Lane,
+}
+
+impl Entry {
+    fn new(request: Arc<Request>) -> Self {
+        Entry {
+            priority: request.priority,
+            lane: Lane::of(&request),
+            request,
+        }
+    }
+
+    fn id(&self) -> Id {
+        self.request.id
+    }
+
+    fn client(&self) -> &str {
+        &self.request.client
+    }
+}
+
+struct Speaking {
+    entry: Entry,
     interrupt: Option<Arc<dyn Interrupt>>,
     interruption: Option<Interruption>,
 }
 
-struct State {
-    waiting: VecDeque<Arc<Request>>,
-    speaking: Option<Speaking>,
-    paused: bool,
-    closed: bool,
-    max_utterances: usize,
+impl Speaking {
+    /// Sets the interruption unless one is set; tells the worker.
+    fn interrupt(&mut self, how: Interruption) {
+        if self.interruption.is_none() {
+            self.interruption = Some(how);
+            if let Some(i) = &self.interrupt {
+                i.interrupt();
+            }
+        }
+    }
+
+    /// Will go on (not already told to end or step aside).
+    fn going_on(&self) -> bool {
+        self.interruption.is_none()
+    }
 }
 
-/// The full queue's error.
+struct State {
+    /// Sorted by priority, then id (arrival order within a priority); both lanes.
+    waiting: Vec<Entry>,
+    speaking: Vec<Speaking>,
+    paused: HashSet<String>,
+    /// The latest `progress`, held back because it could not be said when it came.
+    last_progress: Option<Entry>,
+    latest_progress: Id,
+    closed: bool,
+    limits: Limits,
+    finished: Vec<(Id, Reason)>,
+}
+
+/// Why a request was refused.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum QueueError {
-    #[error("the speech queue is full ({0} utterances); try again later")]
-    Full(usize),
+    #[error("{0}")]
+    Full(String),
     #[error("the daemon is shutting down")]
     Closed,
 }
@@ -96,15 +224,238 @@ pub struct SpeechQueue {
     events: Box<dyn Fn(Event) + Send + Sync>,
 }
 
+impl State {
+    fn held(&self) -> usize {
+        self.waiting.len() + self.speaking.len() + usize::from(self.last_progress.is_some())
+    }
+
+    fn held_by(&self, client: &str) -> usize {
+        self.waiting.iter().filter(|e| e.client() == client).count()
+            + self
+                .speaking
+                .iter()
+                .filter(|s| s.entry.client() == client)
+                .count()
+            + self
+                .last_progress
+                .iter()
+                .filter(|e| e.client() == client)
+                .count()
+    }
+
+    fn sink_speaking(&mut self) -> Option<&mut Speaking> {
+        self.speaking
+            .iter_mut()
+            .find(|s| s.entry.lane == Lane::Sink)
+    }
+
+    /// Ends `entry` as cancelled by the rules; the latest `progress` is held back instead.
+    fn cancel(&mut self, entry: Entry) {
+        if entry.request.priority == Priority::Progress
+            && entry.id() == self.latest_progress
+            && self.last_progress.is_none()
+            && !self.closed
+        {
+            self.last_progress = Some(Entry {
+                priority: Priority::Message,
+                ..entry
+            });
+        } else {
+            self.finished.push((entry.id(), Reason::Cancelled));
+        }
+    }
+
+    /// Cancels the waiting sink utterances of these priorities.
+    fn cancel_waiting(&mut self, which: &[Priority]) {
+        let (gone, kept): (Vec<Entry>, Vec<Entry>) = std::mem::take(&mut self.waiting)
+            .into_iter()
+            .partition(|e| e.lane == Lane::Sink && which.contains(&e.priority));
+        self.waiting = kept;
+        for e in gone {
+            self.cancel(e);
+        }
+    }
+
+    /// Interrupts the sink utterance being spoken if its priority is one of `which`.
+    fn interrupt_speaking(&mut self, which: &[Priority], how: Interruption) {
+        if let Some(s) = self.sink_speaking() {
+            if which.contains(&s.entry.priority) {
+                s.interrupt(how);
+            }
+        }
+    }
+
+    /// A sink utterance of one of these priorities waits, is spoken or is held back.
+    fn sink_has(&self, which: &[Priority]) -> bool {
+        self.waiting
+            .iter()
+            .any(|e| e.lane == Lane::Sink && which.contains(&e.priority))
+            || self.speaking.iter().any(|s| {
+                s.entry.lane == Lane::Sink && s.going_on() && which.contains(&s.entry.priority)
+            })
+            || self
+                .last_progress
+                .as_ref()
+                .is_some_and(|e| which.contains(&e.priority))
+    }
+
+    fn insert(&mut self, entry: Entry) {
+        let key = (entry.priority, entry.id());
+        let at = self.waiting.partition_point(|e| (e.priority, e.id()) < key);
+        self.waiting.insert(at, entry);
+    }
+
+    /// Applies the priority rules to an arriving sink utterance, and queues it unless they cancel it.
+    fn admit_to_sink(&mut self, entry: Entry) {
+        use Priority::*;
+        let (postpone, cancel) = if self.limits.resume_interrupted {
+            (Interruption::Requeue, Interruption::End(Reason::Cancelled))
+        } else {
+            (
+                Interruption::End(Reason::Cancelled),
+                Interruption::End(Reason::Cancelled),
+            )
+        };
+        let keep = self.limits.resume_interrupted;
+        match entry.priority {
+            Important => {
+                self.interrupt_speaking(&[Message, Text], postpone);
+                self.interrupt_speaking(&[Notification, Progress], cancel);
+                self.cancel_waiting(&[Notification, Progress]);
+            }
+            Message => {
+                self.interrupt_speaking(&[Text], postpone);
+                self.interrupt_speaking(&[Notification, Progress], cancel);
+                self.cancel_waiting(if keep {
+                    &[Notification, Progress]
+                } else {
+                    &[Text, Notification, Progress]
+                });
+            }
+            Text => {
+                if !keep {
+                    self.interrupt_speaking(&[Text], cancel.clone());
+                    self.cancel_waiting(&[Text]);
+                }
+                self.interrupt_speaking(&[Notification, Progress], cancel);
+                self.cancel_waiting(&[Notification, Progress]);
+            }
+            Notification => {
+                if self.sink_has(&[Important, Message, Text, Progress]) {
+                    self.finished.push((entry.id(), Reason::Cancelled));
+                    return;
+                }
+                self.interrupt_speaking(&[Notification], cancel);
+                self.cancel_waiting(&[Notification]);
+            }
+            Progress => {
+                self.interrupt_speaking(&[Notification], cancel);
+                self.cancel_waiting(&[Notification]);
+                if let Some(older) = self.last_progress.take() {
+                    self.finished.push((older.id(), Reason::Cancelled));
+                }
+                self.latest_progress = entry.id();
+                if self.sink_has(&[Important, Message, Text, Progress]) {
+                    self.cancel(entry);
+                    return;
+                }
+            }
+        }
+        self.insert(entry);
+    }
+
+    /// A sink utterance whose client paused steps aside once another client's utterance could be said.
+    fn park_held(&mut self) {
+        let waiting_other = self
+            .waiting
+            .iter()
+            .any(|e| e.lane == Lane::Sink && !self.paused.contains(e.client()));
+        let paused = &self.paused;
+        if let Some(s) = self
+            .speaking
+            .iter_mut()
+            .find(|s| s.entry.lane == Lane::Sink && paused.contains(s.entry.client()))
+        {
+            if waiting_other {
+                s.interrupt(Interruption::Requeue);
+            }
+        }
+    }
+
+    /// The next utterance for `lane`, if one may start now.
+    fn take(&mut self, lane: Lane) -> Option<Arc<Request>> {
+        let entry = match lane {
+            Lane::Sink => {
+                if self.speaking.iter().any(|s| s.entry.lane == Lane::Sink) {
+                    return None;
+                }
+                let paused = &self.paused;
+                let at = self
+                    .waiting
+                    .iter()
+                    .position(|e| e.lane == Lane::Sink && !paused.contains(e.client()));
+                // The held-back last progress is said once no progress waits, in its place as a
+                // message; until then a newer progress may still replace it.
+                let no_progress = !self
+                    .waiting
+                    .iter()
+                    .any(|e| e.lane == Lane::Sink && e.priority == Priority::Progress);
+                let last_first = self.last_progress.as_ref().is_some_and(|last| {
+                    no_progress
+                        && !paused.contains(last.client())
+                        && at.is_none_or(|i| {
+                            let next = &self.waiting[i];
+                            (last.priority, last.id()) < (next.priority, next.id())
+                        })
+                });
+                if last_first {
+                    self.last_progress.take()?
+                } else {
+                    self.waiting.remove(at?)
+                }
+            }
+            Lane::Stream => {
+                let streaming: Vec<&str> = self
+                    .speaking
+                    .iter()
+                    .filter(|s| s.entry.lane == Lane::Stream)
+                    .map(|s| s.entry.client())
+                    .collect();
+                if streaming.len() >= self.limits.streams {
+                    return None;
+                }
+                let at = self
+                    .waiting
+                    .iter()
+                    .position(|e| e.lane == Lane::Stream && !streaming.contains(&e.client()))?;
+                self.waiting.remove(at)
+            }
+        };
+        if entry.request.priority == Priority::Progress && entry.id() == self.latest_progress {
+            self.last_progress = None;
+        }
+        let request = entry.request.clone();
+        self.speaking.push(Speaking {
+            entry,
+            interrupt: None,
+            interruption: None,
+        });
+        Some(request)
+    }
+}
+
 impl SpeechQueue {
-    pub fn new(max_utterances: usize, events: impl Fn(Event) + Send + Sync + 'static) -> Self {
+    pub fn new(limits: Limits, events: impl Fn(Event) + Send + Sync + 'static) -> Self {
         SpeechQueue {
             state: Mutex::new(State {
-                waiting: VecDeque::new(),
-                speaking: None,
-                paused: false,
+                waiting: Vec::new(),
+                speaking: Vec::new(),
+                paused: HashSet::new(),
+                last_progress: None,
+                latest_progress: 0,
                 closed: false,
-                max_utterances,
+                limits,
+                finished: Vec::new(),
             }),
             changed: Condvar::new(),
             events: Box::new(events),
@@ -115,88 +466,58 @@ impl SpeechQueue {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    pub fn set_max_utterances(&self, max: usize) {
-        self.lock().max_utterances = max.max(1);
-    }
-
-    /// Queues an utterance, applying the priority rules.
-    pub fn push(&self, request: Request) -> Result<(), QueueError> {
-        let request = Arc::new(request);
-        let mut finished = Vec::new();
-        {
-            let mut state = self.lock();
-            if state.closed {
-                return Err(QueueError::Closed);
-            }
-            let held = state.waiting.len() + usize::from(state.speaking.is_some());
-            if held >= state.max_utterances {
-                return Err(QueueError::Full(state.max_utterances));
-            }
-            let priority = request.priority;
-            if priority.is_transient() {
-                let busy_other = state.speaking.as_ref().is_some_and(|s| {
-                    !s.request.priority.is_transient() && s.interruption.is_none()
-                }) || state.waiting.iter().any(|r| !r.priority.is_transient());
-                if busy_other {
-                    finished.push((request.id, Reason::Cancelled));
-                    drop(state);
-                    self.emit_finished(finished);
-                    return Ok(());
-                }
-                // A newer notification (progress) replaces the waiting ones.
-                state.waiting.retain(|r| {
-                    let replaced = r.priority == priority;
-                    if replaced {
-                        finished.push((r.id, Reason::Cancelled));
-                    }
-                    !replaced
-                });
-            } else {
-                state.waiting.retain(|r| {
-                    if r.priority.is_transient() {
-                        finished.push((r.id, Reason::Cancelled));
-                    }
-                    !r.priority.is_transient()
-                });
-                if let Some(speaking) = state.speaking.as_mut() {
-                    let current = speaking.request.priority;
-                    let interruption = if current.is_transient() {
-                        Some(Interruption::End(Reason::Cancelled))
-                    } else if priority < current
-                        && current != Priority::Important
-                        && matches!(speaking.request.output, Output::Sink)
-                    {
-                        Some(Interruption::Requeue)
-                    } else {
-                        None
-                    };
-                    if let Some(i) = interruption {
-                        if speaking.interruption.is_none() {
-                            speaking.interruption = Some(i);
-                            if let Some(int) = &speaking.interrupt {
-                                int.interrupt();
-                            }
-                        }
-                    }
-                }
-            }
-            // After the last one of its priority class (FIFO within a class).
-            let at = state
-                .waiting
-                .iter()
-                .position(|r| r.priority > priority)
-                .unwrap_or(state.waiting.len());
-            state.waiting.insert(at, request);
-        }
+    /// Releases the lock, wakes the workers and signals what finished meanwhile.
+    fn settle(&self, mut state: MutexGuard<'_, State>) {
+        let finished = std::mem::take(&mut state.finished);
+        drop(state);
         self.changed.notify_all();
-        self.emit_finished(finished);
-        Ok(())
-    }
-
-    fn emit_finished(&self, finished: Vec<(Id, Reason)>) {
         for (id, reason) in finished {
             (self.events)(Event::Finished(id, reason));
         }
+    }
+
+    pub fn set_limits(&self, mut limits: Limits) {
+        limits.max_utterances = limits.max_utterances.max(1);
+        limits.max_per_client = limits.max_per_client.max(1);
+        limits.streams = limits.streams.max(1);
+        let mut state = self.lock();
+        state.limits = limits;
+        self.settle(state);
+    }
+
+    /// Queues an utterance, applying the limits and the priority rules.
+    pub fn push(&self, request: Request) -> Result<(), QueueError> {
+        let entry = Entry::new(Arc::new(request));
+        let mut state = self.lock();
+        if state.closed {
+            return Err(QueueError::Closed);
+        }
+        let limits = state.limits.clone();
+        if state.held_by(entry.client()) >= limits.max_per_client {
+            return Err(QueueError::Full(format!(
+                "this client has {} utterances queued, the most one client may ([queue] \
+                 max_per_client); wait for some to finish",
+                limits.max_per_client
+            )));
+        }
+        let room = match entry.priority {
+            Priority::Important | Priority::Message => limits.max_utterances,
+            _ => limits.max_utterances - limits.reserved(),
+        };
+        if state.held() >= room {
+            return Err(QueueError::Full(format!(
+                "the speech queue is full ({} utterances, [queue] max_utterances, a quarter of them \
+                 kept for important and message speech); try again later",
+                state.held()
+            )));
+        }
+        match entry.lane {
+            Lane::Sink => state.admit_to_sink(entry),
+            Lane::Stream => state.insert(entry),
+        }
+        state.park_held();
+        self.settle(state);
+        Ok(())
     }
 
     /// Sends an event to the adapters.
@@ -204,152 +525,212 @@ impl SpeechQueue {
         (self.events)(event);
     }
 
-    /// The next utterance to speak; blocks while the queue is empty or paused. `None` once closed.
-    pub fn next(&self) -> Option<Arc<Request>> {
+    /// The next utterance for `lane`; blocks until one may start. `None` once closed.
+    pub fn next(&self, lane: Lane) -> Option<Arc<Request>> {
         let mut state = self.lock();
         loop {
             if state.closed {
                 return None;
             }
-            if !state.paused && state.speaking.is_none() {
-                if let Some(request) = state.waiting.pop_front() {
-                    state.speaking = Some(Speaking {
-                        request: request.clone(),
-                        interrupt: None,
-                        interruption: None,
-                    });
-                    return Some(request);
-                }
+            if let Some(request) = state.take(lane) {
+                return Some(request);
             }
             state = self.changed.wait(state).unwrap_or_else(|e| e.into_inner());
         }
     }
 
-    /// The worker registers how to interrupt the utterance it took; returns an interruption that came in
-    /// between (the worker must then act on it at once).
-    pub fn set_interrupt(&self, interrupt: Arc<dyn Interrupt>) -> Option<Interruption> {
+    /// The worker registers how to interrupt the utterance `id` it took; returns an interruption that
+    /// came in between (the worker must then act on it at once) and whether its client holds it paused.
+    pub fn set_interrupt(
+        &self,
+        id: Id,
+        interrupt: Arc<dyn Interrupt>,
+    ) -> (Option<Interruption>, bool) {
         let mut state = self.lock();
-        let speaking = state.speaking.as_mut()?;
-        speaking.interrupt = Some(interrupt);
-        speaking.interruption.clone()
+        let paused = state.paused.clone();
+        let Some(s) = state.speaking.iter_mut().find(|s| s.entry.id() == id) else {
+            return (None, false);
+        };
+        s.interrupt = Some(interrupt);
+        let held = s.entry.lane == Lane::Sink && paused.contains(s.entry.client());
+        (s.interruption.clone(), held)
     }
 
-    /// What the worker must do with the utterance it plays, if anything.
-    pub fn interruption(&self) -> Option<Interruption> {
+    /// What the worker must do with the utterance `id` it plays, if anything.
+    pub fn interruption(&self, id: Id) -> Option<Interruption> {
         self.lock()
             .speaking
-            .as_ref()
+            .iter()
+            .find(|s| s.entry.id() == id)
             .and_then(|s| s.interruption.clone())
     }
 
-    /// The worker is done with the utterance it took: `Requeue` puts it back at the front of its class;
-    /// otherwise `Finished` is signalled with `reason` (an interruption's reason wins over the worker's).
-    pub fn done(&self, reason: Reason) {
+    /// The worker is done with utterance `id`: `Requeue` puts it back in its place; otherwise `Finished`
+    /// is signalled with `reason` (an interruption's reason wins over the worker's).
+    pub fn done(&self, id: Id, reason: Reason) {
         let mut state = self.lock();
-        let Some(speaking) = state.speaking.take() else {
+        let Some(at) = state.speaking.iter().position(|s| s.entry.id() == id) else {
             return;
         };
-        let id = speaking.request.id;
+        let speaking = state.speaking.remove(at);
         match speaking.interruption {
-            Some(Interruption::Requeue) if !state.closed => {
-                let priority = speaking.request.priority;
-                let at = state
-                    .waiting
-                    .iter()
-                    .position(|r| r.priority >= priority)
-                    .unwrap_or(state.waiting.len());
-                state.waiting.insert(at, speaking.request);
-                drop(state);
-                self.changed.notify_all();
-            }
-            Some(Interruption::End(r)) => {
-                drop(state);
-                self.changed.notify_all();
-                (self.events)(Event::Finished(id, r));
-            }
+            Some(Interruption::Requeue) if !state.closed => state.insert(speaking.entry),
+            Some(Interruption::End(Reason::Cancelled)) => state.cancel(speaking.entry),
+            Some(Interruption::End(r)) => state.finished.push((id, r)),
             _ => {
                 let reason = if state.closed && reason != Reason::Done {
                     Reason::Shutdown
                 } else {
                     reason
                 };
-                drop(state);
-                self.changed.notify_all();
-                (self.events)(Event::Finished(id, reason));
+                state.finished.push((id, reason));
             }
         }
+        self.settle(state);
     }
 
-    /// Stops the utterances matching `which` (waiting ones leave the queue, a speaking one is
+    /// Stops the utterances matching `which` (waiting ones leave the queue, speaking ones are
     /// interrupted); returns how many.
     pub fn stop_where(&self, which: impl Fn(&Request) -> bool) -> usize {
-        let mut finished = Vec::new();
+        let mut state = self.lock();
+        let mut count = 0;
+        let (gone, kept): (Vec<Entry>, Vec<Entry>) = std::mem::take(&mut state.waiting)
+            .into_iter()
+            .partition(|e| which(&e.request));
+        state.waiting = kept;
+        if state
+            .last_progress
+            .as_ref()
+            .is_some_and(|e| which(&e.request))
         {
-            let mut state = self.lock();
-            state.waiting.retain(|r| {
-                let stop = which(r);
-                if stop {
-                    finished.push((r.id, Reason::Stopped));
-                }
-                !stop
-            });
-            if let Some(speaking) = state.speaking.as_mut() {
-                if which(&speaking.request)
-                    && !matches!(speaking.interruption, Some(Interruption::End(_)))
-                {
-                    speaking.interruption = Some(Interruption::End(Reason::Stopped));
-                    if let Some(int) = &speaking.interrupt {
-                        int.interrupt();
-                    }
-                    finished.push((u64::MAX, Reason::Stopped));
-                }
+            let e = state.last_progress.take().unwrap();
+            state.finished.push((e.id(), Reason::Stopped));
+            count += 1;
+        }
+        for e in gone {
+            state.finished.push((e.id(), Reason::Stopped));
+            count += 1;
+        }
+        for s in state.speaking.iter_mut() {
+            if which(&s.entry.request) && !matches!(s.interruption, Some(Interruption::End(_))) {
+                s.interruption = None;
+                s.interrupt(Interruption::End(Reason::Stopped));
+                count += 1;
             }
         }
-        let count = finished.len();
-        finished.retain(|(id, _)| *id != u64::MAX);
-        self.changed.notify_all();
-        self.emit_finished(finished);
+        self.settle(state);
         count
     }
 
-    /// Holds speech: the worker pauses the utterance it plays, and takes no new one until resumed.
-    pub fn set_paused(&self, paused: bool) {
-        self.lock().paused = paused;
-        self.changed.notify_all();
-    }
-
-    pub fn is_paused(&self) -> bool {
-        self.lock().paused
-    }
-
-    /// Ids waiting and speaking, in order (speaking first).
-    pub fn snapshot(&self) -> (Option<Id>, Vec<Id>) {
-        let state = self.lock();
-        (
-            state.speaking.as_ref().map(|s| s.request.id),
-            state.waiting.iter().map(|r| r.id).collect(),
-        )
-    }
-
-    /// Shutdown: every waiting utterance finishes with `Shutdown`, the speaking one is interrupted, and
-    /// [`SpeechQueue::next`] returns `None`.
-    pub fn close(&self) {
-        let mut finished = Vec::new();
-        {
-            let mut state = self.lock();
-            state.closed = true;
-            for r in state.waiting.drain(..) {
-                finished.push((r.id, Reason::Shutdown));
-            }
-            if let Some(speaking) = state.speaking.as_mut() {
-                speaking.interruption = Some(Interruption::End(Reason::Shutdown));
-                if let Some(int) = &speaking.interrupt {
-                    int.interrupt();
+    /// Holds (`true`) or releases one client's speech: its utterance in progress waits in place (or steps
+    /// aside once another client has something to say), and none of its others starts until resumed.
+    pub fn set_paused(&self, client: &str, paused: bool) {
+        let mut state = self.lock();
+        let changed = if paused {
+            state.paused.insert(client.to_owned())
+        } else {
+            state.paused.remove(client)
+        };
+        if changed {
+            for s in state.speaking.iter() {
+                if s.entry.lane == Lane::Sink && s.entry.client() == client {
+                    if let Some(i) = &s.interrupt {
+                        i.hold(paused);
+                    }
                 }
             }
         }
-        self.changed.notify_all();
-        self.emit_finished(finished);
+        state.park_held();
+        self.settle(state);
+    }
+
+    pub fn is_paused(&self, client: &str) -> bool {
+        self.lock().paused.contains(client)
+    }
+
+    /// A client left the bus: its pause ends, and what the pause held and its streams are cancelled; its
+    /// other utterances are still said.
+    pub fn client_left(&self, client: &str) {
+        let mut state = self.lock();
+        let was_paused = state.paused.remove(client);
+        let owned = |e: &Entry| e.client() == client && (was_paused || e.lane == Lane::Stream);
+        let (gone, kept): (Vec<Entry>, Vec<Entry>) = std::mem::take(&mut state.waiting)
+            .into_iter()
+            .partition(owned);
+        state.waiting = kept;
+        for e in gone {
+            state.finished.push((e.id(), Reason::Cancelled));
+        }
+        for s in state.speaking.iter_mut() {
+            if owned(&s.entry) {
+                s.interruption = None;
+                s.interrupt(Interruption::End(Reason::Cancelled));
+                if let Some(i) = &s.interrupt {
+                    i.hold(false);
+                }
+            }
+        }
+        self.settle(state);
+    }
+
+    /// `paused`: the sink's utterance (or, with none, every one waiting for it) is held by its client's
+    /// pause; `speaking`: something is spoken or streamed; `idle` otherwise.
+    pub fn state(&self) -> &'static str {
+        let state = self.lock();
+        let sink = state.speaking.iter().find(|s| s.entry.lane == Lane::Sink);
+        let held = match sink {
+            Some(s) => state.paused.contains(s.entry.client()),
+            None => {
+                let mut waiting = state.waiting.iter().filter(|e| e.lane == Lane::Sink);
+                let first = waiting.next();
+                first.is_some()
+                    && first
+                        .into_iter()
+                        .chain(waiting)
+                        .all(|e| state.paused.contains(e.client()))
+            }
+        };
+        if held {
+            "paused"
+        } else if state.speaking.is_empty() {
+            "idle"
+        } else {
+            "speaking"
+        }
+    }
+
+    /// Utterances waiting, speaking or held back.
+    pub fn len(&self) -> usize {
+        self.lock().held()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Ids speaking (the first one, if any) and waiting, in order.
+    pub fn snapshot(&self) -> (Option<Id>, Vec<Id>) {
+        let state = self.lock();
+        (
+            state.speaking.first().map(|s| s.entry.id()),
+            state.waiting.iter().map(|e| e.id()).collect(),
+        )
+    }
+
+    /// Shutdown: every waiting utterance finishes with `Shutdown`, the speaking ones are interrupted,
+    /// and [`SpeechQueue::next`] returns `None`.
+    pub fn close(&self) {
+        let mut state = self.lock();
+        state.closed = true;
+        let waiting = std::mem::take(&mut state.waiting);
+        for e in waiting.into_iter().chain(state.last_progress.take()) {
+            state.finished.push((e.id(), Reason::Shutdown));
+        }
+        for s in state.speaking.iter_mut() {
+            s.interruption = None;
+            s.interrupt(Interruption::End(Reason::Shutdown));
+        }
+        self.settle(state);
     }
 }
 
@@ -361,13 +742,6 @@ pub enum Priority {
     Text,
     Notification,
     Progress,
-}
-
-impl Priority {
-    /// Dropped rather than delayed when anything else is going on.
-    pub fn is_transient(self) -> bool {
-        matches!(self, Priority::Notification | Priority::Progress)
-    }
 }
 
 impl std::str::FromStr for Priority {
@@ -389,146 +763,5 @@ impl std::str::FromStr for Priority {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use std::sync::atomic::{AtomicUsize, Ordering};
-
-    fn queue(max: usize) -> (SpeechQueue, Arc<Mutex<Vec<Event>>>) {
-        let log = Arc::new(Mutex::new(Vec::new()));
-        let sink = log.clone();
-        (
-            SpeechQueue::new(max, move |e| sink.lock().unwrap().push(e)),
-            log,
-        )
-    }
-
-    fn req(id: Id, client: &str, priority: Priority) -> Request {
-        Request::test(id, client, priority)
-    }
-
-    struct Counter(AtomicUsize);
-    impl Interrupt for Counter {
-        fn interrupt(&self) {
-            self.0.fetch_add(1, Ordering::SeqCst);
-        }
-    }
-
-    #[test]
-    fn orders_by_priority_then_arrival() {
-        let (q, _) = queue(10);
-        q.set_paused(true);
-        q.push(req(1, "a", Priority::Text)).unwrap();
-        q.push(req(2, "a", Priority::Message)).unwrap();
-        q.push(req(3, "b", Priority::Text)).unwrap();
-        q.push(req(4, "b", Priority::Important)).unwrap();
-        assert_eq!(q.snapshot(), (None, vec![4, 2, 1, 3]));
-    }
-
-    #[test]
-    fn higher_priority_interrupts_and_requeues() {
-        let (q, log) = queue(10);
-        q.push(req(1, "a", Priority::Text)).unwrap();
-        assert_eq!(q.next().unwrap().id, 1);
-        let counter = Arc::new(Counter(AtomicUsize::new(0)));
-        assert_eq!(q.set_interrupt(counter.clone()), None);
-        q.push(req(2, "b", Priority::Important)).unwrap();
-        assert_eq!(counter.0.load(Ordering::SeqCst), 1);
-        assert_eq!(q.interruption(), Some(Interruption::Requeue));
-        q.done(Reason::Stopped);
-        assert_eq!(q.snapshot(), (None, vec![2, 1]));
-        assert!(
-            log.lock().unwrap().is_empty(),
-            "a requeued one is not finished"
-        );
-        assert_eq!(q.next().unwrap().id, 2);
-        q.done(Reason::Done);
-        assert_eq!(q.next().unwrap().id, 1);
-        q.done(Reason::Done);
-        assert_eq!(
-            *log.lock().unwrap(),
-            vec![
-                Event::Finished(2, Reason::Done),
-                Event::Finished(1, Reason::Done)
-            ]
-        );
-    }
-
-    #[test]
-    fn important_is_never_interrupted() {
-        let (q, _) = queue(10);
-        q.push(req(1, "a", Priority::Important)).unwrap();
-        q.next().unwrap();
-        let counter = Arc::new(Counter(AtomicUsize::new(0)));
-        q.set_interrupt(counter.clone());
-        q.push(req(2, "b", Priority::Important)).unwrap();
-        q.push(req(3, "b", Priority::Message)).unwrap();
-        assert_eq!(counter.0.load(Ordering::SeqCst), 0);
-        assert_eq!(q.interruption(), None);
-    }
-
-    #[test]
-    fn notifications_are_dropped_when_busy_and_replaced() {
-        let (q, log) = queue(10);
-        q.set_paused(true);
-        q.push(req(1, "a", Priority::Notification)).unwrap();
-        q.push(req(2, "a", Priority::Notification)).unwrap();
-        assert_eq!(q.snapshot().1, vec![2]);
-        q.push(req(3, "a", Priority::Text)).unwrap();
-        assert_eq!(q.snapshot().1, vec![3]);
-        q.push(req(4, "a", Priority::Progress)).unwrap();
-        assert_eq!(q.snapshot().1, vec![3]);
-        assert_eq!(
-            *log.lock().unwrap(),
-            vec![
-                Event::Finished(1, Reason::Cancelled),
-                Event::Finished(2, Reason::Cancelled),
-                Event::Finished(4, Reason::Cancelled),
-            ]
-        );
-    }
-
-    #[test]
-    fn stop_is_per_client_and_finishes_each_once() {
-        let (q, log) = queue(10);
-        for (id, c) in [(1, "a"), (2, "b"), (3, "a")] {
-            q.push(req(id, c, Priority::Text)).unwrap();
-        }
-        q.next().unwrap();
-        let counter = Arc::new(Counter(AtomicUsize::new(0)));
-        q.set_interrupt(counter.clone());
-        assert_eq!(q.stop_where(|r| r.client == "a"), 2);
-        assert_eq!(counter.0.load(Ordering::SeqCst), 1);
-        assert_eq!(q.snapshot(), (Some(1), vec![2]));
-        // The worker ends it with its own reason; the stop wins.
-        q.done(Reason::Done);
-        assert_eq!(
-            *log.lock().unwrap(),
-            vec![
-                Event::Finished(3, Reason::Stopped),
-                Event::Finished(1, Reason::Stopped)
-            ]
-        );
-    }
-
-    #[test]
-    fn bounded_and_closable() {
-        let (q, log) = queue(2);
-        q.set_paused(true);
-        q.push(req(1, "a", Priority::Text)).unwrap();
-        q.push(req(2, "a", Priority::Text)).unwrap();
-        assert_eq!(
-            q.push(req(3, "a", Priority::Text)),
-            Err(QueueError::Full(2))
-        );
-        q.close();
-        assert!(q.next().is_none());
-        assert_eq!(q.push(req(4, "a", Priority::Text)), Err(QueueError::Closed));
-        assert_eq!(log.lock().unwrap().len(), 2);
-    }
-
-    #[test]
-    fn priorities_parse() {
-        assert_eq!("Important".parse::<Priority>(), Ok(Priority::Important));
-        assert!("urgent".parse::<Priority>().is_err());
-    }
-}
+#[path = "queue_tests.rs"]
+mod tests;

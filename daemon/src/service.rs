@@ -154,6 +154,11 @@ impl Service {
         Ok(id)
     }
 
+    /// A client left the bus: what it owns is released (see [`crate::queue::SpeechQueue::client_left`]).
+    pub fn client_left(&self, client: &str) {
+        self.player.queue.client_left(client);
+    }
+
     /// Reads the configuration file again and applies it: a new model or backends are loaded beside the
     /// running ones and swapped in between utterances; an invalid file changes nothing.
     pub async fn reload(&self) -> Result<String> {

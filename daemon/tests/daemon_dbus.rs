@@ -499,10 +499,9 @@ async fn fifty_clients_five_utterances_each_none_lost() {
             let mut refused = Vec::new();
             for u in 0..5 {
                 let text = format!("Client {c} says number {u}.");
-                match proxy
-                    .speak(&text, HashMap::<&str, Variant<'_>>::new())
-                    .await
-                {
+                // `message`s queue in order (a `text` would cancel the other texts).
+                let options = HashMap::from([("priority", Variant::from("message"))]);
+                match proxy.speak(&text, options).await {
                     Ok(id) => accepted.push(id),
                     Err(e) => refused.push(e.to_string()),
                 }
@@ -858,23 +857,26 @@ async fn pause_resume_and_priorities_on_pipewire() {
     let mut started = proxy.receive_started().await.unwrap();
     let recorder = Recorder::start(&pw);
 
-    let text = speak(&bus, "A long text read aloud.");
+    let text = proxy
+        .speak("A long text read aloud.", HashMap::new())
+        .await
+        .unwrap();
     tokio::time::timeout(Duration::from_secs(30), started.next())
         .await
         .unwrap();
     tokio::time::sleep(Duration::from_millis(800)).await;
-    // Pause holds the audio; Resume goes on where it was.
-    call(&bus, "Pause", &[]).unwrap();
+    // Pause holds the caller's audio; Resume goes on where it was.
+    proxy.pause().await.unwrap();
     let paused_at = Instant::now();
     let state: String = proxy.inner().get_property("State").await.unwrap();
     assert_eq!(state, "paused");
     tokio::time::sleep(Duration::from_millis(1000)).await;
-    // Taken before the call: the daemon resumes before busctl has returned (much before, under load).
+    // Taken before the call: the daemon resumes before the reply comes (much before, under load).
     let resumed_at = Instant::now();
-    call(&bus, "Resume", &[]).unwrap();
+    proxy.resume().await.unwrap();
     tokio::time::sleep(Duration::from_millis(500)).await;
 
-    // An important message interrupts the text, which is spoken again afterwards.
+    // An important message interrupts the text, which is cancelled (speech-dispatcher's model).
     let mut options = HashMap::new();
     options.insert("priority", Variant::from("important"));
     let important = proxy.speak("Important news.", options).await.unwrap();
@@ -887,7 +889,7 @@ async fn pause_resume_and_priorities_on_pipewire() {
         finished(&mut done, text, Duration::from_secs(60)),
     )
     .await;
-    assert_eq!(reason.as_deref(), Ok("done"), "{}", daemon.log());
+    assert_eq!(reason.as_deref(), Ok("cancelled"), "{}", daemon.log());
     let recording = recorder.stop();
 
     // Silence during the pause: no sound reached the recorder between 100 ms after Pause and Resume.
@@ -1030,12 +1032,12 @@ async fn an_interrupted_text_resumes_where_it_was_and_reports_each_mark_once() {
     let dir = TempDir::new("daemon-resume");
     let model = speaking_model(dir.path());
     let config = dir.path().join("kazeia.toml");
-    // 12 frames = 0.96 s per sentence at most.
+    // 12 frames = 0.96 s per sentence at most; interrupted texts resume (not speech-dispatcher's model).
     write_config(
         &config,
         &model,
         "pipewire",
-        "[generation]\nmax_frames = 12\n",
+        "[generation]\nmax_frames = 12\n[queue]\nresume_interrupted = true\n",
     );
     let bus = DbusSession::start(None);
     let pw = PipeWire::start(&bus);

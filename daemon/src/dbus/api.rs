@@ -123,14 +123,23 @@ impl SpeechApi {
         self.service.player.queue.stop_where(|_| true) as u32
     }
 
-    /// Holds speech (the utterance in progress and the queue) until `Resume`.
-    async fn pause(&self, #[zbus(signal_emitter)] emitter: SignalEmitter<'_>) {
-        self.service.player.pause();
+    /// Holds the caller's speech (its utterance in progress and its queued ones) until its `Resume`;
+    /// other clients go on speaking. Leaving the bus ends the pause (and cancels what it held).
+    async fn pause(
+        &self,
+        #[zbus(header)] header: Header<'_>,
+        #[zbus(signal_emitter)] emitter: SignalEmitter<'_>,
+    ) {
+        self.service.player.pause(&sender(&header));
         let _ = self.state_changed(&emitter).await;
     }
 
-    async fn resume(&self, #[zbus(signal_emitter)] emitter: SignalEmitter<'_>) {
-        self.service.player.resume();
+    async fn resume(
+        &self,
+        #[zbus(header)] header: Header<'_>,
+        #[zbus(signal_emitter)] emitter: SignalEmitter<'_>,
+    ) {
+        self.service.player.resume(&sender(&header));
         let _ = self.state_changed(&emitter).await;
     }
 
@@ -198,8 +207,7 @@ impl SpeechApi {
     /// Utterances waiting or speaking.
     #[zbus(property(emits_changed_signal = "false"))]
     async fn queue_length(&self) -> u32 {
-        let (speaking, waiting) = self.service.player.queue.snapshot();
-        (waiting.len() + usize::from(speaking.is_some())) as u32
+        self.service.player.queue.len() as u32
     }
 
     #[zbus(signal)]

@@ -5,7 +5,11 @@ pub mod api;
 pub mod client;
 pub mod spiel;
 
-use crate::service::Refusal;
+use std::sync::Arc;
+
+use futures_util::StreamExt;
+
+use crate::service::{Refusal, Service};
 
 pub const BUS_NAME: &str = "org.kazeia.Speech";
 pub const OBJECT_PATH: &str = "/org/kazeia/Speech";
@@ -56,4 +60,24 @@ pub fn sender(header: &zbus::message::Header<'_>) -> String {
     header
         .sender()
         .map_or_else(|| "unknown".to_owned(), |s| s.to_string())
+}
+
+/// Releases what each client owns (pause, held utterances, streams) when it leaves the bus: its unique
+/// name loses its owner (`NameOwnerChanged`).
+pub async fn watch_clients(
+    connection: &zbus::Connection,
+    service: Arc<Service>,
+) -> zbus::Result<()> {
+    let bus = zbus::fdo::DBusProxy::new(connection).await?;
+    let mut changes = bus.receive_name_owner_changed().await?;
+    tokio::spawn(async move {
+        while let Some(signal) = changes.next().await {
+            let Ok(args) = signal.args() else { continue };
+            let name = args.name().as_str();
+            if name.starts_with(':') && args.new_owner().is_none() {
+                service.client_left(name);
+            }
+        }
+    });
+    Ok(())
 }

@@ -1,0 +1,274 @@
+//! Helpers of the daemon tests that start `kazeiad` on a private bus and talk to it as clients do.
+
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::io::PipeReader;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use kazeia::dbus::client::SpeechProxy;
+use kazeia::spiel_stream::{s16le_to_f32, Chunk, SpielReader};
+use kazeia_tests::fixtures_dir;
+use kazeia_tests::services::{DbusSession, Service};
+use zbus::wire::Variant;
+
+pub const KAZEIAD: &str = env!("CARGO_BIN_EXE_kazeiad");
+
+/// The tiny fixture model as committed (2 ms frames): fast, for tests that count utterances.
+pub fn quick_model() -> PathBuf {
+    fixtures_dir().join("lm/shape_0b6")
+}
+
+pub fn write_config(path: &Path, model: &Path, sink: &str, extra: &str) {
+    std::fs::write(
+        path,
+        format!(
+            "[model]\npath = \"{}\"\n[audio]\nsink = \"{sink}\"\n[threads]\ntalker = 1\ncode_predictor = 1\n\
+             decoder = 1\n{extra}",
+            model.display()
+        ),
+    )
+    .unwrap();
+}
+
+pub fn start_daemon(
+    bus: &DbusSession,
+    env: &[(String, String)],
+    config: &Path,
+    log: PathBuf,
+) -> Service {
+    let config = config.display().to_string();
+    let daemon = Service::spawn(KAZEIAD, &["--config", &config], env, log);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let out = Command::new("busctl")
+            .arg(format!("--address={}", bus.address()))
+            .args(["status", "org.kazeia.Speech"])
+            .output()
+            .expect("busctl (package systemd) is needed");
+        if out.status.success() {
+            return daemon;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "kazeiad never appeared on the bus:\n{}",
+            daemon.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+pub async fn connect(bus: &DbusSession) -> zbus::Connection {
+    zbus::connection::Builder::address(bus.address())
+        .build()
+        .await
+        .expect("cannot connect to the test bus")
+}
+
+pub async fn proxy(connection: &zbus::Connection) -> SpeechProxy<'static> {
+    SpeechProxy::builder(connection)
+        .cache_properties(zbus::proxy::CacheProperties::No)
+        .build()
+        .await
+        .unwrap()
+}
+
+/// `Speak` options with this priority.
+pub fn priority(p: &str) -> HashMap<&'static str, Variant<'static>> {
+    HashMap::from([("priority", Variant::from(p.to_owned()))])
+}
+
+/// `Finished` signals as they come, kept by id so that waiting for one never loses another.
+pub struct Finishes {
+    pub stream: kazeia::dbus::client::FinishedStream,
+    pub seen: HashMap<u64, String>,
+}
+
+impl Finishes {
+    pub async fn new(proxy: &SpeechProxy<'_>) -> Self {
+        Finishes {
+            stream: proxy.receive_finished().await.unwrap(),
+            seen: HashMap::new(),
+        }
+    }
+
+    /// Waits for `Finished(id, reason)`; the reason.
+    pub async fn of(&mut self, id: u64, timeout: Duration) -> String {
+        tokio::time::timeout(timeout, async {
+            loop {
+                if let Some(reason) = self.seen.remove(&id) {
+                    return reason;
+                }
+                self.next().await;
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("no Finished for {id} within {timeout:?}"))
+    }
+
+    /// Takes the next signal into `seen`.
+    pub async fn next(&mut self) {
+        let signal = self.stream.next().await.expect("the signal stream ended");
+        let args = signal.args().unwrap();
+        let previous = self.seen.insert(args.id, args.reason.clone());
+        assert!(previous.is_none(), "two Finished for {}", args.id);
+    }
+
+    /// Waits until a `Finished` with `reason` came; its id.
+    pub async fn any_with(&mut self, reason: &str, timeout: Duration) -> u64 {
+        tokio::time::timeout(timeout, async {
+            loop {
+                if let Some((&id, _)) = self.seen.iter().find(|(_, r)| r.as_str() == reason) {
+                    self.seen.remove(&id);
+                    return id;
+                }
+                self.next().await;
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("no Finished({reason}) within {timeout:?}"))
+    }
+}
+
+async fn spiel_proxy(connection: &zbus::Connection) -> zbus::Proxy<'static> {
+    zbus::Proxy::new(
+        connection,
+        "org.kazeia.Speech.Provider",
+        "/org/kazeia/Speech/Provider",
+        "org.freedesktop.Speech.Provider",
+    )
+    .await
+    .unwrap()
+}
+
+/// Calls Spiel `Synthesize` and returns the read end of the pipe, unread.
+pub async fn synthesize(
+    connection: &zbus::Connection,
+    text: &str,
+    ssml: bool,
+) -> zbus::Result<PipeReader> {
+    let (reader, writer) = std::io::pipe().unwrap();
+    let fd: std::os::fd::OwnedFd = writer.into();
+    let proxy = spiel_proxy(connection).await;
+    let sent: zbus::Result<()> = proxy
+        .call(
+            "Synthesize",
+            &(zbus::Fd::from(&fd), text, "", 1.0f64, 1.0f64, ssml, ""),
+        )
+        .await;
+    drop(fd);
+    sent.map(|()| reader)
+}
+
+/// Reads a whole Spiel stream; the samples. `pace`: bytes a second the reader takes at most (a client
+/// playing as it reads), none: as fast as it comes.
+pub fn read_stream(reader: PipeReader, pace: Option<f64>) -> Vec<f32> {
+    let start = Instant::now();
+    let Ok(mut stream) = SpielReader::new(reader) else {
+        return Vec::new();
+    };
+    let mut samples = Vec::new();
+    let mut bytes = 0usize;
+    while let Some(chunk) = stream.next_chunk().expect("well-formed Spiel stream") {
+        if let Chunk::Audio(pcm) = chunk {
+            bytes += pcm.len();
+            samples.extend(s16le_to_f32(&pcm));
+            if let Some(rate) = pace {
+                let due = Duration::from_secs_f64(bytes as f64 / rate);
+                if let Some(wait) = due.checked_sub(start.elapsed()) {
+                    std::thread::sleep(wait);
+                }
+            }
+        }
+    }
+    samples
+}
+
+/// `Synthesize` and the whole stream, read as fast as it comes.
+pub async fn spiel(connection: &zbus::Connection, text: &str) -> zbus::Result<Vec<f32>> {
+    let reader = synthesize(connection, text, false).await?;
+    Ok(
+        tokio::task::spawn_blocking(move || read_stream(reader, None))
+            .await
+            .unwrap(),
+    )
+}
+
+/// The daemon's peak resident memory (VmHWM), in MiB.
+pub fn peak_rss_mib(pid: u32) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kb: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmHWM in /proc/PID/status");
+    kb / 1024.0
+}
+
+/// Every `Finished` signal, drained as it comes by a task of its own: a signal stream left unread fills
+/// up and then holds up the whole connection, method replies included.
+#[derive(Clone)]
+pub struct Collector {
+    pub seen: Arc<Mutex<HashMap<u64, String>>>,
+    /// Ids that got a second `Finished`.
+    pub twice: Arc<Mutex<Vec<u64>>>,
+    /// The draining task holds the connection: it ends with the last clone, so the client can leave.
+    _task: Arc<AbortOnDrop>,
+}
+
+struct AbortOnDrop(tokio::task::AbortHandle);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+impl Collector {
+    pub async fn start(proxy: &SpeechProxy<'_>) -> Self {
+        let seen: Arc<Mutex<HashMap<u64, String>>> = Arc::default();
+        let twice: Arc<Mutex<Vec<u64>>> = Arc::default();
+        let mut stream = proxy.receive_finished().await.unwrap();
+        let (s, t) = (seen.clone(), twice.clone());
+        let task = tokio::spawn(async move {
+            while let Some(signal) = stream.next().await {
+                let args = signal.args().unwrap();
+                if s.lock()
+                    .unwrap()
+                    .insert(args.id, args.reason.clone())
+                    .is_some()
+                {
+                    t.lock().unwrap().push(args.id);
+                }
+            }
+        });
+        Collector {
+            seen,
+            twice,
+            _task: Arc::new(AbortOnDrop(task.abort_handle())),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.seen.lock().unwrap().len()
+    }
+
+    /// Waits for `Finished(id, reason)`; the reason.
+    pub async fn of(&self, id: u64, timeout: Duration) -> String {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(reason) = self.seen.lock().unwrap().get(&id) {
+                return reason.clone();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no Finished for {id} within {timeout:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
