@@ -13,7 +13,7 @@ use crate::lm::sampler::random_seed;
 use crate::lm::{LmBackends, PromptRequest, TtsModel};
 use crate::stream::{stream_speech, SessionControl, StreamConfig, StreamReport};
 use crate::text::split_for_synthesis;
-use crate::tokenizer::{assistant_text, instruct_text, TextTokenizer};
+use crate::tokenizer::TextTokenizer;
 
 /// Who speaks and how.
 #[derive(Clone, Debug, Default)]
@@ -115,9 +115,9 @@ impl Synthesizer {
             instruct = None;
         }
         Ok(PromptRequest {
-            input_ids: self.tokenizer.encode(&assistant_text(text))?,
+            input_ids: self.tokenizer.assistant_ids(text)?,
             instruct_ids: instruct
-                .map(|i| self.tokenizer.encode(&instruct_text(i)))
+                .map(|i| self.tokenizer.instruct_ids(i))
                 .transpose()?,
             speaker: voice.speaker.clone(),
             language: voice.language.clone(),
