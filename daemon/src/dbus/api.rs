@@ -92,7 +92,8 @@ impl SpeechApi {
         let options = parse_options(&options)?;
         Ok(self
             .service
-            .submit(&sender(&header), &text, options, Output::Sink)?)
+            .submit(&sender(&header), &text, options, Output::Sink)
+            .await?)
     }
 
     /// Stops one of the caller's utterances (waiting or speaking).

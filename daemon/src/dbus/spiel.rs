@@ -61,12 +61,14 @@ impl SpielProvider {
             priority: Priority::Message,
             ssml: is_ssml,
         };
-        self.service.submit(
-            &sender(&header),
-            &text,
-            options,
-            Output::Spiel(std::fs::File::from(fd)),
-        )?;
+        self.service
+            .submit(
+                &sender(&header),
+                &text,
+                options,
+                Output::Spiel(std::fs::File::from(fd)),
+            )
+            .await?;
         Ok(())
     }
 
