@@ -449,7 +449,8 @@ fn parse_cost(input: &str) -> Duration {
 /// parser would: the bound (64) is so far from both that no machine noise can cross it.
 #[test]
 fn parsing_is_linear_in_the_input() {
-    let shapes: [(&str, fn(usize) -> String); 10] = [
+    type Shape = (&'static str, fn(usize) -> String);
+    let shapes: [Shape; 10] = [
         ("sentence tags (blank text pending)", |n| "<s/>".repeat(n)),
         ("attributes of one tag", |n| {
             let attrs: String = (0..n).map(|i| format!(" a{i}='v'")).collect();
