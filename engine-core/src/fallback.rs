@@ -143,7 +143,10 @@ impl CpuFallback {
             reasons: Mutex::new(Vec::new()),
             loading: Mutex::new(()),
             log: Box::new(|stage, why| {
-                eprintln!("kazeia: warning: {}: {why}; moved to the CPU", stage.name())
+                eprintln!(
+                    "kazeia: warning: {}: {why}; moved to the CPU",
+                    stage.name()
+                )
             }),
         }
     }
@@ -204,28 +207,24 @@ impl CpuFallback {
         let threads = self.threads[stage as usize];
         let cpu: Arc<dyn Backend> = Arc::new(CpuBackend::new(threads));
         let loaded = match stage {
-            Stage::Talker => self
-                .load_lm(|w| {
-                    let t = &config.talker_config;
-                    Talker::load(cpu.as_ref(), w, t, self.storage)
-                })
-                .map(|t| {
-                    let _ = self.talker.set((cpu.clone(), t));
-                }),
-            Stage::CodePredictor => self
-                .load_lm(|w| {
-                    let t = &config.talker_config;
-                    CodePredictor::load(
-                        cpu.as_ref(),
-                        w,
-                        &t.code_predictor_config,
-                        t.hidden_size,
-                        self.storage,
-                    )
-                })
-                .map(|c| {
-                    let _ = self.code_predictor.set((cpu.clone(), c));
-                }),
+            Stage::Talker => self.load_lm(|w| {
+                let t = &config.talker_config;
+                Talker::load(cpu.as_ref(), w, t, self.storage)
+            }).map(|t| {
+                let _ = self.talker.set((cpu.clone(), t));
+            }),
+            Stage::CodePredictor => self.load_lm(|w| {
+                let t = &config.talker_config;
+                CodePredictor::load(
+                    cpu.as_ref(),
+                    w,
+                    &t.code_predictor_config,
+                    t.hidden_size,
+                    self.storage,
+                )
+            }).map(|c| {
+                let _ = self.code_predictor.set((cpu.clone(), c));
+            }),
             Stage::Decoder => CodecDecoder::load(&self.dir, cpu.clone()).map(|d| {
                 let _ = self.decoder.set(d);
             }),
@@ -248,8 +247,7 @@ impl CpuFallback {
         let checkpoint = self.dir.join("model.safetensors");
         let file = WeightFile::open(&checkpoint)?;
         let variant = format!("{}:cpu:cpu", self.storage);
-        let cache = if self.storage == WeightStorage::Convert(kazeia_backend_abi::WeightFormat::F32)
-        {
+        let cache = if self.storage == WeightStorage::Convert(kazeia_backend_abi::WeightFormat::F32) {
             WeightCache::disabled()
         } else {
             WeightCache::open(&checkpoint, &variant).read_only()
