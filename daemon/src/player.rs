@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use anyhow::{anyhow, Result};
 use kazeia_engine::prosody_filter::ProsodyFilter;
-use kazeia_engine::ssml::Piece;
+use kazeia_engine::ssml::{Piece, MAX_BREAK, MAX_TOTAL_BREAK};
 use kazeia_engine::stream::{SessionControl, StreamConfig};
 use kazeia_engine::synth::{SynthOptions, Voice};
 
@@ -19,7 +19,7 @@ use crate::config::DaemonConfig;
 use crate::engine::Engine;
 use crate::queue::{Event, Interrupt, Interruption, Lane, Limits, Reason, SpeechQueue};
 use crate::request::{Output, Request};
-use crate::short_cache::{CacheKey, ShortCache};
+use crate::short_cache::{self, CacheKey, ShortCache};
 use crate::spiel_stream::{ClientPipe, EventKind, SpielWriter};
 use crate::voices::resolve_voice;
 
@@ -454,6 +454,7 @@ impl Speaker<'_> {
         let base = self.request.prosody;
         let spiel = matches!(self.request.output, Output::Spiel(_));
         let mut sent = 0u64;
+        let mut pause_left = MAX_TOTAL_BREAK;
         let first = self.request.resume_from.load(Ordering::SeqCst);
         for (index, piece) in self.request.pieces.iter().enumerate().skip(first) {
             if self.control.is_stopped() {
@@ -465,14 +466,17 @@ impl Speaker<'_> {
             match piece {
                 Piece::Mark(name) => mark(name, sent),
                 Piece::Break(duration) => {
-                    let n = (duration.as_secs_f64() * sample_rate as f64) as usize;
-                    let silence = vec![0.0f32; n.min(sample_rate as usize * 10)];
-                    for chunk in silence.chunks(sample_rate as usize / 10) {
-                        if self.control.is_stopped() {
-                            break;
-                        }
+                    // Written 100 ms at a time as the sink takes it (it holds ~1.5 s), within the
+                    // utterance's budget of pauses.
+                    let pause = (*duration).min(MAX_BREAK).min(pause_left);
+                    pause_left -= pause;
+                    let mut left = (pause.as_secs_f64() * sample_rate as f64) as usize;
+                    let silence = vec![0.0f32; (sample_rate as usize / 10).max(1)];
+                    while left > 0 && !self.control.is_stopped() {
+                        let chunk = &silence[..left.min(silence.len())];
                         audio(chunk)?;
                         sent += chunk.len() as u64;
+                        left -= chunk.len();
                     }
                 }
                 Piece::Text { text, prosody } => {
@@ -498,8 +502,11 @@ impl Speaker<'_> {
                         injected_panic(text, "decoder");
                         audio(samples)?;
                         sent += samples.len() as u64;
-                        if let Some(kept) = kept.as_mut() {
-                            kept.extend_from_slice(samples);
+                        if let Some(k) = kept.as_mut() {
+                            k.extend_from_slice(samples);
+                            if k.len() > short_cache::MAX_ENTRY_SAMPLES {
+                                kept = None; // too long to cache: not kept at all
+                            }
                         }
                         Ok(())
                     };

@@ -156,6 +156,7 @@ async fn say_in_process(args: &SayArgs) -> Result<()> {
     };
     let id = service
         .submit("kazeia-say", &args.text, options, Output::Sink)
+        .await
         .map_err(anyhow::Error::from)?;
     let mut outcome = None;
     while let Some(event) = events.recv().await {

@@ -99,7 +99,7 @@ impl Service {
     }
 
     /// Checks and queues an utterance; returns its id.
-    pub fn submit(
+    pub async fn submit(
         &self,
         client: &str,
         text: &str,
@@ -114,12 +114,7 @@ impl Service {
                 config.queue.max_text_bytes
             )));
         }
-        let pieces = if options.ssml {
-            parse_ssml(text).map_err(|e| Refusal::InvalidSsml(e.to_string()))?
-        } else {
-            plain_text(text)
-        };
-        let pieces = split_long_pieces(pieces);
+        let pieces = parse_text(text.to_owned(), options.ssml).await?;
         let speakable = pieces.iter().any(|p| match p {
             Piece::Text { text, .. } => text.chars().any(char::is_alphanumeric),
             Piece::Break(_) => true,
@@ -232,6 +227,25 @@ impl Service {
             format!("applied: {}", changes.join("; "))
         })
     }
+}
+
+/// The text as pieces, parsed and split on tokio's blocking pool: the work is linear in the text, but a
+/// megabyte of it is milliseconds that the executor's few threads owe to other clients' `Stop`s.
+async fn parse_text(text: String, ssml: bool) -> Result<Vec<Piece>, Refusal> {
+    let parsed = tokio::task::spawn_blocking(move || {
+        let pieces = if ssml {
+            parse_ssml(&text).map_err(|e| Refusal::InvalidSsml(e.to_string()))?
+        } else {
+            plain_text(&text)
+        };
+        Ok(split_long_pieces(pieces))
+    })
+    .await;
+    parsed.unwrap_or_else(|e| {
+        Err(Refusal::InvalidArgs(format!(
+            "the text could not be read (internal error: {e})"
+        )))
+    })
 }
 
 /// Long text pieces cut into the chunks the engine would speak one after the other anyway (a few

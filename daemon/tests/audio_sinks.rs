@@ -37,10 +37,12 @@ fn write_in_frames(playback: &dyn Playback, samples: &[f32]) {
 #[cfg(feature = "pipewire")]
 mod headless_pipewire {
     use std::process::Command;
-    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::{Arc, Mutex};
     use std::time::{Duration, Instant};
 
-    use kazeia::audio::{open_sink, AudioSink, PipeWireSink, SinkSpec};
+    use kazeia::audio::pipewire_sink::QUEUE_AHEAD;
+    use kazeia::audio::{open_sink, AudioSink, PipeWireSink, Playback, SinkSpec};
     use kazeia_tests::services::{DbusSession, PipeWire, Recorder, Recording, TempDir};
 
     use super::{tone, tone_at, write_in_frames, RATE, THRESHOLD};
@@ -138,7 +140,8 @@ mod headless_pipewire {
         let rec = Recorder::start(&pw);
 
         let playback = sink.open(RATE).unwrap();
-        write_in_frames(&*playback, &tone(3.0, 440.0, 0.5));
+        // Within what the sink queues (1.5 s), so that the writes return at once.
+        write_in_frames(&*playback, &tone(1.4, 440.0, 0.5));
         // Stop mid-utterance, half a second in.
         assert!(playback.wait_played(RATE as u64 / 2, Duration::from_secs(5)) >= RATE as u64 / 2);
         let stopped = Instant::now();
@@ -215,6 +218,60 @@ mod headless_pipewire {
             (-0.002..0.015).contains(&(heard - said)),
             "played() said {said} s, {heard} s were heard"
         );
+    }
+
+    /// Synthesis runs just ahead of playback: a writer waits while the sink holds `QUEUE_AHEAD` not yet
+    /// heard (so no request can make it hold more), while paused too, and a stop wakes it at once.
+    #[test]
+    fn pipewire_writes_wait_for_room_and_a_stop_wakes_them() {
+        let _serial = serial();
+        let bus = DbusSession::start(None);
+        let pw = PipeWire::start(&bus);
+        let sink = pipewire_sink(&pw);
+        let playback: Arc<dyn Playback> = Arc::from(sink.open(RATE).unwrap());
+        let written = Arc::new(AtomicU64::new(0));
+        let writer = std::thread::spawn({
+            let (playback, written) = (playback.clone(), written.clone());
+            move || {
+                for piece in tone(20.0, 440.0, 0.5).chunks(1920) {
+                    playback.write(piece).unwrap();
+                    written.fetch_add(piece.len() as u64, Ordering::SeqCst);
+                }
+            }
+        });
+        let queue = (QUEUE_AHEAD.as_secs_f64() * RATE as f64) as u64;
+        // What PipeWire holds besides the queue (resampler, device), and one frame of race between the
+        // two counters.
+        let bound = queue + RATE as u64 / 10 + 1920;
+        let mut most_ahead = 0;
+        for _ in 0..20 {
+            std::thread::sleep(Duration::from_millis(100));
+            let ahead = written.load(Ordering::SeqCst) - playback.played();
+            most_ahead = most_ahead.max(ahead);
+            assert!(ahead <= bound, "{ahead} samples written ahead of playback");
+        }
+        // It does run ahead: audio is ready well before it is needed.
+        assert!(
+            most_ahead >= queue - 2 * 1920,
+            "only {most_ahead} samples ahead"
+        );
+        // Paused, the writer waits (nothing is taken).
+        playback.pause();
+        std::thread::sleep(Duration::from_millis(100));
+        let held = written.load(Ordering::SeqCst);
+        std::thread::sleep(Duration::from_millis(400));
+        assert!(written.load(Ordering::SeqCst) <= held + 1920);
+        let t = Instant::now();
+        playback.stop();
+        writer.join().unwrap();
+        let woke = t.elapsed();
+        println!(
+            "pacing: at most {:.3} s written ahead of playback; the blocked writer returned {:.1} ms \
+             after stop()",
+            most_ahead as f64 / RATE as f64,
+            ms(woke)
+        );
+        assert!(woke < Duration::from_secs(1), "{woke:?}");
     }
 
     #[test]
@@ -345,7 +402,7 @@ mod headless_pipewire {
         let mut pw = PipeWire::start(&bus);
         let sink = pipewire_sink(&pw);
         let playback = sink.open(RATE).unwrap();
-        write_in_frames(&*playback, &tone(5.0, 440.0, 0.5));
+        write_in_frames(&*playback, &tone(1.4, 440.0, 0.5));
         playback.wait_played(RATE as u64 / 4, Duration::from_secs(5));
 
         pw.kill_server();

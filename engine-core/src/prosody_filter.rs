@@ -51,14 +51,19 @@ pub struct ProsodyFilter {
 
 impl ProsodyFilter {
     /// `rate`: speed multiplier, clamped to 0.25..=4. `pitch`: frequency multiplier, clamped to 0.5..=2.
-    /// `volume`: linear gain, clamped to 0..=4. A NaN parameter means 1 (unchanged). `sample_rate` only
+    /// `volume`: linear gain, clamped to 0..=4. A NaN rate or pitch means 1 (unchanged); a NaN volume
+    /// means 0, as it comes of silence times an overflow (`0 × ∞`), and must not be heard. `sample_rate` only
     /// sizes the frames; one too small to be real makes them a few samples long, one above 384 kHz is sized
     /// as 384 kHz, so it cannot fail. With pitch ≠ 1, building takes up to a millisecond (the resampling
     /// bank): keep the filter across utterances with the same settings.
     pub fn new(sample_rate: u32, rate: f32, pitch: f32, volume: f32) -> Self {
         let rate = clamp_or_one(rate, MIN_RATE, MAX_RATE);
         let pitch = clamp_or_one(pitch, MIN_PITCH, MAX_PITCH);
-        let volume = clamp_or_one(volume, 0.0, MAX_VOLUME);
+        let volume = if volume.is_nan() {
+            0.0
+        } else {
+            volume.clamp(0.0, MAX_VOLUME)
+        };
         // Resampling by `pitch` shortens by `pitch`, so the stretch makes up the difference to `rate`.
         let stretch_ratio = rate as f64 / pitch as f64;
         ProsodyFilter {

@@ -8,6 +8,11 @@
 //! `say-as interpret-as="characters|spell-out|verbatim"` (spelled letter by letter), `sub alias`, and `s`/`p`
 //! as word boundaries. Whitespace is collapsed to single spaces and trimmed at the ends of each text run.
 //!
+//! The work is linear in the input, whatever it holds (the daemon parses what any client sends), and what
+//! it asks for is bounded: one pause at most [`MAX_BREAK`], all of an utterance's pauses together at most
+//! [`MAX_TOTAL_BREAK`] (later breaks are dropped, the text around them is kept), at most
+//! [`MAX_SPELLED_CHARS`] characters spelled out (the rest of a `say-as` is read as written).
+//!
 //! speech-dispatcher sends every message this way, plain text escaped and wrapped (see
 //! `linux-speech-stack.md` §1.7), e.g. `<speak>One.<mark name="__spd_0"/> Two &amp; &lt;three&gt;?</speak>`.
 
@@ -23,6 +28,11 @@ pub use spell::{speakable_char, spell_out, symbol_name};
 
 /// Longest pause a `<break>` (or a run of them) may ask for.
 pub const MAX_BREAK: Duration = Duration::from_secs(10);
+/// All the pauses of one utterance together: a minute of silence is already more than any text needs,
+/// and 20,000 breaks of 10 s fit in one 1 MiB request.
+pub const MAX_TOTAL_BREAK: Duration = Duration::from_secs(60);
+/// Characters spelled out (`say-as characters`) per utterance: each becomes a word of up to 16 letters.
+pub const MAX_SPELLED_CHARS: usize = 4096;
 /// Deepest element nesting accepted (the parser's stack is bounded by it).
 pub const MAX_DEPTH: usize = 64;
 
@@ -41,12 +51,14 @@ impl Prosody {
         volume: 1.0,
     };
 
-    /// Keeps nested multiplications within what synthesis can render.
+    /// Keeps nested multiplications within what synthesis can render. The values read are finite, so
+    /// a NaN can only be silence times an overflow: it stays silent.
     fn clamped(self) -> Prosody {
+        let or = |v: f32, nan: f32| if v.is_nan() { nan } else { v };
         Prosody {
-            rate: self.rate.clamp(0.1, 10.0),
-            pitch: self.pitch.clamp(0.25, 4.0),
-            volume: self.volume.clamp(0.0, 4.0),
+            rate: or(self.rate, 1.0).clamp(0.1, 10.0),
+            pitch: or(self.pitch, 1.0).clamp(0.25, 4.0),
+            volume: or(self.volume, 0.0).clamp(0.0, 4.0),
         }
     }
 }
@@ -250,12 +262,31 @@ struct Frame {
     role: Role,
 }
 
-/// Collects pieces, merging text of equal prosody and normalising its whitespace.
-#[derive(Default)]
+/// Collects pieces, merging text of equal prosody and normalising its whitespace. Every call costs what
+/// it is given (nothing rescans what is pending).
 struct Builder {
     pieces: Vec<Piece>,
     pending: String,
+    /// `pending` is only whitespace (or empty).
+    pending_blank: bool,
     pending_prosody: Prosody,
+    /// Pause still allowed ([`MAX_TOTAL_BREAK`] less what was asked for).
+    pause_left: Duration,
+    /// Characters still allowed to be spelled out.
+    spell_left: usize,
+}
+
+impl Default for Builder {
+    fn default() -> Self {
+        Builder {
+            pieces: Vec::new(),
+            pending: String::new(),
+            pending_blank: true,
+            pending_prosody: Prosody::NEUTRAL,
+            pause_left: MAX_TOTAL_BREAK,
+            spell_left: MAX_SPELLED_CHARS,
+        }
+    }
 }
 
 impl Builder {
@@ -263,20 +294,29 @@ impl Builder {
     fn say(&mut self, text: &str, role: Role, prosody: Prosody) {
         match role {
             Role::Say => self.text(text, prosody),
-            Role::Spell => self.text(&format!(" {} ", spell_out(text)), prosody),
+            Role::Spell => {
+                // Beyond the budget the text is read as written.
+                let (spelled, rest) = match text.char_indices().nth(self.spell_left) {
+                    Some((at, _)) => text.split_at(at),
+                    None => (text, ""),
+                };
+                self.spell_left -= spelled.chars().count();
+                self.text(&format!(" {} ", spell_out(spelled)), prosody);
+                self.text(rest, prosody);
+            }
             Role::Silent => {}
         }
     }
 
     fn text(&mut self, text: &str, prosody: Prosody) {
-        let blank = self.pending.chars().all(is_xml_space);
-        if !blank && prosody != self.pending_prosody {
+        if !self.pending_blank && prosody != self.pending_prosody {
             self.flush();
         }
-        if self.pending.is_empty() || blank {
+        if self.pending_blank {
             self.pending_prosody = prosody;
         }
         self.pending.push_str(text);
+        self.pending_blank &= text.chars().all(is_xml_space);
     }
 
     fn mark(&mut self, name: &str) {
@@ -290,10 +330,20 @@ impl Builder {
             return;
         }
         self.flush();
-        if let Some(Piece::Break(previous)) = self.pieces.last_mut() {
-            *previous = (*previous + pause).min(MAX_BREAK);
-        } else {
-            self.pieces.push(Piece::Break(pause.min(MAX_BREAK)));
+        let previous = match self.pieces.last() {
+            Some(Piece::Break(previous)) => *previous,
+            _ => Duration::ZERO,
+        };
+        let extra = (previous.saturating_add(pause).min(MAX_BREAK) - previous).min(self.pause_left);
+        if extra.is_zero() {
+            // Past the utterance's budget the break is dropped, but it still parts words.
+            self.pending.push(' ');
+            return;
+        }
+        self.pause_left -= extra;
+        match self.pieces.last_mut() {
+            Some(Piece::Break(previous)) => *previous += extra,
+            _ => self.pieces.push(Piece::Break(extra)),
         }
     }
 
@@ -316,6 +366,7 @@ impl Builder {
             }
         }
         self.pending.clear();
+        self.pending_blank = true;
     }
 
     fn finish(mut self) -> Vec<Piece> {

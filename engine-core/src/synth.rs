@@ -16,7 +16,7 @@ use crate::lm::talker::Talker;
 use crate::lm::{build_prompt, LmBackends, Prompt, PromptRequest, TtsModel};
 use crate::stream::{stream_on, SessionControl, StreamConfig, StreamReport};
 use crate::text::split_for_synthesis;
-use crate::tokenizer::{assistant_text, instruct_text, TextTokenizer};
+use crate::tokenizer::TextTokenizer;
 
 /// Who speaks and how.
 #[derive(Clone, Debug, Default)]
@@ -137,9 +137,9 @@ impl Synthesizer {
             instruct = None;
         }
         Ok(PromptRequest {
-            input_ids: self.tokenizer.encode(&assistant_text(text))?,
+            input_ids: self.tokenizer.assistant_ids(text)?,
             instruct_ids: instruct
-                .map(|i| self.tokenizer.encode(&instruct_text(i)))
+                .map(|i| self.tokenizer.instruct_ids(i))
                 .transpose()?,
             speaker: voice.speaker.clone(),
             language: voice.language.clone(),

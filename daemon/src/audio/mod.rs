@@ -1,7 +1,8 @@
 //! Audio sinks: where the daemon plays speech. Configured as `pipewire[:TARGET]`, `wav:PATH` or `null`.
 //!
 //! One [`Playback`] per utterance, opened on a long-lived [`AudioSink`]. The daemon writes mono `f32`
-//! samples as they are decoded, waits on [`Playback::wait_played`] to report index marks when their point of
+//! samples as they are decoded (a write waits while the sink holds about 1.5 s not yet played, so
+//! synthesis and pauses are produced just ahead of playback, never all at once), waits on [`Playback::wait_played`] to report index marks when their point of
 //! audio is heard, and calls [`Playback::finish`] to wait for the audible end. [`Playback::stop`] silences
 //! within 20 ms.
 //!
@@ -41,7 +42,9 @@ pub trait AudioSink: Send + Sync {
 
 /// One utterance being played.
 pub trait Playback: Send + Sync {
-    /// Queues samples; returns at once (the sink buffers).
+    /// Queues samples; waits while the sink's bounded queue is full (a PipeWire playback holds about
+    /// 1.5 s ahead of what is heard; a file or the null sink takes everything at once). A stop wakes it:
+    /// what is written after a stop is dropped.
     fn write(&self, samples: &[f32]) -> Result<()>;
     /// Samples of this playback heard so far.
     fn played(&self) -> u64;

@@ -2,9 +2,10 @@
 //!
 //! One connection (a thread running the PipeWire loop, see `pipewire_loop`) serves every utterance: its
 //! stream stays connected and only goes inactive between utterances, so starting one costs no
-//! negotiation. Writers append to an unbounded queue under a short lock; PipeWire's real-time thread takes
-//! one graph cycle (10 ms asked) at a time from it. If the server goes away, calls fail and the next `open`
-//! connects again.
+//! negotiation. Writers append to a queue under a short lock; PipeWire's real-time thread takes one graph
+//! cycle (10 ms asked) at a time from it. The queue holds at most [`QUEUE_AHEAD`] of audio: a writer waits
+//! for room, so synthesis runs just ahead of playback (a stop wakes it at once). If the server goes away,
+//! calls fail and the next `open` connects again.
 
 use std::path::PathBuf;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -19,9 +20,13 @@ use super::{AudioSink, Playback};
 /// The rate the stream is made for at connection time (the model's); another rate remakes it.
 const CONNECT_RATE: u32 = 24_000;
 
-/// `finish` gives up when PipeWire takes no audio for this long while not paused (a stream nobody links,
-/// a hung server): the daemon must never stay stuck on one utterance.
+/// `finish` and `write` give up when PipeWire takes no audio for this long while not paused (a stream
+/// nobody links, a hung server): the daemon must never stay stuck on one utterance.
 const STALL_LIMIT: Duration = Duration::from_secs(5);
+
+/// Audio queued ahead of what PipeWire has taken: enough to ride out a slow chunk of synthesis, small
+/// enough that no request can make the daemon hold more (a long `<break>` is 10 s of samples).
+pub const QUEUE_AHEAD: Duration = Duration::from_millis(1500);
 
 pub struct PipeWireSink {
     target: Option<String>,
@@ -162,21 +167,55 @@ impl PwPlayback {
         // A lost connection has already failed this playback; there is nobody to tell.
         let _ = self.connection.send(command);
     }
+
+    /// Waits until at most `queued` samples wait to be played, or the playback is over (`done`); an
+    /// error when it failed, or when PipeWire takes nothing for [`STALL_LIMIT`] while not paused.
+    fn wait_for_room(&self, queued: usize) -> Result<MutexGuard<'_, PlayState>> {
+        let mut state = self.shared.lock();
+        let mut progress = (state.consumed, Instant::now());
+        loop {
+            if let Some(e) = &state.error {
+                bail!("pipewire: {e}");
+            }
+            if state.done || state.queue.len() <= queued {
+                return Ok(state);
+            }
+            if state.paused || state.consumed != progress.0 {
+                progress = (state.consumed, Instant::now());
+            } else if progress.1.elapsed() > STALL_LIMIT {
+                drop(state);
+                self.stop();
+                bail!(
+                    "pipewire: no audio was taken for {} s (is the server hung?)",
+                    STALL_LIMIT.as_secs()
+                );
+            }
+            // Every graph cycle, pause, resume and stop notifies.
+            state = self
+                .shared
+                .changed
+                .wait_timeout(state, Duration::from_millis(100))
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
 }
 
 impl Playback for PwPlayback {
     fn write(&self, samples: &[f32]) -> Result<()> {
-        // Copied before locking: the real-time thread shares the lock.
-        let chunk = samples.to_vec();
-        let mut state = self.shared.lock();
-        if let Some(e) = &state.error {
-            bail!("pipewire: {e}");
-        }
-        // After a stop the rest of the utterance is dropped here, as the synthesis may still be running.
-        if !state.done {
+        let capacity = (self.shared.rate as usize * QUEUE_AHEAD.as_millis() as usize / 1000).max(2);
+        // Handed over in parts of at most half the queue, each as soon as it fits.
+        for part in samples.chunks(capacity / 2) {
+            // Copied before locking: the real-time thread shares the lock.
+            let chunk = part.to_vec();
+            let mut state = self.wait_for_room(capacity - chunk.len())?;
+            // After a stop the rest of the utterance is dropped here, as the synthesis may still be
+            // running.
+            if state.done {
+                return Ok(());
+            }
             state.queue.push(chunk);
         }
-        drop(state);
         Ok(())
     }
 

@@ -23,6 +23,11 @@ impl SampleQueue {
         self.len == 0
     }
 
+    /// Samples waiting.
+    pub(super) fn len(&self) -> usize {
+        self.len
+    }
+
     pub(super) fn clear(&mut self) {
         *self = SampleQueue::default();
     }
@@ -63,6 +68,7 @@ mod tests {
         q.push(vec![]);
         q.push(vec![4.0, 5.0]);
         let mut out = [0u8; 16];
+        assert_eq!(q.len(), 5);
         assert_eq!(q.take_into(&mut out), 4);
         let got: Vec<f32> = out
             .chunks_exact(4)

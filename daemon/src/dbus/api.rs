@@ -93,7 +93,8 @@ impl SpeechApi {
         self.service.wait_ready().await;
         Ok(self
             .service
-            .submit(&sender(&header), &text, options, Output::Sink)?)
+            .submit(&sender(&header), &text, options, Output::Sink)
+            .await?)
     }
 
     /// Stops one of the caller's utterances (waiting or speaking).

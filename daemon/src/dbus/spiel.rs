@@ -62,12 +62,14 @@ impl SpielProvider {
             ssml: is_ssml,
         };
         self.service.wait_ready().await;
-        self.service.submit(
-            &sender(&header),
-            &text,
-            options,
-            Output::Spiel(std::fs::File::from(fd)),
-        )?;
+        self.service
+            .submit(
+                &sender(&header),
+                &text,
+                options,
+                Output::Spiel(std::fs::File::from(fd)),
+            )
+            .await?;
         Ok(())
     }
 

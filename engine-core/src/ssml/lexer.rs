@@ -2,6 +2,8 @@
 //! decoded, CDATA as text; comments, processing instructions (`<?xml …?>`) and `<!DOCTYPE …>` are skipped.
 //! Namespaces are not resolved: a prefix (`ssml:mark`) is kept in the name and dropped by the parser.
 
+use std::collections::HashSet;
+
 use super::SsmlError;
 
 #[derive(Debug, PartialEq)]
@@ -84,7 +86,8 @@ impl<'a> Lexer<'a> {
     fn doctype(&mut self, start: usize) -> Result<(), SsmlError> {
         let rest = self.rest();
         let close = rest.find('>');
-        let bracket = rest.find('[');
+        // Only a bracket before the `>` matters: looking further would rescan the input at every `<!`.
+        let bracket = rest[..close.unwrap_or(rest.len())].find('[');
         match (close, bracket) {
             (Some(c), Some(b)) if b < c => self.skip_past(start, "]>", "DOCTYPE").map(|_| ()),
             (Some(c), _) => {
@@ -123,6 +126,8 @@ impl<'a> Lexer<'a> {
         }
         let name = self.name(offset)?;
         let mut attrs: Vec<(String, String)> = Vec::new();
+        // A set, so that a tag with thousands of attributes is not checked in quadratic time.
+        let mut keys: HashSet<&'a str> = HashSet::new();
         loop {
             let had_space = self.skip_space();
             let rest = self.rest();
@@ -151,7 +156,7 @@ impl<'a> Lexer<'a> {
             if !had_space || !rest.starts_with(is_name_start) {
                 return Err(self.error(attr_offset, format!("bad attribute syntax in <{name}>")));
             }
-            let key = self.name(attr_offset)?;
+            let key = self.name_str(attr_offset)?;
             self.skip_space();
             if !self.rest().starts_with('=') {
                 return Err(self.error(
@@ -161,13 +166,13 @@ impl<'a> Lexer<'a> {
             }
             self.pos += 1;
             self.skip_space();
-            let value = self.quoted(attr_offset, &key)?;
-            if attrs.iter().any(|(k, _)| *k == key) {
+            let value = self.quoted(attr_offset, key)?;
+            if !keys.insert(key) {
                 return Err(
                     self.error(attr_offset, format!("attribute {key} repeated in <{name}>"))
                 );
             }
-            attrs.push((key, value));
+            attrs.push((key.to_string(), value));
         }
     }
 
@@ -202,13 +207,17 @@ impl<'a> Lexer<'a> {
     }
 
     fn name(&mut self, tag_offset: usize) -> Result<String, SsmlError> {
+        self.name_str(tag_offset).map(str::to_string)
+    }
+
+    fn name_str(&mut self, tag_offset: usize) -> Result<&'a str, SsmlError> {
         let rest = self.rest();
         if !rest.starts_with(is_name_start) {
             return Err(self.error(tag_offset, "expected a name"));
         }
         let len = rest.find(|c| !is_name_char(c)).unwrap_or(rest.len());
         self.pos += len;
-        Ok(rest[..len].to_string())
+        Ok(&rest[..len])
     }
 
     /// Skips XML whitespace; whether there was any.

@@ -353,3 +353,132 @@ fn mutated_inputs_never_panic_and_keep_invariants() {
     // Both paths were exercised.
     assert!(ok > 500 && failed > 500, "{ok} parsed, {failed} rejected");
 }
+
+#[test]
+fn silence_stays_silent_whatever_gain_is_nested_in_it() {
+    // 0 × ∞ was NaN, which synthesis took as the voice's own volume.
+    for ssml in [
+        "<prosody volume=\"silent\"><prosody volume=\"+99999dB\">x</prosody></prosody>",
+        "<prosody volume=\"+99999dB\"><prosody volume=\"silent\">x</prosody></prosody>",
+        "<prosody volume=\"0\"><prosody volume=\"+3.4e38\">x</prosody></prosody>",
+    ] {
+        assert_pieces(&parse(ssml), &[with("x", 1.0, 1.0, 0.0)]);
+    }
+    let huge = "<prosody volume=\"+99999dB\" pitch=\"+99999st\">x</prosody>";
+    assert_pieces(&parse(huge), &[with("x", 1.0, 4.0, 4.0)]);
+}
+
+#[test]
+fn the_pauses_of_an_utterance_are_capped_in_total() {
+    // 20,000 breaks of 10 s (under 1 MiB) asked for 55 hours of silence.
+    let bomb = "<break time=\"10s\"/><mark name=\"m\"/>".repeat(20_000);
+    assert!(bomb.len() < 1 << 20);
+    let pieces = parse(&bomb);
+    let total: Duration = pieces
+        .iter()
+        .map(|p| match p {
+            Piece::Break(d) => *d,
+            _ => Duration::ZERO,
+        })
+        .sum();
+    assert_eq!(total, MAX_TOTAL_BREAK);
+    assert_eq!(pieces.iter().filter(|p| **p == mark("m")).count(), 20_000);
+    // Past the budget a break still parts the words around it.
+    let text_after = "<break time=\"10s\"/>x ".repeat(6) + "a<break/>b";
+    let pieces = parse(&text_after);
+    assert_eq!(pieces.last(), Some(&text("x a b")), "{pieces:?}");
+    // The last pause fills the budget exactly.
+    let pieces = parse(&("<break time=\"7s\"/>x".repeat(10)));
+    assert_eq!(pieces.len(), 18, "{pieces:?}");
+    assert_eq!(pieces[16], ms(4000));
+    assert_eq!(pieces[17], text("x x"));
+}
+
+#[test]
+fn spelling_out_is_bounded_and_the_rest_is_read_as_written() {
+    let long = "!".repeat(MAX_SPELLED_CHARS) + "abc";
+    let pieces = parse(&format!(
+        "<say-as interpret-as=\"characters\">{long}</say-as>"
+    ));
+    let [Piece::Text { text, .. }] = pieces.as_slice() else {
+        panic!("{pieces:?}")
+    };
+    assert_eq!(text.matches("exclamation mark").count(), MAX_SPELLED_CHARS);
+    assert!(
+        text.ends_with("exclamation mark abc"),
+        "{}",
+        &text[text.len() - 40..]
+    );
+    // The budget is per utterance, not per element.
+    let many = "<say-as interpret-as=\"characters\">ab</say-as>".repeat(MAX_SPELLED_CHARS);
+    let pieces = parse(&many);
+    let [Piece::Text { text, .. }] = pieces.as_slice() else {
+        panic!("{pieces:?}")
+    };
+    assert_eq!(
+        text.matches('A').count() + text.matches('B').count(),
+        MAX_SPELLED_CHARS
+    );
+}
+
+/// CPU time of this thread (not wall-clock: other processes on the machine do not count).
+fn thread_cpu_time() -> Duration {
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid timespec to write to.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut t) };
+    assert_eq!(rc, 0, "clock_gettime(CLOCK_THREAD_CPUTIME_ID)");
+    Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
+}
+
+/// The least CPU time of a few parses (the least is the one least disturbed).
+fn parse_cost(input: &str) -> Duration {
+    (0..5)
+        .map(|_| {
+            let start = thread_cpu_time();
+            let _ = std::hint::black_box(parse_ssml(std::hint::black_box(input)));
+            thread_cpu_time() - start
+        })
+        .min()
+        .unwrap()
+}
+
+/// Adversarial inputs 16 times longer cost about 16 times more, never the 256 times a quadratic
+/// parser would: the bound (64) is so far from both that no machine noise can cross it.
+#[test]
+fn parsing_is_linear_in_the_input() {
+    type Shape = (&'static str, fn(usize) -> String);
+    let shapes: [Shape; 10] = [
+        ("sentence tags (blank text pending)", |n| "<s/>".repeat(n)),
+        ("attributes of one tag", |n| {
+            let attrs: String = (0..n).map(|i| format!(" a{i}='v'")).collect();
+            format!("<x{attrs}/>")
+        }),
+        ("declarations", |n| "<!x>".repeat(n) + "y"),
+        ("comments", |n| "<!--x-->".repeat(n)),
+        ("prosody changes", |n| {
+            "<prosody volume=\"50%\">a</prosody>b".repeat(n)
+        }),
+        ("spelled runs", |n| {
+            "<say-as interpret-as=\"characters\">ab</say-as>".repeat(n)
+        }),
+        ("marks", |n| "<mark name=\"m\"/>w ".repeat(n)),
+        ("breaks", |n| "<break time=\"1ms\"/>".repeat(n)),
+        ("entities", |n| "&amp;&#x41;".repeat(n)),
+        ("words", |n| "word ".repeat(n)),
+    ];
+    for (what, make) in shapes {
+        // ~16 KB, then ~256 KB.
+        let unit = make(1).len();
+        let small = make(16_384 / unit + 1);
+        let large = make(16 * (16_384 / unit + 1));
+        let ratio = parse_cost(&large).as_secs_f64() / parse_cost(&small).as_secs_f64().max(1e-9);
+        eprintln!("{what}: 16 times the input, {ratio:.1} times the CPU time");
+        assert!(
+            ratio < 64.0,
+            "{what}: 16 times the input cost {ratio:.0} times the CPU time"
+        );
+    }
+}

@@ -33,7 +33,7 @@ pub(super) fn pitch(value: &str) -> Option<f32> {
     };
     keyword.or_else(|| percent(v)).or_else(|| {
         let st = signed_number(v.strip_suffix("st")?)?;
-        Some(2f32.powf(st / 12.0))
+        Some(finite(2f32.powf(st / 12.0)))
     })
 }
 
@@ -53,7 +53,7 @@ pub(super) fn volume(value: &str) -> Option<f32> {
         .or_else(|| percent(v))
         .or_else(|| {
             let db = signed_number(v.strip_suffix("dB").or_else(|| v.strip_suffix("db"))?)?;
-            Some(10f32.powf(db / 20.0))
+            Some(finite(10f32.powf(db / 20.0)))
         })
         .or_else(|| {
             // "+10" / "-5" are relative to 100, "80" is absolute: both on the 0..100 scale.
@@ -65,6 +65,12 @@ pub(super) fn volume(value: &str) -> Option<f32> {
             };
             Some((absolute / 100.0).max(0.0))
         })
+}
+
+/// An overflow (`+1000dB`) as the largest finite value: the parser multiplies and clamps, and
+/// `0 × ∞` would be NaN.
+fn finite(v: f32) -> f32 {
+    v.min(f32::MAX)
 }
 
 /// `150%` → 1.5, `+20%` → 1.2, `-10%` → 0.9 (never below zero).
@@ -166,6 +172,8 @@ mod tests {
         assert!(close(volume("+10"), 1.1));
         assert!(close(volume("-150"), 0.0));
         assert_eq!(volume("loudish"), None);
+        assert_eq!(volume("+99999dB"), Some(f32::MAX));
+        assert_eq!(pitch("+99999st"), Some(f32::MAX));
     }
 
     #[test]
