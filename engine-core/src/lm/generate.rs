@@ -38,6 +38,8 @@ pub struct GenerateTimings {
 pub struct Generated {
     pub codes: Vec<Vec<u32>>,
     pub timings: GenerateTimings,
+    /// The model ended the utterance (EOS), rather than `max_new_tokens` or `on_frame`.
+    pub eos: bool,
 }
 
 /// Generates frames of codes (`[frame][codebook]`), calling `on_frame` as each frame completes; `uniform`
@@ -71,6 +73,7 @@ pub fn generate(
     timings.prefill = start.elapsed();
     let mut generated: Vec<u32> = Vec::new();
     let mut frames = Vec::new();
+    let mut eos = false;
     let h = talker.hidden();
     while generated.len() < options.max_new_tokens {
         rules.apply(&mut logits, &generated);
@@ -79,7 +82,8 @@ pub fn generate(
         }
         let token = choose(&mut logits, &options.talker, uniform);
         generated.push(token);
-        if token == rules.eos || generated.len() == options.max_new_tokens {
+        eos = token == rules.eos;
+        if eos || generated.len() == options.max_new_tokens {
             break;
         }
         let cb0 = talker.codec_vector(token);
@@ -118,5 +122,6 @@ pub fn generate(
     Generated {
         codes: frames,
         timings,
+        eos,
     }
 }
