@@ -285,7 +285,9 @@ mod tests {
             .iter()
             .position(|p| *p == Piece::Mark("b".into()))
             .unwrap();
-        assert!(matches!(steps(&pieces, b)[0], Step::Run { ref text, .. } if text == "Three"));
+        assert!(
+            matches!(super::steps(&pieces, b)[0], Step::Run { ref text, .. } if text == "Three")
+        );
     }
 
     #[test]
