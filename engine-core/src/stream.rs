@@ -13,8 +13,10 @@ use std::time::{Duration, Instant};
 
 use crate::codec::{profile_stage, CodecDecoder, Trace};
 use crate::error::{Error, Result};
+use crate::fallback::{FixedStages, Stage, Stages};
+use crate::lm::generate::generate_on;
 use crate::lm::sampler::SeededRng;
-use crate::lm::{generate, GenerateOptions, GenerateTimings, Prompt, TtsModel};
+use crate::lm::{GenerateOptions, GenerateTimings, Prompt, TtsModel};
 use crate::marks::{MarkPlacer, MarkPlan, SpeakingRate};
 
 /// Chunking of the decoder's work.
@@ -226,10 +228,24 @@ pub fn stream_speech(
     control: &SessionControl,
     on_audio: &mut (dyn FnMut(&[f32]) -> Result<()> + Send),
 ) -> Result<StreamReport> {
+    let stages = FixedStages { model, codec };
+    stream_on(&stages, prompts, options, seed, config, control, on_audio)
+}
+
+/// [`stream_on`] without marks.
+#[allow(clippy::too_many_arguments)]
+pub fn stream_on(
+    stages: &dyn Stages,
+    prompts: &mut dyn Iterator<Item = Result<Prompt>>,
+    options: &GenerateOptions,
+    seed: u64,
+    config: StreamConfig,
+    control: &SessionControl,
+    on_audio: &mut (dyn FnMut(&[f32]) -> Result<()> + Send),
+) -> Result<StreamReport> {
     let mut utterances = prompts.map(|p| p.map(Utterance::from));
     stream_utterances(
-        model,
-        codec,
+        stages,
         &mut utterances,
         options,
         seed,
@@ -243,13 +259,14 @@ pub fn stream_speech(
     )
 }
 
-/// [`stream_speech`] with marks: each utterance is one generation, and its marks are handed out between the
-/// audio samples where they are estimated to fall (see [`crate::marks`]); `rate` is the model's speaking
-/// rate, learned from utterances that end by themselves.
+/// [`stream_speech`] on `stages`, with marks: a stage whose backend fails is recovered and its work redone
+/// (see [`crate::fallback`]); the decoder keeps its state from before each chunk for that when it can
+/// recover. Each utterance is one generation, and its marks are handed out between the audio samples where
+/// they are estimated to fall (see [`crate::marks`]); `rate` is the model's speaking rate, learned from
+/// utterances that end by themselves.
 #[allow(clippy::too_many_arguments)]
 pub fn stream_utterances(
-    model: &TtsModel,
-    codec: &CodecDecoder,
+    stages: &dyn Stages,
     utterances: &mut dyn Iterator<Item = Result<Utterance>>,
     options: &GenerateOptions,
     seed: u64,
@@ -263,13 +280,14 @@ pub fn stream_utterances(
     let (tx, rx) = mpsc::channel::<Work>();
     let mut report = StreamReport::default();
     let mut rng = SeededRng::new(seed);
-    let samples_per_frame = codec.samples_per_frame() as f64;
+    let samples_per_frame = stages.decoder().samples_per_frame() as f64;
 
     std::thread::scope(|scope| {
         let failed = &failed;
         let decoder = scope.spawn(move || -> Result<DecodeStats> {
-            let mut state = codec.new_state();
+            let mut state = stages.decoder().new_state();
             let mut stats = DecodeStats::default();
+            let mut recovered = false;
             // Marks not yet reached, by sample of the current utterance, and the samples handed out of it.
             let mut marks: VecDeque<(u64, usize)> = VecDeque::new();
             let mut done = 0u64;
@@ -289,7 +307,7 @@ pub fn stream_utterances(
                                 return fail(e);
                             }
                         }
-                        state = codec.new_state();
+                        state = stages.decoder().new_state();
                         done = 0;
                         continue;
                     }
@@ -315,7 +333,22 @@ pub fn stream_utterances(
                 } else {
                     Trace::none()
                 };
-                let wav = codec.decode_chunk_traced(&mut state, &frames, trace);
+                let saved =
+                    (!recovered && stages.can_recover(Stage::Decoder)).then(|| state.clone());
+                let mut wav = stages
+                    .decoder()
+                    .decode_chunk_traced(&mut state, &frames, trace);
+                if let (Err(Error::Backend { .. }), Some(saved)) = (&wav, saved) {
+                    // The chunk again on the decoder's new backend, from the state before it.
+                    recovered = true;
+                    let e = wav.unwrap_err();
+                    wav = stages.recover(Stage::Decoder, e).and_then(|()| {
+                        state = saved;
+                        stages
+                            .decoder()
+                            .decode_chunk_traced(&mut state, &frames, Trace::none())
+                    });
+                }
                 stats.time += t.elapsed();
                 let wav = match wav {
                     Ok(wav) => wav,
@@ -361,8 +394,8 @@ pub fn stream_utterances(
                 let mut pending: Vec<Vec<u32>> = Vec::new();
                 let mut made = 0;
                 let t = Instant::now();
-                let generated = generate(
-                    model,
+                let generated = generate_on(
+                    stages,
                     &prompt,
                     options,
                     &mut || rng.uniform(),
@@ -377,7 +410,7 @@ pub fn stream_utterances(
                         control.wait_while_paused();
                         !(control.is_stopped() || failed.load(Ordering::SeqCst))
                     },
-                );
+                )?;
                 report.generate_time += t.elapsed();
                 let g = &generated.timings;
                 report.timings.prefill += g.prefill;

@@ -8,9 +8,12 @@ use kazeia_backend_abi::Backend;
 
 use crate::codec::CodecDecoder;
 use crate::error::{Error, Result};
+use crate::fallback::{CpuFallback, LmStages, Stage, Stages};
 use crate::linear::WeightStorage;
+use crate::lm::code_predictor::CodePredictor;
 use crate::lm::sampler::random_seed;
-use crate::lm::{LmBackends, PromptRequest, TtsModel};
+use crate::lm::talker::Talker;
+use crate::lm::{build_prompt, LmBackends, Prompt, PromptRequest, TtsModel};
 use crate::marks::{MarkPlan, SpeakingRate};
 use crate::stream::{
     stream_utterances, SessionControl, StreamConfig, StreamEvent, StreamReport, Utterance,
@@ -53,11 +56,14 @@ impl Default for SynthOptions {
     }
 }
 
-/// A resident model with its tokenizer and codec.
+/// A resident model with its tokenizer and codec. A stage whose backend fails while speaking moves to the CPU
+/// ([`crate::fallback`]): `model` and `codec` are the stages as loaded, [`LmStages`] and [`Stages`] give the
+/// ones running now.
 pub struct Synthesizer {
     pub model: TtsModel,
     pub tokenizer: TextTokenizer,
     pub codec: CodecDecoder,
+    pub fallback: CpuFallback,
     /// This voice's pace, learned as it speaks: where marks fall before an utterance's end is known.
     pub speaking_rate: SpeakingRate,
 }
@@ -96,8 +102,24 @@ impl Synthesizer {
             model,
             tokenizer,
             codec,
+            fallback: CpuFallback::new(dir, storage),
             speaking_rate: SpeakingRate::default(),
         })
+    }
+
+    /// The prompt of `request`, built with the talker running now (moved to the CPU if its backend fails).
+    pub fn prompt(&self, request: &PromptRequest) -> Result<Prompt> {
+        let build = || {
+            let (backend, talker) = self.talker();
+            build_prompt(backend, &self.model.config, talker, request)
+        };
+        match build() {
+            Err(e @ Error::Backend { .. }) if !self.fallback.has_moved(Stage::Talker) => {
+                self.recover(Stage::Talker, e)?;
+                build()
+            }
+            other => other,
+        }
     }
 
     pub fn sample_rate(&self) -> u32 {
@@ -193,7 +215,7 @@ impl Synthesizer {
             let chunk = &text[chunks[c].clone()];
             let request = self.request(chunk, voice, warnings)?;
             Ok(Utterance {
-                prompt: self.model.prompt(&request)?,
+                prompt: self.prompt(&request)?,
                 marks: MarkPlan::new(chunk, &plans[c]),
             })
         };
@@ -210,8 +232,7 @@ impl Synthesizer {
         let mut utterances = std::iter::once(Ok(first)).chain(rest);
         let seed = options.seed.unwrap_or_else(random_seed);
         let report = stream_utterances(
-            &self.model,
-            &self.codec,
+            self,
             &mut utterances,
             &gen_options,
             seed,
@@ -221,5 +242,37 @@ impl Synthesizer {
             on_event,
         )?;
         Ok((report, warnings))
+    }
+}
+
+impl LmStages for Synthesizer {
+    fn model(&self) -> &TtsModel {
+        &self.model
+    }
+
+    fn talker(&self) -> (&dyn Backend, &Talker) {
+        self.fallback
+            .talker()
+            .unwrap_or((self.model.backend.as_ref(), &self.model.talker))
+    }
+
+    fn code_predictor(&self) -> (&dyn Backend, &CodePredictor) {
+        self.fallback
+            .code_predictor()
+            .unwrap_or((self.model.cp_backend.as_ref(), &self.model.code_predictor))
+    }
+
+    fn can_recover(&self, stage: Stage) -> bool {
+        !self.fallback.has_moved(stage)
+    }
+
+    fn recover(&self, stage: Stage, error: Error) -> Result<()> {
+        self.fallback.recover(&self.model.config, stage, error)
+    }
+}
+
+impl Stages for Synthesizer {
+    fn decoder(&self) -> &CodecDecoder {
+        self.fallback.decoder().unwrap_or(&self.codec)
     }
 }
