@@ -23,6 +23,7 @@ pub mod play_cmd;
 pub mod player;
 pub mod queue;
 pub mod request;
+pub mod runs;
 pub mod say_cmd;
 pub mod service;
 pub mod short_cache;

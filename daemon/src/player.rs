@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use anyhow::{anyhow, Result};
 use kazeia_engine::prosody_filter::ProsodyFilter;
-use kazeia_engine::ssml::{Piece, MAX_BREAK, MAX_TOTAL_BREAK};
-use kazeia_engine::stream::{SessionControl, StreamConfig};
+use kazeia_engine::ssml::{MAX_BREAK, MAX_TOTAL_BREAK};
+use kazeia_engine::stream::{SessionControl, StreamConfig, StreamEvent};
 use kazeia_engine::synth::{SynthOptions, Voice};
 
 use crate::audio::{open_sink, AudioSink, Playback};
@@ -19,6 +19,7 @@ use crate::config::DaemonConfig;
 use crate::engine::Engine;
 use crate::queue::{Event, Interrupt, Interruption, Lane, Limits, Reason, SpeechQueue};
 use crate::request::{Output, Request};
+use crate::runs::{steps, Out, Placement, RunMark, Step};
 use crate::short_cache::{self, CacheKey, ShortCache};
 use crate::spiel_stream::{ClientPipe, EventKind, SpielWriter};
 use crate::voices::resolve_voice;
@@ -447,28 +448,26 @@ impl Speaker<'_> {
     fn run(
         &self,
         audio: &mut (dyn FnMut(&[f32]) -> Result<()> + Send),
-        mark: &mut dyn FnMut(&str, u64),
+        mark: &mut (dyn FnMut(&str, u64) + Send),
         ends: &mut Vec<(usize, u64)>,
     ) -> Result<()> {
         let sample_rate = self.engine.info.sample_rate;
-        let base = self.request.prosody;
-        let spiel = matches!(self.request.output, Output::Spiel(_));
         let mut sent = 0u64;
         let mut pause_left = MAX_TOTAL_BREAK;
         let first = self.request.resume_from.load(Ordering::SeqCst);
-        for (index, piece) in self.request.pieces.iter().enumerate().skip(first) {
+        for step in steps(&self.request.pieces, first) {
             if self.control.is_stopped() {
                 break;
             }
-            if index > first {
-                ends.push((index - 1, sent));
-            }
-            match piece {
-                Piece::Mark(name) => mark(name, sent),
-                Piece::Break(duration) => {
+            match step {
+                Step::Mark { piece, name } => {
+                    mark(name, sent);
+                    ends.push((piece, sent));
+                }
+                Step::Break { piece, duration } => {
                     // Written 100 ms at a time as the sink takes it (it holds ~1.5 s), within the
                     // utterance's budget of pauses.
-                    let pause = (*duration).min(MAX_BREAK).min(pause_left);
+                    let pause = duration.min(MAX_BREAK).min(pause_left);
                     pause_left -= pause;
                     let mut left = (pause.as_secs_f64() * sample_rate as f64) as usize;
                     let silence = vec![0.0f32; (sample_rate as usize / 10).max(1)];
@@ -478,73 +477,124 @@ impl Speaker<'_> {
                         sent += chunk.len() as u64;
                         left -= chunk.len();
                     }
-                }
-                Piece::Text { text, prosody } => {
-                    if !text.chars().any(char::is_alphanumeric) {
-                        continue;
-                    }
-                    // Spiel clients apply the volume themselves.
-                    let volume = if spiel {
-                        prosody.volume
-                    } else {
-                        base.volume * prosody.volume
-                    };
-                    let (rate, pitch) = (base.rate * prosody.rate, base.pitch * prosody.pitch);
-                    let key = CacheKey::new(text, &self.voice, rate, pitch, volume);
-                    if let Some(audio_again) = key.as_ref().and_then(|k| self.cache.get(k)) {
-                        audio(&audio_again)?;
-                        sent += audio_again.len() as u64;
-                        continue;
-                    }
-                    let mut kept = key.as_ref().map(|_| Vec::new());
-                    let mut filter = ProsodyFilter::new(sample_rate, rate, pitch, volume);
-                    let mut deliver = |samples: &[f32]| -> Result<()> {
-                        injected_panic(text, "decoder");
-                        audio(samples)?;
-                        sent += samples.len() as u64;
-                        if let Some(k) = kept.as_mut() {
-                            k.extend_from_slice(samples);
-                            if k.len() > short_cache::MAX_ENTRY_SAMPLES {
-                                kept = None; // too long to cache: not kept at all
-                            }
-                        }
-                        Ok(())
-                    };
-                    let mut out = Vec::new();
-                    let mut failure: Option<anyhow::Error> = None;
-                    let result = self.engine.synth.synthesize(
-                        text,
-                        &self.voice,
-                        &self.options,
-                        self.stream,
-                        self.control,
-                        &mut |chunk| {
-                            out.clear();
-                            filter.process(chunk, &mut out);
-                            if let Err(e) = deliver(&out) {
-                                failure = Some(e);
-                                self.control.stop_async();
-                            }
-                            Ok(())
-                        },
-                    );
-                    if let Some(e) = failure {
-                        return Err(e);
-                    }
-                    result?;
                     if !self.control.is_stopped() {
-                        out.clear();
-                        filter.finish(&mut out);
-                        deliver(&out)?;
-                        if let (Some(key), Some(kept)) = (key, kept) {
-                            self.cache.insert(key, kept);
-                        }
+                        ends.push((piece, sent));
+                    }
+                }
+                Step::Run {
+                    text,
+                    prosody,
+                    marks,
+                    last_piece,
+                } => {
+                    self.speak_run(&text, prosody, &marks, audio, mark, ends, &mut sent)?;
+                    if !self.control.is_stopped() {
+                        ends.push((last_piece, sent));
                     }
                 }
             }
         }
-        if !self.control.is_stopped() && self.request.pieces.len() > first {
-            ends.push((self.request.pieces.len() - 1, sent));
+        Ok(())
+    }
+
+    /// One run: one generation through the prosody filter, its marks placed in the audio where they fall.
+    #[allow(clippy::too_many_arguments)]
+    fn speak_run(
+        &self,
+        text: &str,
+        prosody: kazeia_engine::ssml::Prosody,
+        marks: &[RunMark],
+        audio: &mut (dyn FnMut(&[f32]) -> Result<()> + Send),
+        mark: &mut (dyn FnMut(&str, u64) + Send),
+        ends: &mut Vec<(usize, u64)>,
+        sent: &mut u64,
+    ) -> Result<()> {
+        let sample_rate = self.engine.info.sample_rate;
+        let base = self.request.prosody;
+        // Spiel clients apply the volume themselves.
+        let volume = if matches!(self.request.output, Output::Spiel(_)) {
+            prosody.volume
+        } else {
+            base.volume * prosody.volume
+        };
+        let (rate, pitch) = (base.rate * prosody.rate, base.pitch * prosody.pitch);
+        // Short texts are cached when their marks are at the ends only (a word with Orca's one mark).
+        let at_ends = marks
+            .iter()
+            .all(|m| m.offset == 0 || m.offset >= text.len());
+        let key = CacheKey::new(text, &self.voice, rate, pitch, volume).filter(|_| at_ends);
+        let again = key.as_ref().and_then(|k| self.cache.get(k));
+        let mut kept = (key.is_some() && again.is_none()).then(Vec::new);
+        let mut emit = |out: Out| -> Result<()> {
+            match out {
+                Out::Audio(samples) => {
+                    audio(samples)?;
+                    *sent += samples.len() as u64;
+                    if let Some(k) = kept.as_mut() {
+                        k.extend_from_slice(samples);
+                        if k.len() > short_cache::MAX_ENTRY_SAMPLES {
+                            kept = None; // too long to cache: not kept at all
+                        }
+                    }
+                }
+                Out::Mark(i) => {
+                    mark(marks[i].name, *sent);
+                    ends.push((marks[i].piece, *sent));
+                }
+            }
+            Ok(())
+        };
+        if let Some(again) = again {
+            let leading = marks.iter().take_while(|m| m.offset == 0).count();
+            (0..leading).try_for_each(|i| emit(Out::Mark(i)))?;
+            emit(Out::Audio(&again))?;
+            return (leading..marks.len()).try_for_each(|i| emit(Out::Mark(i)));
+        }
+        let mut filter = ProsodyFilter::new(sample_rate, rate, pitch, volume);
+        let mut placement = Placement::new(filter.rate());
+        let offsets: Vec<usize> = marks.iter().map(|m| m.offset).collect();
+        let mut out = Vec::new();
+        let mut failure: Option<anyhow::Error> = None;
+        let result = self.engine.synth.synthesize_marked(
+            text,
+            &offsets,
+            &self.voice,
+            &self.options,
+            self.stream,
+            self.control,
+            &mut |event| {
+                if failure.is_some() {
+                    return Ok(());
+                }
+                out.clear();
+                match event {
+                    StreamEvent::Audio(chunk) => {
+                        injected_panic(text, "decoder");
+                        placement.input(chunk.len());
+                        filter.process(chunk, &mut out);
+                    }
+                    StreamEvent::Mark(i) => placement.mark(i),
+                }
+                if let Err(e) = placement.output(&out, &mut emit) {
+                    failure = Some(e);
+                    self.control.stop_async();
+                }
+                Ok(())
+            },
+        );
+        if let Some(e) = failure {
+            return Err(e);
+        }
+        result?;
+        if !self.control.is_stopped() {
+            out.clear();
+            filter.finish(&mut out);
+            placement.output(&out, &mut emit)?;
+            placement.finish(&mut emit)?;
+            drop(emit);
+            if let (Some(key), Some(kept)) = (key, kept) {
+                self.cache.insert(key, kept);
+            }
         }
         Ok(())
     }

@@ -13,6 +13,8 @@ use kazeia_tests::services::{DbusSession, PipeWire, Recorder, Service, TempDir};
 use kazeia_tests::{fixtures_dir, speaking_model};
 use zbus::wire::Variant;
 
+mod random_model;
+
 const KAZEIAD: &str = env!("CARGO_BIN_EXE_kazeiad");
 const KAZEIA: &str = env!("CARGO_BIN_EXE_kazeia");
 
@@ -911,7 +913,9 @@ async fn pause_resume_and_priorities_on_pipewire() {
 /// The daemon on a private bus with the model of `KAZEIA_BENCH_MODEL` (weights `KAZEIA_BENCH_WEIGHTS`,
 /// default q4_0), for the first-audio benchmarks.
 fn bench_daemon(label: &str) -> (TempDir, DbusSession, Service) {
-    let model = PathBuf::from(std::env::var("KAZEIA_BENCH_MODEL").expect("KAZEIA_BENCH_MODEL"));
+    // Without a model, a real-size random 0.6B one (written once, see `random_model`).
+    let model = std::env::var_os("KAZEIA_BENCH_MODEL")
+        .map_or_else(|| random_model::random_model("0.6b"), PathBuf::from);
     let weights = std::env::var("KAZEIA_BENCH_WEIGHTS").unwrap_or_else(|_| "q4_0".into());
     let dir = TempDir::new(label);
     let config = dir.path().join("kazeia.toml");
@@ -1160,4 +1164,309 @@ async fn module_first_audio() {
     }
     input.write_all(b"QUIT\n").unwrap();
     let _ = module.wait();
+}
+
+/// `sd_kazeia` on its stdin and stdout as speech-dispatcher drives it, with the times at which protocol
+/// markers come out (705 blocks are binary, so the raw output is scanned).
+struct ModuleDriver {
+    module: std::process::Child,
+    input: std::process::ChildStdin,
+    seen: std::sync::mpsc::Receiver<(&'static str, Instant)>,
+}
+
+impl ModuleDriver {
+    const MARKERS: [&'static str; 5] = [
+        "299 OK LOADED",
+        "203 OK AUDIO INITIALIZED",
+        "705-AUDIO",
+        "702 END",
+        "700-",
+    ];
+
+    fn start(bus: &DbusSession) -> Self {
+        use std::process::Stdio;
+        let module_conf = fixtures_dir().join("../../config/speech-dispatcher/kazeia.conf");
+        let mut module = Command::new(env!("CARGO_BIN_EXE_sd_kazeia"))
+            .arg(&module_conf)
+            .envs(bus.env())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let input = module.stdin.take().unwrap();
+        let mut output = module.stdout.take().unwrap();
+        let (seen_tx, seen) = std::sync::mpsc::channel::<(&'static str, Instant)>();
+        std::thread::spawn(move || {
+            use std::io::Read;
+            let mut window: Vec<u8> = Vec::new();
+            let mut buf = [0u8; 65536];
+            while let Ok(n) = output.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                window.extend_from_slice(&buf[..n]);
+                // Markers in the order they appear in the output.
+                loop {
+                    let found = Self::MARKERS
+                        .iter()
+                        .filter_map(|m| {
+                            window
+                                .windows(m.len())
+                                .position(|w| w == m.as_bytes())
+                                .map(|at| (at, *m))
+                        })
+                        .min();
+                    let Some((at, marker)) = found else { break };
+                    let _ = seen_tx.send((marker, Instant::now()));
+                    window.drain(..at + marker.len());
+                }
+                let keep = window.len().saturating_sub(64);
+                window.drain(..keep);
+            }
+        });
+        let mut driver = ModuleDriver {
+            module,
+            input,
+            seen,
+        };
+        driver.send("INIT\n");
+        driver.wait_for("299 OK LOADED");
+        driver.send("AUDIO\naudio_output_method=server\n.\n");
+        driver.wait_for("203 OK AUDIO INITIALIZED");
+        driver
+    }
+
+    fn send(&mut self, text: &str) {
+        use std::io::Write;
+        self.input.write_all(text.as_bytes()).unwrap();
+    }
+
+    /// When `marker` came; the index marks (`700-`) seen on the way are counted in `marks`.
+    fn wait_for_counting(&self, marker: &str, marks: &mut usize) -> Instant {
+        loop {
+            let (m, at) = self
+                .seen
+                .recv_timeout(Duration::from_secs(120))
+                .expect("the module answered");
+            if m == marker {
+                return at;
+            }
+            if m == "700-" {
+                *marks += 1;
+            }
+        }
+    }
+
+    fn wait_for(&self, marker: &str) -> Instant {
+        self.wait_for_counting(marker, &mut 0)
+    }
+}
+
+impl Drop for ModuleDriver {
+    fn drop(&mut self) {
+        self.send("QUIT\n");
+        let _ = self.module.wait();
+    }
+}
+
+/// What Orca 43 (`speechdispatcherfactory.py`, `_speak`) sends for `text`: a mark `start:end` (character
+/// offsets) before every word, `<`, `>`, `&` escaped, in `<speak>`.
+fn orca_ssml(text: &str) -> String {
+    let chars: Vec<char> = text.chars().collect();
+    let mut ssml = String::from("<speak>");
+    let mut i = 0;
+    while i < chars.len() {
+        if !chars[i].is_whitespace() && (i == 0 || chars[i - 1].is_whitespace()) {
+            let end = (i..chars.len())
+                .find(|&j| chars[j].is_whitespace())
+                .unwrap_or(chars.len());
+            ssml += &format!("<mark name=\"{i}:{end}\"/>");
+        }
+        match chars[i] {
+            '<' => ssml += "&lt;",
+            '>' => ssml += "&gt;",
+            '&' => ssml += "&amp;",
+            c => ssml.push(c),
+        }
+        i += 1;
+    }
+    ssml + "</speak>"
+}
+
+/// Orca's default voice settings as speech-dispatcher hands them to the module before each message (Orca's
+/// rate 50, pitch 5, gain 10 become SSIP rate 2, pitch 10, volume 100; punctuation "most").
+const ORCA_SET: &str = "SET\nrate=2\npitch=10\npitch_range=0\nvolume=100\npunctuation_mode=most\n\
+                        spelling_mode=off\ncap_let_recogn=none\nvoice=male1\nlanguage=en\n.\n";
+
+/// First audio through speech-dispatcher's module with what Orca sends (its settings and a mark before
+/// every word), against a bare SPEAK: `cargo test --release -p kazeia --test daemon_dbus
+/// module_first_audio_orca -- --ignored --nocapture` (`KAZEIA_BENCH_MODEL` or a random real-size 0.6B).
+/// Timed from the message written to the module to its first `705` audio block.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "benchmark: real-size model"]
+async fn module_first_audio_orca() {
+    let (_dir, bus, _daemon) = bench_daemon("module-orca-bench");
+    let mut module = ModuleDriver::start(&bus);
+    // Distinct texts, so that the cache of short utterances serves none of them.
+    let messages = [
+        "Screen reader on.",
+        "Save button",
+        "Untitled document, text editor.",
+        "File menu, nine items.",
+        "The quick brown fox jumps over the lazy dog.",
+        "Open a recent file with control R.",
+        "Cancel push button",
+    ];
+    let mut results: Vec<(&str, Vec<f64>, Vec<f64>, usize)> = Vec::new();
+    for (what, settings, orca) in [
+        ("bare SPEAK", "SET\nrate=0\npitch=0\nvolume=100\n.\n", false),
+        ("Orca", ORCA_SET, true),
+    ] {
+        let mut firsts = Vec::new();
+        let mut ends = Vec::new();
+        let mut marks = 0;
+        for text in messages {
+            let body = if orca {
+                orca_ssml(text)
+            } else {
+                format!("<speak>{text}</speak>")
+            };
+            let start = Instant::now();
+            module.send(settings);
+            module.send(&format!("SPEAK\n{body}\n.\n"));
+            let first = module.wait_for_counting("705-AUDIO", &mut marks);
+            let end = module.wait_for_counting("702 END", &mut marks);
+            firsts.push((first - start).as_secs_f64() * 1e3);
+            ends.push((end - start).as_secs_f64());
+            eprintln!(
+                "{what} {text:?}: first audio block after {:.0} ms, END after {:.2} s",
+                firsts.last().unwrap(),
+                ends.last().unwrap()
+            );
+        }
+        results.push((what, firsts, ends, marks));
+    }
+    for (what, mut firsts, _, marks) in results {
+        firsts.sort_by(f64::total_cmp);
+        eprintln!(
+            "{what}: first audio block after {:.0} ms (median of {}; min {:.0}, max {:.0}); {marks} index marks",
+            firsts[firsts.len() / 2],
+            firsts.len(),
+            firsts[0],
+            firsts[firsts.len() - 1],
+        );
+    }
+}
+
+/// Orca's messages (a mark before every word) through all three doors on the fixture model, greedy: Spiel
+/// gives the same audio as the text without marks (one generation, not one per word) with every mark once,
+/// in order, never after the end; `Speak` signals every `Mark` once, in order; `sd_kazeia` reports every
+/// `700` index mark once, in order, the first before any audio.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn orca_s_word_marks_are_one_generation_and_each_is_reported_once() {
+    let dir = TempDir::new("daemon-orca-marks");
+    let config = dir.path().join("kazeia.toml");
+    write_config(
+        &config,
+        &quick_model(),
+        "null",
+        "[generation]\ngreedy = true\nmax_frames = 30\n",
+    );
+    let bus = DbusSession::start(None);
+    let _daemon = start_daemon(&bus, &bus.env(), &config, dir.path().join("kazeiad.log"));
+    let connection = connect(&bus).await;
+    let text = "Screen reader on. Focus is on the Save button, press Enter.";
+    let ssml = orca_ssml(text);
+    let names: Vec<String> = ssml
+        .split("<mark name=\"")
+        .skip(1)
+        .map(|s| s.split('"').next().unwrap().to_owned())
+        .collect();
+    assert_eq!(names.len(), 11);
+
+    let (plain, _) = spiel(&connection, text, false).await.unwrap();
+    let (marked, marks) = spiel(&connection, &ssml, true).await.unwrap();
+    assert_eq!(marked, plain, "the marks changed the speech");
+    let heard: Vec<&str> = marks.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(heard, names.iter().map(String::as_str).collect::<Vec<_>>());
+    assert_eq!(marks[0].1, 0);
+    assert!(marks.windows(2).all(|w| w[0].1 <= w[1].1), "{marks:?}");
+    assert!(marks.last().unwrap().1 < marked.len(), "{marks:?}");
+
+    let proxy = SpeechProxy::builder(&connection).build().await.unwrap();
+    let mut done = Finishes::new(&proxy).await;
+    let mut signals = proxy.receive_mark().await.unwrap();
+    let mut options = HashMap::new();
+    options.insert("ssml", Variant::from(true));
+    let id = proxy.speak(&ssml, options).await.unwrap();
+    assert_eq!(
+        finished(&mut done, id, Duration::from_secs(30)).await,
+        "done"
+    );
+    let mut signalled = Vec::new();
+    while let Ok(Some(m)) = tokio::time::timeout(Duration::from_millis(300), signals.next()).await {
+        let args = m.args().unwrap();
+        assert_eq!(args.id, id);
+        signalled.push(args.name.clone());
+    }
+    assert_eq!(signalled, names);
+
+    // The module, as speech-dispatcher drives it with Orca's settings.
+    use std::io::{Read, Write};
+    let module_conf = fixtures_dir().join("../../config/speech-dispatcher/kazeia.conf");
+    let mut module = Command::new(env!("CARGO_BIN_EXE_sd_kazeia"))
+        .arg(&module_conf)
+        .envs(bus.env())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut input = module.stdin.take().unwrap();
+    write!(
+        input,
+        "INIT\nAUDIO\naudio_output_method=server\n.\n{ORCA_SET}SPEAK\n{ssml}\n.\n"
+    )
+    .unwrap();
+    let mut output = module.stdout.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut all = Vec::new();
+        let mut buf = [0u8; 65536];
+        while let Ok(n) = output.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            all.extend_from_slice(&buf[..n]);
+            if all.windows(7).any(|w| w == b"702 END") {
+                break;
+            }
+        }
+        all
+    });
+    let all = tokio::task::spawn_blocking(move || reader.join().unwrap())
+        .await
+        .unwrap();
+    writeln!(input, "QUIT").unwrap();
+    let _ = module.wait();
+    // 705 blocks hold no line feed (escaped), so the output splits into lines.
+    let lines: Vec<String> = all
+        .split(|&b| b == b'\n')
+        .map(|l| String::from_utf8_lossy(l).into_owned())
+        .collect();
+    let indexed: Vec<&str> = lines
+        .iter()
+        .filter_map(|l| l.strip_prefix("700-"))
+        .collect();
+    assert_eq!(
+        indexed,
+        names.iter().map(String::as_str).collect::<Vec<_>>()
+    );
+    let first_mark = lines.iter().position(|l| l.starts_with("700-")).unwrap();
+    let first_audio = lines.iter().position(|l| l == "705 AUDIO").unwrap();
+    let last_mark = lines.iter().rposition(|l| l.starts_with("700-")).unwrap();
+    assert!(
+        first_mark < first_audio && first_audio < last_mark,
+        "{lines:?}"
+    );
 }

@@ -251,6 +251,20 @@ fn spd_say_speaks_through_kazeia_and_reports_marks() {
         stack.logs()
     );
 
+    // Orca's messages carry a mark before every word: spoken as one text, each mark reached once, in order.
+    let orca = "<speak><mark name=\"0:6\"/>Screen <mark name=\"7:13\"/>reader <mark name=\"14:17\"/>on.</speak>";
+    let out = stack.spd_say(
+        &["-o", "kazeia", "-w", "-x", orca],
+        Duration::from_secs(120),
+    );
+    assert!(out.status.success(), "{out:?}\n{}", stack.logs());
+    assert_eq!(
+        text(&out.stdout) + &text(&out.stderr),
+        "reached mark '0:6'\nreached mark '7:13'\nreached mark '14:17'\n",
+        "{}",
+        stack.logs()
+    );
+
     // A sound icon goes back to speech-dispatcher (706), which plays it if it has it; the message ends.
     let icon = stack.spd_say(
         &["-o", "kazeia", "-w", "-I", "bell"],

@@ -11,6 +11,7 @@ pub mod graph;
 pub mod hub;
 pub mod linear;
 pub mod lm;
+pub mod marks;
 pub mod plugins;
 pub mod prosody_filter;
 pub mod random_weights;

@@ -5,6 +5,7 @@
 //! A [`SessionControl`] stops or pauses a session from any thread: after [`SessionControl::stop`] returns no
 //! more audio is delivered, and generation ends within one frame.
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::sync::{Condvar, Mutex};
@@ -16,6 +17,7 @@ use crate::fallback::{FixedStages, Stage, Stages};
 use crate::lm::generate::generate_on;
 use crate::lm::sampler::SeededRng;
 use crate::lm::{GenerateOptions, GenerateTimings, Prompt, TtsModel};
+use crate::marks::{MarkPlacer, MarkPlan, SpeakingRate};
 
 /// Chunking of the decoder's work.
 #[derive(Clone, Copy, Debug)]
@@ -182,8 +184,36 @@ struct DecodeStats {
 
 enum Work {
     Frames(Vec<Vec<u32>>),
+    /// Mark `id` falls `sample` samples into the current utterance's audio.
+    Mark {
+        id: usize,
+        sample: u64,
+    },
     /// The next frames start a new utterance (a new text chunk): fresh decoder state.
     Restart,
+}
+
+/// One prompt to speak and the marks inside its text.
+pub struct Utterance {
+    pub prompt: Prompt,
+    pub marks: MarkPlan,
+}
+
+impl From<Prompt> for Utterance {
+    fn from(prompt: Prompt) -> Self {
+        Utterance {
+            prompt,
+            marks: MarkPlan::default(),
+        }
+    }
+}
+
+/// What a session hands out, in the order it is to be heard.
+#[derive(Debug, PartialEq)]
+pub enum StreamEvent<'a> {
+    Audio(&'a [f32]),
+    /// The audio before mark `id` has all been handed out.
+    Mark(usize),
 }
 
 /// Speaks each prompt in turn, streaming audio to `on_audio` from the decoder thread.
@@ -202,8 +232,7 @@ pub fn stream_speech(
     stream_on(&stages, prompts, options, seed, config, control, on_audio)
 }
 
-/// [`stream_speech`] on `stages`: a stage whose backend fails is recovered and its work redone (see
-/// [`crate::fallback`]); the decoder keeps its state from before each chunk for that when it can recover.
+/// [`stream_on`] without marks.
 #[allow(clippy::too_many_arguments)]
 pub fn stream_on(
     stages: &dyn Stages,
@@ -214,11 +243,44 @@ pub fn stream_on(
     control: &SessionControl,
     on_audio: &mut (dyn FnMut(&[f32]) -> Result<()> + Send),
 ) -> Result<StreamReport> {
+    let mut utterances = prompts.map(|p| p.map(Utterance::from));
+    stream_utterances(
+        stages,
+        &mut utterances,
+        options,
+        seed,
+        config,
+        control,
+        &SpeakingRate::default(),
+        &mut |event| match event {
+            StreamEvent::Audio(samples) => on_audio(samples),
+            StreamEvent::Mark(_) => Ok(()),
+        },
+    )
+}
+
+/// [`stream_speech`] on `stages`, with marks: a stage whose backend fails is recovered and its work redone
+/// (see [`crate::fallback`]); the decoder keeps its state from before each chunk for that when it can
+/// recover. Each utterance is one generation, and its marks are handed out between the audio samples where
+/// they are estimated to fall (see [`crate::marks`]); `rate` is the model's speaking rate, learned from
+/// utterances that end by themselves.
+#[allow(clippy::too_many_arguments)]
+pub fn stream_utterances(
+    stages: &dyn Stages,
+    utterances: &mut dyn Iterator<Item = Result<Utterance>>,
+    options: &GenerateOptions,
+    seed: u64,
+    config: StreamConfig,
+    control: &SessionControl,
+    rate: &SpeakingRate,
+    on_event: &mut (dyn FnMut(StreamEvent) -> Result<()> + Send),
+) -> Result<StreamReport> {
     let start = Instant::now();
     let failed = AtomicBool::new(false);
     let (tx, rx) = mpsc::channel::<Work>();
     let mut report = StreamReport::default();
     let mut rng = SeededRng::new(seed);
+    let samples_per_frame = stages.decoder().samples_per_frame() as f64;
 
     std::thread::scope(|scope| {
         let failed = &failed;
@@ -226,13 +288,34 @@ pub fn stream_on(
             let mut state = stages.decoder().new_state();
             let mut stats = DecodeStats::default();
             let mut recovered = false;
+            // Marks not yet reached, by sample of the current utterance, and the samples handed out of it.
+            let mut marks: VecDeque<(u64, usize)> = VecDeque::new();
+            let mut done = 0u64;
+            let fail = |e: Error| {
+                failed.store(true, Ordering::SeqCst);
+                Err(e)
+            };
             for work in rx {
                 if control.is_stopped() || failed.load(Ordering::SeqCst) {
                     continue; // drain: the generator stops on its own
                 }
                 let frames = match work {
                     Work::Restart => {
+                        // Marks left over sit at the end of the utterance that ended.
+                        for (_, id) in marks.drain(..) {
+                            if let Err(e) = control.deliver(|| on_event(StreamEvent::Mark(id))) {
+                                return fail(e);
+                            }
+                        }
                         state = stages.decoder().new_state();
+                        done = 0;
+                        continue;
+                    }
+                    Work::Mark { id, sample } => {
+                        marks.push_back((sample, id));
+                        if let Err(e) = hand_out(&[], &mut marks, &mut done, control, on_event) {
+                            return fail(e);
+                        }
                         continue;
                     }
                     Work::Frames(frames) => frames,
@@ -269,22 +352,21 @@ pub fn stream_on(
                 stats.time += t.elapsed();
                 let wav = match wav {
                     Ok(wav) => wav,
-                    Err(e) => {
-                        failed.store(true, Ordering::SeqCst);
-                        return Err(e);
-                    }
+                    Err(e) => return fail(e),
                 };
-                match control.deliver(|| on_audio(&wav)) {
+                match hand_out(&wav, &mut marks, &mut done, control, on_event) {
                     Ok(true) => {
                         stats.first.get_or_insert_with(|| start.elapsed());
                         stats.samples += wav.len();
                         stats.delivered += 1;
                     }
                     Ok(false) => {}
-                    Err(e) => {
-                        failed.store(true, Ordering::SeqCst);
-                        return Err(e);
-                    }
+                    Err(e) => return fail(e),
+                }
+            }
+            for (_, id) in marks.drain(..) {
+                if let Err(e) = control.deliver(|| on_event(StreamEvent::Mark(id))) {
+                    return fail(e);
                 }
             }
             Ok(stats)
@@ -292,15 +374,25 @@ pub fn stream_on(
 
         let mut target = config.first_chunk_frames.max(1);
         let generation: Result<()> = (|| {
-            for (i, prompt) in prompts.enumerate() {
+            for (i, utterance) in utterances.enumerate() {
                 if control.is_stopped() || failed.load(Ordering::SeqCst) {
                     break;
                 }
-                let prompt = prompt?;
+                let Utterance { prompt, marks } = utterance?;
                 if i > 0 {
                     tx.send(Work::Restart).ok();
                 }
+                let weight = marks.weight;
+                let mut placer = MarkPlacer::new(marks, rate);
+                let send_marks = |placed: Vec<(usize, f64)>| {
+                    for (id, frame) in placed {
+                        let sample = (frame * samples_per_frame).round() as u64;
+                        tx.send(Work::Mark { id, sample }).ok();
+                    }
+                };
+                send_marks(placer.due(0));
                 let mut pending: Vec<Vec<u32>> = Vec::new();
+                let mut made = 0;
                 let t = Instant::now();
                 let generated = generate_on(
                     stages,
@@ -308,6 +400,8 @@ pub fn stream_on(
                     options,
                     &mut || rng.uniform(),
                     &mut |frame| {
+                        made += 1;
+                        send_marks(placer.due(made));
                         pending.push(frame.to_vec());
                         if pending.len() >= target {
                             tx.send(Work::Frames(std::mem::take(&mut pending))).ok();
@@ -325,6 +419,10 @@ pub fn stream_on(
                 report.timings.code_predictor += g.code_predictor;
                 report.utterances += 1;
                 report.frames += generated.codes.len();
+                if generated.eos {
+                    rate.learn(generated.codes.len(), weight);
+                }
+                send_marks(placer.finish(generated.codes.len()));
                 if !pending.is_empty() {
                     tx.send(Work::Frames(pending)).ok();
                 }
@@ -345,4 +443,39 @@ pub fn stream_on(
         report.stopped = control.is_stopped();
         Ok(report)
     })
+}
+
+/// Hands out `wav` (the next samples of the utterance, `done` handed out before it) with each mark in
+/// `marks` (by sample, in order) between the samples where it falls; `false` if the session was stopped.
+fn hand_out(
+    wav: &[f32],
+    marks: &mut VecDeque<(u64, usize)>,
+    done: &mut u64,
+    control: &SessionControl,
+    on_event: &mut (dyn FnMut(StreamEvent) -> Result<()> + Send),
+) -> Result<bool> {
+    let mut rest = wav;
+    loop {
+        while let Some(&(at, id)) = marks.front() {
+            if at > *done {
+                break;
+            }
+            marks.pop_front();
+            if !control.deliver(|| on_event(StreamEvent::Mark(id)))? {
+                return Ok(false);
+            }
+        }
+        if rest.is_empty() {
+            return Ok(true);
+        }
+        let take = marks.front().map_or(rest.len(), |&(at, _)| {
+            ((at - *done) as usize).min(rest.len())
+        });
+        let (now, later) = rest.split_at(take);
+        if !control.deliver(|| on_event(StreamEvent::Audio(now)))? {
+            return Ok(false);
+        }
+        *done += take as u64;
+        rest = later;
+    }
 }

@@ -14,8 +14,11 @@ use crate::lm::code_predictor::CodePredictor;
 use crate::lm::sampler::random_seed;
 use crate::lm::talker::Talker;
 use crate::lm::{build_prompt, LmBackends, Prompt, PromptRequest, TtsModel};
-use crate::stream::{stream_on, SessionControl, StreamConfig, StreamReport};
-use crate::text::split_for_synthesis;
+use crate::marks::{MarkPlan, SpeakingRate};
+use crate::stream::{
+    stream_utterances, SessionControl, StreamConfig, StreamEvent, StreamReport, Utterance,
+};
+use crate::text::chunk_ranges;
 use crate::tokenizer::TextTokenizer;
 
 /// Who speaks and how.
@@ -61,6 +64,8 @@ pub struct Synthesizer {
     pub tokenizer: TextTokenizer,
     pub codec: CodecDecoder,
     pub fallback: CpuFallback,
+    /// This voice's pace, learned as it speaks: where marks fall before an utterance's end is known.
+    pub speaking_rate: SpeakingRate,
 }
 
 impl Synthesizer {
@@ -98,6 +103,7 @@ impl Synthesizer {
             tokenizer,
             codec,
             fallback: CpuFallback::new(dir, storage),
+            speaking_rate: SpeakingRate::default(),
         })
     }
 
@@ -161,33 +167,79 @@ impl Synthesizer {
         control: &SessionControl,
         on_audio: &mut (dyn FnMut(&[f32]) -> Result<()> + Send),
     ) -> Result<(StreamReport, Vec<String>)> {
-        let chunks = split_for_synthesis(text, options.chunk_chars);
+        self.synthesize_marked(
+            text,
+            &[],
+            voice,
+            options,
+            stream,
+            control,
+            &mut |event| match event {
+                StreamEvent::Audio(samples) => on_audio(samples),
+                StreamEvent::Mark(_) => Ok(()),
+            },
+        )
+    }
+
+    /// [`Synthesizer::synthesize`] with index marks at byte offsets `marks` of `text` (in order): the text
+    /// is generated as it would be without them (one generation per sentence-sized chunk, not per mark), and
+    /// `StreamEvent::Mark(i)` for `marks[i]` comes between the samples where that point of the text is
+    /// estimated to be spoken ([`crate::marks`]). Every mark is handed out once, in order, unless the
+    /// session is stopped first.
+    #[allow(clippy::too_many_arguments)]
+    pub fn synthesize_marked(
+        &self,
+        text: &str,
+        marks: &[usize],
+        voice: &Voice,
+        options: &SynthOptions,
+        stream: StreamConfig,
+        control: &SessionControl,
+        on_event: &mut (dyn FnMut(StreamEvent) -> Result<()> + Send),
+    ) -> Result<(StreamReport, Vec<String>)> {
+        let chunks = chunk_ranges(text, options.chunk_chars);
         if chunks.is_empty() {
             return Err(Error::Input("the text is empty: nothing to say".into()));
         }
+        // Each mark goes with the first chunk that ends after it (the last one if none does), at its
+        // offset in that chunk.
+        let mut plans: Vec<Vec<(usize, usize)>> = vec![Vec::new(); chunks.len()];
+        for (id, &offset) in marks.iter().enumerate() {
+            let c = chunks
+                .iter()
+                .position(|r| r.end > offset)
+                .unwrap_or(chunks.len() - 1);
+            plans[c].push((id, offset.saturating_sub(chunks[c].start)));
+        }
+        let utterance = |c: usize, warnings: &mut Vec<String>| -> Result<Utterance> {
+            let chunk = &text[chunks[c].clone()];
+            let request = self.request(chunk, voice, warnings)?;
+            Ok(Utterance {
+                prompt: self.prompt(&request)?,
+                marks: MarkPlan::new(chunk, &plans[c]),
+            })
+        };
         // Check the voice once, up front, so a bad speaker fails before any audio.
         let mut warnings = Vec::new();
-        let first = self.prompt(&self.request(&chunks[0], voice, &mut warnings)?)?;
+        let first = utterance(0, &mut warnings)?;
 
         let mut gen_options = self.model.default_options(options.greedy);
         if let Some(n) = options.max_new_tokens {
             gen_options.max_new_tokens = n;
         }
         // The first prompt is the one just checked; the rest are built as generation reaches them.
-        let rest = chunks[1..].iter().map(|chunk| {
-            let request = self.request(chunk, voice, &mut Vec::new())?;
-            self.prompt(&request)
-        });
-        let mut prompts = std::iter::once(Ok(first)).chain(rest);
+        let rest = (1..chunks.len()).map(|c| utterance(c, &mut Vec::new()));
+        let mut utterances = std::iter::once(Ok(first)).chain(rest);
         let seed = options.seed.unwrap_or_else(random_seed);
-        let report = stream_on(
+        let report = stream_utterances(
             self,
-            &mut prompts,
+            &mut utterances,
             &gen_options,
             seed,
             stream,
             control,
-            on_audio,
+            &self.speaking_rate,
+            on_event,
         )?;
         Ok((report, warnings))
     }

@@ -822,3 +822,30 @@ fn random_input_never_breaks_the_module() {
     assert!(count > 1000, "{count} outputs");
     assert_eq!(h.finish(), 0);
 }
+
+#[test]
+fn audio_shorter_than_a_block_is_sent_without_waiting_for_more() {
+    // The provider's first chunk is 10 ms (a block is 50 ms), then it computes for 2 s: the first sound must
+    // not wait for the second chunk (this held Orca's first sound back by a whole decoder chunk).
+    let synth = TestSynth::new().slow(240, 2000);
+    let mut h = Harness::started(synth);
+    let text = format!(
+        "<speak>{}</speak>",
+        "Hello there, this is a longer text. ".repeat(10)
+    );
+    h.send(&["SPEAK", &text, "."]);
+    h.expect(&["202 OK RECEIVING MESSAGE", "200 OK SPEAKING", "701 BEGIN"]);
+    let asked = Instant::now();
+    match h.next() {
+        Out::Audio { samples, .. } => assert_eq!(samples.len(), 240),
+        other => panic!("{other:?}"),
+    }
+    assert!(
+        asked.elapsed() < Duration::from_millis(1000),
+        "the first audio waited {:?}",
+        asked.elapsed()
+    );
+    h.send(&["STOP"]);
+    h.message(24000 * 50 / 1000);
+    assert_eq!(h.quit(), 0);
+}

@@ -106,7 +106,10 @@ fn relay(stream: PipeReader, format: AudioFormat, control: &Control, out: &Outpu
             match chunk {
                 Chunk::Audio(pcm) => {
                     buffer.push_s16le(&pcm);
-                    while let Some(block) = buffer.full_block() {
+                    // Audio that has arrived is sent now, the rest of a block included: waiting to fill it
+                    // would hold the first sound back until the provider's next chunk (hundreds of ms when
+                    // the prosody filter leaves the first chunk shorter than a block).
+                    while let Some(block) = buffer.full_block().or_else(|| buffer.flush()) {
                         if control.stopped() {
                             return Ok(Event::Stop);
                         }

@@ -39,6 +39,8 @@ pub struct GenerateTimings {
 pub struct Generated {
     pub codes: Vec<Vec<u32>>,
     pub timings: GenerateTimings,
+    /// The model ended the utterance (EOS), rather than `max_new_tokens` or `on_frame`.
+    pub eos: bool,
 }
 
 /// Generates frames of codes (`[frame][codebook]`), calling `on_frame` as each frame completes; `uniform`
@@ -93,6 +95,7 @@ pub fn generate_on(
     timings.prefill = start.elapsed();
     let mut generated: Vec<u32> = Vec::new();
     let mut frames = Vec::new();
+    let mut eos = false;
     while generated.len() < options.max_new_tokens {
         rules.apply(&mut logits, &generated);
         if options.ignore_eos {
@@ -100,7 +103,8 @@ pub fn generate_on(
         }
         let token = choose(&mut logits, &options.talker, uniform);
         generated.push(token);
-        if token == rules.eos || generated.len() == options.max_new_tokens {
+        eos = token == rules.eos;
+        if eos || generated.len() == options.max_new_tokens {
             break;
         }
         let start = Instant::now();
@@ -151,6 +155,7 @@ pub fn generate_on(
     Ok(Generated {
         codes: frames,
         timings,
+        eos,
     })
 }
 
