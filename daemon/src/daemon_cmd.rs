@@ -56,8 +56,8 @@ fn file_stamp(path: &Option<PathBuf>) -> Option<(SystemTime, u64)> {
 async fn serve(args: DaemonArgs) -> Result<()> {
     let (config, in_use) = config::load(args.config.as_deref())?;
     match &in_use {
-        Some(p) => eprintln!("kazeiad: configuration {}", p.display()),
-        None => eprintln!("kazeiad: no configuration file; built-in defaults"),
+        Some(p) => tracing::info!("configuration {}", p.display()),
+        None => tracing::info!("no configuration file; built-in defaults"),
     }
     let watched = watched_path(&args, &in_use);
 
@@ -76,7 +76,7 @@ async fn serve(args: DaemonArgs) -> Result<()> {
 
     // The model loads and warms up before the names are taken: owning the name means "ready".
     let summary = service.apply(config).await?;
-    eprintln!("kazeiad: {summary}");
+    tracing::info!("{summary}");
 
     let connection = zbus::connection::Builder::session()
         .serve_at(
@@ -96,8 +96,8 @@ async fn serve(args: DaemonArgs) -> Result<()> {
         .build()
         .await
         .context("cannot serve on the session bus (is DBUS_SESSION_BUS_ADDRESS set? is another kazeiad running?)")?;
-    eprintln!(
-        "kazeiad: ready as {BUS_NAME} and {SPIEL_BUS_NAME} ({})",
+    tracing::info!(
+        "ready as {BUS_NAME} and {SPIEL_BUS_NAME} ({})",
         backends_summary(&service.info())
     );
 
@@ -118,7 +118,7 @@ async fn serve(args: DaemonArgs) -> Result<()> {
                     }
                 };
                 if let Err(e) = sent {
-                    eprintln!("kazeiad: cannot emit {event:?}: {e}");
+                    tracing::warn!("cannot emit {event:?}: {e}");
                 }
             }
         }
@@ -135,22 +135,22 @@ async fn serve(args: DaemonArgs) -> Result<()> {
         async move {
             match service.reload().await {
                 Ok(summary) => {
-                    eprintln!("kazeiad: reload ({why}): {summary}");
+                    tracing::info!("reload ({why}): {summary}");
                     let iface = api.get().await;
                     emit_properties(&iface, api.signal_emitter()).await;
                 }
-                Err(e) => eprintln!(
-                    "kazeiad: reload ({why}) refused, the running configuration stays: {e:#}"
+                Err(e) => tracing::warn!(
+                    "reload ({why}) refused, the running configuration stays: {e:#}"
                 ),
             }
         }
     };
     loop {
         tokio::select! {
-            _ = terminate.recv() => { eprintln!("kazeiad: SIGTERM, shutting down"); break; }
-            _ = interrupt.recv() => { eprintln!("kazeiad: SIGINT, shutting down"); break; }
+            _ = terminate.recv() => { tracing::info!("SIGTERM, shutting down"); break; }
+            _ = interrupt.recv() => { tracing::info!("SIGINT, shutting down"); break; }
             _ = hangup.recv() => reload("SIGHUP").await,
-            _ = connection.closed() => { eprintln!("kazeiad: the session bus went away, exiting"); break; }
+            _ = connection.closed() => { tracing::info!("the session bus went away, exiting"); break; }
             _ = poll.tick() => {
                 let now = file_stamp(&watched);
                 if now != stamp {
@@ -176,6 +176,6 @@ async fn serve(args: DaemonArgs) -> Result<()> {
     .await;
     tokio::time::sleep(Duration::from_millis(50)).await;
     drop(connection);
-    eprintln!("kazeiad: stopped");
+    tracing::info!("stopped");
     Ok(())
 }

@@ -93,7 +93,7 @@ impl Engine {
             let (backend, warning) = backend_named(name, threads, &plugins);
             let actual = match warning {
                 Some(w) => {
-                    eprintln!("kazeiad: warning: {stage}: {w}");
+                    tracing::warn!("{stage}: {w}");
                     if name == "cpu" {
                         "cpu".to_owned()
                     } else {

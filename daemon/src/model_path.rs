@@ -14,7 +14,7 @@ pub fn resolve_model(spec: &str) -> Result<PathBuf> {
         return Ok(hub::resolve(
             spec,
             &hub::HubSettings::from_env(),
-            &mut hub::stderr_progress(),
+            &mut crate::progress::download(),
         )?);
     }
     anyhow::bail!("model `{spec}` is neither a directory nor a Hugging Face repo id (owner/name)")
