@@ -238,9 +238,22 @@ impl Orca {
         // UTC, so the debug log's clock times are UTC.
         env.push(("GSETTINGS_BACKEND".into(), "memory".into()));
         env.push(("TZ".into(), "UTC".into()));
+        // Orca's own settings directory, with defaults everywhere; its customizations file only makes the
+        // debug log line-buffered, so each line can be read (and its time used) as soon as it is written.
+        let prefs = dir.join("orca-prefs");
+        std::fs::create_dir_all(&prefs).unwrap();
+        std::fs::write(
+            prefs.join("orca-customizations.py"),
+            "import orca.debug\n\
+             if orca.debug.debugFile:\n    orca.debug.debugFile.reconfigure(line_buffering=True)\n",
+        )
+        .unwrap();
         let service = Service::spawn(
             "orca",
-            &[&format!("--debug-file={}", debug.display())],
+            &[
+                &format!("--debug-file={}", debug.display()),
+                &format!("--user-prefs={}", prefs.display()),
+            ],
             &env,
             dir.join("orca.out"),
         );
@@ -282,7 +295,12 @@ impl Orca {
 /// text between the quotes).
 fn parse_speech_output(line: &str) -> Option<(SystemTime, String)> {
     let (clock, rest) = line.split_once(" - SPEECH OUTPUT: '")?;
-    let text = rest.rsplit_once('\'')?.0.to_owned();
+    // The text, then `'` and the voice settings (`{…}`) when Orca logs them.
+    let text = match rest.rfind("'{") {
+        Some(end) => &rest[..end],
+        None => rest.rsplit_once('\'')?.0,
+    }
+    .to_owned();
     let mut parts = clock.split(':');
     let h: u64 = parts.next()?.parse().ok()?;
     let m: u64 = parts.next()?.parse().ok()?;

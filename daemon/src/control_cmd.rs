@@ -8,7 +8,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use zbus::fdo::{DBusProxy, PropertiesProxy};
 use zbus::names::{BusName, InterfaceName};
-use zbus::wire::OwnedValue;
+use zbus::wire::OwnedVariant;
 
 use crate::dbus::client::SpeechProxy;
 
@@ -130,7 +130,7 @@ pub fn run_voices(args: VoicesArgs) -> Result<()> {
     print_voices(args.language.as_deref())
 }
 
-fn text(value: Option<&OwnedValue>) -> String {
+fn text(value: Option<&OwnedVariant>) -> String {
     value
         .and_then(|v| String::try_from(v.clone()).ok())
         .unwrap_or_else(|| "?".into())
@@ -146,11 +146,11 @@ pub fn run_status(_args: StatusArgs) -> Result<()> {
             );
         };
         let properties = PropertiesProxy::builder(&connection)
-            .destination(BUS_NAME)?
-            .path(PATH)?
+            .destination(BUS_NAME)
+            .path(PATH)
             .build()
             .await?;
-        let all: HashMap<String, OwnedValue> = properties
+        let all: HashMap<String, OwnedVariant> = properties
             .get_all(InterfaceName::try_from(INTERFACE)?)
             .await
             .context("cannot read the daemon's properties")?;

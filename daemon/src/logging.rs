@@ -7,7 +7,7 @@ use std::sync::OnceLock;
 
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
-use tracing_subscriber::{reload, EnvFilter, Layer, Registry};
+use tracing_subscriber::{reload, EnvFilter, Registry};
 
 /// The level used when neither `RUST_LOG` nor the configuration says.
 pub const DEFAULT_LEVEL: &str = "info";
@@ -54,17 +54,24 @@ pub fn init(program: &str) {
         .and_then(|v| parse_level(v).ok())
         .unwrap_or_else(|| EnvFilter::new(DEFAULT_LEVEL));
     let (filter, handle) = reload::Layer::new(filter);
-    let output = if to_journal() {
-        match tracing_journald::layer() {
-            Ok(journal) => journal.with_syslog_identifier(program.to_owned()).boxed(),
-            Err(_) => text_layer(program),
-        }
+    let journal = if to_journal() {
+        tracing_journald::layer()
+            .ok()
+            .map(|j| j.with_syslog_identifier(program.to_owned()))
     } else {
-        text_layer(program)
+        None
     };
+    // `kazeiad: warning: message`: the program's name first, as the messages always had, so that a line
+    // in a shared log (speech-dispatcher's, a terminal) says whose it is.
+    let text = journal.is_none().then(|| {
+        tracing_subscriber::fmt::layer()
+            .with_writer(std::io::stderr)
+            .event_format(Prefixed(program.to_owned()))
+    });
     if tracing_subscriber::registry()
         .with(filter)
-        .with(output)
+        .with(journal)
+        .with(text)
         .try_init()
         .is_ok()
         && from_env.is_none()
@@ -73,20 +80,7 @@ pub fn init(program: &str) {
     }
 }
 
-/// `kazeiad: WARN message key=value`: the program's name first, as the messages always had, so a line in
-/// a shared log (speech-dispatcher's, a terminal) says whose it is.
-fn text_layer(program: &str) -> Box<dyn Layer<Registry> + Send + Sync> {
-    let program = program.to_owned();
-    tracing_subscriber::fmt::layer()
-        .with_writer(std::io::stderr)
-        .with_target(false)
-        .without_time()
-        .with_ansi(false)
-        .event_format(Prefixed(program))
-        .boxed()
-}
-
-/// The event format of [`text_layer`].
+/// The text lines' format: `program: [level: ]message fields`.
 struct Prefixed(String);
 
 impl<S, N> tracing_subscriber::fmt::FormatEvent<S, N> for Prefixed

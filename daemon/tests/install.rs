@@ -60,7 +60,7 @@ fn system_install_puts_each_file_where_its_reader_looks() {
     assert!(!at("usr/local/etc").exists(), "nothing reads /usr/local/etc");
 }
 
-/// Builds the package from the test build (uncompressed, unstripped: quick) into `dir`.
+/// Builds the package from the test build (stripped, uncompressed: quick) into `dir`.
 fn make_deb(dir: &Path) -> PathBuf {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tools/make-deb.sh");
     let out = Command::new("bash")
@@ -69,7 +69,7 @@ fn make_deb(dir: &Path) -> PathBuf {
         .arg(built())
         .arg("--out")
         .arg(dir)
-        .args(["--compress", "none", "--no-strip"])
+        .args(["--compress", "none"])
         .env("KAZEIA", KAZEIA)
         .output()
         .unwrap();
