@@ -17,7 +17,7 @@ use clap::{Parser, Subcommand};
     version,
     about = "Kazeia: local neural speech (Qwen3-TTS-12Hz)",
     after_help = "Examples:\n  \
-        kazeia say \"Hello from Kazeia.\"        # through the daemon (started on demand)\n  \
+        kazeia say \"Hello from Kazeia.\"       # through the daemon (started on demand)\n  \
         kazeia voices                         # what the daemon offers, with languages\n  \
         kazeia status                         # state, model, backends, queue, memory\n  \
         kazeia stop                           # silence it\n  \
