@@ -21,7 +21,15 @@ impl Xvfb {
         // -displayfd: the server picks a free display and prints its number (to the log) once it listens.
         let mut service = Service::spawn(
             "Xvfb",
-            &["-displayfd", "1", "-screen", "0", "1024x768x24", "-nolisten", "tcp"],
+            &[
+                "-displayfd",
+                "1",
+                "-screen",
+                "0",
+                "1024x768x24",
+                "-nolisten",
+                "tcp",
+            ],
             &[],
             log.clone(),
         );
@@ -384,8 +392,15 @@ mod tests {
         )
         .unwrap();
         assert_eq!(text, "A long button label push button.");
-        let secs = at.duration_since(SystemTime::UNIX_EPOCH).unwrap().as_secs_f64() % 86_400.0;
-        assert!((secs - (19.0 * 3600.0 + 15.0 * 60.0 + 38.851948)).abs() < 1e-3, "{secs}");
+        let secs = at
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap()
+            .as_secs_f64()
+            % 86_400.0;
+        assert!(
+            (secs - (19.0 * 3600.0 + 15.0 * 60.0 + 38.851948)).abs() < 1e-3,
+            "{secs}"
+        );
         assert!(parse_speech_output("19:15:38.85 - SPEECH: Initializing").is_none());
     }
 }

@@ -212,7 +212,8 @@ impl DaemonConfig {
         if self.voice.language.trim().is_empty() {
             bail!("[voice] language is empty (use \"auto\")");
         }
-        crate::logging::parse_level(&self.log.level).map_err(|e| anyhow::anyhow!("[log] level: {e}"))?;
+        crate::logging::parse_level(&self.log.level)
+            .map_err(|e| anyhow::anyhow!("[log] level: {e}"))?;
         Ok(())
     }
 

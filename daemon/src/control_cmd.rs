@@ -105,7 +105,10 @@ pub fn voices(language: Option<&str>) -> Result<Vec<(String, String, Vec<String>
 }
 
 fn primary_subtag(tag: &str) -> String {
-    tag.split(['-', '_']).next().unwrap_or("").to_ascii_lowercase()
+    tag.split(['-', '_'])
+        .next()
+        .unwrap_or("")
+        .to_ascii_lowercase()
 }
 
 /// `kazeia voices` and `kazeia say --list-voices`: one voice a line, `ID  NAME  LANGUAGES`.

@@ -139,9 +139,9 @@ async fn serve(args: DaemonArgs) -> Result<()> {
                     let iface = api.get().await;
                     emit_properties(&iface, api.signal_emitter()).await;
                 }
-                Err(e) => tracing::warn!(
-                    "reload ({why}) refused, the running configuration stays: {e:#}"
-                ),
+                Err(e) => {
+                    tracing::warn!("reload ({why}) refused, the running configuration stays: {e:#}")
+                }
             }
         }
     };

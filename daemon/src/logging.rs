@@ -48,7 +48,9 @@ pub fn to_journal() -> bool {
 /// Installs the subscriber once; `program` names the journal's `SYSLOG_IDENTIFIER`. Later calls do nothing
 /// (tests and in-process fallbacks may start twice).
 pub fn init(program: &str) {
-    let from_env = std::env::var("RUST_LOG").ok().filter(|v| !v.trim().is_empty());
+    let from_env = std::env::var("RUST_LOG")
+        .ok()
+        .filter(|v| !v.trim().is_empty());
     let filter = from_env
         .as_deref()
         .and_then(|v| parse_level(v).ok())
@@ -124,8 +126,8 @@ mod tests {
         for ok in ["info", "debug", "off", "warn,kazeia::player=trace"] {
             assert!(parse_level(ok).is_ok(), "{ok}");
         }
-        let err = parse_level("loud=").unwrap_err();
-        assert!(err.contains("`loud=` is not a log level"), "{err}");
+        let err = parse_level("kazeia=loudest").unwrap_err();
+        assert!(err.contains("`kazeia=loudest` is not a log level"), "{err}");
     }
 
     #[test]

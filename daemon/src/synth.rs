@@ -101,7 +101,8 @@ pub fn run(args: SynthArgs) -> Result<()> {
     let dir = resolve_model(&args.model)?;
     let (lm, decoder) = args.engine.backends.resolve(args.engine.threads);
     let load_start = Instant::now();
-    let loading = kazeia::progress::Spinner::new("loading the model (converted weights are cached)");
+    let loading =
+        kazeia::progress::Spinner::new("loading the model (converted weights are cached)");
     let synth = Synthesizer::load_on(&dir, lm, decoder, args.engine.weights)
         .with_context(|| format!("cannot load the model from {}", dir.display()))?;
     drop(loading);

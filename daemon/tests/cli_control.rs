@@ -90,7 +90,10 @@ fn voices_status_and_stop_talk_to_the_daemon() {
     // status and stop never start the daemon.
     let status = run(&bus, &["status"]);
     assert!(!status.status.success());
-    assert!(stderr(&status).contains("kazeiad is not running"), "{status:?}");
+    assert!(
+        stderr(&status).contains("kazeiad is not running"),
+        "{status:?}"
+    );
     let stop = run(&bus, &["stop"]);
     assert!(stop.status.success(), "{stop:?}");
     assert!(stdout(&stop).contains("not running"), "{stop:?}");
@@ -140,7 +143,8 @@ fn voices_status_and_stop_talk_to_the_daemon() {
     let shown = stdout(&status);
     let pid = daemon_pid(&bus);
     assert!(
-        shown.starts_with(&format!("kazeiad: running, pid {pid}, ")) && shown.contains(" MB resident\n"),
+        shown.starts_with(&format!("kazeiad: running, pid {pid}, "))
+            && shown.contains(" MB resident\n"),
         "{shown}"
     );
     for line in [
@@ -174,7 +178,10 @@ fn voices_status_and_stop_talk_to_the_daemon() {
         if say.try_wait().unwrap().is_some() {
             break say.wait_with_output().unwrap();
         }
-        assert!(stopped_at.elapsed() < Duration::from_secs(5), "say still waits");
+        assert!(
+            stopped_at.elapsed() < Duration::from_secs(5),
+            "say still waits"
+        );
         std::thread::sleep(Duration::from_millis(10));
     };
     assert!(!said.status.success());
@@ -183,7 +190,10 @@ fn voices_status_and_stop_talk_to_the_daemon() {
     // stop --daemon ends it; it is gone from the bus.
     let stop = run(&bus, &["stop", "--daemon"]);
     assert!(stop.status.success(), "{stop:?}");
-    assert!(stdout(&stop).contains(&format!("kazeiad (pid {pid}) ended")), "{stop:?}");
+    assert!(
+        stdout(&stop).contains(&format!("kazeiad (pid {pid}) ended")),
+        "{stop:?}"
+    );
     assert!(!name_has_owner(&bus, "org.kazeia.Speech"));
     assert!(!run(&bus, &["status"]).status.success());
 }

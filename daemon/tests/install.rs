@@ -41,7 +41,9 @@ fn system_install_puts_each_file_where_its_reader_looks() {
     assert!(at("usr/lib/speech-dispatcher-modules/sd_kazeia").is_file());
     assert_eq!(
         read(&at("etc/speech-dispatcher/modules/kazeia.conf")),
-        read(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/speech-dispatcher/kazeia.conf"))
+        read(
+            &Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/speech-dispatcher/kazeia.conf")
+        )
     );
     // kazeiad reads /etc/kazeia/kazeia.toml.
     assert_eq!(
@@ -50,14 +52,22 @@ fn system_install_puts_each_file_where_its_reader_looks() {
     );
     // systemd and dbus look under /usr/local too; the files name the installed binary.
     let unit = read(&at("usr/local/lib/systemd/user/kazeia.service"));
-    assert!(unit.contains("\nExecStart=/usr/local/bin/kazeiad\n"), "{unit}");
+    assert!(
+        unit.contains("\nExecStart=/usr/local/bin/kazeiad\n"),
+        "{unit}"
+    );
     for name in ["org.kazeia.Speech", "org.kazeia.Speech.Provider"] {
-        let file = read(&at(&format!("usr/local/share/dbus-1/services/{name}.service")));
+        let file = read(&at(&format!(
+            "usr/local/share/dbus-1/services/{name}.service"
+        )));
         assert!(file.contains(&format!("\nName={name}\n")), "{file}");
         assert!(file.contains("\nExec=/usr/local/bin/kazeiad\n"), "{file}");
         assert!(file.contains("\nSystemdService=kazeia.service"), "{file}");
     }
-    assert!(!at("usr/local/etc").exists(), "nothing reads /usr/local/etc");
+    assert!(
+        !at("usr/local/etc").exists(),
+        "nothing reads /usr/local/etc"
+    );
 }
 
 /// Builds the package from the test build (stripped, uncompressed: quick) into `dir`.
@@ -137,8 +147,12 @@ fn debian_package_is_found_by_the_stock_speech_dispatcher_and_heard() {
         .output()
         .unwrap();
     assert!(out.status.success(), "{out:?}");
-    let activation = read(&root.join("usr/share/dbus-1/services/org.kazeia.Speech.Provider.service"));
-    assert!(activation.contains("\nExec=/usr/bin/kazeiad\n"), "{activation}");
+    let activation =
+        read(&root.join("usr/share/dbus-1/services/org.kazeia.Speech.Provider.service"));
+    assert!(
+        activation.contains("\nExec=/usr/bin/kazeiad\n"),
+        "{activation}"
+    );
 
     // The session bus activates the unpacked daemon (at its unpacked path) with a test model.
     let model = speaking_model(dir.path());
@@ -174,7 +188,9 @@ fn debian_package_is_found_by_the_stock_speech_dispatcher_and_heard() {
     let conf = root.join("etc/speech-dispatcher");
     let stock = read(Path::new("/etc/speech-dispatcher/speechd.conf"));
     assert!(
-        !stock.lines().any(|l| l.trim_start().starts_with("AddModule")),
+        !stock
+            .lines()
+            .any(|l| l.trim_start().starts_with("AddModule")),
         "this machine's speechd.conf has AddModule lines: auto-detection is off there"
     );
     std::fs::write(conf.join("speechd.conf"), stock).unwrap();

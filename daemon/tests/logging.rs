@@ -32,7 +32,10 @@ fn daemon_log(dir: &Path, level: &str, rust_log: Option<&str>) -> String {
         KAZEIAD,
         &["--config", &config.display().to_string()],
         &env,
-        dir.join(format!("kazeiad-{level}-{}.log", rust_log.unwrap_or("unset"))),
+        dir.join(format!(
+            "kazeiad-{level}-{}.log",
+            rust_log.unwrap_or("unset")
+        )),
     );
     let deadline = Instant::now() + Duration::from_secs(60);
     while !name_has_owner(&bus, "org.kazeia.Speech") {
@@ -48,7 +51,10 @@ fn daemon_log(dir: &Path, level: &str, rust_log: Option<&str>) -> String {
 fn rust_log_wins_over_the_configured_level() {
     let dir = TempDir::new("log");
     let info = daemon_log(dir.path(), "info", None);
-    assert!(info.contains("kazeiad: ready as org.kazeia.Speech"), "{info}");
+    assert!(
+        info.contains("kazeiad: ready as org.kazeia.Speech"),
+        "{info}"
+    );
     assert!(info.contains("kazeiad: stopped"), "{info}");
 
     // warn: the information lines after the configuration is applied are gone.
@@ -69,12 +75,15 @@ fn rust_log_wins_over_the_configured_level() {
 fn a_bad_level_is_refused_with_the_reason() {
     let dir = TempDir::new("badlog");
     let config = dir.path().join("kazeia.toml");
-    std::fs::write(&config, "[log]\nlevel = \"loud=\"\n").unwrap();
+    std::fs::write(&config, "[log]\nlevel = \"kazeia=loudest\"\n").unwrap();
     let out = std::process::Command::new(KAZEIAD)
         .args(["--config", &config.display().to_string()])
         .output()
         .unwrap();
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("[log] level: `loud=` is not a log level"), "{stderr}");
+    assert!(
+        stderr.contains("[log] level: `kazeia=loudest` is not a log level"),
+        "{stderr}"
+    );
 }

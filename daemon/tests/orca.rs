@@ -147,7 +147,13 @@ fn session_env(
 }
 
 /// Waits (at most `limit`) for sound at the sink that arrived after `since`; when it arrived.
-fn wait_sound(rec: &Recorder, since: Instant, limit: Duration, desk: &Desktop, what: &str) -> Instant {
+fn wait_sound(
+    rec: &Recorder,
+    since: Instant,
+    limit: Duration,
+    desk: &Desktop,
+    what: &str,
+) -> Instant {
     let deadline = Instant::now() + limit;
     loop {
         if let Some(at) = rec.sound_since(since, THRESHOLD) {
@@ -180,7 +186,8 @@ fn ms(d: Duration) -> f64 {
 
 /// The long label of the test button: several seconds of speech, so Orca is still speaking when the key
 /// comes.
-const LABEL: &str = "Kazeia test button. This label is long on purpose, so that the screen reader is \
+const LABEL: &str =
+    "Kazeia test button. This label is long on purpose, so that the screen reader is \
                      still reading it when a key is pressed. It goes on for a few sentences more. \
                      And then it goes on a little longer still, to be sure. One more sentence, and \
                      another one after it, because a screen reader user would hear all of it.";
@@ -194,7 +201,13 @@ fn orca_scenario(model_config: &str) -> (Duration, Duration, Duration) {
     let launched = Instant::now();
     desk.orca = Some(Orca::start(desk.dir.path(), &desk.env()));
     let asked = desk.wait_spoken("Screen reader on", Duration::from_secs(60));
-    let heard = wait_sound(&rec, launched, Duration::from_secs(30), &desk, "Orca's announcement");
+    let heard = wait_sound(
+        &rec,
+        launched,
+        Duration::from_secs(30),
+        &desk,
+        "Orca's announcement",
+    );
     let startup = heard.saturating_duration_since(asked);
     let orca_up = heard - launched;
     wait_quiet(&rec, Duration::from_millis(500), Duration::from_secs(60));

@@ -216,7 +216,9 @@ impl Format {
         }
         match (format.tag, format.bits) {
             (WAVE_FORMAT_PCM, 8 | 16 | 24 | 32) | (WAVE_FORMAT_IEEE_FLOAT, 32 | 64) => Ok(format),
-            (tag, bits) => Err(format!("unsupported sample format (tag {tag}, {bits} bits)")),
+            (tag, bits) => Err(format!(
+                "unsupported sample format (tag {tag}, {bits} bits)"
+            )),
         }
     }
 
