@@ -1,6 +1,7 @@
 //! Helpers shared by Kazeia's cross-crate tests (see `README.md`).
 
 pub mod desktop;
+pub mod hub_server;
 pub mod services;
 
 use std::path::PathBuf;
@@ -60,6 +61,15 @@ pub fn hexagon_plugin() -> PathBuf {
     static PLUGIN: OnceLock<PathBuf> = OnceLock::new();
     PLUGIN
         .get_or_init(|| build_plugin("kazeia-backend-hexagon", "hexagon"))
+        .clone()
+}
+
+/// A test plugin named `faulty` (`libkazeia_backend_faulty.so`, `tests/faulty-plugin`): the CPU backend whose op
+/// lists fail after `KAZEIA_FAULTY_AFTER` of them, built the way [`cpu_plugin`] is.
+pub fn faulty_plugin() -> PathBuf {
+    static PLUGIN: OnceLock<PathBuf> = OnceLock::new();
+    PLUGIN
+        .get_or_init(|| build_plugin("kazeia-backend-faulty", "faulty"))
         .clone()
 }
 

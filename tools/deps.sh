@@ -22,6 +22,12 @@ packages=(
     clang lld qemu-user
 )
 
+# aarch64 cross build and its tests under qemu (tools/build-aarch64.sh, tools/test-aarch64.sh); on an ARM host
+# or with KAZEIA_NO_CROSS=1 nothing is added.
+if [ "$(uname -m)" = x86_64 ] && [ -z "${KAZEIA_NO_CROSS:-}" ]; then
+    "$(dirname "$0")/deps-aarch64.sh"
+fi
+
 missing=()
 for p in "${packages[@]}"; do
     if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q '^install ok installed$'; then

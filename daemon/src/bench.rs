@@ -155,7 +155,7 @@ fn run_once(loaded: &Loaded, frames: usize) -> Result<Run> {
             let mut rng = SeededRng::new(1);
             let generated = generate(model, &prompt, &options, &mut || rng.uniform(), &mut |_| {
                 true
-            });
+            })?;
             run.prefill_s = generated.timings.prefill.as_secs_f64();
             run.talker_s = generated.timings.talker.as_secs_f64();
             run.cp_s = generated.timings.code_predictor.as_secs_f64();

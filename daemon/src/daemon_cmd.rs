@@ -1,6 +1,8 @@
-//! `kazeiad` (also `kazeia daemon`): loads the configuration and the model, warms it up, then serves
-//! both bus names until SIGTERM or the session bus goes away. SIGHUP, a change of the configuration file
-//! and `Reload()` apply a new configuration without a restart.
+//! `kazeiad` (also `kazeia daemon`): loads the configuration, takes both bus names at once, then downloads,
+//! loads and warms up the model while `State` says `loading` (and `LoadProgress` how far), and serves until
+//! SIGTERM or the session bus goes away. SIGHUP, a change of the configuration file and `Reload()` apply a new
+//! configuration without a restart. D-Bus activation and systemd's start therefore never wait for a download.
+//! A model that cannot be loaded leaves the daemon up, `State` = `failed`, until a reload succeeds.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -33,7 +35,10 @@ pub fn run(args: DaemonArgs) -> Result<()> {
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
-    runtime.block_on(serve(args))
+    let served = runtime.block_on(serve(args));
+    // A first download still under way is not waited for: the next start continues it.
+    runtime.shutdown_timeout(Duration::from_secs(1));
+    served
 }
 
 /// The file to watch for changes: the one in use, or the user's (so creating it applies it).
@@ -59,6 +64,8 @@ async fn serve(args: DaemonArgs) -> Result<()> {
         Some(p) => tracing::info!("configuration {}", p.display()),
         None => tracing::info!("no configuration file; built-in defaults"),
     }
+    // The configured level from the start (`Service::apply` applies it again on reloads).
+    let _ = crate::logging::set_level(&config.log.level);
     let watched = watched_path(&args, &in_use);
 
     let (events_tx, mut events) = mpsc::unbounded_channel::<Event>();
@@ -73,10 +80,6 @@ async fn serve(args: DaemonArgs) -> Result<()> {
             .context("cannot start the speech worker")?
     };
     let service = Arc::new(Service::new(player.clone(), args.config.clone()));
-
-    // The model loads and warms up before the names are taken: owning the name means "ready".
-    let summary = service.apply(config).await?;
-    tracing::info!("{summary}");
 
     let connection = zbus::connection::Builder::session()
         .serve_at(
@@ -96,16 +99,14 @@ async fn serve(args: DaemonArgs) -> Result<()> {
         .build()
         .await
         .context("cannot serve on the session bus (is DBUS_SESSION_BUS_ADDRESS set? is another kazeiad running?)")?;
-    tracing::info!(
-        "ready as {BUS_NAME} and {SPIEL_BUS_NAME} ({})",
-        backends_summary(&service.info())
-    );
+    tracing::info!("serving as {BUS_NAME} and {SPIEL_BUS_NAME}; loading the model");
 
     let api = connection
         .object_server()
         .interface::<_, SpeechApi>(OBJECT_PATH)
         .await?;
     let emitter = api.signal_emitter().clone();
+
     let signals = tokio::spawn({
         let emitter = emitter.clone();
         async move {
@@ -124,6 +125,15 @@ async fn serve(args: DaemonArgs) -> Result<()> {
         }
     });
 
+    // The first load, with `State` and `LoadProgress` announced as they change.
+    let mut first_load = {
+        let service = service.clone();
+        tokio::spawn(async move { service.apply(config).await })
+    };
+    let mut loading = true;
+    let mut announced = (String::new(), String::new());
+    let mut announce = tokio::time::interval(Duration::from_millis(250));
+
     let mut terminate = signal(SignalKind::terminate())?;
     let mut interrupt = signal(SignalKind::interrupt())?;
     let mut hangup = signal(SignalKind::hangup())?;
@@ -137,11 +147,13 @@ async fn serve(args: DaemonArgs) -> Result<()> {
                 Ok(summary) => {
                     tracing::info!("reload ({why}): {summary}");
                     let iface = api.get().await;
+                    let _ = iface.state_changed(api.signal_emitter()).await;
+                    let _ = iface.load_progress_changed(api.signal_emitter()).await;
                     emit_properties(&iface, api.signal_emitter()).await;
                 }
-                Err(e) => {
-                    tracing::warn!("reload ({why}) refused, the running configuration stays: {e:#}")
-                }
+                Err(e) => tracing::warn!(
+                    "reload ({why}) refused, the running configuration stays: {e:#}"
+                ),
             }
         }
     };
@@ -150,6 +162,38 @@ async fn serve(args: DaemonArgs) -> Result<()> {
             _ = terminate.recv() => { tracing::info!("SIGTERM, shutting down"); break; }
             _ = interrupt.recv() => { tracing::info!("SIGINT, shutting down"); break; }
             _ = hangup.recv() => reload("SIGHUP").await,
+            loaded = &mut first_load, if loading => {
+                loading = false;
+                match loaded.context("the model load panicked").and_then(|r| r) {
+                    Ok(summary) => tracing::info!(
+                        "{summary}; ready ({})",
+                        backends_summary(&service.info())
+                    ),
+                    Err(e) => tracing::error!(
+                        "{e:#}; serving without a model (Speak answers NotReady) until a reload"
+                    ),
+                }
+                let iface = api.get().await;
+                let _ = iface.state_changed(&emitter).await;
+                let _ = iface.load_progress_changed(&emitter).await;
+                emit_properties(&iface, &emitter).await;
+                if let Ok(spiel) = connection
+                    .object_server()
+                    .interface::<_, SpielProvider>(SPIEL_OBJECT_PATH)
+                    .await
+                {
+                    let _ = spiel.get().await.voices_changed(spiel.signal_emitter()).await;
+                }
+            }
+            _ = announce.tick(), if loading => {
+                let now = (service.loading.state().to_owned(), service.loading.progress());
+                if now != announced {
+                    announced = now;
+                    let iface = api.get().await;
+                    let _ = iface.state_changed(&emitter).await;
+                    let _ = iface.load_progress_changed(&emitter).await;
+                }
+            }
             _ = connection.closed() => { tracing::info!("the session bus went away, exiting"); break; }
             _ = poll.tick() => {
                 let now = file_stamp(&watched);

@@ -1,12 +1,13 @@
 //! The resident engine: the model loaded on the configured backends, what it offers (speakers,
-//! languages), and its warm-up.
+//! languages), and its warm-up; and [`LoadStatus`], what clients see while it downloads and loads.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
+use kazeia_engine::fallback::Stage;
 use kazeia_engine::lm::LmBackends;
 use kazeia_engine::plugins::{backend_named, discover, search_path};
 use kazeia_engine::stream::{SessionControl, StreamConfig};
@@ -14,7 +15,7 @@ use kazeia_engine::synth::{SynthOptions, Synthesizer, Voice};
 use kazeia_engine::Backend;
 
 use crate::config::DaemonConfig;
-use crate::model_path::resolve_model;
+use crate::model_path::resolve_model_with;
 
 /// A loaded model and how it was loaded.
 pub struct Engine {
@@ -78,8 +79,15 @@ fn threads_or_all(n: usize) -> usize {
 impl Engine {
     /// Loads the configured model on the configured backends; warnings (backend fallbacks) are logged.
     pub fn load(config: &DaemonConfig) -> Result<Self> {
+        Self::load_with(config, &LoadStatus::default())
+    }
+
+    /// [`Engine::load`], telling `status` how the download and the load go.
+    pub fn load_with(config: &DaemonConfig, status: &LoadStatus) -> Result<Self> {
         let start = Instant::now();
-        let dir = resolve_model(&config.model.path)?;
+        status.set(format!("resolving the model {}", config.model.path));
+        let dir = resolve_model_with(&config.model.path, &mut status.download_progress())?;
+        status.set(format!("loading the model from {}", dir.display()));
         let plugins = discover(&search_path(&config.backends.plugin_path));
         // One backend per (name, threads), shared by the stages that ask for the same.
         type Chosen = ((String, usize), Arc<dyn Backend>, String);
@@ -110,7 +118,7 @@ impl Engine {
         let (talker, talker_name) = pick("talker", &b.talker, t.talker);
         let (cp, cp_name) = pick("code_predictor", &b.code_predictor, t.code_predictor);
         let (decoder, decoder_name) = pick("decoder", &b.decoder, t.decoder);
-        let synth = Synthesizer::load_on(
+        let mut synth = Synthesizer::load_on(
             &dir,
             LmBackends {
                 talker,
@@ -120,6 +128,18 @@ impl Engine {
             config.weight_storage()?,
         )
         .with_context(|| format!("cannot load the model from {}", dir.display()))?;
+        // A stage whose backend fails while speaking moves to the CPU, with these threads.
+        synth.fallback.set_threads([
+            threads_or_all(t.talker),
+            threads_or_all(t.code_predictor),
+            threads_or_all(t.decoder),
+        ]);
+        synth.fallback.set_log(Box::new(|stage, why| {
+            tracing::warn!(
+                "{}: {why}; it runs on the CPU until the next reload",
+                stage.name()
+            )
+        }));
         let info = EngineInfo {
             model: config.model.path.clone(),
             model_dir: dir,
@@ -151,6 +171,25 @@ impl Engine {
         })
     }
 
+    /// Whether `config` needs a new engine: it changed what the engine was built from, or a stage of this one
+    /// moved to the CPU after a failure (a reload tries its configured backend again).
+    pub fn needs_reload(&self, config: &DaemonConfig) -> bool {
+        self.key != EngineKey::of(config) || !self.synth.fallback.moved().is_empty()
+    }
+
+    /// [`Engine::info`] with the backends running each stage now (a failed stage shows its CPU fallback).
+    pub fn current_info(&self) -> EngineInfo {
+        let mut info = self.info.clone();
+        for stage in Stage::ALL {
+            if self.synth.fallback.has_moved(stage) {
+                if let Some(b) = info.backends.get_mut(stage.name()) {
+                    *b = format!("cpu (fallback from {b} after a failure)");
+                }
+            }
+        }
+        info
+    }
+
     /// A short synthesis so the first real request finds caches, pools and pages warm.
     pub fn warm_up(&self, voice: &Voice) -> Result<Duration> {
         let start = Instant::now();
@@ -167,5 +206,86 @@ impl Engine {
             &mut |_| Ok(()),
         )?;
         Ok(start.elapsed())
+    }
+}
+
+/// What the daemon is doing to have a model: shown as `State` = `loading` (or `failed`) and `LoadProgress`
+/// while no model is loaded, and in `Speak`'s `NotReady` replies.
+#[derive(Clone, Default)]
+pub struct LoadStatus(Arc<Mutex<Load>>);
+
+#[derive(Clone, Default)]
+struct Load {
+    /// What the load is doing now (empty when none runs).
+    progress: String,
+    /// Why the last load failed, until one succeeds.
+    failure: Option<String>,
+}
+
+impl LoadStatus {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Load> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn set(&self, progress: String) {
+        self.lock().progress = progress;
+    }
+
+    /// The load ended: `Ok` clears the status, an error is kept for clients to see.
+    pub fn finish(&self, result: Result<(), String>) {
+        let mut load = self.lock();
+        load.progress.clear();
+        load.failure = result.err();
+    }
+
+    /// `LoadProgress`: what the load is doing, or why the last one failed, or empty.
+    pub fn progress(&self) -> String {
+        let load = self.lock();
+        match (&load.failure, load.progress.is_empty()) {
+            (_, false) => load.progress.clone(),
+            (Some(f), true) => format!("failed: {f}"),
+            (None, true) => String::new(),
+        }
+    }
+
+    /// `State` while no model is loaded: `loading`, or `failed` when the last load failed and none runs.
+    pub fn state(&self) -> &'static str {
+        let load = self.lock();
+        if load.failure.is_some() && load.progress.is_empty() {
+            "failed"
+        } else {
+            "loading"
+        }
+    }
+
+    /// The `NotReady` message for a request that came before any model was loaded.
+    pub fn not_ready(&self) -> String {
+        let load = self.lock();
+        match (&load.failure, load.progress.is_empty()) {
+            (_, false) => format!(
+                "the model is not loaded yet ({}); try again shortly",
+                load.progress
+            ),
+            (Some(f), true) => format!(
+                "the model could not be loaded: {f}; fix the configuration and call Reload"
+            ),
+            (None, true) => "the model is not loaded yet; try again shortly".to_owned(),
+        }
+    }
+
+    /// A hub progress callback that keeps this status current (and logs each file once).
+    pub fn download_progress(&self) -> impl FnMut(&str, u64, Option<u64>) + '_ {
+        let mut current = String::new();
+        move |file: &str, done: u64, total: Option<u64>| {
+            if current != file {
+                current = file.to_owned();
+                tracing::info!("downloading {file}");
+            }
+            let mb = |b: u64| b as f64 / 1e6;
+            self.set(match total {
+                Some(t) => format!("downloading {file}: {:.1} of {:.1} MB", mb(done), mb(t)),
+                None => format!("downloading {file}: {:.1} MB", mb(done)),
+            });
+        }
     }
 }

@@ -93,7 +93,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         &options,
         &mut || rng.uniform(),
         &mut |_| true,
-    )
+    )?
     .codes;
     std::fs::write(&args.codes_out, codes_to_json(&codes))
         .with_context(|| format!("cannot write {}", args.codes_out.display()))?;

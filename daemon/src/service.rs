@@ -11,7 +11,7 @@ use kazeia_engine::text::{split_for_synthesis, DEFAULT_CHUNK_CHARS};
 
 use crate::audio::open_sink;
 use crate::config::DaemonConfig;
-use crate::engine::{Engine, EngineInfo, EngineKey};
+use crate::engine::{Engine, EngineInfo, LoadStatus};
 use crate::player::Player;
 use crate::queue::{Id, Priority, QueueError};
 use crate::request::{Output, Request, RequestProsody, VoiceChoice};
@@ -54,6 +54,9 @@ pub enum Refusal {
     NotReady(String),
 }
 
+/// How long a request waits for the first model before `NotReady` (well under D-Bus's 25 s call timeout).
+pub const READY_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 pub struct Service {
     pub player: Arc<Player>,
     next_id: AtomicU64,
@@ -61,6 +64,8 @@ pub struct Service {
     explicit_config: Option<PathBuf>,
     /// One reload at a time.
     reloading: tokio::sync::Mutex<()>,
+    /// How the model's download and load go (what clients see before one is loaded).
+    pub loading: LoadStatus,
 }
 
 impl Service {
@@ -70,14 +75,27 @@ impl Service {
             next_id: AtomicU64::new(1),
             explicit_config,
             reloading: tokio::sync::Mutex::new(()),
+            loading: LoadStatus::default(),
         }
     }
 
     pub fn info(&self) -> EngineInfo {
         self.player
             .engine()
-            .map(|e| e.info.clone())
+            .map(|e| e.current_info())
             .unwrap_or_default()
+    }
+
+    /// Waits (at most [`READY_WAIT`]) while the first model loads, so that a client that started the daemon
+    /// by activation is served rather than refused; returns at once when a model is loaded or the load failed.
+    pub async fn wait_ready(&self) {
+        let deadline = tokio::time::Instant::now() + READY_WAIT;
+        while self.player.engine().is_none()
+            && self.loading.state() == "loading"
+            && tokio::time::Instant::now() < deadline
+        {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
     }
 
     /// Checks and queues an utterance; returns its id.
@@ -112,9 +130,10 @@ impl Service {
                 "the text is empty: nothing to say".into(),
             ));
         }
-        let engine = self.player.engine().ok_or_else(|| {
-            Refusal::NotReady("the model is still loading; try again shortly".into())
-        })?;
+        let engine = self
+            .player
+            .engine()
+            .ok_or_else(|| Refusal::NotReady(self.loading.not_ready()))?;
         resolve_voice(&options.voice, &config.voice, &engine.info)
             .map_err(|e| Refusal::UnknownVoice(e.to_string()))?;
         let prosody = check_prosody(options.prosody)?;
@@ -152,17 +171,23 @@ impl Service {
         let needs_engine = self
             .player
             .engine()
-            .is_none_or(|e| e.key != EngineKey::of(&config));
+            .is_none_or(|e| e.needs_reload(&config));
         if needs_engine {
             let cfg = config.clone();
-            let engine = tokio::task::spawn_blocking(move || -> Result<Engine> {
-                let engine = Engine::load(&cfg)?;
+            let loading = self.loading.clone();
+            let loaded = tokio::task::spawn_blocking(move || -> Result<Engine> {
+                let engine = Engine::load_with(&cfg, &loading)?;
                 let voice = resolve_voice(&VoiceChoice::default(), &cfg.voice, &engine.info)?;
+                loading.set("warming up".into());
                 engine.warm_up(&voice).context("warm-up synthesis failed")?;
                 Ok(engine)
             })
             .await
-            .context("model loading panicked")??;
+            .context("model loading panicked")
+            .and_then(|r| r);
+            self.loading
+                .finish(loaded.as_ref().map(|_| ()).map_err(|e| format!("{e:#}")));
+            let engine = loaded?;
             changes.push(format!(
                 "model {} on {} (loaded in {:.1} s)",
                 engine.info.model,

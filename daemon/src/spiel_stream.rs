@@ -133,8 +133,17 @@ impl<R: Read> SpielReader<R> {
                 if size > 64 << 20 {
                     return Err(invalid(format!("audio chunk of {size} bytes")));
                 }
-                let mut data = vec![0u8; size];
-                self.input.read_exact(&mut data)?;
+                // Read as it comes: a size from a cut or garbage stream allocates no more than was sent.
+                let mut data = Vec::new();
+                (&mut self.input)
+                    .take(size as u64)
+                    .read_to_end(&mut data)?;
+                if data.len() < size {
+                    return Err(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        format!("audio chunk cut short ({} of {size} bytes)", data.len()),
+                    ));
+                }
                 Ok(Some(Chunk::Audio(data)))
             }
             CHUNK_EVENT => {
@@ -148,8 +157,14 @@ impl<R: Read> SpielReader<R> {
                 if len > 1 << 20 {
                     return Err(invalid(format!("event name of {len} bytes")));
                 }
-                let mut name = vec![0u8; len];
-                self.input.read_exact(&mut name)?;
+                let mut name = Vec::new();
+                (&mut self.input).take(len as u64).read_to_end(&mut name)?;
+                if name.len() < len {
+                    return Err(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        "event name cut short",
+                    ));
+                }
                 let name = String::from_utf8(name)
                     .map_err(|_| invalid("event name is not UTF-8".into()))?;
                 Ok(Some(Chunk::Event {

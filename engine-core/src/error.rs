@@ -12,6 +12,9 @@ pub enum Error {
     Weights { path: PathBuf, message: String },
     #[error("invalid input: {0}")]
     Input(String),
+    /// A backend failed to run ops (a device lost, a plugin's error): the stage can be moved to another backend.
+    #[error("backend `{backend}` failed: {message}")]
+    Backend { backend: String, message: String },
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

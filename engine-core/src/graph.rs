@@ -13,11 +13,18 @@
 //! state borrowed from the caller and updated in place (a convolution's carried columns, a key/value window).
 //! Every op reads and writes whole tensors; offsets and strides are op parameters, so a device backend can match
 //! one op's output with a later op's input by buffer.
+//!
+//! A backend's failure is kept, not raised: the graph runs nothing more, and the next [`Graph::read`],
+//! [`Graph::take`] or [`Graph::finish`] returns it as [`Error::Backend`], so model code builds its ops without
+//! checking each one and the caller decides what to do (the synthesizer moves the stage to the CPU). State
+//! tensors may then hold partial updates: the caller discards or rebuilds them.
 
 use std::ffi::c_void;
 
 use kazeia_backend_abi::plugin::{attention_n, strided_n, strided_of, OpKind, OpRecord};
 use kazeia_backend_abi::{AttentionSpan, Backend, Combine, Heads, Strided, View, Weight};
+
+use crate::error::{Error, Result};
 
 /// Pending memory (bytes of the graph's own live and released buffers) past which the graph runs what it has, so
 /// a long one-shot decode does not hold every intermediate result at once.
@@ -80,6 +87,8 @@ pub struct Graph<'m> {
     deferred: bool,
     /// [`FLUSH_BYTES`], smaller in tests.
     flush_bytes: usize,
+    /// The backend's failure, once it failed: nothing runs after it.
+    failed: Option<String>,
 }
 
 impl<'m> Graph<'m> {
@@ -102,6 +111,7 @@ impl<'m> Graph<'m> {
             flushes: 0,
             deferred,
             flush_bytes: FLUSH_BYTES,
+            failed: None,
         }
     }
 
@@ -216,7 +226,8 @@ impl<'m> Graph<'m> {
             f: [f, 0.0],
         });
         if !self.deferred || self.pending_bytes > self.flush_bytes {
-            self.flush();
+            // A failure is kept for the next read (see the module comment).
+            let _ = self.flush();
         }
     }
 
@@ -435,8 +446,24 @@ impl<'m> Graph<'m> {
         y
     }
 
-    /// Runs every pending op as one list, then frees the released buffers.
-    pub fn flush(&mut self) {
+    /// The backend's failure as an error, if it failed.
+    fn check(&self) -> Result<()> {
+        match &self.failed {
+            Some(message) => Err(Error::Backend {
+                backend: self.backend.name().to_owned(),
+                message: message.clone(),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// Runs every pending op as one list, then frees the released buffers. After a failure nothing runs: the
+    /// ops are dropped and the failure is returned again.
+    pub fn flush(&mut self) -> Result<()> {
+        if self.failed.is_some() {
+            self.hints.clear();
+            self.ops.clear();
+        }
         if !self.ops.is_empty() {
             let Graph {
                 buffers,
@@ -481,14 +508,15 @@ impl<'m> Graph<'m> {
             // length, or a resident buffer its caller keeps allocated (`resident`'s contract); weights are
             // borrowed for 'm; no op's output is one of its inputs (checked in `op`).
             let result = unsafe { self.backend.run_records(&records) };
-            if let Err(e) = result {
-                panic!("backend `{}`: {e}", self.backend.name());
-            }
             self.flushes += 1;
+            if let Err(e) = result {
+                self.failed = Some(e);
+            }
         }
         for t in std::mem::take(&mut self.dead) {
             self.free(t);
         }
+        self.check()
     }
 
     /// Tells a list-taking backend that `len` values at `buffer` (a whole KV cache, say, whose rows ops append to)
@@ -507,32 +535,32 @@ impl<'m> Graph<'m> {
     }
 
     /// `t`'s values, after running what is pending.
-    pub fn read(&mut self, t: Tensor) -> &[f32] {
-        self.flush();
-        match &self.buffers[self.live(t).0] {
+    pub fn read(&mut self, t: Tensor) -> Result<&[f32]> {
+        self.flush()?;
+        Ok(match &self.buffers[self.live(t).0] {
             Buffer::Owned(v) => v,
             Buffer::State(s) => s,
             Buffer::Constant(c) => c,
-        }
+        })
     }
 
     /// A graph-owned tensor's values, moved out after running what is pending (the tensor is released).
-    pub fn take(&mut self, t: Tensor) -> Vec<f32> {
-        self.flush();
+    pub fn take(&mut self, t: Tensor) -> Result<Vec<f32>> {
+        self.flush()?;
         let t = self.live(t);
         self.released[t.0] = true;
         match &mut self.buffers[t.0] {
             Buffer::Owned(v) => {
                 self.pending_bytes -= v.len() * 4;
-                std::mem::take(v)
+                Ok(std::mem::take(v))
             }
             _ => panic!("only a graph's own tensors can be taken"),
         }
     }
 
     /// Runs what is pending; state tensors hold their new values afterwards.
-    pub fn finish(mut self) {
-        self.flush();
+    pub fn finish(mut self) -> Result<()> {
+        self.flush()
     }
 }
 
@@ -583,11 +611,11 @@ mod tests {
             },
         );
         assert_eq!(g.flushes(), 0);
-        assert_eq!(g.read(y), [13.5, 26.5, 12.5, 25.5]);
+        assert_eq!(g.read(y).unwrap(), [13.5, 26.5, 12.5, 25.5]);
         assert_eq!(g.flushes(), 1);
         let t = g.transpose(y, 2, 2);
-        assert_eq!(g.take(t), [13.5, 12.5, 26.5, 25.5]);
-        g.finish();
+        assert_eq!(g.take(t).unwrap(), [13.5, 12.5, 26.5, 25.5]);
+        g.finish().unwrap();
         assert_eq!(state, [12.5, 25.5]);
     }
 
@@ -602,7 +630,7 @@ mod tests {
         assert_eq!(g.pending_bytes, 8);
         g.gelu(y);
         assert_eq!(g.flushes(), 2);
-        assert_eq!(g.take(y)[0], 0.841_344_7);
+        assert_eq!(g.take(y).unwrap()[0], 0.841_344_7);
     }
 
     #[test]
@@ -622,8 +650,8 @@ mod tests {
         g.strided(Combine::Copy, x, fresh, part);
         g.strided(Combine::Add, x, z, part);
         assert_eq!(g.ops.iter().filter(|o| o.kind == OpKind::Fill).count(), 1);
-        assert_eq!(g.read(fresh), [0.0, 0.0, 7.0, 8.0, 9.0, 0.0]);
-        assert_eq!(g.read(z), [5.0, 5.0, 12.0, 13.0, 14.0, 5.0]);
+        assert_eq!(g.read(fresh).unwrap(), [0.0, 0.0, 7.0, 8.0, 9.0, 0.0]);
+        assert_eq!(g.read(z).unwrap(), [5.0, 5.0, 12.0, 13.0, 14.0, 5.0]);
     }
 
     #[test]
@@ -649,7 +677,7 @@ mod tests {
         for _ in 0..10 {
             backend.gelu(&mut want);
         }
-        assert_eq!(g.take(x)[0], want[0]);
+        assert_eq!(g.take(x).unwrap()[0], want[0]);
     }
 
     #[test]

@@ -6,6 +6,7 @@
 pub mod codec;
 pub mod codes;
 pub mod error;
+pub mod fallback;
 pub mod graph;
 pub mod hub;
 pub mod linear;

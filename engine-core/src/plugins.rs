@@ -380,6 +380,8 @@ impl PluginBackend {
         })
     }
 
+    /// One op through the per-op [`Backend`] methods, which cannot return an error: model code never calls
+    /// them (it runs lists through [`crate::graph::Graph`], whose failures are values); a failure here panics.
     fn run(&self, op: OpRecord) {
         // SAFETY: the record points at live buffers for the duration of the call.
         if let Err(e) = unsafe { self.run_records(std::slice::from_ref(&op)) } {
@@ -387,14 +389,10 @@ impl PluginBackend {
         }
     }
 
-    fn weight_ptr(&self, w: &Weight) -> *const c_void {
-        let w = w.downcast::<PluginWeight>().unwrap_or_else(|| {
-            panic!(
-                "backend `{}` was handed a weight made by another backend",
-                self.name
-            )
-        });
-        w.weight
+    fn weight_ptr(&self, w: &Weight) -> Result<*const c_void, String> {
+        w.downcast::<PluginWeight>()
+            .map(|w| w.weight as *const c_void)
+            .ok_or_else(|| format!("backend `{}` was handed a weight made by another backend", self.name))
     }
 }
 
@@ -616,7 +614,7 @@ impl Backend for PluginBackend {
                     let weight = (op.weight as *const Weight)
                         .as_ref()
                         .ok_or_else(|| format!("op {i}: a {kind:?} op without a weight"))?;
-                    record.weight = self.weight_ptr(weight);
+                    record.weight = self.weight_ptr(weight).map_err(|e| format!("op {i}: {e}"))?;
                 }
                 list.push(record);
             } else if kind.is_hint() {

@@ -12,8 +12,10 @@ use std::time::{Duration, Instant};
 
 use crate::codec::{profile_stage, CodecDecoder, Trace};
 use crate::error::{Error, Result};
+use crate::fallback::{FixedStages, Stage, Stages};
+use crate::lm::generate::generate_on;
 use crate::lm::sampler::SeededRng;
-use crate::lm::{generate, GenerateOptions, GenerateTimings, Prompt, TtsModel};
+use crate::lm::{GenerateOptions, GenerateTimings, Prompt, TtsModel};
 
 /// Chunking of the decoder's work.
 #[derive(Clone, Copy, Debug)]
@@ -196,6 +198,24 @@ pub fn stream_speech(
     control: &SessionControl,
     on_audio: &mut (dyn FnMut(&[f32]) -> Result<()> + Send),
 ) -> Result<StreamReport> {
+    let stages = FixedStages { model, codec };
+    stream_on(
+        &stages, prompts, options, seed, config, control, on_audio,
+    )
+}
+
+/// [`stream_speech`] on `stages`: a stage whose backend fails is recovered and its work redone (see
+/// [`crate::fallback`]); the decoder keeps its state from before each chunk for that when it can recover.
+#[allow(clippy::too_many_arguments)]
+pub fn stream_on(
+    stages: &dyn Stages,
+    prompts: &mut dyn Iterator<Item = Result<Prompt>>,
+    options: &GenerateOptions,
+    seed: u64,
+    config: StreamConfig,
+    control: &SessionControl,
+    on_audio: &mut (dyn FnMut(&[f32]) -> Result<()> + Send),
+) -> Result<StreamReport> {
     let start = Instant::now();
     let failed = AtomicBool::new(false);
     let (tx, rx) = mpsc::channel::<Work>();
@@ -205,15 +225,16 @@ pub fn stream_speech(
     std::thread::scope(|scope| {
         let failed = &failed;
         let decoder = scope.spawn(move || -> Result<DecodeStats> {
-            let mut state = codec.new_state();
+            let mut state = stages.decoder().new_state();
             let mut stats = DecodeStats::default();
+            let mut recovered = false;
             for work in rx {
                 if control.is_stopped() || failed.load(Ordering::SeqCst) {
                     continue; // drain: the generator stops on its own
                 }
                 let frames = match work {
                     Work::Restart => {
-                        state = codec.new_state();
+                        state = stages.decoder().new_state();
                         continue;
                     }
                     Work::Frames(frames) => frames,
@@ -231,7 +252,21 @@ pub fn stream_speech(
                 } else {
                     Trace::none()
                 };
-                let wav = codec.decode_chunk_traced(&mut state, &frames, trace);
+                let saved = (!recovered && stages.can_recover(Stage::Decoder)).then(|| state.clone());
+                let mut wav = stages
+                    .decoder()
+                    .decode_chunk_traced(&mut state, &frames, trace);
+                if let (Err(Error::Backend { .. }), Some(saved)) = (&wav, saved) {
+                    // The chunk again on the decoder's new backend, from the state before it.
+                    recovered = true;
+                    let e = wav.unwrap_err();
+                    wav = stages.recover(Stage::Decoder, e).and_then(|()| {
+                        state = saved;
+                        stages
+                            .decoder()
+                            .decode_chunk_traced(&mut state, &frames, Trace::none())
+                    });
+                }
                 stats.time += t.elapsed();
                 let wav = match wav {
                     Ok(wav) => wav,
@@ -268,8 +303,8 @@ pub fn stream_speech(
                 }
                 let mut pending: Vec<Vec<u32>> = Vec::new();
                 let t = Instant::now();
-                let generated = generate(
-                    model,
+                let generated = generate_on(
+                    stages,
                     &prompt,
                     options,
                     &mut || rng.uniform(),
@@ -282,7 +317,7 @@ pub fn stream_speech(
                         control.wait_while_paused();
                         !(control.is_stopped() || failed.load(Ordering::SeqCst))
                     },
-                );
+                )?;
                 report.generate_time += t.elapsed();
                 let g = &generated.timings;
                 report.timings.prefill += g.prefill;

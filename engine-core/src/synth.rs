@@ -8,10 +8,13 @@ use kazeia_backend_abi::Backend;
 
 use crate::codec::CodecDecoder;
 use crate::error::{Error, Result};
+use crate::fallback::{CpuFallback, LmStages, Stage, Stages};
 use crate::linear::WeightStorage;
+use crate::lm::code_predictor::CodePredictor;
 use crate::lm::sampler::random_seed;
-use crate::lm::{LmBackends, PromptRequest, TtsModel};
-use crate::stream::{stream_speech, SessionControl, StreamConfig, StreamReport};
+use crate::lm::talker::Talker;
+use crate::lm::{build_prompt, LmBackends, Prompt, PromptRequest, TtsModel};
+use crate::stream::{stream_on, SessionControl, StreamConfig, StreamReport};
 use crate::text::split_for_synthesis;
 use crate::tokenizer::{assistant_text, instruct_text, TextTokenizer};
 
@@ -50,11 +53,14 @@ impl Default for SynthOptions {
     }
 }
 
-/// A resident model with its tokenizer and codec.
+/// A resident model with its tokenizer and codec. A stage whose backend fails while speaking moves to the CPU
+/// ([`crate::fallback`]): `model` and `codec` are the stages as loaded, [`LmStages`] and [`Stages`] give the
+/// ones running now.
 pub struct Synthesizer {
     pub model: TtsModel,
     pub tokenizer: TextTokenizer,
     pub codec: CodecDecoder,
+    pub fallback: CpuFallback,
 }
 
 impl Synthesizer {
@@ -91,7 +97,23 @@ impl Synthesizer {
             model,
             tokenizer,
             codec,
+            fallback: CpuFallback::new(dir, storage),
         })
+    }
+
+    /// The prompt of `request`, built with the talker running now (moved to the CPU if its backend fails).
+    pub fn prompt(&self, request: &PromptRequest) -> Result<Prompt> {
+        let build = || {
+            let (backend, talker) = self.talker();
+            build_prompt(backend, &self.model.config, talker, request)
+        };
+        match build() {
+            Err(e @ Error::Backend { .. }) if !self.fallback.has_moved(Stage::Talker) => {
+                self.recover(Stage::Talker, e)?;
+                build()
+            }
+            other => other,
+        }
     }
 
     pub fn sample_rate(&self) -> u32 {
@@ -145,9 +167,7 @@ impl Synthesizer {
         }
         // Check the voice once, up front, so a bad speaker fails before any audio.
         let mut warnings = Vec::new();
-        let first = self
-            .model
-            .prompt(&self.request(&chunks[0], voice, &mut warnings)?)?;
+        let first = self.prompt(&self.request(&chunks[0], voice, &mut warnings)?)?;
 
         let mut gen_options = self.model.default_options(options.greedy);
         if let Some(n) = options.max_new_tokens {
@@ -156,13 +176,12 @@ impl Synthesizer {
         // The first prompt is the one just checked; the rest are built as generation reaches them.
         let rest = chunks[1..].iter().map(|chunk| {
             let request = self.request(chunk, voice, &mut Vec::new())?;
-            self.model.prompt(&request)
+            self.prompt(&request)
         });
         let mut prompts = std::iter::once(Ok(first)).chain(rest);
         let seed = options.seed.unwrap_or_else(random_seed);
-        let report = stream_speech(
-            &self.model,
-            &self.codec,
+        let report = stream_on(
+            self,
             &mut prompts,
             &gen_options,
             seed,
@@ -171,5 +190,38 @@ impl Synthesizer {
             on_audio,
         )?;
         Ok((report, warnings))
+    }
+}
+
+impl LmStages for Synthesizer {
+    fn model(&self) -> &TtsModel {
+        &self.model
+    }
+
+    fn talker(&self) -> (&dyn Backend, &Talker) {
+        self.fallback
+            .talker()
+            .unwrap_or((self.model.backend.as_ref(), &self.model.talker))
+    }
+
+    fn code_predictor(&self) -> (&dyn Backend, &CodePredictor) {
+        self.fallback.code_predictor().unwrap_or((
+            self.model.cp_backend.as_ref(),
+            &self.model.code_predictor,
+        ))
+    }
+
+    fn can_recover(&self, stage: Stage) -> bool {
+        !self.fallback.has_moved(stage)
+    }
+
+    fn recover(&self, stage: Stage, error: Error) -> Result<()> {
+        self.fallback.recover(&self.model.config, stage, error)
+    }
+}
+
+impl Stages for Synthesizer {
+    fn decoder(&self) -> &CodecDecoder {
+        self.fallback.decoder().unwrap_or(&self.codec)
     }
 }

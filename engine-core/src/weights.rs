@@ -231,6 +231,14 @@ pub struct WeightFile {
     metadata: Metadata,
 }
 
+/// Checks a `safetensors` file's bytes: its header, and every tensor's offsets against the data and its dtype
+/// and shape. Returns the header's length and the metadata.
+pub fn check_header(bytes: &[u8]) -> std::result::Result<(usize, Metadata), String> {
+    // `deserialize` checks every offset against the file length (truncated files fail here).
+    SafeTensors::deserialize(bytes).map_err(|e| e.to_string())?;
+    SafeTensors::read_metadata(bytes).map_err(|e| e.to_string())
+}
+
 impl WeightFile {
     /// Maps the file and validates its header (offsets, sizes), so later reads cannot fail on truncation.
     pub fn open(path: &Path) -> Result<Self> {
@@ -238,13 +246,10 @@ impl WeightFile {
         // SAFETY: the model files are read-only inputs; a concurrent truncation by another process is outside
         // what any model loader can defend against.
         let mmap = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
-        let invalid = |e: safetensors::SafeTensorError| Error::Weights {
+        let (header_len, metadata) = check_header(&mmap).map_err(|message| Error::Weights {
             path: path.to_owned(),
-            message: e.to_string(),
-        };
-        // `deserialize` checks every offset against the file length (truncated files fail here).
-        SafeTensors::deserialize(&mmap).map_err(invalid)?;
-        let (header_len, metadata) = SafeTensors::read_metadata(&mmap).map_err(invalid)?;
+            message,
+        })?;
         Ok(WeightFile {
             path: path.to_owned(),
             mmap: Arc::new(mmap),

@@ -81,7 +81,8 @@ fn prefill_and_first_frame_intermediates_match_official() {
         let mut cache = model.talker.new_cache(prompt.rows + 1);
         let hidden = model
             .talker
-            .forward_all(backend, &prompt.embeds, prompt.rows, &mut cache);
+            .forward_all(backend, &prompt.embeds, prompt.rows, &mut cache)
+            .unwrap();
         assert_close(
             case,
             "prefill hidden states",
@@ -93,7 +94,8 @@ fn prefill_and_first_frame_intermediates_match_official() {
         let (last, mut logits) =
             model
                 .talker
-                .forward(backend, &prompt.embeds, prompt.rows, &mut cache);
+                .forward(backend, &prompt.embeds, prompt.rows, &mut cache)
+                .unwrap();
         assert_close(
             case,
             "first talker logits",
@@ -126,7 +128,8 @@ fn prefill_and_first_frame_intermediates_match_official() {
                 cp_logits.extend_from_slice(l);
                 argmax(l)
             },
-        );
+        )
+        .unwrap();
         assert_close(
             case,
             "first-frame code-predictor logits",
@@ -153,6 +156,7 @@ fn greedy_codes_are_identical_to_official_for_every_layout() {
                 &mut || unreachable!("greedy"),
                 &mut |_| true,
             )
+            .unwrap()
             .codes;
             let expected: Vec<Vec<u32>> =
                 run["codes"].as_array().unwrap().iter().map(ids).collect();
@@ -242,6 +246,7 @@ fn weight_formats_against_f32_codes() {
                     &mut || unreachable!(),
                     &mut |_| true,
                 )
+                .unwrap()
                 .codes;
                 let expected: Vec<Vec<u32>> =
                     run["codes"].as_array().unwrap().iter().map(ids).collect();
@@ -285,6 +290,7 @@ fn converted_weights_are_cached_on_disk() {
             &mut || unreachable!(),
             &mut |_| true,
         )
+        .unwrap()
         .codes
     };
     let first = codes_of(&load());
@@ -332,6 +338,7 @@ fn greedy_codes_through_the_plugin_are_the_official_ones() {
             &mut || unreachable!(),
             &mut |_| true,
         )
+        .unwrap()
         .codes;
         let expected: Vec<Vec<u32>> = run["codes"].as_array().unwrap().iter().map(ids).collect();
         assert_eq!(codes, expected, "{}", run["name"]);

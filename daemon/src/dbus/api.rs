@@ -90,6 +90,7 @@ impl SpeechApi {
         #[zbus(header)] header: Header<'_>,
     ) -> Result<u64, SpeechError> {
         let options = parse_options(&options)?;
+        self.service.wait_ready().await;
         Ok(self
             .service
             .submit(&sender(&header), &text, options, Output::Sink)?)
@@ -135,6 +136,7 @@ impl SpeechApi {
 
     /// Voices: (identifier, display name, languages as comma-separated BCP-47 tags).
     async fn list_voices(&self) -> Vec<(String, String, String)> {
+        self.service.wait_ready().await;
         let info = self.service.info();
         let languages = language_tags(&info).join(",");
         info.speakers
@@ -158,10 +160,21 @@ impl SpeechApi {
         Ok(summary)
     }
 
-    /// `idle`, `speaking` or `paused`.
+    /// `idle`, `speaking` or `paused`; before a model is loaded `loading` (see `LoadProgress`), or `failed`
+    /// when it could not be (`Speak` then answers `NotReady` with the reason).
     #[zbus(property)]
     async fn state(&self) -> String {
-        self.service.player.state().to_owned()
+        match self.service.player.engine() {
+            Some(_) => self.service.player.state().to_owned(),
+            None => self.service.loading.state().to_owned(),
+        }
+    }
+
+    /// What the model's download or load is doing (`downloading model.safetensors: 12.0 of 1830.0 MB`), why
+    /// the last load failed (`failed: …`), or empty.
+    #[zbus(property)]
+    async fn load_progress(&self) -> String {
+        self.service.loading.progress()
     }
 
     /// Stage (`talker`, `code_predictor`, `decoder`) → backend running it.

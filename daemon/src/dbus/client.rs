@@ -22,6 +22,8 @@ pub trait Speech {
     #[zbus(property)]
     fn state(&self) -> zbus::Result<String>;
     #[zbus(property)]
+    fn load_progress(&self) -> zbus::Result<String>;
+    #[zbus(property)]
     fn backends(&self) -> zbus::Result<HashMap<String, String>>;
     #[zbus(property)]
     fn model(&self) -> zbus::Result<String>;

@@ -61,6 +61,7 @@ impl SpielProvider {
             priority: Priority::Message,
             ssml: is_ssml,
         };
+        self.service.wait_ready().await;
         self.service.submit(
             &sender(&header),
             &text,

@@ -123,7 +123,8 @@ impl CodecConfig {
         Self::parse(&text, path)
     }
 
-    fn parse(text: &str, path: &Path) -> Result<Self> {
+    /// `speech_tokenizer/config.json`'s text, parsed and checked (`path` names it in errors).
+    pub fn parse(text: &str, path: &Path) -> Result<Self> {
         let config: CodecConfig = serde_json::from_str(text).map_err(|e| Error::Config {
             path: path.to_owned(),
             message: e.to_string(),

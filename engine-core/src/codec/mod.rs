@@ -62,9 +62,12 @@ impl<'t> Trace<'t> {
         Trace(Some(f))
     }
 
+    /// Shows `t` if the graph ran; a backend's failure is returned by the decode's end instead.
     fn show(&mut self, g: &mut Graph<'_>, name: &str, t: Tensor) {
         if let Some(f) = &mut self.0 {
-            f(name, g.read(t));
+            if let Ok(values) = g.read(t) {
+                f(name, values);
+            }
         }
     }
 
@@ -292,8 +295,8 @@ impl CodecDecoder {
         }
         let wav = self.vocoder.forward(&mut g, vocoder, h, len, &mut trace);
         g.release(h);
-        let mut wav = g.take(wav);
-        g.finish();
+        let mut wav = g.take(wav)?;
+        g.finish()?;
         for s in &mut wav {
             *s = s.clamp(-1.0, 1.0);
         }

@@ -119,7 +119,7 @@ impl CodePredictor {
         cb0_embedding: &[f32],
         cache: &mut KvCache,
         choose: &mut dyn FnMut(usize, &mut [f32]) -> u32,
-    ) -> Vec<u32> {
+    ) -> Result<Vec<u32>> {
         cache.clear();
         let mut input = Vec::with_capacity(2 * self.talker_hidden);
         input.extend_from_slice(talker_hidden_state);
@@ -139,14 +139,14 @@ impl CodePredictor {
             let last = g.row(hidden, rows - 1, self.hidden);
             g.release(hidden);
             let logits = g.linear(head, last, 1, self.vocab);
-            let mut logits = g.take(logits);
-            g.finish();
+            let mut logits = g.take(logits)?;
+            g.finish()?;
             let code = choose(step, &mut logits);
             codes.push(code);
             input.clear();
             input.extend_from_slice(self.embedding(step, code));
             rows = 1;
         }
-        codes
+        Ok(codes)
     }
 }

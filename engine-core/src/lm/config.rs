@@ -206,11 +206,19 @@ impl ModelConfig {
     }
 
     pub fn load(path: &Path) -> Result<Self> {
-        let config: ModelConfig = read_json(path)?;
-        config.validate().map_err(|message| Error::Config {
+        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+        Self::parse(&text, path)
+    }
+
+    /// `config.json`'s text, parsed and checked (`path` names it in errors).
+    pub fn parse(text: &str, path: &Path) -> Result<Self> {
+        let invalid = |message| Error::Config {
             path: path.to_owned(),
             message,
-        })?;
+        };
+        let config: ModelConfig =
+            serde_json::from_str(text).map_err(|e| invalid(e.to_string()))?;
+        config.validate().map_err(invalid)?;
         Ok(config)
     }
 

@@ -6,11 +6,12 @@
 
 use std::time::{Duration, Instant};
 
-use kazeia_backend_abi::Backend;
-
 use super::prompt::Prompt;
 use super::sampler::{choose, SamplingParams, TalkerRules};
+use super::transformer::KvCache;
 use super::TtsModel;
+use crate::error::Result;
+use crate::fallback::{LmStages, Stage};
 
 /// Settings of one generation.
 #[derive(Clone, Debug)]
@@ -48,30 +49,50 @@ pub fn generate(
     options: &GenerateOptions,
     uniform: &mut dyn FnMut() -> f64,
     on_frame: &mut dyn FnMut(&[u32]) -> bool,
-) -> Generated {
-    let backend: &dyn Backend = model.backend.as_ref();
+) -> Result<Generated> {
+    generate_on(model, prompt, options, uniform, on_frame)
+}
+
+/// [`generate`] on `stages`: a stage whose backend fails is recovered (see [`crate::fallback`]) and its work
+/// redone, so the frames are those of an uninterrupted run.
+pub fn generate_on(
+    stages: &dyn LmStages,
+    prompt: &Prompt,
+    options: &GenerateOptions,
+    uniform: &mut dyn FnMut() -> f64,
+    on_frame: &mut dyn FnMut(&[u32]) -> bool,
+) -> Result<Generated> {
+    let model = stages.model();
     let t = &model.config.talker_config;
-    let talker = &model.talker;
-    let cp = &model.code_predictor;
+    let vocab = model.talker.vocab();
+    let h = model.talker.hidden();
     let rules = TalkerRules {
         repetition_penalty: options.repetition_penalty,
         min_new_tokens: 2,
         eos: t.codec_eos_token_id,
-        suppress: (talker.vocab() - 1024, talker.vocab()),
+        suppress: (vocab - 1024, vocab),
     };
 
-    let mut cache = talker.new_cache(prompt.rows + options.max_new_tokens);
-    let mut cp_cache = cp.new_cache();
+    let capacity = prompt.rows + options.max_new_tokens;
+    let mut talker = Step {
+        stages,
+        recovered: [false; 2],
+        cache: stages.talker().1.new_cache(capacity),
+        capacity,
+        // Every row the talker has been given, to rebuild its cache on another backend.
+        fed: prompt.embeds.clone(),
+        fed_rows: prompt.rows,
+    };
+    let mut cp_cache = stages.code_predictor().1.new_cache();
     let mut timings = GenerateTimings {
         prompt_rows: prompt.rows,
         ..Default::default()
     };
     let start = Instant::now();
-    let (mut hidden, mut logits) = talker.forward(backend, &prompt.embeds, prompt.rows, &mut cache);
+    let (mut hidden, mut logits) = talker.forward(&prompt.embeds, prompt.rows)?;
     timings.prefill = start.elapsed();
     let mut generated: Vec<u32> = Vec::new();
     let mut frames = Vec::new();
-    let h = talker.hidden();
     while generated.len() < options.max_new_tokens {
         rules.apply(&mut logits, &generated);
         if options.ignore_eos {
@@ -82,21 +103,31 @@ pub fn generate(
         if token == rules.eos || generated.len() == options.max_new_tokens {
             break;
         }
-        let cb0 = talker.codec_vector(token);
         let start = Instant::now();
-        let rest = cp.predict(
-            model.cp_backend.as_ref(),
-            &hidden,
-            cb0,
-            &mut cp_cache,
-            &mut |_, logits| choose(logits, &options.code_predictor, uniform),
-        );
+        let rest = loop {
+            let (backend, cp) = stages.code_predictor();
+            let cb0 = model.talker.codec_vector(token);
+            let predicted = cp.predict(backend, &hidden, cb0, &mut cp_cache, &mut |_, logits| {
+                choose(logits, &options.code_predictor, uniform)
+            });
+            match predicted {
+                Ok(rest) => break rest,
+                // The code predictor's cache holds one frame: the frame is predicted again.
+                Err(e) if !talker.recovered[1] => {
+                    talker.recovered[1] = true;
+                    stages.recover(Stage::CodePredictor, e)?;
+                    cp_cache = stages.code_predictor().1.new_cache();
+                }
+                Err(e) => return Err(e),
+            }
+        };
         timings.code_predictor += start.elapsed();
         let mut frame = Vec::with_capacity(rest.len() + 1);
         frame.push(token);
         frame.extend(&rest);
 
-        let mut next = cb0.to_vec();
+        let cp = stages.code_predictor().1;
+        let mut next = model.talker.codec_vector(token).to_vec();
         for (k, &code) in rest.iter().enumerate() {
             for (a, b) in next.iter_mut().zip(cp.embedding(k, code)) {
                 *a += b;
@@ -111,12 +142,44 @@ pub fn generate(
             break;
         }
         let start = Instant::now();
-        (hidden, logits) = talker.forward(backend, &next, 1, &mut cache);
+        talker.fed.extend_from_slice(&next);
+        talker.fed_rows += 1;
+        (hidden, logits) = talker.forward(&next, 1)?;
         timings.talker += start.elapsed();
         debug_assert_eq!(hidden.len(), h);
     }
-    Generated {
+    Ok(Generated {
         codes: frames,
         timings,
+    })
+}
+
+/// The talker's side of a generation: its cache and what rebuilds it.
+struct Step<'s> {
+    stages: &'s dyn LmStages,
+    /// Whether the talker and the code predictor were recovered in this generation (once each).
+    recovered: [bool; 2],
+    cache: KvCache,
+    capacity: usize,
+    fed: Vec<f32>,
+    fed_rows: usize,
+}
+
+impl Step<'_> {
+    /// Runs `x` (the last `rows` of `fed`); if the backend fails, the stage is recovered and every row fed so
+    /// far runs again in a new cache, which then holds what the failed one should have.
+    fn forward(&mut self, x: &[f32], rows: usize) -> Result<(Vec<f32>, Vec<f32>)> {
+        let (backend, talker) = self.stages.talker();
+        match talker.forward(backend, x, rows, &mut self.cache) {
+            Ok(out) => Ok(out),
+            Err(e) if !self.recovered[0] => {
+                self.recovered[0] = true;
+                self.stages.recover(Stage::Talker, e)?;
+                let (backend, talker) = self.stages.talker();
+                self.cache = talker.new_cache(self.capacity);
+                talker.forward(backend, &self.fed, self.fed_rows, &mut self.cache)
+            }
+            Err(e) => Err(e),
+        }
     }
 }

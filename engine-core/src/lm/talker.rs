@@ -111,8 +111,8 @@ impl Talker {
         let mid = g.linear(&self.text_fc1, rows, n, self.text_hidden);
         g.silu(mid);
         let out = g.linear(&self.text_fc2, mid, n, self.hidden);
-        let out = g.take(out);
-        g.finish();
+        let out = g.take(out)?;
+        g.finish()?;
         Ok(out)
     }
 
@@ -125,14 +125,15 @@ impl Talker {
         self.stack.new_cache(capacity)
     }
 
-    /// Runs `rows` input vectors; returns the last position's normed hidden state and its codec logits.
+    /// Runs `rows` input vectors; returns the last position's normed hidden state and its codec logits. On a
+    /// backend's failure the cache holds partial rows: the caller starts a new one.
     pub fn forward(
         &self,
         backend: &dyn Backend,
         x: &[f32],
         rows: usize,
         cache: &mut KvCache,
-    ) -> (Vec<f32>, Vec<f32>) {
+    ) -> Result<(Vec<f32>, Vec<f32>)> {
         // One list of ops: the stack, then the codec head on the last position.
         let mut g = Graph::new(backend);
         let x = g.input(x.to_vec());
@@ -140,10 +141,10 @@ impl Talker {
         let last = g.row(hidden, rows - 1, self.hidden);
         g.release(hidden);
         let logits = g.linear(&self.codec_head, last, 1, self.vocab);
-        let logits = g.take(logits);
-        let last = g.take(last);
-        g.finish();
-        (last, logits)
+        let logits = g.take(logits)?;
+        let last = g.take(last)?;
+        g.finish()?;
+        Ok((last, logits))
     }
 
     /// Like [`Talker::forward`] but keeps every position's hidden state (for tests of the prefill).
@@ -153,7 +154,7 @@ impl Talker {
         x: &[f32],
         rows: usize,
         cache: &mut KvCache,
-    ) -> Vec<f32> {
-        self.stack.forward(backend, x, rows, cache).to_vec()
+    ) -> Result<Vec<f32>> {
+        Ok(self.stack.forward(backend, x, rows, cache)?.to_vec())
     }
 }

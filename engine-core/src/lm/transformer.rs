@@ -149,17 +149,17 @@ impl DecoderStack {
         x: &[f32],
         rows: usize,
         cache: &'c mut KvCache,
-    ) -> &'c [f32] {
+    ) -> Result<&'c [f32]> {
         let out = {
             let mut g = Graph::new(backend);
             let x = g.input(x.to_vec());
             let hidden = self.forward_graph(&mut g, x, rows, cache);
-            let out = g.take(hidden);
-            g.finish();
+            let out = g.take(hidden)?;
+            g.finish()?;
             out
         };
         cache.out = out;
-        &cache.out
+        Ok(&cache.out)
     }
 
     /// [`DecoderStack::forward`]'s ops on `g`: `x[rows][hidden]` (changed in place) → the final-normed hidden

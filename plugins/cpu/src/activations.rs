@@ -27,7 +27,9 @@ fn snake_row(row: &mut [f32], alpha: f32, inv_beta: f32) {
             return unsafe { snake_row_avx2(row, alpha, inv_beta) };
         }
     }
-    // NEON is part of the aarch64 baseline, so this path is vectorised there.
+    #[cfg(target_arch = "aarch64")]
+    return crate::activations_arm::snake_row(row, alpha, inv_beta);
+    #[allow(unreachable_code)]
     snake_row_generic(row, alpha, inv_beta)
 }
 

@@ -1,10 +1,16 @@
 //! Kazeia's CPU backend: the reference implementation of every op in `kazeia-backend-abi`.
 
 mod activations;
+#[cfg(target_arch = "aarch64")]
+mod activations_arm;
 mod attention;
 mod conv;
 mod gemm_call;
+#[cfg_attr(not(target_arch = "aarch64"), allow(dead_code))]
+mod int8;
 mod linear;
+#[cfg(target_arch = "aarch64")]
+pub mod linear_arm;
 #[cfg(target_arch = "x86_64")]
 mod linear_x86;
 mod norms;

@@ -282,6 +282,8 @@ impl LinearWeight {
         #[cfg(target_arch = "x86_64")]
         let quantized = crate::linear_x86::vnni_q4_usable(self)
             .then(|| crate::linear_x86::QuantizedRows::new(x, rows, self.padded_in));
+        #[cfg(target_arch = "aarch64")]
+        let quantized = crate::linear_arm::quantize_for(self, x, rows);
         let run = |o0: usize, o1: usize| {
             let mut partial = vec![0.0f32; rows * (o1 - o0)];
             #[cfg(target_arch = "x86_64")]
@@ -292,7 +294,15 @@ impl LinearWeight {
                 },
                 None => dispatch_dot(self, x, rows, o0, o1, &mut partial),
             }
-            #[cfg(not(target_arch = "x86_64"))]
+            #[cfg(target_arch = "aarch64")]
+            match &quantized {
+                Some(q) => {
+                    let kernel = crate::linear_arm::selected();
+                    crate::linear_arm::dot_int8(kernel, self, q, o0, o1, &mut partial)
+                }
+                None => dispatch_dot(self, x, rows, o0, o1, &mut partial),
+            }
+            #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
             dispatch_dot(self, x, rows, o0, o1, &mut partial);
             for r in 0..rows {
                 for o in o0..o1 {
@@ -489,6 +499,9 @@ fn dispatch_dot(
             return unsafe { dot_avx2(w, x, rows, o0, o1, partial) };
         }
     }
+    #[cfg(target_arch = "aarch64")]
+    return crate::linear_arm::dot_float(w, x, rows, o0, o1, partial);
+    #[allow(unreachable_code)]
     dot_rows::<false>(w, x, rows, o0, o1, partial)
 }
 
@@ -503,6 +516,27 @@ unsafe fn dot_avx2(
     partial: &mut [f32],
 ) {
     dot_rows::<true>(w, x, rows, o0, o1, partial)
+}
+
+/// The portable decode-and-dot kernel, which the aarch64 kernels are tested against.
+#[cfg(all(test, target_arch = "aarch64"))]
+pub(crate) fn dot_portable(
+    w: &LinearWeight,
+    x: &[f32],
+    rows: usize,
+    o0: usize,
+    o1: usize,
+    partial: &mut [f32],
+) {
+    dot_rows::<false>(w, x, rows, o0, o1, partial)
+}
+
+/// Weight `i` of output row `o`, decoded.
+#[cfg(all(test, target_arch = "aarch64"))]
+pub(crate) fn weight_at(w: &LinearWeight, o: usize, i: usize) -> f32 {
+    let mut block = [0.0f32; BLOCK];
+    decode_block(w, o, i / BLOCK, &mut block);
+    block[i % BLOCK]
 }
 
 #[inline(always)]

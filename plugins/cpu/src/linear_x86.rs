@@ -228,13 +228,7 @@ impl QuantizedRows {
             .zip(quants.chunks_exact_mut(BLOCK))
             .zip(block_scales.iter_mut())
         {
-            let amax = xb.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-            let d = amax / 127.0;
-            let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
-            for (q, v) in qb.iter_mut().zip(xb) {
-                *q = (v * inv).round().clamp(-127.0, 127.0) as i8;
-            }
-            *s = d;
+            *s = crate::int8::quantize_block(xb, qb);
         }
         let mut corrections = vec![0i32; rows * chunks * 16];
         let mut scales = vec![0.0f32; rows * chunks * 16];

@@ -66,21 +66,59 @@ fn isa() -> (i32, Option<&'static str>) {
     }
     #[cfg(target_arch = "aarch64")]
     {
-        // NEON is baseline; a dotprod build (armv8.2+) ranks above.
-        if cfg!(target_feature = "dotprod") && !std::arch::is_aarch64_feature_detected!("dotprod") {
-            return (0, Some("built for armv8.2 dotprod; this CPU lacks it"));
-        }
-        return (
-            30 + if cfg!(target_feature = "dotprod") {
-                5
-            } else {
-                0
-            },
-            None,
-        );
+        return arm_isa();
     }
     #[allow(unreachable_code)]
     (10, None)
+}
+
+/// The ARM levels `tools/build_cpu_plugins.sh` builds: ARMv8.0 (NEON), ARMv8.2 (+ dotprod, fp16), ARMv8.6
+/// (+ i8mm, bf16). A build needs every feature it was compiled with (the compiler may use them anywhere); its
+/// integer kernels are picked at run time whatever the build, so the level adds a little and the CPU's best
+/// kernel decides the rest.
+#[cfg(target_arch = "aarch64")]
+fn arm_isa() -> (i32, Option<&'static str>) {
+    use std::arch::is_aarch64_feature_detected as has;
+    let levels: [(bool, bool, &str); 4] = [
+        (
+            cfg!(target_feature = "dotprod"),
+            has!("dotprod"),
+            "built for ARMv8.2 (dotprod); this CPU lacks dotprod",
+        ),
+        (
+            cfg!(target_feature = "fp16"),
+            has!("fp16"),
+            "built for ARMv8.2 (fp16); this CPU lacks fp16 arithmetic",
+        ),
+        (
+            cfg!(target_feature = "i8mm"),
+            has!("i8mm"),
+            "built for ARMv8.6 (i8mm); this CPU lacks i8mm",
+        ),
+        (
+            cfg!(target_feature = "bf16"),
+            has!("bf16"),
+            "built for ARMv8.6 (bf16); this CPU lacks bf16",
+        ),
+    ];
+    for (compiled, present, reason) in levels {
+        if compiled && !present {
+            return (0, Some(reason));
+        }
+    }
+    let runtime = match crate::linear_arm::selected() {
+        crate::linear_arm::Kernel::Neon => 20,
+        crate::linear_arm::Kernel::Dotprod => 30,
+        crate::linear_arm::Kernel::I8mm => 35,
+    };
+    let compiled = if cfg!(target_feature = "i8mm") {
+        3
+    } else if cfg!(target_feature = "dotprod") {
+        2
+    } else {
+        0
+    };
+    (runtime + compiled, None)
 }
 
 /// Higher for wider vector units and for builds compiled for them; 0 when this build cannot run here.
@@ -105,7 +143,11 @@ unsafe extern "C" fn device_name(index: u32, out: *mut ErrorBuffer) -> i32 {
         return 1;
     }
     let threads = std::thread::available_parallelism().map_or(1, usize::from);
-    out.set(&format!("host CPU ({threads} hardware threads)"));
+    #[cfg(target_arch = "aarch64")]
+    let kernels = format!(", int8 kernels: {}", crate::linear_arm::selected().name());
+    #[cfg(not(target_arch = "aarch64"))]
+    let kernels = "";
+    out.set(&format!("host CPU ({threads} hardware threads{kernels})"));
     0
 }
 

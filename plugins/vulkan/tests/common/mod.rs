@@ -56,5 +56,6 @@ pub fn greedy_from(model: &TtsModel, prompt: &Prompt, run: &Value) -> Vec<Vec<u3
         &mut || unreachable!("greedy"),
         &mut |_| true,
     )
+    .unwrap()
     .codes
 }

@@ -1,0 +1,167 @@
+//! A backend that fails at run time: the real `faulty` test plugin (`tests/faulty-plugin`, dlopen'ed) runs one
+//! stage and fails after a set number of op lists; the stage moves to the CPU with one warning, and the
+//! utterance is still the official waveform (the committed golden of the fixture), neither cut nor repeated.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use kazeia_engine::fallback::Stage;
+use kazeia_engine::graph::Graph;
+use kazeia_engine::lm::LmBackends;
+use kazeia_engine::plugins::{inspect, PluginBackend};
+use kazeia_engine::stream::{SessionControl, StreamConfig};
+use kazeia_engine::synth::{SynthOptions, Synthesizer, Voice};
+use kazeia_engine::weights::WeightFile;
+use kazeia_engine::{Backend, CpuBackend, Error, WeightStorage};
+
+fn fixture() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/lm/shape_0b6")
+}
+
+fn voice() -> Voice {
+    Voice {
+        speaker: Some("ryan".into()),
+        language: "english".into(),
+        instruct: None,
+        non_streaming_mode: None,
+    }
+}
+
+/// A synthesizer with `stage` on a faulty backend that runs `after` lists, the others on the built-in CPU
+/// backend; and the warnings it logs.
+fn synthesizer(stage: Stage, after: usize) -> (Synthesizer, Arc<Mutex<Vec<String>>>) {
+    // The plugin reads its budget when a backend is created (one test at a time uses it: see below).
+    std::env::set_var("KAZEIA_FAULTY_AFTER", after.to_string());
+    let info = inspect(&kazeia_tests::faulty_plugin());
+    assert!(info.is_available(), "{:?}", info.unavailable);
+    let faulty: Arc<dyn Backend> = Arc::new(PluginBackend::create(&info, 0, 2).unwrap());
+    let cpu: Arc<dyn Backend> = Arc::new(CpuBackend::new(2));
+    let on = |s: Stage| if s == stage { faulty.clone() } else { cpu.clone() };
+    let lm = LmBackends {
+        talker: on(Stage::Talker),
+        code_predictor: on(Stage::CodePredictor),
+    };
+    let mut synth =
+        Synthesizer::load_on(&fixture(), lm, on(Stage::Decoder), WeightStorage::AsStored)
+            .unwrap();
+    let warnings = Arc::new(Mutex::new(Vec::new()));
+    let log = warnings.clone();
+    synth.fallback.set_log(Box::new(move |stage, why| {
+        log.lock().unwrap().push(format!("{}: {why}", stage.name()))
+    }));
+    (synth, warnings)
+}
+
+fn speak(synth: &Synthesizer, config: StreamConfig) -> Result<Vec<f32>, Error> {
+    let mut audio = Vec::new();
+    let options = SynthOptions {
+        greedy: true,
+        seed: None,
+        max_new_tokens: Some(24),
+        chunk_chars: 400,
+    };
+    synth.synthesize(
+        "Hello world.",
+        &voice(),
+        &options,
+        config,
+        &SessionControl::new(),
+        &mut |chunk| {
+            audio.extend_from_slice(chunk);
+            Ok(())
+        },
+    )?;
+    Ok(audio)
+}
+
+fn assert_official(audio: &[f32], what: &str) {
+    let golden = WeightFile::open(&fixture().join("golden.safetensors"))
+        .unwrap()
+        .tensor("wav_en_nonstream")
+        .unwrap()
+        .data;
+    assert_eq!(audio.len(), golden.len(), "{what}: length");
+    let err = audio
+        .iter()
+        .zip(&golden)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0, f32::max);
+    assert!(err <= 1e-4, "{what}: {err:e}");
+}
+
+/// The plugin's budget is one per process: one test at a time sets it.
+static PLUGIN: Mutex<()> = Mutex::new(());
+
+#[test]
+fn a_stage_whose_backend_fails_moves_to_the_cpu_and_the_utterance_is_still_the_official_one() {
+    let _one = PLUGIN.lock().unwrap_or_else(|e| e.into_inner());
+    let cache = tempfile::tempdir().unwrap();
+    std::env::set_var("KAZEIA_CACHE_DIR", cache.path());
+    let config = StreamConfig {
+        first_chunk_frames: 1,
+        chunk_frames: 4,
+        profile_decoder: false,
+    };
+    // Lists each stage runs before its failure: the talker's prompt takes 5 and its prefill 1, so 8 fails
+    // in the second frame; the code predictor runs 15 a frame; the decoder one per chunk. 0: the very first.
+    let cases = [
+        (Stage::Talker, 0),
+        (Stage::Talker, 8),
+        (Stage::CodePredictor, 0),
+        (Stage::CodePredictor, 37),
+        (Stage::Decoder, 0),
+        (Stage::Decoder, 3),
+    ];
+    for (stage, after) in cases {
+        let what = format!("{} failing after {after} lists", stage.name());
+        let (synth, warnings) = synthesizer(stage, after);
+        let audio = speak(&synth, config).unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert_official(&audio, &what);
+        let logged = warnings.lock().unwrap().clone();
+        assert_eq!(logged.len(), 1, "{what}: one warning: {logged:?}");
+        assert!(
+            logged[0].starts_with(stage.name()) && logged[0].contains("injected fault"),
+            "{what}: {logged:?}"
+        );
+        let moved = synth.fallback.moved();
+        assert_eq!(moved.len(), 1, "{what}: {moved:?}");
+        assert_eq!(moved[0].0, stage);
+        for other in Stage::ALL.into_iter().filter(|&s| s != stage) {
+            assert!(!synth.fallback.has_moved(other), "{what}: {other:?} moved");
+        }
+        // The next utterance runs on the CPU copy from the start: the same audio, no new warning.
+        assert_official(&speak(&synth, config).unwrap(), &format!("{what}, again"));
+        assert_eq!(warnings.lock().unwrap().len(), 1, "{what}: warned again");
+    }
+    // A backend that works is never replaced.
+    let (synth, warnings) = synthesizer(Stage::Decoder, usize::MAX);
+    assert_official(&speak(&synth, config).unwrap(), "a working plugin");
+    assert!(warnings.lock().unwrap().is_empty());
+    assert!(synth.fallback.moved().is_empty());
+}
+
+#[test]
+fn a_failing_backend_is_an_error_value_of_the_graph_and_nothing_runs_after_it() {
+    let _one = PLUGIN.lock().unwrap_or_else(|e| e.into_inner());
+    std::env::set_var("KAZEIA_FAULTY_AFTER", "1");
+    let info = inspect(&kazeia_tests::faulty_plugin());
+    let faulty = PluginBackend::create(&info, 0, 1).unwrap();
+    let mut g = Graph::new(&faulty);
+    let x = g.input(vec![1.0, -2.0]);
+    g.gelu(x);
+    let once = g.read(x).unwrap()[1];
+    assert!((-0.05..-0.04).contains(&once), "gelu(-2) = {once}");
+    g.gelu(x);
+    match g.read(x) {
+        Err(Error::Backend { backend, message }) => {
+            assert_eq!(backend, "faulty");
+            assert!(message.contains("injected fault: list 2"), "{message}");
+        }
+        other => panic!("{other:?}"),
+    }
+    // Kept: later ops do not run (no third list reaches the plugin), and the end says so too.
+    g.silu(x);
+    assert!(matches!(g.take(x), Err(Error::Backend { .. })));
+    assert_eq!(g.flushes(), 2);
+    assert!(matches!(g.finish(), Err(Error::Backend { .. })));
+}

@@ -1,0 +1,130 @@
+//! Int8 activations for the integer dot products of Q8_0/Q4_0 linear layers, and the exact definition of those
+//! products that every integer kernel (x86 VNNI quantises the same way; the aarch64 NEON/SDOT/SMMLA kernels
+//! compute bit for bit what [`dot_reference`] computes).
+//!
+//! Each row of activations is cut into blocks of 32 and quantised like a Q8_0 weight block (`d = amax/127`,
+//! round to nearest). A block product is then an exact `i32` sum; it is scaled by `d_w · d_x` and summed in
+//! f32 into four partial sums, block `b` into sum `b mod 4`, which end as `(s0 + s1) + (s2 + s3)`. Fixing that
+//! order is what lets a vector kernel (one lane per block) equal the scalar one exactly.
+
+use crate::linear::{LinearWeight, Storage, BLOCK};
+
+/// Quantises one block: returns its scale `d` and writes `round(v / d)`.
+#[inline]
+pub(crate) fn quantize_block(block: &[f32], quants: &mut [i8]) -> f32 {
+    let amax = block.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    let d = amax / 127.0;
+    let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
+    for (q, v) in quants.iter_mut().zip(block) {
+        *q = (v * inv).round().clamp(-127.0, 127.0) as i8;
+    }
+    d
+}
+
+/// `rows` rows of `k` activations (`k` a multiple of 32) as int8 blocks with one scale each; also, for the
+/// SMMLA kernel, the same values with rows interleaved in pairs (see [`QuantizedActs::pairs`]).
+pub(crate) struct QuantizedActs {
+    /// `[rows][k]`.
+    pub quants: Vec<i8>,
+    /// `[rows][k / 32]`.
+    pub scales: Vec<f32>,
+    /// Rows `2p` and `2p + 1` interleaved by 8 values: `[pair][block][chunk 0..4][row 0..2][8]` (a missing odd
+    /// last row is zeros). Empty unless asked for.
+    pub pairs: Vec<i8>,
+    /// `[pair][block][4]`: the scales of row `2p`, `2p`, `2p + 1`, `2p + 1` (the SMMLA result's lane order).
+    pub pair_scales: Vec<f32>,
+    pub rows: usize,
+    pub k: usize,
+}
+
+impl QuantizedActs {
+    pub fn new(x: &[f32], rows: usize, k: usize, with_pairs: bool) -> Self {
+        assert!(k.is_multiple_of(BLOCK) && x.len() >= rows * k);
+        let mut quants = vec![0i8; rows * k];
+        let scales: Vec<f32> = x[..rows * k]
+            .chunks_exact(BLOCK)
+            .zip(quants.chunks_exact_mut(BLOCK))
+            .map(|(xb, qb)| quantize_block(xb, qb))
+            .collect();
+        let (mut pairs, mut pair_scales) = (Vec::new(), Vec::new());
+        if with_pairs {
+            let (npairs, nb) = (rows.div_ceil(2), k / BLOCK);
+            pairs = vec![0i8; npairs * 2 * k];
+            pair_scales = vec![0.0f32; npairs * nb * 4];
+            for r in 0..rows {
+                let (p, half) = (r / 2, r % 2);
+                for b in 0..nb {
+                    for c in 0..4 {
+                        let src = r * k + b * BLOCK + c * 8;
+                        let dst = ((p * nb + b) * 4 + c) * 16 + half * 8;
+                        pairs[dst..dst + 8].copy_from_slice(&quants[src..src + 8]);
+                    }
+                    let s = scales[r * nb + b];
+                    pair_scales[(p * nb + b) * 4 + 2 * half] = s;
+                    pair_scales[(p * nb + b) * 4 + 2 * half + 1] = s;
+                }
+            }
+        }
+        QuantizedActs {
+            quants,
+            scales,
+            pairs,
+            pair_scales,
+            rows,
+            k,
+        }
+    }
+}
+
+/// Weight element `i` of output row `o` as a signed integer (Q4_0: nibble − 8).
+#[cfg(test)]
+fn weight_q(w: &LinearWeight, o: usize, i: usize) -> i32 {
+    let k = w.padded_in;
+    match &w.storage {
+        Storage::Q8_0 { quants, .. } => quants[o * k + i] as i32,
+        Storage::Q4_0 { nibbles, .. } => {
+            let (b, j) = (i / BLOCK, i % BLOCK);
+            let byte = nibbles[(o * k + b * BLOCK) / 2 + j % (BLOCK / 2)];
+            let nibble = if j < BLOCK / 2 {
+                byte & 0x0f
+            } else {
+                byte >> 4
+            };
+            nibble as i32 - 8
+        }
+        _ => unreachable!("integer dot products are for Q8_0/Q4_0 weights"),
+    }
+}
+
+pub(crate) fn weight_scales(w: &LinearWeight) -> &[f32] {
+    match &w.storage {
+        Storage::Q8_0 { scales, .. } | Storage::Q4_0 { scales, .. } => scales,
+        _ => unreachable!("integer dot products are for Q8_0/Q4_0 weights"),
+    }
+}
+
+/// `partial[r][o − o0]` for `o` in `o0..o1`, in scalar code: the definition the vector kernels reproduce.
+#[cfg(test)]
+pub(crate) fn dot_reference(
+    w: &LinearWeight,
+    x: &QuantizedActs,
+    o0: usize,
+    o1: usize,
+    partial: &mut [f32],
+) {
+    let (k, nb, width) = (w.padded_in, w.padded_in / BLOCK, o1 - o0);
+    let ws = weight_scales(w);
+    for r in 0..x.rows {
+        for o in o0..o1 {
+            let mut sums = [0.0f32; 4];
+            for b in 0..nb {
+                let dot: i32 = (b * BLOCK..(b + 1) * BLOCK)
+                    .map(|i| weight_q(w, o, i) * x.quants[r * k + i] as i32)
+                    .sum();
+                let scale = ws[o * nb + b] * x.scales[r * nb + b];
+                sums[b % 4] = (dot as f32).mul_add(scale, sums[b % 4]);
+            }
+            partial[r * width + (o - o0)] = (sums[0] + sums[1]) + (sums[2] + sums[3]);
+        }
+    }
+}

@@ -1,0 +1,106 @@
+//! A backend plugin that fails on purpose, for the fault tests: `libkazeia_backend_faulty.so`, the CPU backend
+//! under the name `faulty`, taking op lists as a device backend does. Each backend it creates runs
+//! `KAZEIA_FAULTY_AFTER` lists (0 if unset) and then fails every later one with an error, as a lost device or a
+//! driver fault would. A new backend (the daemon's reload) counts again from zero.
+
+use std::ffi::{c_char, c_void};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use kazeia_backend_abi::exports;
+use kazeia_backend_abi::plugin::{
+    ErrorBuffer, OpRecord, PluginApi, CAPABILITY_LISTS, PLUGIN_ABI_VERSION, PLUGIN_MAGIC,
+};
+use kazeia_backend_cpu::CpuBackend;
+
+/// Lists left before the failures start, and lists run: one count for the process (tests make one backend).
+static LEFT: AtomicUsize = AtomicUsize::new(0);
+static RUN: AtomicUsize = AtomicUsize::new(0);
+
+static API: PluginApi = PluginApi {
+    magic: PLUGIN_MAGIC,
+    abi_version: PLUGIN_ABI_VERSION,
+    struct_size: std::mem::size_of::<PluginApi>() as u32,
+    name: c"faulty".as_ptr() as *const c_char,
+    score,
+    unavailable_reason,
+    device_count,
+    device_name,
+    create,
+    destroy: exports::destroy::<CpuBackend>,
+    upload: exports::upload::<CpuBackend>,
+    free_weight: exports::free_weight,
+    supports_op,
+    run_ops,
+    export_linear: exports::export_linear::<CpuBackend>,
+    free_bytes: exports::free_bytes,
+    import_linear: exports::import_linear::<CpuBackend>,
+};
+
+/// The plugin's entry symbol.
+#[no_mangle]
+pub extern "C" fn kazeia_backend_plugin_v1() -> *const PluginApi {
+    &API
+}
+
+unsafe extern "C" fn score() -> i32 {
+    1
+}
+
+unsafe extern "C" fn unavailable_reason(err: *mut ErrorBuffer) {
+    // SAFETY: the caller passes a valid buffer or null.
+    if let Some(err) = unsafe { err.as_mut() } {
+        err.set("available");
+    }
+}
+
+unsafe extern "C" fn device_count() -> u32 {
+    1
+}
+
+unsafe extern "C" fn device_name(index: u32, out: *mut ErrorBuffer) -> i32 {
+    // SAFETY: the caller passes a valid buffer or null.
+    let Some(out) = (unsafe { out.as_mut() }) else {
+        return 1;
+    };
+    if index != 0 {
+        out.set("no such device");
+        return 1;
+    }
+    out.set("faulty test device");
+    0
+}
+
+unsafe extern "C" fn create(device: u32, threads: u32, err: *mut ErrorBuffer) -> *mut c_void {
+    let after = std::env::var("KAZEIA_FAULTY_AFTER")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    LEFT.store(after, Ordering::SeqCst);
+    RUN.store(0, Ordering::SeqCst);
+    // SAFETY: forwarded as received.
+    unsafe { (kazeia_backend_cpu::plugin::table().create)(device, threads, err) }
+}
+
+/// Every op kind, and lists (so ops reach it as a device backend's do: whole stages at a time).
+unsafe extern "C" fn supports_op(backend: *mut c_void, kind: u32) -> bool {
+    // SAFETY: forwarded as received.
+    kind == CAPABILITY_LISTS || unsafe { exports::supports_every_op(backend, kind) }
+}
+
+unsafe extern "C" fn run_ops(
+    backend: *mut c_void,
+    ops: *const OpRecord,
+    count: usize,
+    err: *mut ErrorBuffer,
+) -> i32 {
+    let run = RUN.fetch_add(1, Ordering::SeqCst);
+    if run >= LEFT.load(Ordering::SeqCst) {
+        // SAFETY: the caller passes a valid buffer or null.
+        if let Some(err) = unsafe { err.as_mut() } {
+            err.set(&format!("injected fault: list {} failed (the device was lost)", run + 1));
+        }
+        return 1;
+    }
+    // SAFETY: forwarded as received.
+    unsafe { exports::run_ops::<CpuBackend>(backend, ops, count, err) }
+}
