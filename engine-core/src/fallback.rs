@@ -143,10 +143,7 @@ impl CpuFallback {
             reasons: Mutex::new(Vec::new()),
             loading: Mutex::new(()),
             log: Box::new(|stage, why| {
-                eprintln!(
-                    "kazeia: warning: {}: {why}; moved to the CPU",
-                    stage.name()
-                )
+                tracing::warn!("{}: {why}; moved to the CPU", stage.name())
             }),
         }
     }
