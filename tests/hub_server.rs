@@ -65,7 +65,10 @@ impl Hub {
     pub fn start() -> Hub {
         let mut files = BTreeMap::new();
         for name in MODEL_FILES {
-            files.insert(name.to_owned(), std::fs::read(fixture().join(name)).unwrap());
+            files.insert(
+                name.to_owned(),
+                std::fs::read(fixture().join(name)).unwrap(),
+            );
         }
         files.insert("README.md".into(), b"# tiny\n".to_vec());
         files.insert(
@@ -147,7 +150,10 @@ fn serve(mut stream: std::net::TcpStream, state: &Mutex<Server>, gate: &(Mutex<b
             .keys()
             .map(|f| format!("{{\"rfilename\":\"{f}\"}}"))
             .collect();
-        let json = format!("{{\"sha\":\"{SHA}\",\"siblings\":[{}]}}", siblings.join(","));
+        let json = format!(
+            "{{\"sha\":\"{SHA}\",\"siblings\":[{}]}}",
+            siblings.join(",")
+        );
         ("200 OK", String::new(), json.into_bytes())
     } else if let Some(file) = path.strip_prefix(&format!("/{REPO}/resolve/{SHA}/")) {
         match s.files.get(file) {
@@ -184,7 +190,9 @@ fn serve(mut stream: std::net::TcpStream, state: &Mutex<Server>, gate: &(Mutex<b
     } else {
         ("404 Not Found", String::new(), Vec::new())
     };
-    let file = path.rsplit_once(&format!("{SHA}/")).map(|(_, f)| f.to_owned());
+    let file = path
+        .rsplit_once(&format!("{SHA}/"))
+        .map(|(_, f)| f.to_owned());
     let length = body.len();
     if method == "HEAD" {
         body.clear();
@@ -197,8 +205,8 @@ fn serve(mut stream: std::net::TcpStream, state: &Mutex<Server>, gate: &(Mutex<b
         s.cut = None;
     }
     let pace = s.pace;
-    let held = matches!((&s.hold, &file), (Some(h), Some(f)) if f.contains(h.as_str()))
-        && method == "GET";
+    let held =
+        matches!((&s.hold, &file), (Some(h), Some(f)) if f.contains(h.as_str())) && method == "GET";
     drop(s);
     if held {
         let mut released = gate.0.lock().unwrap();
@@ -227,4 +235,3 @@ fn serve(mut stream: std::net::TcpStream, state: &Mutex<Server>, gate: &(Mutex<b
     let _ = stream.flush();
     // Dropped here: a cut body ends with the connection.
 }
-

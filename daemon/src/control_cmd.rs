@@ -163,6 +163,13 @@ pub fn run_status(_args: StatusArgs) -> Result<()> {
         );
         println!("kazeiad: running, pid {pid}, {memory}");
         println!("state: {}", text(all.get("State")));
+        if let Some(progress) = all
+            .get("LoadProgress")
+            .and_then(|v| String::try_from(v.clone()).ok())
+            .filter(|p| !p.is_empty())
+        {
+            println!("model load: {progress}");
+        }
         println!("model: {}", text(all.get("Model")));
         let backends: HashMap<String, String> = all
             .get("Backends")

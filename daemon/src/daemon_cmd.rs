@@ -151,9 +151,9 @@ async fn serve(args: DaemonArgs) -> Result<()> {
                     let _ = iface.load_progress_changed(api.signal_emitter()).await;
                     emit_properties(&iface, api.signal_emitter()).await;
                 }
-                Err(e) => tracing::warn!(
-                    "reload ({why}) refused, the running configuration stays: {e:#}"
-                ),
+                Err(e) => {
+                    tracing::warn!("reload ({why}) refused, the running configuration stays: {e:#}")
+                }
             }
         }
     };

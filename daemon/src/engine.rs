@@ -266,9 +266,9 @@ impl LoadStatus {
                 "the model is not loaded yet ({}); try again shortly",
                 load.progress
             ),
-            (Some(f), true) => format!(
-                "the model could not be loaded: {f}; fix the configuration and call Reload"
-            ),
+            (Some(f), true) => {
+                format!("the model could not be loaded: {f}; fix the configuration and call Reload")
+            }
             (None, true) => "the model is not loaded yet; try again shortly".to_owned(),
         }
     }

@@ -168,10 +168,7 @@ impl Service {
         let _ = crate::logging::set_level(&config.log.level);
         let running = self.player.config();
         let mut changes = Vec::new();
-        let needs_engine = self
-            .player
-            .engine()
-            .is_none_or(|e| e.needs_reload(&config));
+        let needs_engine = self.player.engine().is_none_or(|e| e.needs_reload(&config));
         if needs_engine {
             let cfg = config.clone();
             let loading = self.loading.clone();

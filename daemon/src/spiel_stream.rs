@@ -135,9 +135,7 @@ impl<R: Read> SpielReader<R> {
                 }
                 // Read as it comes: a size from a cut or garbage stream allocates no more than was sent.
                 let mut data = Vec::new();
-                (&mut self.input)
-                    .take(size as u64)
-                    .read_to_end(&mut data)?;
+                (&mut self.input).take(size as u64).read_to_end(&mut data)?;
                 if data.len() < size {
                     return Err(io::Error::new(
                         io::ErrorKind::UnexpectedEof,

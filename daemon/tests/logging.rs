@@ -37,8 +37,9 @@ fn daemon_log(dir: &Path, level: &str, rust_log: Option<&str>) -> String {
             rust_log.unwrap_or("unset")
         )),
     );
+    // Ready: on the bus (the name comes first) and the model loaded (`State` leaves `loading`).
     let deadline = Instant::now() + Duration::from_secs(60);
-    while !name_has_owner(&bus, "org.kazeia.Speech") {
+    while !(name_has_owner(&bus, "org.kazeia.Speech") && state(&bus) == "s \"idle\"") {
         daemon.check_running();
         assert!(Instant::now() < deadline, "kazeiad never got ready");
         std::thread::sleep(Duration::from_millis(20));
@@ -47,24 +48,46 @@ fn daemon_log(dir: &Path, level: &str, rust_log: Option<&str>) -> String {
     daemon.log()
 }
 
+/// The daemon's `State` property as busctl prints it (`s "idle"`).
+fn state(bus: &DbusSession) -> String {
+    let out = std::process::Command::new("busctl")
+        .arg(format!("--address={}", bus.address()))
+        .args([
+            "get-property",
+            "org.kazeia.Speech",
+            "/org/kazeia/Speech",
+            "org.kazeia.Speech1",
+            "State",
+        ])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
 #[test]
 fn rust_log_wins_over_the_configured_level() {
     let dir = TempDir::new("log");
     let info = daemon_log(dir.path(), "info", None);
     assert!(
-        info.contains("kazeiad: ready as org.kazeia.Speech"),
+        info.contains("kazeiad: serving as org.kazeia.Speech"),
         "{info}"
     );
+    assert!(info.contains("; ready ("), "{info}");
     assert!(info.contains("kazeiad: stopped"), "{info}");
 
-    // warn: the information lines after the configuration is applied are gone.
+    // warn: the information lines are gone (the level applies from the configuration's loading on).
     let warn = daemon_log(dir.path(), "warn", None);
-    assert!(!warn.contains("ready as"), "{warn}");
+    assert!(!warn.contains("serving as"), "{warn}");
+    assert!(!warn.contains("ready ("), "{warn}");
     assert!(!warn.contains("stopped"), "{warn}");
 
     // RUST_LOG decides when set.
     let env = daemon_log(dir.path(), "warn", Some("info"));
-    assert!(env.contains("kazeiad: ready as org.kazeia.Speech"), "{env}");
+    assert!(
+        env.contains("kazeiad: serving as org.kazeia.Speech"),
+        "{env}"
+    );
+    assert!(env.contains("kazeiad: stopped"), "{env}");
 
     for log in [&info, &warn, &env] {
         assert!(!log.contains('\r'), "{log:?}");

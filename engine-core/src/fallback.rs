@@ -142,9 +142,7 @@ impl CpuFallback {
             decoder: OnceLock::new(),
             reasons: Mutex::new(Vec::new()),
             loading: Mutex::new(()),
-            log: Box::new(|stage, why| {
-                tracing::warn!("{}: {why}; moved to the CPU", stage.name())
-            }),
+            log: Box::new(|stage, why| tracing::warn!("{}: {why}; moved to the CPU", stage.name())),
         }
     }
 
@@ -204,24 +202,28 @@ impl CpuFallback {
         let threads = self.threads[stage as usize];
         let cpu: Arc<dyn Backend> = Arc::new(CpuBackend::new(threads));
         let loaded = match stage {
-            Stage::Talker => self.load_lm(|w| {
-                let t = &config.talker_config;
-                Talker::load(cpu.as_ref(), w, t, self.storage)
-            }).map(|t| {
-                let _ = self.talker.set((cpu.clone(), t));
-            }),
-            Stage::CodePredictor => self.load_lm(|w| {
-                let t = &config.talker_config;
-                CodePredictor::load(
-                    cpu.as_ref(),
-                    w,
-                    &t.code_predictor_config,
-                    t.hidden_size,
-                    self.storage,
-                )
-            }).map(|c| {
-                let _ = self.code_predictor.set((cpu.clone(), c));
-            }),
+            Stage::Talker => self
+                .load_lm(|w| {
+                    let t = &config.talker_config;
+                    Talker::load(cpu.as_ref(), w, t, self.storage)
+                })
+                .map(|t| {
+                    let _ = self.talker.set((cpu.clone(), t));
+                }),
+            Stage::CodePredictor => self
+                .load_lm(|w| {
+                    let t = &config.talker_config;
+                    CodePredictor::load(
+                        cpu.as_ref(),
+                        w,
+                        &t.code_predictor_config,
+                        t.hidden_size,
+                        self.storage,
+                    )
+                })
+                .map(|c| {
+                    let _ = self.code_predictor.set((cpu.clone(), c));
+                }),
             Stage::Decoder => CodecDecoder::load(&self.dir, cpu.clone()).map(|d| {
                 let _ = self.decoder.set(d);
             }),
@@ -244,7 +246,8 @@ impl CpuFallback {
         let checkpoint = self.dir.join("model.safetensors");
         let file = WeightFile::open(&checkpoint)?;
         let variant = format!("{}:cpu:cpu", self.storage);
-        let cache = if self.storage == WeightStorage::Convert(kazeia_backend_abi::WeightFormat::F32) {
+        let cache = if self.storage == WeightStorage::Convert(kazeia_backend_abi::WeightFormat::F32)
+        {
             WeightCache::disabled()
         } else {
             WeightCache::open(&checkpoint, &variant).read_only()

@@ -215,7 +215,8 @@ pub fn file_meta(header: &dyn Fn(&str) -> Option<String>) -> Option<FileMeta> {
     let size = header("x-linked-size")
         .or_else(|| header("content-length"))
         .and_then(|l| l.trim().parse::<u64>().ok());
-    let sha256 = (etag.len() == 64 && etag.chars().all(|c| c.is_ascii_hexdigit())).then(|| etag.clone());
+    let sha256 =
+        (etag.len() == 64 && etag.chars().all(|c| c.is_ascii_hexdigit())).then(|| etag.clone());
     Some(FileMeta { etag, sha256, size })
 }
 
@@ -279,7 +280,11 @@ fn download(
             let lock_path = locks.join(format!("{}.lock", meta.etag));
             let _lock = FileLock::acquire(&lock_path, &mut |waiting| {
                 if waiting {
-                    progress(&format!("{name} (another download is under way; waiting)"), 0, None);
+                    progress(
+                        &format!("{name} (another download is under way; waiting)"),
+                        0,
+                        None,
+                    );
                 }
             })
             .map_err(|e| io_error("cannot lock", &lock_path, e))?;
@@ -336,14 +341,16 @@ fn fetch_blob(
     let mut hasher = Sha256::new();
     if have > 0 && response.status() == 206 {
         // Continued: what is already there counts toward the checksum.
-        out.rewind().map_err(|e| io_error("cannot read", &partial, e))?;
+        out.rewind()
+            .map_err(|e| io_error("cannot read", &partial, e))?;
         let mut existing = (&mut out).take(have);
         std::io::copy(&mut existing, &mut HashWriter(&mut hasher))
             .map_err(|e| io_error("cannot read", &partial, e))?;
     } else {
         // The server sent the whole file: start over.
         have = 0;
-        out.set_len(0).map_err(|e| io_error("cannot write", &partial, e))?;
+        out.set_len(0)
+            .map_err(|e| io_error("cannot write", &partial, e))?;
     }
     let total = meta.size.or_else(|| {
         response
@@ -374,7 +381,8 @@ fn fetch_blob(
             total.unwrap_or(0)
         ));
     }
-    out.sync_all().map_err(|e| io_error("cannot write", &partial, e))?;
+    out.sync_all()
+        .map_err(|e| io_error("cannot write", &partial, e))?;
     if let Some(want) = &meta.sha256 {
         let got = hex(&hasher.finalize());
         if &got != want {
@@ -488,7 +496,10 @@ mod tests {
             _ => None,
         };
         let meta = file_meta(&git).unwrap();
-        assert_eq!((meta.etag.as_str(), meta.size, meta.sha256), ("0123abcd", Some(7), None));
+        assert_eq!(
+            (meta.etag.as_str(), meta.size, meta.sha256),
+            ("0123abcd", Some(7), None)
+        );
         assert!(file_meta(&|h: &str| (h == "etag").then(|| "\"../x\"".to_owned())).is_none());
         assert!(file_meta(&|_: &str| None).is_none());
     }

@@ -392,7 +392,12 @@ impl PluginBackend {
     fn weight_ptr(&self, w: &Weight) -> Result<*const c_void, String> {
         w.downcast::<PluginWeight>()
             .map(|w| w.weight as *const c_void)
-            .ok_or_else(|| format!("backend `{}` was handed a weight made by another backend", self.name))
+            .ok_or_else(|| {
+                format!(
+                    "backend `{}` was handed a weight made by another backend",
+                    self.name
+                )
+            })
     }
 }
 
@@ -614,7 +619,9 @@ impl Backend for PluginBackend {
                     let weight = (op.weight as *const Weight)
                         .as_ref()
                         .ok_or_else(|| format!("op {i}: a {kind:?} op without a weight"))?;
-                    record.weight = self.weight_ptr(weight).map_err(|e| format!("op {i}: {e}"))?;
+                    record.weight = self
+                        .weight_ptr(weight)
+                        .map_err(|e| format!("op {i}: {e}"))?;
                 }
                 list.push(record);
             } else if kind.is_hint() {

@@ -199,9 +199,7 @@ pub fn stream_speech(
     on_audio: &mut (dyn FnMut(&[f32]) -> Result<()> + Send),
 ) -> Result<StreamReport> {
     let stages = FixedStages { model, codec };
-    stream_on(
-        &stages, prompts, options, seed, config, control, on_audio,
-    )
+    stream_on(&stages, prompts, options, seed, config, control, on_audio)
 }
 
 /// [`stream_speech`] on `stages`: a stage whose backend fails is recovered and its work redone (see
@@ -252,7 +250,8 @@ pub fn stream_on(
                 } else {
                     Trace::none()
                 };
-                let saved = (!recovered && stages.can_recover(Stage::Decoder)).then(|| state.clone());
+                let saved =
+                    (!recovered && stages.can_recover(Stage::Decoder)).then(|| state.clone());
                 let mut wav = stages
                     .decoder()
                     .decode_chunk_traced(&mut state, &frames, trace);

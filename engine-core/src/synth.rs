@@ -205,10 +205,9 @@ impl LmStages for Synthesizer {
     }
 
     fn code_predictor(&self) -> (&dyn Backend, &CodePredictor) {
-        self.fallback.code_predictor().unwrap_or((
-            self.model.cp_backend.as_ref(),
-            &self.model.code_predictor,
-        ))
+        self.fallback
+            .code_predictor()
+            .unwrap_or((self.model.cp_backend.as_ref(), &self.model.code_predictor))
     }
 
     fn can_recover(&self, stage: Stage) -> bool {

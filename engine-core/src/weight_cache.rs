@@ -124,7 +124,10 @@ impl WeightCache {
         if let Ok(f) = std::fs::File::open(&path) {
             // SAFETY: a file this cache wrote and renamed into place whole; entries are checked, then copied out.
             let mapped = unsafe { Mmap::map(&f) }.ok();
-            match mapped.as_deref().and_then(|m| parse_index(m, Some(lineage))) {
+            match mapped
+                .as_deref()
+                .and_then(|m| parse_index(m, Some(lineage)))
+            {
                 Some(index) => {
                     cache.mmap = mapped;
                     cache.index = index;
@@ -265,7 +268,12 @@ impl WeightCache {
 impl Drop for WeightCache {
     /// A load that failed or never saved leaves no temporary file behind.
     fn drop(&mut self) {
-        if let Some(w) = self.writer.get_mut().unwrap_or_else(|e| e.into_inner()).take() {
+        if let Some(w) = self
+            .writer
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        {
             drop(w.file);
             let _ = std::fs::remove_file(&w.tmp);
         }
@@ -539,7 +547,11 @@ mod tests {
         assert_ne!(new, old);
         let mut want = vec![
             new.file_name().unwrap().to_string_lossy().into_owned(),
-            other_variant.file_name().unwrap().to_string_lossy().into_owned(),
+            other_variant
+                .file_name()
+                .unwrap()
+                .to_string_lossy()
+                .into_owned(),
             live,
         ];
         want.sort();

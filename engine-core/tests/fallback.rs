@@ -36,14 +36,19 @@ fn synthesizer(stage: Stage, after: usize) -> (Synthesizer, Arc<Mutex<Vec<String
     assert!(info.is_available(), "{:?}", info.unavailable);
     let faulty: Arc<dyn Backend> = Arc::new(PluginBackend::create(&info, 0, 2).unwrap());
     let cpu: Arc<dyn Backend> = Arc::new(CpuBackend::new(2));
-    let on = |s: Stage| if s == stage { faulty.clone() } else { cpu.clone() };
+    let on = |s: Stage| {
+        if s == stage {
+            faulty.clone()
+        } else {
+            cpu.clone()
+        }
+    };
     let lm = LmBackends {
         talker: on(Stage::Talker),
         code_predictor: on(Stage::CodePredictor),
     };
     let mut synth =
-        Synthesizer::load_on(&fixture(), lm, on(Stage::Decoder), WeightStorage::AsStored)
-            .unwrap();
+        Synthesizer::load_on(&fixture(), lm, on(Stage::Decoder), WeightStorage::AsStored).unwrap();
     let warnings = Arc::new(Mutex::new(Vec::new()));
     let log = warnings.clone();
     synth.fallback.set_log(Box::new(move |stage, why| {

@@ -55,8 +55,15 @@ fn only_the_model_files_are_fetched_and_a_complete_snapshot_needs_no_network() {
     }
     // Again: the snapshot is complete, so not one request reaches the server.
     let asked = hub.state().requests.len();
-    assert_eq!(resolve(REPO, &settings, &mut |_, _, _| {}).unwrap(), snapshot);
-    assert_eq!(hub.state().requests.len(), asked, "a complete snapshot made a call");
+    assert_eq!(
+        resolve(REPO, &settings, &mut |_, _, _| {}).unwrap(),
+        snapshot
+    );
+    assert_eq!(
+        hub.state().requests.len(),
+        asked,
+        "a complete snapshot made a call"
+    );
 }
 
 #[test]
@@ -68,7 +75,9 @@ fn an_interrupted_download_continues_where_it_stopped() {
     let size = hub.state().files[file].len();
     let half = size / 2 + 123;
     hub.state().cut = Some((file.into(), half));
-    let error = resolve(REPO, &settings, &mut |_, _, _| {}).unwrap_err().to_string();
+    let error = resolve(REPO, &settings, &mut |_, _, _| {})
+        .unwrap_err()
+        .to_string();
     assert!(error.contains("continues from there"), "{error}");
     let blobs = cache.path().join("models--Kazeia--tiny/blobs");
     let partial: Vec<PathBuf> = std::fs::read_dir(&blobs)
@@ -101,8 +110,13 @@ fn a_corrupted_download_is_refused_and_not_kept() {
     let settings = settings(&hub, cache.path());
     let file = "speech_tokenizer/model.safetensors";
     hub.state().corrupt = Some(file.into());
-    let error = resolve(REPO, &settings, &mut |_, _, _| {}).unwrap_err().to_string();
-    assert!(error.contains("does not match the hub's checksum"), "{error}");
+    let error = resolve(REPO, &settings, &mut |_, _, _| {})
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains("does not match the hub's checksum"),
+        "{error}"
+    );
     let folder = cache.path().join("models--Kazeia--tiny");
     let blobs: Vec<String> = std::fs::read_dir(folder.join("blobs"))
         .unwrap()

@@ -91,11 +91,10 @@ fn prefill_and_first_frame_intermediates_match_official() {
         );
 
         let mut cache = model.talker.new_cache(prompt.rows + 1);
-        let (last, mut logits) =
-            model
-                .talker
-                .forward(backend, &prompt.embeds, prompt.rows, &mut cache)
-                .unwrap();
+        let (last, mut logits) = model
+            .talker
+            .forward(backend, &prompt.embeds, prompt.rows, &mut cache)
+            .unwrap();
         assert_close(
             case,
             "first talker logits",
@@ -119,17 +118,19 @@ fn prefill_and_first_frame_intermediates_match_official() {
         );
         let mut cp_logits = Vec::new();
         let mut cp_cache = model.code_predictor.new_cache();
-        model.code_predictor.predict(
-            backend,
-            &last,
-            model.talker.codec_vector(cb0),
-            &mut cp_cache,
-            &mut |_, l| {
-                cp_logits.extend_from_slice(l);
-                argmax(l)
-            },
-        )
-        .unwrap();
+        model
+            .code_predictor
+            .predict(
+                backend,
+                &last,
+                model.talker.codec_vector(cb0),
+                &mut cp_cache,
+                &mut |_, l| {
+                    cp_logits.extend_from_slice(l);
+                    argmax(l)
+                },
+            )
+            .unwrap();
         assert_close(
             case,
             "first-frame code-predictor logits",

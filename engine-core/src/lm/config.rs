@@ -216,8 +216,7 @@ impl ModelConfig {
             path: path.to_owned(),
             message,
         };
-        let config: ModelConfig =
-            serde_json::from_str(text).map_err(|e| invalid(e.to_string()))?;
+        let config: ModelConfig = serde_json::from_str(text).map_err(|e| invalid(e.to_string()))?;
         config.validate().map_err(invalid)?;
         Ok(config)
     }

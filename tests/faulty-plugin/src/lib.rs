@@ -97,7 +97,10 @@ unsafe extern "C" fn run_ops(
     if run >= LEFT.load(Ordering::SeqCst) {
         // SAFETY: the caller passes a valid buffer or null.
         if let Some(err) = unsafe { err.as_mut() } {
-            err.set(&format!("injected fault: list {} failed (the device was lost)", run + 1));
+            err.set(&format!(
+                "injected fault: list {} failed (the device was lost)",
+                run + 1
+            ));
         }
         return 1;
     }
