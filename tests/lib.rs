@@ -1,5 +1,6 @@
 //! Helpers shared by Kazeia's cross-crate tests (see `README.md`).
 
+pub mod desktop;
 pub mod hub_server;
 pub mod services;
 

@@ -38,6 +38,11 @@ fn package_of(program: &str) -> &'static str {
         "stdbuf" => "coreutils",
         "chrt" => "util-linux",
         "speech-dispatcher" | "spd-say" => "speech-dispatcher",
+        "Xvfb" => "xvfb",
+        "orca" => "orca",
+        "xdotool" => "xdotool",
+        "/usr/bin/python3" => "python3-gi",
+        "dpkg-deb" => "dpkg",
         _ => "(unknown; see tools/deps.sh)",
     }
 }
@@ -241,7 +246,7 @@ pub fn realtime_command(program: &Path, args: &[&str], env: &[(String, String)])
 }
 
 /// Polls `ready` (every 5 ms) until it holds; panics after [`READY_TIMEOUT`] with `what`.
-fn wait_until(what: &str, mut ready: impl FnMut() -> bool) {
+pub fn wait_until(what: &str, mut ready: impl FnMut() -> bool) {
     let deadline = Instant::now() + READY_TIMEOUT;
     while !ready() {
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
@@ -629,6 +634,26 @@ impl Recorder {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// While recording: when the first read that arrived at or after `since` with a sample louder than
+    /// `threshold` arrived.
+    pub fn sound_since(&self, since: Instant, threshold: f32) -> Option<Instant> {
+        let pieces = self.pieces.lock().unwrap();
+        pieces
+            .iter()
+            .find(|(at, p)| *at >= since && p.iter().any(|s| s.abs() > threshold))
+            .map(|(at, _)| *at)
+    }
+
+    /// While recording: when the last read with a sample louder than `threshold` arrived.
+    pub fn last_sound(&self, threshold: f32) -> Option<Instant> {
+        let pieces = self.pieces.lock().unwrap();
+        pieces
+            .iter()
+            .rev()
+            .find(|(_, p)| p.iter().any(|s| s.abs() > threshold))
+            .map(|(at, _)| *at)
     }
 
     /// Stops recording (SIGINT, as pw-record expects) and returns everything recorded.

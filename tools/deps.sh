@@ -12,7 +12,10 @@ packages=(
     # private session buses in tests; busctl (systemd) as a real D-Bus client
     dbus-daemon dbus-bin systemd
     sox
-    speech-dispatcher libspeechd-dev
+    speech-dispatcher
+    # Orca end to end (daemon/tests/orca.rs): Orca under Xvfb with the AT-SPI bus, a GTK 3 window from
+    # Python (tests/gtk_window.py), key presses through XTEST
+    orca xvfb at-spi2-core python3-gi gir1.2-gtk-3.0 xdotool
     # Vulkan backend tests on lavapipe
     mesa-vulkan-drivers libvulkan1
     # Hexagon plugin: HVX kernels built by clang --target=hexagon (lld links) and run under qemu-hexagon

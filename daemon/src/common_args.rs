@@ -69,7 +69,7 @@ impl BackendArgs {
             }
             let (backend, warning) = backend_named(name, threads, &plugins);
             if let Some(w) = warning {
-                eprintln!("kazeia: warning: {w}");
+                tracing::warn!("{w}");
             }
             chosen.push((name.to_owned(), backend.clone()));
             backend

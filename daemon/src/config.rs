@@ -25,6 +25,22 @@ pub struct DaemonConfig {
     pub queue: QueueSection,
     pub stream: StreamSection,
     pub generation: GenerationSection,
+    pub log: LogSection,
+}
+
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogSection {
+    /// `error`, `warn`, `info`, `debug`, `trace`, or `tracing` directives; `RUST_LOG` overrides it.
+    pub level: String,
+}
+
+impl Default for LogSection {
+    fn default() -> Self {
+        LogSection {
+            level: crate::logging::DEFAULT_LEVEL.into(),
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Deserialize, Default)]
@@ -217,6 +233,8 @@ impl DaemonConfig {
         if self.voice.language.trim().is_empty() {
             bail!("[voice] language is empty (use \"auto\")");
         }
+        crate::logging::parse_level(&self.log.level)
+            .map_err(|e| anyhow::anyhow!("[log] level: {e}"))?;
         Ok(())
     }
 

@@ -61,9 +61,11 @@ fn file_stamp(path: &Option<PathBuf>) -> Option<(SystemTime, u64)> {
 async fn serve(args: DaemonArgs) -> Result<()> {
     let (config, in_use) = config::load(args.config.as_deref())?;
     match &in_use {
-        Some(p) => eprintln!("kazeiad: configuration {}", p.display()),
-        None => eprintln!("kazeiad: no configuration file; built-in defaults"),
+        Some(p) => tracing::info!("configuration {}", p.display()),
+        None => tracing::info!("no configuration file; built-in defaults"),
     }
+    // The configured level from the start (`Service::apply` applies it again on reloads).
+    let _ = crate::logging::set_level(&config.log.level);
     let watched = watched_path(&args, &in_use);
 
     let (events_tx, mut events) = mpsc::unbounded_channel::<Event>();
@@ -98,7 +100,7 @@ async fn serve(args: DaemonArgs) -> Result<()> {
         .await
         .context("cannot serve on the session bus (is DBUS_SESSION_BUS_ADDRESS set? is another kazeiad running?)")?;
     crate::dbus::watch_clients(&connection, service.clone()).await?;
-    eprintln!("kazeiad: serving as {BUS_NAME} and {SPIEL_BUS_NAME}; loading the model");
+    tracing::info!("serving as {BUS_NAME} and {SPIEL_BUS_NAME}; loading the model");
 
     let api = connection
         .object_server()
@@ -118,7 +120,7 @@ async fn serve(args: DaemonArgs) -> Result<()> {
                     }
                 };
                 if let Err(e) = sent {
-                    eprintln!("kazeiad: cannot emit {event:?}: {e}");
+                    tracing::warn!("cannot emit {event:?}: {e}");
                 }
             }
         }
@@ -144,32 +146,32 @@ async fn serve(args: DaemonArgs) -> Result<()> {
         async move {
             match service.reload().await {
                 Ok(summary) => {
-                    eprintln!("kazeiad: reload ({why}): {summary}");
+                    tracing::info!("reload ({why}): {summary}");
                     let iface = api.get().await;
                     let _ = iface.state_changed(api.signal_emitter()).await;
                     let _ = iface.load_progress_changed(api.signal_emitter()).await;
                     emit_properties(&iface, api.signal_emitter()).await;
                 }
-                Err(e) => eprintln!(
-                    "kazeiad: reload ({why}) refused, the running configuration stays: {e:#}"
-                ),
+                Err(e) => {
+                    tracing::warn!("reload ({why}) refused, the running configuration stays: {e:#}")
+                }
             }
         }
     };
     loop {
         tokio::select! {
-            _ = terminate.recv() => { eprintln!("kazeiad: SIGTERM, shutting down"); break; }
-            _ = interrupt.recv() => { eprintln!("kazeiad: SIGINT, shutting down"); break; }
+            _ = terminate.recv() => { tracing::info!("SIGTERM, shutting down"); break; }
+            _ = interrupt.recv() => { tracing::info!("SIGINT, shutting down"); break; }
             _ = hangup.recv() => reload("SIGHUP").await,
             loaded = &mut first_load, if loading => {
                 loading = false;
                 match loaded.context("the model load panicked").and_then(|r| r) {
-                    Ok(summary) => eprintln!(
-                        "kazeiad: {summary}; ready ({})",
+                    Ok(summary) => tracing::info!(
+                        "{summary}; ready ({})",
                         backends_summary(&service.info())
                     ),
-                    Err(e) => eprintln!(
-                        "kazeiad: error: {e:#}; serving without a model (Speak answers NotReady) until a reload"
+                    Err(e) => tracing::error!(
+                        "{e:#}; serving without a model (Speak answers NotReady) until a reload"
                     ),
                 }
                 let iface = api.get().await;
@@ -193,7 +195,7 @@ async fn serve(args: DaemonArgs) -> Result<()> {
                     let _ = iface.load_progress_changed(&emitter).await;
                 }
             }
-            _ = connection.closed() => { eprintln!("kazeiad: the session bus went away, exiting"); break; }
+            _ = connection.closed() => { tracing::info!("the session bus went away, exiting"); break; }
             _ = poll.tick() => {
                 let now = file_stamp(&watched);
                 if now != stamp {
@@ -219,6 +221,6 @@ async fn serve(args: DaemonArgs) -> Result<()> {
     .await;
     tokio::time::sleep(Duration::from_millis(50)).await;
     drop(connection);
-    eprintln!("kazeiad: stopped");
+    tracing::info!("stopped");
     Ok(())
 }

@@ -101,7 +101,7 @@ impl Engine {
             let (backend, warning) = backend_named(name, threads, &plugins);
             let actual = match warning {
                 Some(w) => {
-                    eprintln!("kazeiad: warning: {stage}: {w}");
+                    tracing::warn!("{stage}: {w}");
                     if name == "cpu" {
                         "cpu".to_owned()
                     } else {
@@ -135,8 +135,8 @@ impl Engine {
             threads_or_all(t.decoder),
         ]);
         synth.fallback.set_log(Box::new(|stage, why| {
-            eprintln!(
-                "kazeiad: warning: {}: {why}; it runs on the CPU until the next reload",
+            tracing::warn!(
+                "{}: {why}; it runs on the CPU until the next reload",
                 stage.name()
             )
         }));
@@ -279,7 +279,7 @@ impl LoadStatus {
         move |file: &str, done: u64, total: Option<u64>| {
             if current != file {
                 current = file.to_owned();
-                eprintln!("kazeiad: downloading {file}");
+                tracing::info!("downloading {file}");
             }
             let mb = |b: u64| b as f64 / 1e6;
             self.set(match total {

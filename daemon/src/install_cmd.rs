@@ -1,6 +1,7 @@
 //! `kazeia install`: places the binaries, plugins, configuration, systemd user unit, D-Bus activation
 //! files and the speech-dispatcher module, for one user (`--user`, no root needed) or system-wide
-//! (`--prefix /usr/local`, with `--destdir` for packaging).
+//! (`--prefix /usr/local`, with `--destdir` for packaging: `tools/make-deb.sh`), each file where the
+//! program that reads it looks.
 
 use std::path::{Path, PathBuf};
 
@@ -26,6 +27,10 @@ pub struct InstallArgs {
     /// Where the built binaries and plugins are (default: the directory of this `kazeia`).
     #[arg(long)]
     pub from: Option<PathBuf>,
+    /// speech-dispatcher's module directory (system-wide installs; default: what pkg-config says, else
+    /// /usr/lib/speech-dispatcher-modules, Debian's; with --destdir always Debian's).
+    #[arg(long, requires = "prefix")]
+    pub speechd_module_dir: Option<PathBuf>,
 }
 
 /// Where each kind of file goes.
@@ -68,25 +73,46 @@ fn user_layout() -> Result<Layout> {
     })
 }
 
-fn system_layout(prefix: &Path, destdir: Option<&Path>) -> Layout {
+/// Debian's speech-dispatcher module directory (`pkg-config --variable=modulebindir speech-dispatcher`);
+/// upstream's default is `$libexecdir/speech-dispatcher-modules`.
+const DEBIAN_SPEECHD_MODULES: &str = "/usr/lib/speech-dispatcher-modules";
+
+/// speech-dispatcher's module directory on this machine: pkg-config's answer where speech-dispatcher's
+/// `.pc` file is installed, else Debian's.
+fn speechd_module_dir() -> PathBuf {
+    std::process::Command::new("pkg-config")
+        .args(["--variable=modulebindir", "speech-dispatcher"])
+        .output()
+        .ok()
+        .filter(|out| out.status.success())
+        .map(|out| String::from_utf8_lossy(&out.stdout).trim().to_owned())
+        .filter(|dir| dir.starts_with('/'))
+        .map_or_else(|| PathBuf::from(DEBIAN_SPEECHD_MODULES), PathBuf::from)
+}
+
+/// A system-wide install: the binaries and plugins under `prefix`, every other file where the program
+/// that reads it looks, whatever the prefix: speech-dispatcher finds modules only in its module
+/// directory and their configuration only under /etc/speech-dispatcher; kazeiad reads
+/// /etc/kazeia/kazeia.toml; systemd and dbus look for user units and session activation files under
+/// /usr and /usr/local only (so any prefix but /usr gets /usr/local's).
+fn system_layout(prefix: &Path, destdir: Option<&Path>, speechd_modules: PathBuf) -> Layout {
     let stage = |p: PathBuf| match destdir {
         Some(d) => d.join(p.strip_prefix("/").unwrap_or(&p)),
         None => p,
     };
-    let etc = if prefix == Path::new("/usr") {
-        PathBuf::from("/etc")
+    let looked_at = if prefix == Path::new("/usr") {
+        PathBuf::from("/usr")
     } else {
-        prefix.join("etc")
+        PathBuf::from("/usr/local")
     };
     Layout {
         bin: stage(prefix.join("bin")),
         plugins: stage(prefix.join("lib/kazeia/plugins")),
-        config: stage(etc.join("kazeia")),
-        units: stage(prefix.join("lib/systemd/user")),
-        dbus_services: stage(prefix.join("share/dbus-1/services")),
-        // Debian's modulebindir (pkg-config --variable=modulebindir speech-dispatcher).
-        speechd_modules: stage(prefix.join("lib/speech-dispatcher-modules")),
-        speechd_config: stage(etc.join("speech-dispatcher/modules")),
+        config: stage(PathBuf::from("/etc/kazeia")),
+        units: stage(looked_at.join("lib/systemd/user")),
+        dbus_services: stage(looked_at.join("share/dbus-1/services")),
+        speechd_modules: stage(speechd_modules),
+        speechd_config: stage(PathBuf::from("/etc/speech-dispatcher/modules")),
         bin_at_runtime: prefix.join("bin"),
     }
 }
@@ -119,7 +145,13 @@ pub fn run(args: InstallArgs) -> Result<()> {
             if !prefix.is_absolute() {
                 bail!("--prefix must be an absolute path");
             }
-            system_layout(prefix, args.destdir.as_deref())
+            // A staged install is for another machine: this one's pkg-config says nothing about it.
+            let modules = match (&args.speechd_module_dir, &args.destdir) {
+                (Some(dir), _) => dir.clone(),
+                (None, Some(_)) => PathBuf::from(DEBIAN_SPEECHD_MODULES),
+                (None, None) => speechd_module_dir(),
+            };
+            system_layout(prefix, args.destdir.as_deref(), modules)
         }
         (None, true) => user_layout()?,
         (None, false) => bail!("say where: --user (this user) or --prefix DIR (system-wide)"),
@@ -167,7 +199,7 @@ pub fn run(args: InstallArgs) -> Result<()> {
     }
     let config_file = layout.config.join("kazeia.toml");
     if config_file.exists() {
-        eprintln!("kept the existing {}", config_file.display());
+        println!("kept the existing {}", config_file.display());
     } else {
         write(&config_file, crate::config::SHIPPED, &mut log)?;
     }

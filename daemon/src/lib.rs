@@ -7,20 +7,23 @@
 //!   with [`short_cache`] for instant repeats of short texts.
 //! - [`service`]: request checks and live reconfiguration, behind [`dbus`] (Kazeia's API and Spiel).
 //! - [`daemon_cmd`]: the daemon's main loop (signals, reload, bus lifetime); [`say_cmd`], [`install_cmd`]:
-//!   `kazeia say` and `kazeia install`.
+//!   `kazeia say` and `kazeia install`; [`control_cmd`]: `kazeia voices`, `status`, `stop`.
 //! - [`audio`]: where speech is played (PipeWire, a WAV file, nowhere).
 //! - [`spiel_stream`]: the Spiel provider stream format (`audio/x-spiel`) on a pipe.
 //! - [`speechd`]: the speech-dispatcher output module protocol.
 
 pub mod audio;
 pub mod config;
+pub mod control_cmd;
 pub mod daemon_cmd;
 pub mod dbus;
 pub mod engine;
 pub mod install_cmd;
+pub mod logging;
 pub mod model_path;
 pub mod play_cmd;
 pub mod player;
+pub mod progress;
 pub mod queue;
 pub mod request;
 pub mod runs;

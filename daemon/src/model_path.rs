@@ -6,7 +6,7 @@ use anyhow::Result;
 use kazeia_engine::hub;
 
 pub fn resolve_model(spec: &str) -> Result<PathBuf> {
-    resolve_model_with(spec, &mut hub::stderr_progress())
+    resolve_model_with(spec, &mut crate::progress::download())
 }
 
 /// [`resolve_model`], reporting a download's progress to `progress`.

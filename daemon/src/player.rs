@@ -224,11 +224,11 @@ impl Player {
             let reason = match spoken {
                 Ok(Ok(reason)) => reason,
                 Ok(Err(e)) => {
-                    eprintln!("kazeiad: utterance {} failed: {e:#}", request.id);
+                    tracing::warn!("utterance {} failed: {e:#}", request.id);
                     Reason::Error(format!("{e:#}"))
                 }
                 Err(_) => {
-                    eprintln!("kazeiad: utterance {} hit an internal error", request.id);
+                    tracing::error!("utterance {} hit an internal error", request.id);
                     active.interrupt();
                     Reason::Error("internal error (see the daemon's log)".into())
                 }

@@ -19,7 +19,11 @@ use crate::service::{Service, SpeakOptions};
 #[derive(Args, Debug)]
 pub struct SayArgs {
     /// What to say.
-    pub text: String,
+    #[arg(required_unless_present = "list_voices")]
+    pub text: Option<String>,
+    /// List the daemon's voices with their languages instead (as `kazeia voices`).
+    #[arg(long)]
+    pub list_voices: bool,
     /// Voice (speaker) name; default: the configured one.
     #[arg(long)]
     pub voice: Option<String>,
@@ -52,7 +56,16 @@ pub struct SayArgs {
     pub config: Option<PathBuf>,
 }
 
+impl SayArgs {
+    fn text(&self) -> &str {
+        self.text.as_deref().unwrap_or_default()
+    }
+}
+
 pub fn run(args: SayArgs) -> Result<()> {
+    if args.list_voices {
+        return crate::control_cmd::print_voices(args.language.as_deref());
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -62,7 +75,7 @@ pub fn run(args: SayArgs) -> Result<()> {
             match say_through_daemon(&args).await {
                 Ok(()) => return Ok(()),
                 Err(DaemonError::Unreachable(why)) => {
-                    eprintln!("kazeia: the daemon is not reachable ({why}); speaking in process")
+                    tracing::info!("the daemon is not reachable ({why}); speaking in process")
                 }
                 Err(DaemonError::Refused(e)) => return Err(e),
             }
@@ -96,7 +109,7 @@ async fn say_through_daemon(args: &SayArgs) -> Result<(), DaemonError> {
     options.insert("volume", Variant::from(args.volume));
     options.insert("priority", Variant::from(args.priority.as_str()));
     options.insert("ssml", Variant::from(args.ssml));
-    let id = match proxy.speak(&args.text, options).await {
+    let id = match proxy.speak(args.text(), options).await {
         Ok(id) => id,
         Err(zbus::Error::MethodError(name, message, _))
             if name.starts_with("org.kazeia.Speech1.Error.") =>
@@ -155,7 +168,7 @@ async fn say_in_process(args: &SayArgs) -> Result<()> {
         ssml: args.ssml,
     };
     let id = service
-        .submit("kazeia-say", &args.text, options, Output::Sink)
+        .submit("kazeia-say", args.text(), options, Output::Sink)
         .await
         .map_err(anyhow::Error::from)?;
     let mut outcome = None;

@@ -164,6 +164,8 @@ impl Service {
 
     /// Applies a configuration; returns a summary of what changed.
     pub async fn apply(&self, config: DaemonConfig) -> Result<String> {
+        // Validated with the configuration; RUST_LOG, when set, keeps its say.
+        let _ = crate::logging::set_level(&config.log.level);
         let running = self.player.config();
         let mut changes = Vec::new();
         let needs_engine = self.player.engine().is_none_or(|e| e.needs_reload(&config));
@@ -209,9 +211,7 @@ impl Service {
                 // The audio server may not run yet (the daemon can start first at login): Spiel clients are
                 // served meanwhile, and each utterance for the sink tries again.
                 Err(e) => {
-                    eprintln!(
-                        "kazeiad: warning: audio sink {spec}: {e:#}; will retry when speaking"
-                    );
+                    tracing::warn!("audio sink {spec}: {e:#}; will retry when speaking");
                     changes.push(format!("audio sink {spec} (not open yet)"));
                     self.player.clear_sink();
                 }

@@ -101,8 +101,11 @@ pub fn run(args: SynthArgs) -> Result<()> {
     let dir = resolve_model(&args.model)?;
     let (lm, decoder) = args.engine.backends.resolve(args.engine.threads);
     let load_start = Instant::now();
+    let loading =
+        kazeia::progress::Spinner::new("loading the model (converted weights are cached)");
     let synth = Synthesizer::load_on(&dir, lm, decoder, args.engine.weights)
         .with_context(|| format!("cannot load the model from {}", dir.display()))?;
+    drop(loading);
     let load_time = load_start.elapsed();
     let speaker = args
         .speaker
@@ -131,7 +134,9 @@ pub fn run(args: SynthArgs) -> Result<()> {
     let streaming = args.stream;
     let out_path = args.out.clone();
     let control = SessionControl::new();
+    let mut progress = kazeia::progress::SynthProgress::new(synth.sample_rate());
     let result = synth.synthesize(&text, &voice, &options, stream, &control, &mut |chunk| {
+        progress.audio(chunk.len());
         if streaming {
             wav.append(chunk)
                 .map_err(|e| kazeia_engine::Error::io(&out_path, e))?;
@@ -140,6 +145,7 @@ pub fn run(args: SynthArgs) -> Result<()> {
         }
         Ok(())
     });
+    drop(progress);
     let (report, warnings) = match result {
         Ok(done) => done,
         Err(e) => {
@@ -152,7 +158,7 @@ pub fn run(args: SynthArgs) -> Result<()> {
         eprintln!("{}", report.profile(synth.sample_rate()));
     }
     for warning in &warnings {
-        eprintln!("kazeia: warning: {warning}");
+        tracing::warn!("{warning}");
     }
     if !streaming {
         wav.append(&held)?;

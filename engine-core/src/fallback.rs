@@ -142,9 +142,7 @@ impl CpuFallback {
             decoder: OnceLock::new(),
             reasons: Mutex::new(Vec::new()),
             loading: Mutex::new(()),
-            log: Box::new(|stage, why| {
-                eprintln!("kazeia: warning: {}: {why}; moved to the CPU", stage.name())
-            }),
+            log: Box::new(|stage, why| tracing::warn!("{}: {why}; moved to the CPU", stage.name())),
         }
     }
 

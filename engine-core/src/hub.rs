@@ -16,7 +16,7 @@
 
 use std::io::{Read, Seek, Write};
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
@@ -86,40 +86,9 @@ pub fn looks_like_repo_id(s: &str) -> bool {
     matches!(s.split_once('/'), Some((owner, name)) if ok(owner) && ok(name))
 }
 
-/// Progress callback: `(file, bytes done, total bytes if known)`.
+/// Progress callback: `(file, bytes done, total bytes if known)`; the command line draws it
+/// (`kazeia::progress::download`).
 pub type Progress<'a> = dyn FnMut(&str, u64, Option<u64>) + 'a;
-
-/// A progress bar on standard error, redrawn at most ten times a second.
-pub fn stderr_progress() -> impl FnMut(&str, u64, Option<u64>) {
-    let mut last = Instant::now() - Duration::from_secs(1);
-    let mut current = String::new();
-    move |file: &str, done: u64, total: Option<u64>| {
-        let finished = total == Some(done);
-        if current != file || finished || last.elapsed() >= Duration::from_millis(100) {
-            current = file.to_owned();
-            last = Instant::now();
-            let mb = |b: u64| b as f64 / 1e6;
-            let line = match total {
-                Some(t) if t > 0 => {
-                    let filled = (done * 30 / t) as usize;
-                    format!(
-                        "\r{file} [{}{}] {:.1}/{:.1} MB",
-                        "#".repeat(filled),
-                        " ".repeat(30 - filled.min(30)),
-                        mb(done),
-                        mb(t)
-                    )
-                }
-                _ => format!("\r{file} {:.1} MB", mb(done)),
-            };
-            let mut err = std::io::stderr();
-            let _ = err.write_all(line.as_bytes());
-            if finished {
-                let _ = err.write_all(b"\n");
-            }
-        }
-    }
-}
 
 #[derive(Deserialize)]
 struct RepoInfo {

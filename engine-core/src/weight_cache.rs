@@ -134,8 +134,8 @@ impl WeightCache {
                 }
                 None => {
                     // Damaged (a disk error, a copy cut short): made again by this load.
-                    eprintln!(
-                        "kazeia: warning: the weight cache {} is damaged; converting again",
+                    tracing::warn!(
+                        "the weight cache {} is damaged; converting again",
                         path.display()
                     );
                     let _ = std::fs::remove_file(&path);

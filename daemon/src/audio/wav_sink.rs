@@ -1,5 +1,6 @@
-//! `wav:PATH`: every utterance is appended to one 16-bit mono WAV file. The header is rewritten after each
-//! utterance, so the file is valid whenever no utterance is being written.
+//! `wav:PATH`: every utterance is appended to one 16-bit mono WAV file (written by `kazeia_engine::wav`).
+//! The header is rewritten after each utterance, so the file is valid whenever no utterance is being
+//! written.
 
 use std::fs::File;
 use std::io::{BufWriter, Seek, SeekFrom, Write};
@@ -7,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use anyhow::{bail, Context, Result};
+use kazeia_engine::wav::{self, SampleFormat};
 
 use super::immediate::{Consumer, ImmediatePlayback};
 use super::{AudioSink, Playback};
@@ -47,31 +49,12 @@ impl WavSink {
 impl WavFile {
     /// Rewrites the header for what the file holds now and leaves the cursor at the end.
     fn write_header(&mut self) -> std::io::Result<()> {
-        let header = header(self.rate, self.samples);
+        let header = wav::header(self.rate, SampleFormat::S16, self.samples)?;
         self.out.seek(SeekFrom::Start(0))?;
         self.out.write_all(&header)?;
         self.out.seek(SeekFrom::End(0))?;
         self.out.flush()
     }
-}
-
-/// The 44-byte header of a mono 16-bit PCM WAV file holding `samples` samples.
-fn header(rate: u32, samples: u64) -> [u8; 44] {
-    let data_len = (samples * 2) as u32; // bounded by `MAX_SAMPLES`
-    let mut h = [0u8; 44];
-    h[0..4].copy_from_slice(b"RIFF");
-    h[4..8].copy_from_slice(&(36 + data_len).to_le_bytes());
-    h[8..16].copy_from_slice(b"WAVEfmt ");
-    h[16..20].copy_from_slice(&16u32.to_le_bytes());
-    h[20..22].copy_from_slice(&1u16.to_le_bytes()); // PCM
-    h[22..24].copy_from_slice(&1u16.to_le_bytes()); // mono
-    h[24..28].copy_from_slice(&rate.to_le_bytes());
-    h[28..32].copy_from_slice(&(rate * 2).to_le_bytes());
-    h[32..34].copy_from_slice(&2u16.to_le_bytes());
-    h[34..36].copy_from_slice(&16u16.to_le_bytes());
-    h[36..40].copy_from_slice(b"data");
-    h[40..44].copy_from_slice(&data_len.to_le_bytes());
-    h
 }
 
 /// The RIFF size field is 32 bits: about 24 hours of 24 kHz audio.
@@ -121,13 +104,8 @@ impl Consumer for Utterance {
                 self.path.display()
             );
         }
-        let mut bytes = Vec::with_capacity(samples.len() * 2);
-        for &s in samples {
-            let v = (s.clamp(-1.0, 1.0) * 32767.0).round() as i16;
-            bytes.extend_from_slice(&v.to_le_bytes());
-        }
         file.out
-            .write_all(&bytes)
+            .write_all(&wav::encode(samples, SampleFormat::S16))
             .with_context(|| format!("wav sink: cannot write {}", self.path.display()))?;
         file.samples += samples.len() as u64;
         Ok(())

@@ -18,10 +18,11 @@ struct Cli {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    kazeia::logging::init("kazeiad");
     match run(cli.args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("kazeiad: error: {e:#}");
+            tracing::error!("{e:#}");
             ExitCode::FAILURE
         }
     }

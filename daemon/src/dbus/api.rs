@@ -162,10 +162,10 @@ impl SpeechApi {
         #[zbus(signal_emitter)] emitter: SignalEmitter<'_>,
     ) -> Result<String, SpeechError> {
         let summary = self.service.reload().await.map_err(|e| {
-            eprintln!("kazeiad: reload (D-Bus) refused, the running configuration stays: {e:#}");
+            tracing::warn!("reload (D-Bus) refused, the running configuration stays: {e:#}");
             SpeechError::Failed(format!("{e:#}"))
         })?;
-        eprintln!("kazeiad: reload: {summary}");
+        tracing::info!("reload: {summary}");
         emit_properties(self, &emitter).await;
         Ok(summary)
     }
@@ -227,8 +227,5 @@ pub async fn emit_properties(api: &SpeechApi, emitter: &SignalEmitter<'_>) {
     let _ = api.backends_changed(emitter).await;
     let _ = api.model_changed(emitter).await;
     let _ = api.audio_sink_changed(emitter).await;
-    eprintln!(
-        "kazeiad: backends: {}",
-        backends_summary(&api.service.info())
-    );
+    tracing::info!("backends: {}", backends_summary(&api.service.info()));
 }

@@ -1,0 +1,215 @@
+//! `kazeia voices`, `kazeia status`, `kazeia stop` and `kazeia say --list-voices` against the real daemon:
+//! `kazeiad` D-Bus activated on a private bus, playing to a headless PipeWire (so speech takes real time).
+
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use kazeia_tests::desktop::name_has_owner;
+use kazeia_tests::services::{DbusSession, PipeWire, TempDir};
+use kazeia_tests::speaking_model;
+
+const KAZEIA: &str = env!("CARGO_BIN_EXE_kazeia");
+const KAZEIAD: &str = env!("CARGO_BIN_EXE_kazeiad");
+
+fn kazeia(bus: &DbusSession, args: &[&str]) -> Command {
+    let mut cmd = Command::new(KAZEIA);
+    cmd.env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .envs(bus.env())
+        .args(args);
+    cmd
+}
+
+fn run(bus: &DbusSession, args: &[&str]) -> Output {
+    kazeia(bus, args).output().unwrap()
+}
+
+fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// The daemon's pid as the bus knows it (dbus-send, independent of the code under test).
+fn daemon_pid(bus: &DbusSession) -> u32 {
+    let out = Command::new("dbus-send")
+        .args([
+            &format!("--bus={}", bus.address()),
+            "--print-reply",
+            "--dest=org.freedesktop.DBus",
+            "/org/freedesktop/DBus",
+            "org.freedesktop.DBus.GetConnectionUnixProcessID",
+            "string:org.kazeia.Speech",
+        ])
+        .output()
+        .unwrap();
+    let text = stdout(&out);
+    text.split_whitespace()
+        .skip_while(|w| *w != "uint32")
+        .nth(1)
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no pid: {text}"))
+}
+
+fn write_activation(dir: &Path, config: &Path) -> std::path::PathBuf {
+    let services = dir.join("services");
+    std::fs::create_dir_all(&services).unwrap();
+    for name in ["org.kazeia.Speech", "org.kazeia.Speech.Provider"] {
+        std::fs::write(
+            services.join(format!("{name}.service")),
+            format!(
+                "[D-BUS Service]\nName={name}\nExec={KAZEIAD} --config {}\n",
+                config.display()
+            ),
+        )
+        .unwrap();
+    }
+    services
+}
+
+#[test]
+fn voices_status_and_stop_talk_to_the_daemon() {
+    let dir = TempDir::new("ctl");
+    let model = speaking_model(dir.path());
+    let config = dir.path().join("kazeia.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[model]\npath = \"{}\"\n[audio]\nsink = \"pipewire\"\n[threads]\ntalker = 1\n\
+             code_predictor = 1\ndecoder = 1\n[generation]\ngreedy = true\n",
+            model.display()
+        ),
+    )
+    .unwrap();
+    let bus = DbusSession::start(Some(&write_activation(dir.path(), &config)));
+    let _pw = PipeWire::start(&bus);
+
+    // status and stop never start the daemon.
+    let status = run(&bus, &["status"]);
+    assert!(!status.status.success());
+    assert!(
+        stderr(&status).contains("kazeiad is not running"),
+        "{status:?}"
+    );
+    let stop = run(&bus, &["stop"]);
+    assert!(stop.status.success(), "{stop:?}");
+    assert!(stdout(&stop).contains("not running"), "{stop:?}");
+    assert!(!name_has_owner(&bus, "org.kazeia.Speech"));
+
+    // voices starts it, and lists each voice with its languages, as the API does.
+    let voices = run(&bus, &["voices"]);
+    assert!(voices.status.success(), "{voices:?}");
+    let listed = stdout(&voices);
+    let mut lines = listed.lines();
+    let header: Vec<&str> = lines.next().unwrap().split_whitespace().collect();
+    assert_eq!(header, ["ID", "NAME", "LANGUAGES"]);
+    let api = Command::new("busctl")
+        .arg(format!("--address={}", bus.address()))
+        .args([
+            "call",
+            "org.kazeia.Speech",
+            "/org/kazeia/Speech",
+            "org.kazeia.Speech1",
+            "ListVoices",
+        ])
+        .output()
+        .unwrap();
+    let api = stdout(&api);
+    let rows: Vec<&str> = lines.collect();
+    assert!(!rows.is_empty(), "{listed}");
+    for row in &rows {
+        let id = row.split_whitespace().next().unwrap();
+        assert!(api.contains(&format!("\"{id}\"")), "{id} not in {api}");
+        let languages = row.rsplit("  ").next().unwrap();
+        for tag in languages.split(' ') {
+            assert!(api.contains(tag), "{tag} not in {api}");
+        }
+    }
+    // busctl prints `a(sss) COUNT "id" "name" "tags" …`.
+    let count: usize = api.split_whitespace().nth(1).unwrap().parse().unwrap();
+    assert_eq!(rows.len(), count, "{listed}\n{api}");
+    let say_list = run(&bus, &["say", "--list-voices"]);
+    assert_eq!(stdout(&say_list), listed, "{say_list:?}");
+    let none = run(&bus, &["voices", "--language", "tlh"]);
+    assert!(!none.status.success());
+    assert!(stderr(&none).contains("no voice speaks `tlh`"), "{none:?}");
+
+    // status: running, the daemon's pid and memory, idle, the model, each stage's backend, the queue.
+    let status = run(&bus, &["status"]);
+    assert!(status.status.success(), "{status:?}");
+    let shown = stdout(&status);
+    let pid = daemon_pid(&bus);
+    assert!(
+        shown.starts_with(&format!("kazeiad: running, pid {pid}, "))
+            && shown.contains(" MB resident\n"),
+        "{shown}"
+    );
+    for line in [
+        "state: idle\n".to_owned(),
+        format!("model: {}\n", model.display()),
+        "backends: talker cpu, code_predictor cpu, decoder cpu\n".to_owned(),
+        "audio sink: ".to_owned(),
+        "queue: 0 utterance(s)".to_owned(),
+    ] {
+        assert!(shown.contains(&line), "{line:?} not in:\n{shown}");
+    }
+
+    // stop silences a long utterance in progress: its `kazeia say` ends, told it was stopped.
+    let long = "Hello world, this is a test. ".repeat(30);
+    let mut say = kazeia(&bus, &["say", &long])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !stdout(&run(&bus, &["status"])).contains("state: speaking") {
+        assert!(Instant::now() < deadline, "never speaking");
+        assert!(say.try_wait().unwrap().is_none(), "say ended early");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let stop = run(&bus, &["stop"]);
+    assert!(stop.status.success(), "{stop:?}");
+    assert_eq!(stdout(&stop), "stopped 1 utterance(s)\n");
+    let stopped_at = Instant::now();
+    let said = loop {
+        if say.try_wait().unwrap().is_some() {
+            break say.wait_with_output().unwrap();
+        }
+        assert!(
+            stopped_at.elapsed() < Duration::from_secs(5),
+            "say still waits"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    assert!(!said.status.success());
+    assert!(stderr(&said).contains("stopped"), "{said:?}");
+
+    // stop --daemon ends it; it is gone from the bus.
+    let stop = run(&bus, &["stop", "--daemon"]);
+    assert!(stop.status.success(), "{stop:?}");
+    assert!(
+        stdout(&stop).contains(&format!("kazeiad (pid {pid}) ended")),
+        "{stop:?}"
+    );
+    assert!(!name_has_owner(&bus, "org.kazeia.Speech"));
+    assert!(!run(&bus, &["status"]).status.success());
+}
+
+#[test]
+fn help_texts_have_examples() {
+    for command in ["say", "voices", "status", "stop", "synth", "install"] {
+        let out = Command::new(KAZEIA)
+            .args([command, "--help"])
+            .output()
+            .unwrap();
+        assert!(out.status.success());
+        let help = stdout(&out);
+        assert!(
+            help.contains("Examples:\n  kazeia ") || help.contains("Examples:\n  sudo kazeia"),
+            "kazeia {command} --help:\n{help}"
+        );
+    }
+}

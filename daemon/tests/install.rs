@@ -1,0 +1,224 @@
+//! Installed like a system voice: `kazeia install --prefix` and the Debian package (`tools/make-deb.sh`) put
+//! each file where the program that reads it looks, and the stock speech-dispatcher configuration then
+//! finds the module with no `AddModule` line and speaks through it.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use kazeia_tests::desktop::SpeechDispatcher;
+use kazeia_tests::services::{require_program, DbusSession, PipeWire, Recorder, TempDir};
+use kazeia_tests::speaking_model;
+
+const KAZEIA: &str = env!("CARGO_BIN_EXE_kazeia");
+
+/// Where cargo put kazeia, kazeiad and sd_kazeia.
+fn built() -> PathBuf {
+    Path::new(KAZEIA).parent().unwrap().to_path_buf()
+}
+
+fn read(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+#[test]
+fn system_install_puts_each_file_where_its_reader_looks() {
+    let root = TempDir::new("destdir");
+    let out = Command::new(KAZEIA)
+        .args(["install", "--prefix", "/usr/local", "--destdir"])
+        .arg(root.path())
+        .arg("--from")
+        .arg(built())
+        .args(["--speechd-module-dir", "/usr/lib/speech-dispatcher-modules"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let at = |p: &str| root.path().join(p);
+    for bin in ["usr/local/bin/kazeia", "usr/local/bin/kazeiad"] {
+        assert!(at(bin).is_file(), "{bin} missing");
+    }
+    // speech-dispatcher looks in its module directory and /etc, whatever our prefix.
+    assert!(at("usr/lib/speech-dispatcher-modules/sd_kazeia").is_file());
+    assert_eq!(
+        read(&at("etc/speech-dispatcher/modules/kazeia.conf")),
+        read(
+            &Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/speech-dispatcher/kazeia.conf")
+        )
+    );
+    // kazeiad reads /etc/kazeia/kazeia.toml.
+    assert_eq!(
+        read(&at("etc/kazeia/kazeia.toml")),
+        read(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/kazeia.toml"))
+    );
+    // systemd and dbus look under /usr/local too; the files name the installed binary.
+    let unit = read(&at("usr/local/lib/systemd/user/kazeia.service"));
+    assert!(
+        unit.contains("\nExecStart=/usr/local/bin/kazeiad\n"),
+        "{unit}"
+    );
+    for name in ["org.kazeia.Speech", "org.kazeia.Speech.Provider"] {
+        let file = read(&at(&format!(
+            "usr/local/share/dbus-1/services/{name}.service"
+        )));
+        assert!(file.contains(&format!("\nName={name}\n")), "{file}");
+        assert!(file.contains("\nExec=/usr/local/bin/kazeiad\n"), "{file}");
+        assert!(file.contains("\nSystemdService=kazeia.service"), "{file}");
+    }
+    assert!(
+        !at("usr/local/etc").exists(),
+        "nothing reads /usr/local/etc"
+    );
+}
+
+/// Builds the package from the test build (stripped, uncompressed: quick) into `dir`.
+fn make_deb(dir: &Path) -> PathBuf {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tools/make-deb.sh");
+    let out = Command::new("bash")
+        .arg(script)
+        .arg("--target-dir")
+        .arg(built())
+        .arg("--out")
+        .arg(dir)
+        .args(["--compress", "none"])
+        .env("KAZEIA", KAZEIA)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "make-deb.sh failed: {out:?}");
+    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+}
+
+fn dpkg_deb(args: &[&str], deb: &Path) -> String {
+    let out = Command::new(require_program("dpkg-deb"))
+        .args(args)
+        .arg(deb)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "dpkg-deb {args:?}: {out:?}");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn debian_package_is_found_by_the_stock_speech_dispatcher_and_heard() {
+    let dir = TempDir::new("deb");
+    let deb = make_deb(dir.path());
+    let arch = Command::new("dpkg")
+        .arg("--print-architecture")
+        .output()
+        .unwrap();
+    assert!(
+        deb.ends_with(format!(
+            "kazeia_0.1.0_{}.deb",
+            String::from_utf8_lossy(&arch.stdout).trim()
+        )),
+        "{}",
+        deb.display()
+    );
+    let fields = dpkg_deb(&["--field"], &deb);
+    assert!(fields.contains("Package: kazeia\n"), "{fields}");
+    let info = dpkg_deb(&["--info"], &deb);
+    assert!(info.contains(" conffiles"), "{info}");
+    let listing = dpkg_deb(&["--contents"], &deb);
+    for path in [
+        "./usr/bin/kazeia",
+        "./usr/bin/kazeiad",
+        "./usr/lib/speech-dispatcher-modules/sd_kazeia",
+        "./etc/speech-dispatcher/modules/kazeia.conf",
+        "./etc/kazeia/kazeia.toml",
+        "./usr/lib/systemd/user/kazeia.service",
+        "./usr/share/dbus-1/services/org.kazeia.Speech.service",
+        "./usr/share/dbus-1/services/org.kazeia.Speech.Provider.service",
+    ] {
+        assert!(
+            listing.lines().any(|l| l.ends_with(path)),
+            "{path} not in the package:\n{listing}"
+        );
+    }
+    assert!(
+        listing.lines().all(|l| l.contains(" root/root ")),
+        "files must belong to root:\n{listing}"
+    );
+
+    // Unpacked into a fresh root, as dpkg would install it.
+    let root = dir.path().join("root");
+    let out = Command::new(require_program("dpkg-deb"))
+        .arg("-x")
+        .arg(&deb)
+        .arg(&root)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let activation =
+        read(&root.join("usr/share/dbus-1/services/org.kazeia.Speech.Provider.service"));
+    assert!(
+        activation.contains("\nExec=/usr/bin/kazeiad\n"),
+        "{activation}"
+    );
+
+    // The session bus activates the unpacked daemon (at its unpacked path) with a test model.
+    let model = speaking_model(dir.path());
+    let config = dir.path().join("kazeia.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[model]\npath = \"{}\"\n[audio]\nsink = \"null\"\n[threads]\ntalker = 1\n\
+             code_predictor = 1\ndecoder = 1\n[generation]\ngreedy = true\n",
+            model.display()
+        ),
+    )
+    .unwrap();
+    let services = dir.path().join("services");
+    std::fs::create_dir(&services).unwrap();
+    for name in ["org.kazeia.Speech", "org.kazeia.Speech.Provider"] {
+        let file = read(&root.join(format!("usr/share/dbus-1/services/{name}.service")));
+        let kazeiad = root.join("usr/bin/kazeiad");
+        std::fs::write(
+            services.join(format!("{name}.service")),
+            file.replace(
+                "Exec=/usr/bin/kazeiad",
+                &format!("Exec={} --config {}", kazeiad.display(), config.display()),
+            ),
+        )
+        .unwrap();
+    }
+    let bus = DbusSession::start(Some(&services));
+    let pw = PipeWire::start(&bus).with_pulse();
+
+    // Debian's own speechd.conf (no AddModule: modules are found in the module directory) beside the
+    // package's modules/kazeia.conf; the module directory is the package's.
+    let conf = root.join("etc/speech-dispatcher");
+    let stock = read(Path::new("/etc/speech-dispatcher/speechd.conf"));
+    assert!(
+        !stock
+            .lines()
+            .any(|l| l.trim_start().starts_with("AddModule")),
+        "this machine's speechd.conf has AddModule lines: auto-detection is off there"
+    );
+    std::fs::write(conf.join("speechd.conf"), stock).unwrap();
+    let modules = root.join("usr/lib/speech-dispatcher-modules");
+    let speechd = SpeechDispatcher::start(dir.path(), &conf, Some(&modules), &pw.env());
+
+    let listed = speechd.spd_say(&["-O"], Duration::from_secs(30));
+    let listed = String::from_utf8_lossy(&listed.stdout).into_owned();
+    assert!(
+        listed.lines().any(|l| l.trim() == "kazeia"),
+        "spd-say -O:\n{listed}\n{}",
+        speechd.logs()
+    );
+    // The first call activates the daemon, which loads the model.
+    let voices = speechd.spd_say(&["-o", "kazeia", "-L"], Duration::from_secs(120));
+    assert!(voices.status.success(), "{}", speechd.logs());
+
+    let rec = Recorder::start(&pw);
+    let said = speechd.spd_say(
+        &["-o", "kazeia", "-w", "Hello from the Debian package."],
+        Duration::from_secs(120),
+    );
+    assert!(said.status.success(), "{said:?}\n{}", speechd.logs());
+    let heard = rec.stop();
+    assert!(
+        heard.sound_duration(0.01) > 0.3,
+        "only {:.2} s heard\n{}",
+        heard.sound_duration(0.01),
+        speechd.logs()
+    );
+}
