@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use anyhow::{anyhow, Result};
 use kazeia_engine::prosody_filter::ProsodyFilter;
-use kazeia_engine::ssml::{MAX_BREAK, MAX_TOTAL_BREAK};
+use kazeia_engine::ssml::{Piece, MAX_BREAK, MAX_TOTAL_BREAK};
 use kazeia_engine::stream::{SessionControl, StreamConfig, StreamEvent};
 use kazeia_engine::synth::{SynthOptions, Voice};
 
