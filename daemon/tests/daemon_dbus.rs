@@ -1004,6 +1004,11 @@ async fn starts_before_pipewire_and_plays_once_it_runs() {
     let bus = DbusSession::start(None);
     // No audio server yet: the daemon starts anyway and says why speech cannot play.
     let daemon = start_daemon(&bus, &bus.env(), &config, dir.path().join("kazeiad.log"));
+    // The sink is opened as the loaded engine is applied, which may end just after `State` leaves `loading`.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !daemon.log().contains("will retry when speaking") && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
     assert!(
         daemon.log().contains("will retry when speaking"),
         "{}",

@@ -466,8 +466,16 @@ fn link_blob(blob: &Path, target: &Path) -> std::io::Result<()> {
     relative.push(blob.file_name().unwrap_or_default());
     #[cfg(unix)]
     {
-        let _ = std::fs::remove_file(target);
-        std::os::unix::fs::symlink(relative, target)
+        // Made beside the target and renamed over it, so two downloaders linking the same file at once both
+        // succeed (a remove-then-link would let the second fail with "File exists").
+        let mut temporary = target.as_os_str().to_owned();
+        temporary.push(format!(".link-{}-{:?}", std::process::id(), std::thread::current().id()));
+        let temporary = PathBuf::from(temporary);
+        let _ = std::fs::remove_file(&temporary);
+        std::os::unix::fs::symlink(relative, &temporary)?;
+        std::fs::rename(&temporary, target).inspect_err(|_| {
+            let _ = std::fs::remove_file(&temporary);
+        })
     }
     #[cfg(not(unix))]
     {
