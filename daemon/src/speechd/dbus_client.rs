@@ -138,7 +138,16 @@ impl Synthesizer for DbusSynthesizer {
     }
 
     fn voices(&mut self) -> anyhow::Result<Vec<Voice>> {
-        let listed = self.call(async |p| p.voices().await)?;
+        // A daemon that was just activated owns its name before its model is loaded and lists no voice until
+        // then: wait for them (a first start loads in well under this; a download reports `loading` longer).
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        let listed = loop {
+            let listed = self.call(async |p| p.voices().await)?;
+            if !listed.is_empty() || std::time::Instant::now() >= deadline {
+                break listed;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        };
         let mut voices = Vec::new();
         for (name, identifier, output_format, _features, languages) in listed {
             match spiel_s16_mono_rate(&output_format) {
