@@ -304,7 +304,7 @@ fn cancel_during_speech_silences_it_and_ends_the_client_wait() {
     assert!(voices.status.success(), "{}", stack.logs());
 
     // About a second of audio per sentence on this model.
-    let long_text = "Hello world, this is a test. ".repeat(30);
+    let long_text = "Hello world, this is a test. ".repeat(120);
     let recorder = Recorder::start(&stack.pw);
     let mut speaking = stack
         .spd_say_command(&["-o", "kazeia", "-w", &long_text])
