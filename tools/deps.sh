@@ -28,9 +28,13 @@ if [ "$(uname -m)" = x86_64 ] && [ -z "${KAZEIA_NO_CROSS:-}" ]; then
     "$(dirname "$0")/deps-aarch64.sh"
 fi
 
+# Installed for this machine's architecture (or arch-independent): with multiarch, a name alone also matches
+# the arm64 copy deps-aarch64.sh installs (libpipewire-0.3-dev:arm64 would hide a missing amd64 one).
+native=$(dpkg --print-architecture)
 missing=()
 for p in "${packages[@]}"; do
-    if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q '^install ok installed$'; then
+    if ! dpkg-query -W -f='${Status} ${Architecture}\n' "$p" 2>/dev/null |
+        grep -Eq "^install ok installed ($native|all)\$"; then
         missing+=("$p")
     fi
 done
