@@ -110,6 +110,7 @@ async fn serve(args: DaemonArgs) -> Result<()> {
 
     let signals = tokio::spawn({
         let emitter = emitter.clone();
+        let api = api.clone();
         async move {
             while let Some(event) = events.recv().await {
                 let sent = match &event {
@@ -118,6 +119,7 @@ async fn serve(args: DaemonArgs) -> Result<()> {
                     Event::Finished(id, reason) => {
                         SpeechApi::finished(&emitter, *id, &reason.as_signal()).await
                     }
+                    Event::BackendsChanged => api.get().await.backends_changed(&emitter).await,
                 };
                 if let Err(e) = sent {
                     tracing::warn!("cannot emit {event:?}: {e}");

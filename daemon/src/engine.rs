@@ -177,6 +177,11 @@ impl Engine {
         self.key != EngineKey::of(config) || !self.synth.fallback.moved().is_empty()
     }
 
+    /// How many stages moved to their CPU fallback since the load.
+    pub fn fallbacks(&self) -> usize {
+        self.synth.fallback.moved().len()
+    }
+
     /// [`Engine::info`] with the backends running each stage now (a failed stage shows its CPU fallback).
     pub fn current_info(&self) -> EngineInfo {
         let mut info = self.info.clone();

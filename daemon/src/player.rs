@@ -217,6 +217,7 @@ impl Player {
             if held {
                 active.pause();
             }
+            let fallbacks = self.engine().map(|e| e.fallbacks());
             // A bug in one utterance must not silence the daemon: a panic ends that utterance only.
             let spoken = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                 self.speak(&request, &active)
@@ -233,6 +234,11 @@ impl Player {
                     Reason::Error("internal error (see the daemon's log)".into())
                 }
             };
+            // A stage that failed during this utterance now runs on the CPU: clients watching `Backends`
+            // are told (another worker's fallback meanwhile may be told twice, never missed).
+            if self.engine().map(|e| e.fallbacks()) != fallbacks {
+                self.queue.emit(Event::BackendsChanged);
+            }
             self.queue.done(request.id, reason);
         }
     }

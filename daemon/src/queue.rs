@@ -80,6 +80,8 @@ pub enum Event {
     Started(Id),
     Mark(Id, String),
     Finished(Id, Reason),
+    /// A stage moved to its CPU fallback while speaking: the `Backends` property changed.
+    BackendsChanged,
 }
 
 /// How a speaking utterance is told to stop or to hold; set by the worker that plays it.

@@ -7,6 +7,8 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use futures_util::StreamExt;
+
 use kazeia::dbus::client::SpeechProxy;
 use kazeia::spiel_stream::{s16le_to_f32, Chunk, SpielReader};
 use kazeia_tests::services::{DbusSession, Service, TempDir};
@@ -110,7 +112,7 @@ async fn a_decoder_plugin_that_fails_mid_utterance_falls_back_and_the_utterance_
         .build()
         .await
         .unwrap();
-    // Uncached: the backends property changes without a signal when a stage falls back.
+    // Uncached: each read asks the daemon.
     let proxy = SpeechProxy::builder(&connection)
         .cache_properties(zbus::proxy::CacheProperties::No)
         .build()
@@ -119,6 +121,10 @@ async fn a_decoder_plugin_that_fails_mid_utterance_falls_back_and_the_utterance_
     wait_until_loaded(&proxy).await;
     assert_eq!(backends(&proxy).await["decoder"], "faulty");
     assert!(warnings(&daemon.log()).is_empty(), "{}", daemon.log());
+
+    // A client that caches properties learns of the fallback from PropertiesChanged.
+    let watching = SpeechProxy::new(&connection).await.unwrap();
+    let mut backends_changed = watching.receive_backends_changed().await;
 
     let text = "Hello world, this is a test of a failing device.";
     let first = spiel(&connection, text).await;
@@ -135,6 +141,24 @@ async fn a_decoder_plugin_that_fails_mid_utterance_falls_back_and_the_utterance_
     );
     assert_eq!(
         backends(&proxy).await["decoder"],
+        "cpu (fallback from faulty after a failure)"
+    );
+    let changed = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            let change = backends_changed
+                .next()
+                .await
+                .expect("the signal stream ended");
+            let now = change.get().await.unwrap();
+            if now["decoder"] != "faulty" {
+                return now;
+            }
+        }
+    })
+    .await
+    .expect("no PropertiesChanged for Backends after the fallback");
+    assert_eq!(
+        changed["decoder"],
         "cpu (fallback from faulty after a failure)"
     );
 
