@@ -124,13 +124,26 @@ impl SpeechDispatcher {
         module_dir: Option<&Path>,
         env: &[(String, String)],
     ) -> SpeechDispatcher {
+        Self::start_logging(dir, conf, module_dir, env, 4)
+    }
+
+    /// [`SpeechDispatcher::start`] with log level `level` (5 logs every line exchanged with the modules,
+    /// with its time: see [`SpeechDispatcher::server_log`]).
+    pub fn start_logging(
+        dir: &Path,
+        conf: &Path,
+        module_dir: Option<&Path>,
+        env: &[(String, String)],
+        level: u8,
+    ) -> SpeechDispatcher {
+        let level = level.to_string();
         let logs = dir.join("sdlog");
         std::fs::create_dir_all(&logs).unwrap();
         let socket = dir.join("speechd.sock");
         let mut args: Vec<String> = [
             "-s",
             "-l",
-            "4",
+            &level,
             "-c",
             "unix_socket",
             "-S",
@@ -150,10 +163,13 @@ impl SpeechDispatcher {
             args.extend(["-m".to_owned(), m.display().to_string()]);
         }
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        // Its log's clock times in UTC, as `speechd_log_entries` reads them.
+        let mut server_env = env.to_vec();
+        server_env.push(("TZ".into(), "UTC".into()));
         let mut service = Service::spawn(
             "speech-dispatcher",
             &args,
-            env,
+            &server_env,
             dir.join("speech-dispatcher.out"),
         );
         wait_until("speech-dispatcher's socket", || {
@@ -206,6 +222,11 @@ impl SpeechDispatcher {
             std::thread::sleep(Duration::from_millis(10));
         }
         child.wait_with_output().unwrap()
+    }
+
+    /// The server's own log so far (`speech-dispatcher.log`).
+    pub fn server_log(&self) -> String {
+        std::fs::read_to_string(self.logs.join("speech-dispatcher.log")).unwrap_or_default()
     }
 
     /// The server's output, the end of its log and each module's log, for failure messages.
@@ -309,6 +330,11 @@ fn parse_speech_output(line: &str) -> Option<(SystemTime, String)> {
         None => rest.rsplit_once('\'')?.0,
     }
     .to_owned();
+    Some((time_of_day(clock)?, text))
+}
+
+/// `HH:MM:SS[.frac]` of today (UTC), or of yesterday when that is in the future.
+fn time_of_day(clock: &str) -> Option<SystemTime> {
     let mut parts = clock.split(':');
     let h: u64 = parts.next()?.parse().ok()?;
     let m: u64 = parts.next()?.parse().ok()?;
@@ -324,7 +350,34 @@ fn parse_speech_output(line: &str) -> Option<(SystemTime, String)> {
     if at > now + Duration::from_secs(3600) {
         at -= day;
     }
-    Some((SystemTime::UNIX_EPOCH + at, text))
+    Some(SystemTime::UNIX_EPOCH + at)
+}
+
+/// The entries of speech-dispatcher's log (`[Tue Dec  1 22:51:32 2026 : 974838] speechd: message`, a
+/// message may go on over several lines) with their times; the server must run with `TZ=UTC`.
+pub fn speechd_log_entries(log: &str) -> Vec<(SystemTime, String)> {
+    let mut entries: Vec<(SystemTime, String)> = Vec::new();
+    for line in log.lines() {
+        let head = line
+            .strip_prefix('[')
+            .and_then(|l| l.split_once("] speechd: "))
+            .and_then(|(stamp, message)| {
+                let (date, micros) = stamp.split_once(" : ")?;
+                let clock = date.split_whitespace().nth(3)?;
+                let micros: u64 = micros.trim().parse().ok()?;
+                let at = time_of_day(clock)? + Duration::from_micros(micros);
+                Some((at, message.to_owned()))
+            });
+        match (head, entries.last_mut()) {
+            (Some(entry), _) => entries.push(entry),
+            (None, Some((_, message))) => {
+                message.push('\n');
+                message.push_str(line);
+            }
+            (None, None) => {}
+        }
+    }
+    entries
 }
 
 /// `at` (wall clock) as an `Instant` of this process's monotonic clock.

@@ -244,6 +244,11 @@ impl Player {
     }
 
     fn speak(self: &Arc<Self>, request: &Request, active: &Arc<Active>) -> Result<Reason> {
+        tracing::debug!(
+            "utterance {}: started {:.1} ms after its request",
+            request.id,
+            ms_since(request.received)
+        );
         let engine = self.engine().ok_or_else(|| anyhow!("no model is loaded"))?;
         let config = self.config();
         let voice = resolve_voice(&request.voice, &config.voice, &engine.info)?;
@@ -397,8 +402,17 @@ fn stream_to_spiel(speaker: &Speaker, file: &std::fs::File, stall: Duration) -> 
     };
     let writer = Mutex::new(&mut writer);
     let lock = || writer.lock().unwrap_or_else(|e| e.into_inner());
+    let mut first = true;
     speaker.run(
         &mut |samples| {
+            if std::mem::take(&mut first) {
+                tracing::debug!(
+                    "utterance {}: first audio ({} samples) into the Spiel pipe {:.1} ms after its request",
+                    speaker.request.id,
+                    samples.len(),
+                    ms_since(speaker.request.received)
+                );
+            }
             if let Err(e) = lock().audio(samples) {
                 fail(e);
             }
@@ -424,6 +438,11 @@ fn stream_to_spiel(speaker: &Speaker, file: &std::fs::File, stall: Duration) -> 
         None if speaker.control.is_stopped() => Reason::Stopped,
         None => Reason::Done,
     })
+}
+
+/// Milliseconds since `t`, for the latency lines of the debug log.
+fn ms_since(t: std::time::Instant) -> f64 {
+    t.elapsed().as_secs_f64() * 1e3
 }
 
 /// The first piece not wholly heard, given the pieces' ends (in samples written) and the samples heard;
@@ -591,7 +610,14 @@ impl Speaker<'_> {
         if let Some(e) = failure {
             return Err(e);
         }
-        result?;
+        let (report, _) = result?;
+        tracing::debug!(
+            "utterance {}: prefill {:.1} ms ({} rows), first decoded audio {:.1} ms after the run began",
+            self.request.id,
+            report.timings.prefill.as_secs_f64() * 1e3,
+            report.timings.prompt_rows,
+            report.first_audio.map_or(f64::NAN, |d| d.as_secs_f64() * 1e3)
+        );
         if !self.control.is_stopped() {
             out.clear();
             filter.finish(&mut out);

@@ -2,6 +2,7 @@
 
 use std::fs::File;
 use std::sync::atomic::{AtomicBool, AtomicUsize};
+use std::time::Instant;
 
 use kazeia_engine::ssml::Piece;
 
@@ -56,6 +57,8 @@ pub struct Request {
     pub started: AtomicBool,
     /// The first piece to speak: after an interruption, the pieces already heard are not said again.
     pub resume_from: AtomicUsize,
+    /// When the adapter handed it over: the origin of the latency figures in the debug log.
+    pub received: Instant,
 }
 
 impl Request {
@@ -78,6 +81,7 @@ impl Request {
             output,
             started: AtomicBool::new(false),
             resume_from: AtomicUsize::new(0),
+            received: Instant::now(),
         }
     }
 

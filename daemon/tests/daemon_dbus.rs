@@ -918,19 +918,27 @@ fn bench_daemon(label: &str) -> (TempDir, DbusSession, Service) {
     let model = std::env::var_os("KAZEIA_BENCH_MODEL")
         .map_or_else(|| random_model::random_model("0.6b"), PathBuf::from);
     let weights = std::env::var("KAZEIA_BENCH_WEIGHTS").unwrap_or_else(|_| "q4_0".into());
+    // Shorter utterances (`KAZEIA_BENCH_MAX_FRAMES`, 80 ms each) make the first-audio runs quicker.
+    let max_frames: usize = std::env::var("KAZEIA_BENCH_MAX_FRAMES")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(40);
     let dir = TempDir::new(label);
     let config = dir.path().join("kazeia.toml");
     std::fs::write(
         &config,
         format!(
             "[model]\npath = \"{}\"\nweights = \"{weights}\"\n[audio]\nsink = \"null\"\n\
-             [generation]\nmax_frames = 40\n",
+             [generation]\nmax_frames = {max_frames}\n",
             model.display()
         ),
     )
     .unwrap();
     let bus = DbusSession::start(None);
-    let daemon = start_daemon(&bus, &bus.env(), &config, dir.path().join("kazeiad.log"));
+    // The latency lines of the debug log, for the breakdowns.
+    let mut env = bus.env();
+    env.push(("RUST_LOG".into(), "kazeia=debug".into()));
+    let daemon = start_daemon(&bus, &env, &config, dir.path().join("kazeiad.log"));
     (dir, bus, daemon)
 }
 
@@ -1189,15 +1197,21 @@ impl ModuleDriver {
         "700-",
     ];
 
-    fn start(bus: &DbusSession) -> Self {
+    /// `program`: a build of the module; with `log`, it logs everything (its latency lines included) to
+    /// that file.
+    fn start_program(bus: &DbusSession, program: &Path, log: Option<&Path>) -> Self {
         use std::process::Stdio;
         let module_conf = fixtures_dir().join("../../config/speech-dispatcher/kazeia.conf");
-        let mut module = Command::new(env!("CARGO_BIN_EXE_sd_kazeia"))
+        let stderr = match log {
+            Some(path) => Stdio::from(std::fs::File::create(path).unwrap()),
+            None => Stdio::null(),
+        };
+        let mut module = Command::new(program)
             .arg(&module_conf)
             .envs(bus.env())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            .stderr(stderr)
             .spawn()
             .unwrap();
         let input = module.stdin.take().unwrap();
@@ -1240,6 +1254,9 @@ impl ModuleDriver {
         driver.wait_for("299 OK LOADED");
         driver.send("AUDIO\naudio_output_method=server\n.\n");
         driver.wait_for("203 OK AUDIO INITIALIZED");
+        if log.is_some() {
+            driver.send("LOGLEVEL\nlog_level=5\n.\n");
+        }
         driver
     }
 
@@ -1305,17 +1322,50 @@ fn orca_ssml(text: &str) -> String {
 const ORCA_SET: &str = "SET\nrate=2\npitch=10\npitch_range=0\nvolume=100\npunctuation_mode=most\n\
                         spelling_mode=off\ncap_let_recogn=none\nvoice=male1\nlanguage=en\n.\n";
 
+/// The lines added to `path` since `offset` (moved past them).
+fn new_lines(path: &Path, offset: &mut usize) -> Vec<String> {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let fresh = text.get(*offset..).unwrap_or_default().to_owned();
+    *offset = text.len();
+    fresh.lines().map(str::to_owned).collect()
+}
+
+/// The number of milliseconds in the first of `lines` that contains `what` (`… 12.3 ms after …`).
+fn ms_in(lines: &[String], what: &str) -> Option<f64> {
+    let line = lines.iter().find(|l| l.contains(what))?;
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let at = words.iter().position(|w| *w == "ms")?;
+    words.get(at.checked_sub(1)?)?.parse().ok()
+}
+
+fn median(values: &[f64]) -> f64 {
+    let mut v: Vec<f64> = values.iter().copied().filter(|x| x.is_finite()).collect();
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
 /// First audio through speech-dispatcher's module with what Orca sends (its settings and a mark before
-/// every word), against a bare SPEAK: `cargo test --release -p kazeia --test daemon_dbus
-/// module_first_audio_orca -- --ignored --nocapture` (`KAZEIA_BENCH_MODEL` or a random real-size 0.6B).
-/// Timed from the message written to the module to its first `705` audio block.
+/// every word), against a bare SPEAK, and each of the two alone: `cargo test --release -p kazeia --test
+/// daemon_dbus module_first_audio_orca -- --ignored --nocapture` (`KAZEIA_BENCH_MODEL` or a random
+/// real-size 0.6B). Timed from the message written to the module to its first `705` audio block, with where
+/// the time went from the module's and the daemon's debug logs. `KAZEIA_BENCH_ROUNDS` (default 3) rounds of
+/// `KAZEIA_BENCH_MESSAGES` (default 7) messages; `KAZEIA_BENCH_OTHER_MODULE=path` runs another build of
+/// `sd_kazeia` beside this one, against the same daemon, for an A/B under the same load. Each message goes
+/// through every variant in turn, each with its own text (a number appended, so the cache of short
+/// utterances serves none). Reports only: timings are never asserted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "benchmark: real-size model"]
 async fn module_first_audio_orca() {
-    let (_dir, bus, _daemon) = bench_daemon("module-orca-bench");
-    let mut module = ModuleDriver::start(&bus);
-    // Distinct texts, so that the cache of short utterances serves none of them.
-    let messages = [
+    let (dir, bus, _daemon) = bench_daemon("module-orca-bench");
+    let daemon_log = dir.path().join("kazeiad.log");
+    let env_number = |name: &str, default: usize| -> usize {
+        std::env::var(name)
+            .ok()
+            .and_then(|r| r.parse().ok())
+            .unwrap_or(default)
+    };
+    let rounds = env_number("KAZEIA_BENCH_ROUNDS", 3);
+    let all_messages = [
         "Screen reader on.",
         "Save button",
         "Untitled document, text editor.",
@@ -1324,45 +1374,112 @@ async fn module_first_audio_orca() {
         "Open a recent file with control R.",
         "Cancel push button",
     ];
-    let mut results: Vec<(&str, Vec<f64>, Vec<f64>, usize)> = Vec::new();
-    for (what, settings, orca) in [
-        ("bare SPEAK", "SET\nrate=0\npitch=0\nvolume=100\n.\n", false),
-        ("Orca", ORCA_SET, true),
-    ] {
-        let mut firsts = Vec::new();
-        let mut ends = Vec::new();
-        let mut marks = 0;
+    let messages = &all_messages[..env_number("KAZEIA_BENCH_MESSAGES", 7).clamp(1, 7)];
+    let mut programs = vec![(
+        "this sd_kazeia".to_owned(),
+        PathBuf::from(env!("CARGO_BIN_EXE_sd_kazeia")),
+    )];
+    if let Some(other) = std::env::var_os("KAZEIA_BENCH_OTHER_MODULE") {
+        programs.push((format!("{}", Path::new(&other).display()), other.into()));
+    }
+    let mut modules: Vec<(String, ModuleDriver, PathBuf, usize)> = programs
+        .into_iter()
+        .enumerate()
+        .map(|(i, (label, program))| {
+            let log = dir.path().join(format!("sd_kazeia-{i}.log"));
+            let driver = ModuleDriver::start_program(&bus, &program, Some(&log));
+            (label, driver, log, 0)
+        })
+        .collect();
+    const NEUTRAL: &str =
+        "SET\nrate=0\npitch=0\nvolume=100\npunctuation_mode=none\nlanguage=c\n.\n";
+    let variants = [
+        ("bare SPEAK", NEUTRAL, false),
+        ("Orca's settings, no marks", ORCA_SET, false),
+        ("Orca's marks, neutral settings", NEUTRAL, true),
+        ("Orca (settings and marks)", ORCA_SET, true),
+    ];
+    let columns = [
+        "Synthesize answered",
+        "daemon started",
+        "prefill",
+        "first decoded",
+        "into pipe",
+        "from provider",
+    ];
+    // (module, variant, column) → values; column 0 is the first 705 block as the driver saw it.
+    let mut table = vec![vec![vec![Vec::new(); columns.len() + 1]; variants.len()]; modules.len()];
+    let mut daemon_at = 0;
+    let mut n = 0;
+    for _ in 0..rounds {
         for text in messages {
-            let body = if orca {
-                orca_ssml(text)
-            } else {
-                format!("<speak>{text}</speak>")
-            };
-            let start = Instant::now();
-            module.send(settings);
-            module.send(&format!("SPEAK\n{body}\n.\n"));
-            let first = module.wait_for_counting("705-AUDIO", &mut marks);
-            let end = module.wait_for_counting("702 END", &mut marks);
-            firsts.push((first - start).as_secs_f64() * 1e3);
-            ends.push((end - start).as_secs_f64());
-            eprintln!(
-                "{what} {text:?}: first audio block after {:.0} ms, END after {:.2} s",
-                firsts.last().unwrap(),
-                ends.last().unwrap()
-            );
+            for (m, (label, module, module_log, module_at)) in modules.iter_mut().enumerate() {
+                for (v, (what, settings, orca)) in variants.iter().enumerate() {
+                    n += 1;
+                    let text = format!("{text} {n}");
+                    let body = if *orca {
+                        orca_ssml(&text)
+                    } else {
+                        format!("<speak>{text}</speak>")
+                    };
+                    module.send(settings);
+                    std::thread::sleep(Duration::from_millis(20));
+                    new_lines(module_log, module_at);
+                    new_lines(&daemon_log, &mut daemon_at);
+                    let start = Instant::now();
+                    module.send(&format!("SPEAK\n{body}\n.\n"));
+                    let first = module.wait_for("705-AUDIO");
+                    let end = module.wait_for("702 END");
+                    // The logs of this message (its lines are written before END).
+                    std::thread::sleep(Duration::from_millis(20));
+                    let ml = new_lines(module_log, module_at);
+                    let dl = new_lines(&daemon_log, &mut daemon_at);
+                    let got = [
+                        ms_in(&ml, "Synthesize answered"),
+                        ms_in(&dl, "started"),
+                        ms_in(&dl, "prefill"),
+                        dl.iter()
+                            .find(|l| l.contains("first decoded audio"))
+                            .and_then(|l| l.rsplit(", first decoded audio ").next())
+                            .and_then(|l| l.split_whitespace().next()?.parse().ok()),
+                        ms_in(&dl, "into the Spiel pipe"),
+                        ms_in(&ml, "first audio from the provider"),
+                    ];
+                    let first_ms = (first - start).as_secs_f64() * 1e3;
+                    table[m][v][0].push(first_ms);
+                    for (c, value) in got.iter().enumerate() {
+                        table[m][v][c + 1].push(value.unwrap_or(f64::NAN));
+                    }
+                    eprintln!(
+                        "{label}, {what} {text:?}: first audio block after {first_ms:.0} ms, END after \
+                         {:.2} s",
+                        (end - start).as_secs_f64()
+                    );
+                }
+            }
         }
-        results.push((what, firsts, ends, marks));
     }
-    for (what, mut firsts, _, marks) in results {
-        firsts.sort_by(f64::total_cmp);
-        eprintln!(
-            "{what}: first audio block after {:.0} ms (median of {}; min {:.0}, max {:.0}); {marks} index marks",
-            firsts[firsts.len() / 2],
-            firsts.len(),
-            firsts[0],
-            firsts[firsts.len() - 1],
-        );
+    eprintln!(
+        "\nmedians over {rounds} x {} messages (ms after the message was written):",
+        messages.len()
+    );
+    for (m, (label, ..)) in modules.iter().enumerate() {
+        eprintln!("{label}:");
+        for (v, (what, _, _)) in variants.iter().enumerate() {
+            let mut line = format!(
+                "  {what:<32} first 705 block {:6.0}",
+                median(&table[m][v][0])
+            );
+            for (c, name) in columns.iter().enumerate() {
+                line += &format!(" | {name} {:.0}", median(&table[m][v][c + 1]));
+            }
+            eprintln!("{line}");
+        }
     }
+    eprintln!(
+        "(module: ms after the message; daemon: started / into pipe after the Synthesize call; prefill \
+         and first decoded from the start of generation)"
+    );
 }
 
 /// Orca's messages (a mark before every word) through all three doors on the fixture model, greedy: Spiel

@@ -276,6 +276,7 @@ impl<S: Synthesizer> Module<S> {
     }
 
     fn speak(&mut self, kind: SpeakKind, text: String) -> io::Result<()> {
+        let received = std::time::Instant::now();
         // The server sends nothing new before the last message ended; a stray one replaces it.
         if let Some(speaker) = self.speaker.take() {
             if !speaker.finished() {
@@ -335,6 +336,10 @@ impl<S: Synthesizer> Module<S> {
                 return self.out.reply(CANT_SPEAK);
             }
         };
+        log::debug(&format!(
+            "timing: Synthesize answered {:.1} ms after the message",
+            received.elapsed().as_secs_f64() * 1e3
+        ));
         self.out.reply("200 OK SPEAKING")?;
         let format = AudioFormat {
             sample_rate: voice.sample_rate,
@@ -343,7 +348,7 @@ impl<S: Synthesizer> Module<S> {
                 .max(1),
             gain: volume_gain(self.settings.volume),
         };
-        match Speaker::start(stream, format, self.out.clone()) {
+        match Speaker::start(stream, format, self.out.clone(), received) {
             Ok(speaker) => self.speaker = Some(speaker),
             Err(e) => {
                 log::error(&format!("cannot start speaking: {e}"));

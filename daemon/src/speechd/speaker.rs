@@ -9,7 +9,7 @@ use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::spiel_stream::{Chunk, EventKind, SpielReader};
 
@@ -56,15 +56,21 @@ pub struct Speaker {
 }
 
 impl Speaker {
-    /// Starts relaying `stream`; `701 BEGIN` is the first thing it writes.
-    pub fn start(stream: PipeReader, format: AudioFormat, out: Arc<Output>) -> io::Result<Speaker> {
+    /// Starts relaying `stream`; `701 BEGIN` is the first thing it writes. `received`: when the message
+    /// came, for the latency lines of the debug log.
+    pub fn start(
+        stream: PipeReader,
+        format: AudioFormat,
+        out: Arc<Output>,
+        received: Instant,
+    ) -> io::Result<Speaker> {
         let control = Arc::new(Control::default());
         let thread = {
             let control = control.clone();
             std::thread::Builder::new()
                 .name("sd_kazeia speaker".into())
                 .spawn(move || {
-                    let terminal = relay(stream, format, &control, &out);
+                    let terminal = relay(stream, format, &control, &out, received);
                     // The stream (and with it the provider's work) is dropped before the terminal event.
                     if let Err(e) = out.event(&terminal) {
                         log::error(&format!("cannot report the end of a message: {e}"));
@@ -91,20 +97,46 @@ impl Speaker {
 }
 
 /// Relays the stream; returns the terminal event.
-fn relay(stream: PipeReader, format: AudioFormat, control: &Control, out: &Output) -> Event {
+fn relay(
+    stream: PipeReader,
+    format: AudioFormat,
+    control: &Control,
+    out: &Output,
+    received: Instant,
+) -> Event {
     if out.event(&Event::Begin).is_err() {
         return Event::Stop;
     }
     let mut buffer = BlockBuffer::new(format.block_samples, format.gain);
-    let send = |samples: Vec<i16>| out.audio(&samples, format.sample_rate);
+    let mut first = true;
+    let mut send = |samples: Vec<i16>| {
+        out.audio(&samples, format.sample_rate)?;
+        if std::mem::take(&mut first) {
+            log::debug(&format!(
+                "timing: first audio block ({} samples) sent {:.1} ms after the message",
+                samples.len(),
+                received.elapsed().as_secs_f64() * 1e3
+            ));
+        }
+        Ok::<(), io::Error>(())
+    };
     let result = (|| -> io::Result<Event> {
         let mut reader = SpielReader::new(Interruptible {
             pipe: stream,
             control,
         })?;
+        let mut first_read = true;
         while let Some(chunk) = reader.next_chunk()? {
             match chunk {
                 Chunk::Audio(pcm) => {
+                    if first_read {
+                        first_read = false;
+                        log::debug(&format!(
+                            "timing: first audio from the provider ({} bytes) {:.1} ms after the message",
+                            pcm.len(),
+                            received.elapsed().as_secs_f64() * 1e3
+                        ));
+                    }
                     buffer.push_s16le(&pcm);
                     // Audio that has arrived is sent now, the rest of a block included: waiting to fill it
                     // would hold the first sound back until the provider's next chunk (hundreds of ms when
