@@ -2,7 +2,7 @@
 # The checks CI runs before the tests (.ci/run): formatting, clippy with every warning an error (the workspace
 # lints in Cargo.toml add a `// SAFETY:` comment on every unsafe block and `unsafe_op_in_unsafe_fn`), clippy on
 # the aarch64 NEON kernels (x86 clippy never sees code under cfg(target_arch = "aarch64")), and the docs
-# without warnings (broken intra-doc links). Run it before committing; it type-checks, it builds no binaries.
+# without warnings (broken intra-doc links). Run it before committing: it only type-checks, so it is quick.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
