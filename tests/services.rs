@@ -174,18 +174,22 @@ impl Drop for Service {
 fn terminate_group(child: &mut Child, signal: i32) -> Option<std::process::ExitStatus> {
     let group = -(child.id() as i32);
     if let Ok(Some(status)) = child.try_wait() {
+        // SAFETY: kill(2) takes no pointers and has no memory-safety preconditions; `group` is the child's group.
         unsafe { kill(group, SIGKILL) };
         return Some(status);
     }
+    // SAFETY: kill(2) takes no pointers and has no memory-safety preconditions; `group` is the child's group.
     unsafe { kill(group, signal) };
     let deadline = Instant::now() + Duration::from_secs(1);
     while Instant::now() < deadline {
         if let Ok(Some(status)) = child.try_wait() {
+            // SAFETY: as above.
             unsafe { kill(group, SIGKILL) };
             return Some(status);
         }
         std::thread::sleep(Duration::from_millis(5));
     }
+    // SAFETY: as above.
     unsafe { kill(group, SIGKILL) };
     child.wait().ok()
 }
@@ -220,9 +224,9 @@ fn command(program: &Path, args: &[&str], env: &[(String, String)]) -> Command {
     cmd
 }
 
-/// [`command`], under `chrt -f` (real-time) where that is allowed. For PipeWire clients whose main loop
-/// moves the audio (pw-record, pw-play): at normal priority on a busy machine they miss cycles, and the
-/// recording loses pieces that were played.
+/// `command` (a clean environment, its own process group), under `chrt -f` (real-time) where that is
+/// allowed. For PipeWire clients whose main loop moves the audio (pw-record, pw-play): at normal priority on
+/// a busy machine they miss cycles, and the recording loses pieces that were played.
 pub fn realtime_command(program: &Path, args: &[&str], env: &[(String, String)]) -> Command {
     static CHRT: OnceLock<Option<PathBuf>> = OnceLock::new();
     let chrt = CHRT.get_or_init(|| {
@@ -245,7 +249,7 @@ pub fn realtime_command(program: &Path, args: &[&str], env: &[(String, String)])
     }
 }
 
-/// Polls `ready` (every 5 ms) until it holds; panics after [`READY_TIMEOUT`] with `what`.
+/// Polls `ready` (every 5 ms) until it holds; panics after `READY_TIMEOUT` with `what`.
 pub fn wait_until(what: &str, mut ready: impl FnMut() -> bool) {
     let deadline = Instant::now() + READY_TIMEOUT;
     while !ready() {
@@ -511,6 +515,7 @@ impl PipeWire {
 
     /// Stops (SIGSTOP) or continues (SIGCONT) the PipeWire server, to test clients of a hung server.
     pub fn freeze_server(&self, frozen: bool) {
+        // SAFETY: kill(2) takes no pointers and has no memory-safety preconditions.
         unsafe {
             kill(
                 self.pipewire.pid() as i32,

@@ -31,8 +31,9 @@ fn stderr_is_journal() -> bool {
     let Some((dev, ino)) = stream.to_str().and_then(|s| s.split_once(':')) else {
         return false;
     };
-    // SAFETY: fstat on fd 2 into a zeroed struct.
+    // SAFETY: `stat` is plain integers, for which all-zero bytes are a valid value.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fstat writes one `stat` through a pointer to ours; fd 2 needs no ownership (at worst EBADF).
     if unsafe { libc::fstat(2, &mut st) } != 0 {
         return false;
     }

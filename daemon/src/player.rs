@@ -623,7 +623,6 @@ impl Speaker<'_> {
             filter.finish(&mut out);
             placement.output(&out, &mut emit)?;
             placement.finish(&mut emit)?;
-            drop(emit);
             if let (Some(key), Some(kept)) = (key, kept) {
                 self.cache.insert(key, kept);
             }

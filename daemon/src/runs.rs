@@ -120,9 +120,8 @@ pub fn steps(pieces: &[Piece], first: usize) -> Vec<Step<'_>> {
                 else {
                     unreachable!("a run was just opened");
                 };
-                if !run_text.is_empty()
-                    && !(wide(run_text.chars().last()) && wide(text.chars().next()))
-                {
+                let wide_join = wide(run_text.chars().last()) && wide(text.chars().next());
+                if !run_text.is_empty() && !wide_join {
                     run_text.push(' ');
                 }
                 for (piece, name) in waiting.drain(..) {

@@ -68,7 +68,7 @@ impl ShortCache {
     }
 
     /// Keeps `audio` for `key` (nothing when it is longer than [`MAX_ENTRY_SAMPLES`]), dropping the least
-    /// recently used entries beyond [`CAPACITY`] entries or [`MAX_SAMPLES`] samples.
+    /// recently used entries beyond `CAPACITY` entries or [`MAX_SAMPLES`] samples.
     pub fn insert(&self, key: CacheKey, audio: Vec<f32>) {
         if audio.len() > MAX_ENTRY_SAMPLES {
             return;

@@ -122,6 +122,7 @@ impl<'a> ClientPipe<'a> {
         let fd = file.as_raw_fd();
         // SAFETY: fcntl on a descriptor the file owns, with integer arguments only.
         let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+        // SAFETY: as above.
         if flags < 0 || unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0 {
             return Err(io::Error::last_os_error());
         }

@@ -624,6 +624,7 @@ async fn configuration_changes_apply_while_running() {
             plugin_dir.display()
         ),
     );
+    // SAFETY: kill(2) takes no pointers and has no memory-safety preconditions.
     unsafe { libc::kill(daemon.pid() as i32, libc::SIGHUP) };
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
@@ -666,6 +667,7 @@ async fn shuts_down_on_sigterm_and_when_the_bus_goes_away() {
         .spawn()
         .unwrap();
     wait_for_name(&bus, "org.kazeia.Speech");
+    // SAFETY: kill(2) takes no pointers and has no memory-safety preconditions.
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
     let status = wait_exit(&mut child, Duration::from_secs(10));
     assert!(status.success(), "{status}");

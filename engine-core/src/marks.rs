@@ -42,7 +42,7 @@ fn char_weight(c: char) -> f64 {
     }
 }
 
-/// How long `text` takes to say, in units of about one letter (see [`char_weight`]).
+/// How long `text` takes to say, in units of about one letter (see `char_weight`).
 pub fn speech_weight(text: &str) -> f64 {
     text.chars().map(char_weight).sum()
 }

@@ -268,8 +268,10 @@ struct Handle {
     backend: *mut c_void,
 }
 
-// SAFETY: plugin backends are thread-safe by contract (the same as `Backend: Send + Sync`).
+// SAFETY: plugin backends are thread-safe by contract (the same as `Backend: Send + Sync`), and `api` is a
+// static table.
 unsafe impl Send for Handle {}
+// SAFETY: as for `Send`.
 unsafe impl Sync for Handle {}
 
 impl Drop for Handle {
@@ -300,7 +302,10 @@ struct PluginWeight {
     weight: *mut c_void,
 }
 
+// SAFETY: the weight is only ever handed back to its own plugin backend, which is thread-safe by contract (see
+// `Handle`); nothing here reads through the pointer.
 unsafe impl Send for PluginWeight {}
+// SAFETY: as for `Send`.
 unsafe impl Sync for PluginWeight {}
 
 impl Drop for PluginWeight {
@@ -616,8 +621,8 @@ impl Backend for PluginBackend {
             if self.supports(kind) {
                 let mut record = *op;
                 if kind.has_weight() {
-                    let weight = (op.weight as *const Weight)
-                        .as_ref()
+                    // SAFETY: null or a live `Weight` of this backend (`run_records`'s contract).
+                    let weight = unsafe { (op.weight as *const Weight).as_ref() }
                         .ok_or_else(|| format!("op {i}: a {kind:?} op without a weight"))?;
                     record.weight = self
                         .weight_ptr(weight)
@@ -632,7 +637,10 @@ impl Backend for PluginBackend {
                 self.submit(&list)?;
                 list.clear();
                 let host = self.host.get_or_init(|| CpuBackend::new(self.threads));
-                records::run_record(host, op).map_err(|e| format!("op {i} on the CPU: {e}"))?;
+                // SAFETY: the record's pointers are valid and its output disjoint from its inputs
+                // (`run_records`'s contract); it has no weight (weighted kinds are refused above).
+                unsafe { records::run_record(host, op) }
+                    .map_err(|e| format!("op {i} on the CPU: {e}"))?;
             }
         }
         self.submit(&list)

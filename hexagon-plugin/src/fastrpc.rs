@@ -117,6 +117,7 @@ pub struct Session {
 
 // SAFETY: FastRPC handles may be used from any thread; the backend serialises submissions.
 unsafe impl Send for Session {}
+// SAFETY: as for `Send`.
 unsafe impl Sync for Session {}
 
 impl Session {
@@ -236,7 +237,10 @@ pub struct SharedBuffer {
     pub fd: i32,
 }
 
+// SAFETY: the buffer owns its allocation like a `Box<[u8]>`: written only through `&mut self`, freed once in
+// `drop`, and rpcmem allocations are not tied to the allocating thread.
 unsafe impl Send for SharedBuffer {}
+// SAFETY: `&self` gives only shared reads of the bytes.
 unsafe impl Sync for SharedBuffer {}
 
 impl SharedBuffer {

@@ -6,7 +6,7 @@
 //!   matmul and im2col convolutions). Pure functions, tested on the host.
 //! - [`queue`]: the shared-memory op queue the host writes and the DSP executes (no pointers: buffer id +
 //!   offset, since the DSP is 32-bit). `dsp/kazeia_queue.h` is its C side.
-//! - [`reference`]: what each DSP kernel computes, bit for bit (the qemu-hexagon tests compare against it).
+//! - [`reference`](mod@reference): what each DSP kernel computes, bit for bit (the qemu-hexagon tests compare against it).
 //! - [`backend`]: the `Backend` on a DSP session, with the CPU backend for every op the DSP does not take.
 //!
 //! Built as a `cdylib` it is the `hexagon` plugin (`src/plugin.rs`).

@@ -2,6 +2,9 @@
 //! `create`) here, the rest from `kazeia_backend_abi::exports` over [`HexagonBackend`]. Without a compute DSP
 //! the plugin scores 0 and gives the probe's reason, so `kazeia backends` shows why and the engine falls back to
 //! the CPU.
+//!
+//! The `unsafe extern "C"` entries rely on the caller's contract documented on [`PluginApi`] (their
+//! `# Safety`).
 
 use std::ffi::{c_char, c_void};
 
@@ -41,21 +44,25 @@ pub extern "C" fn kazeia_backend_plugin_v1() -> *const PluginApi {
 
 /// Above every CPU plugin build (≤ 30): a DSP session is the better place for the stages it takes.
 unsafe extern "C" fn score() -> i32 {
-    guarded(std::ptr::null_mut(), 0, || Ok(dsp().map_or(0, |_| 50)))
+    guarded(None, 0, || Ok(dsp().map_or(0, |_| 50)))
 }
 
 unsafe extern "C" fn unavailable_reason(err: *mut ErrorBuffer) {
-    if let Some(err) = err.as_mut() {
+    // SAFETY: null or a valid buffer (the table's contract).
+    if let Some(err) = unsafe { err.as_mut() } {
         err.set(dsp().err().unwrap_or("available"));
     }
 }
 
 unsafe extern "C" fn device_count() -> u32 {
-    guarded(std::ptr::null_mut(), 0, || Ok(u32::from(dsp().is_ok())))
+    guarded(None, 0, || Ok(u32::from(dsp().is_ok())))
 }
 
 unsafe extern "C" fn device_name(index: u32, out: *mut ErrorBuffer) -> i32 {
-    let Some(out) = out.as_mut() else { return 1 };
+    // SAFETY: null or a valid buffer (the table's contract).
+    let Some(out) = (unsafe { out.as_mut() }) else {
+        return 1;
+    };
     match dsp() {
         Ok(d) if index == 0 => {
             out.set(&format!(
@@ -72,7 +79,8 @@ unsafe extern "C" fn device_name(index: u32, out: *mut ErrorBuffer) -> i32 {
 }
 
 unsafe extern "C" fn create(device: u32, threads: u32, err: *mut ErrorBuffer) -> *mut c_void {
-    guarded(err, std::ptr::null_mut(), || {
+    // SAFETY: null or a valid buffer (the table's contract).
+    guarded(unsafe { err.as_mut() }, std::ptr::null_mut(), || {
         if device != 0 {
             return Err(format!(
                 "no Hexagon device {device} (there is one compute DSP)"

@@ -25,10 +25,10 @@ pub enum QueueKind {
     /// HVX matvec: args = [weight quants (HVX layout), weight scales, x int8, x scales, y f32];
     /// dims = [out, padded in]. `format` = Q8_0 or Q4_0 code.
     Matvec = 1,
-    /// HVX conv1d on int16: args = [w i16 [cout][cin][k], x i16 [cin][len], y i32]; dims = [cout, cin, k, len,
-    /// dilation].
+    /// HVX conv1d on int16: args = [w i16 `[cout][cin][k]`, x i16 `[cin][len]`, y i32]; dims = [cout, cin, k,
+    /// len, dilation].
     Conv1dI16 = 2,
-    /// HVX transposed conv1d on int16: args = [w i16 [cin][cout][k], x i16 [cin][len], y i32, scratch];
+    /// HVX transposed conv1d on int16: args = [w i16 `[cin][cout][k]`, x i16 `[cin][len]`, y i32, scratch];
     /// dims = [cin, cout, k, len, stride].
     ConvTranspose1dI16 = 3,
     /// fp16 tile product `y = a·bᵀ` (HMX, or its model in emulation builds): args = [a tiles `[m][k]`, b tiles

@@ -73,7 +73,7 @@ fn write_safetensors(path: &Path, tensors: &[(String, Vec<usize>, bool)], bf16_v
         unique.push((name, shape, *embedding));
     }
     let mut json = serde_json::to_string(&header).unwrap().into_bytes();
-    while json.len() % 8 != 0 {
+    while !json.len().is_multiple_of(8) {
         json.push(b' ');
     }
     let mut out = BufWriter::with_capacity(1 << 22, std::fs::File::create(path).unwrap());
@@ -101,7 +101,6 @@ fn write_safetensors(path: &Path, tensors: &[(String, Vec<usize>, bool)], bf16_v
             put(&weights.tensor_shaped(name, shape).unwrap());
         }
     }
-    drop(put);
     out.flush().unwrap();
 }
 

@@ -11,12 +11,10 @@ use crate::plugin::{ErrorBuffer, OpKind, OpRecord, WeightDesc, WeightKind};
 use crate::records::{input, run_record};
 use crate::{Backend, Weight, WeightFormat};
 
-/// Runs `f`, turning an error or a panic into a message in `err` (when not null) and `fallback`.
-///
-/// # Safety
-/// `err` must be null or a valid buffer (what the table's callers pass).
-pub unsafe fn guarded<T>(
-    err: *mut ErrorBuffer,
+/// Runs `f`, turning an error or a panic into a message in `err` (when given) and `fallback`. An entry passes its
+/// error pointer as `unsafe { err.as_mut() }`: null or valid, by the table's contract.
+pub fn guarded<T>(
+    err: Option<&mut ErrorBuffer>,
     fallback: T,
     f: impl FnOnce() -> Result<T, String>,
 ) -> T {
@@ -32,7 +30,7 @@ pub unsafe fn guarded<T>(
             format!("the plugin panicked: {text}")
         }
     };
-    if let Some(err) = err.as_mut() {
+    if let Some(err) = err {
         err.set(&message);
     }
     fallback
@@ -43,9 +41,8 @@ pub unsafe fn guarded<T>(
 /// # Safety
 /// `backend` must be null or a `B` the plugin's `create` made.
 pub unsafe fn backend_ref<'a, B>(backend: *mut c_void) -> Result<&'a B, String> {
-    (backend as *const B)
-        .as_ref()
-        .ok_or_else(|| "null backend".to_string())
+    // SAFETY: null or a live `B` from `create` (this function's contract); `as_ref` turns null into `None`.
+    unsafe { (backend as *const B).as_ref() }.ok_or_else(|| "null backend".to_string())
 }
 
 /// `destroy` for a backend `create` boxed.
@@ -54,8 +51,10 @@ pub unsafe fn backend_ref<'a, B>(backend: *mut c_void) -> Result<&'a B, String> 
 /// As the table's `destroy`.
 pub unsafe extern "C" fn destroy<B>(backend: *mut c_void) {
     if !backend.is_null() {
-        guarded(std::ptr::null_mut(), (), || {
-            drop(Box::from_raw(backend as *mut B));
+        guarded(None, (), || {
+            // SAFETY: a non-null handle is the `Box<B>` that `create` leaked, destroyed only once (the table's
+            // contract).
+            drop(unsafe { Box::from_raw(backend as *mut B) });
             Ok(())
         })
     }
@@ -70,14 +69,19 @@ pub unsafe extern "C" fn upload<B: Backend>(
     desc: *const WeightDesc,
     err: *mut ErrorBuffer,
 ) -> *mut c_void {
-    guarded(err, std::ptr::null_mut(), || {
-        let backend = backend_ref::<B>(backend)?;
-        let d = desc.as_ref().ok_or("null weight description")?;
-        let data = input(d.data, d.data_len)?;
+    // SAFETY: `err` is null or valid (the table's contract).
+    guarded(unsafe { err.as_mut() }, std::ptr::null_mut(), || {
+        // SAFETY: a live handle of this plugin's `create` (the table's contract).
+        let backend = unsafe { backend_ref::<B>(backend)? };
+        // SAFETY: null or a valid description (the table's contract).
+        let d = unsafe { desc.as_ref() }.ok_or("null weight description")?;
+        // SAFETY: the description's buffers are valid for their lengths during the call (the table's contract).
+        let data = unsafe { input(d.data, d.data_len)? };
         let bias = if d.bias.is_null() {
             None
         } else {
-            Some(input(d.bias, d.bias_len)?)
+            // SAFETY: as `data`.
+            Some(unsafe { input(d.bias, d.bias_len)? })
         };
         let n = d.dims.map(|v| v as usize);
         let expected = match d.kind {
@@ -124,7 +128,9 @@ pub unsafe extern "C" fn upload<B: Backend>(
 /// As the table's `free_weight`.
 pub unsafe extern "C" fn free_weight(_backend: *mut c_void, weight: *mut c_void) {
     if !weight.is_null() {
-        drop(Box::from_raw(weight as *mut Weight));
+        // SAFETY: a non-null weight is the `Box<Weight>` that `upload` or `import_linear` leaked, freed only once
+        // (the table's contract).
+        drop(unsafe { Box::from_raw(weight as *mut Weight) });
     }
 }
 
@@ -147,16 +153,22 @@ pub unsafe extern "C" fn run_ops<B: Backend>(
     count: usize,
     err: *mut ErrorBuffer,
 ) -> i32 {
-    guarded(err, 1, || {
-        let backend = backend_ref::<B>(backend)?;
+    // SAFETY: `err` is null or valid (the table's contract).
+    guarded(unsafe { err.as_mut() }, 1, || {
+        // SAFETY: a live handle of this plugin's `create` (the table's contract).
+        let backend = unsafe { backend_ref::<B>(backend)? };
         if count == 0 {
             return Ok(0);
         }
         if ops.is_null() {
             return Err("null op list".into());
         }
-        for (i, op) in std::slice::from_raw_parts(ops, count).iter().enumerate() {
-            run_record(backend, op).map_err(|e| format!("op {i}: {e}"))?;
+        // SAFETY: non-null, so valid for `count` records (the table's contract).
+        let ops = unsafe { std::slice::from_raw_parts(ops, count) };
+        for (i, op) in ops.iter().enumerate() {
+            // SAFETY: the records follow `Backend::run_records`'s rules (the table's contract); their weights are
+            // this plugin's boxed `Weight`s.
+            unsafe { run_record(backend, op) }.map_err(|e| format!("op {i}: {e}"))?;
         }
         Ok(0)
     })
@@ -172,9 +184,11 @@ pub unsafe extern "C" fn export_linear<B: Backend>(
     bytes: *mut *mut u8,
     len: *mut usize,
 ) -> i32 {
-    guarded(std::ptr::null_mut(), 1, || {
-        let backend = backend_ref::<B>(backend)?;
-        let weight = (weight as *const Weight).as_ref().ok_or("null weight")?;
+    guarded(None, 1, || {
+        // SAFETY: a live handle of this plugin's `create` (the table's contract).
+        let backend = unsafe { backend_ref::<B>(backend)? };
+        // SAFETY: null or a live `Weight` this plugin boxed (the table's contract).
+        let weight = unsafe { (weight as *const Weight).as_ref() }.ok_or("null weight")?;
         if bytes.is_null() || len.is_null() {
             return Err("null output".into());
         }
@@ -182,8 +196,11 @@ pub unsafe extern "C" fn export_linear<B: Backend>(
             .export_linear(weight)
             .ok_or("not a cached linear weight")?
             .into_boxed_slice();
-        *len = exported.len();
-        *bytes = Box::into_raw(exported) as *mut u8;
+        // SAFETY: both non-null, so valid for one write each (the table's contract).
+        unsafe {
+            *len = exported.len();
+            *bytes = Box::into_raw(exported) as *mut u8;
+        }
         Ok(0)
     })
 }
@@ -194,9 +211,9 @@ pub unsafe extern "C" fn export_linear<B: Backend>(
 /// As the table's `free_bytes`.
 pub unsafe extern "C" fn free_bytes(bytes: *mut u8, len: usize) {
     if !bytes.is_null() {
-        drop(Box::from_raw(std::ptr::slice_from_raw_parts_mut(
-            bytes, len,
-        )));
+        // SAFETY: `bytes` and `len` are the boxed slice `export_linear` leaked, freed only once (the table's
+        // contract).
+        drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(bytes, len)) });
     }
 }
 
@@ -212,13 +229,15 @@ pub unsafe extern "C" fn import_linear<B: Backend>(
     inp: u64,
     format: u32,
 ) -> *mut c_void {
-    guarded(std::ptr::null_mut(), std::ptr::null_mut(), || {
-        let backend = backend_ref::<B>(backend)?;
+    guarded(None, std::ptr::null_mut(), || {
+        // SAFETY: a live handle of this plugin's `create` (the table's contract).
+        let backend = unsafe { backend_ref::<B>(backend)? };
         if bytes.is_null() {
             return Err("null bytes".into());
         }
         let format = WeightFormat::from_code(format).ok_or("unknown format")?;
-        let data = std::slice::from_raw_parts(bytes, len);
+        // SAFETY: non-null, so valid for `len` bytes during the call (the table's contract).
+        let data = unsafe { std::slice::from_raw_parts(bytes, len) };
         Ok(backend
             .import_linear(data, out as usize, inp as usize, format)
             .map_or(std::ptr::null_mut(), |w| {

@@ -166,24 +166,24 @@ impl WeightDesc {
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum OpKind {
-    /// weight, a = x, out = y, n[0] = rows.
+    /// weight, a = x, out = y, `n[0]` = rows.
     Linear = 1,
-    /// weight, a = x, out = y, n[0] = len, n[1] = dilation.
+    /// weight, a = x, out = y, `n[0]` = len, `n[1]` = dilation.
     Conv1d = 2,
-    /// weight, a = x, out = y, n[0] = len.
+    /// weight, a = x, out = y, `n[0]` = len.
     DepthwiseConv1d = 3,
-    /// weight, a = x, out = y, n[0] = len.
+    /// weight, a = x, out = y, `n[0]` = len.
     ConvTranspose1d = 4,
-    /// out = x (in place), a = weight, n[0] = dim, f[0] = eps.
+    /// out = x (in place), a = weight, `n[0]` = dim, `f[0]` = eps.
     RmsNorm = 5,
-    /// out = x (in place), a = weight, b = bias, n[0] = dim, f[0] = eps.
+    /// out = x (in place), a = weight, b = bias, `n[0]` = dim, `f[0]` = eps.
     LayerNorm = 6,
-    /// out = x (in place), n = [heads, head_dim, start_pos], f[0] = theta.
+    /// out = x (in place), n = [heads, head_dim, start_pos], `f[0]` = theta.
     Rope = 7,
     /// a = q, b = k, c = v, out, n = [q_heads, kv_heads, head_dim, queries, query_start, keys, key_start,
-    /// window (0 = none)], f[0] = scale.
+    /// window (0 = none)], `f[0]` = scale.
     Attention = 8,
-    /// out = x (in place), a = alpha, b = inv_beta, n[0] = len.
+    /// out = x (in place), a = alpha, b = inv_beta, `n[0]` = len.
     SnakeBeta = 9,
     /// out = x (in place).
     Gelu = 10,
@@ -452,6 +452,13 @@ impl OpRecord {
 
 /// The table a plugin's entry symbol returns. All function pointers are required; status results are 0 on
 /// success and non-zero with a message in the [`ErrorBuffer`] on failure.
+///
+/// The caller's contract, which every entry relies on: a `backend` is a handle this table's `create` returned
+/// and not yet destroyed; a `weight` is one its `upload` or `import_linear` returned for that backend and not
+/// yet freed; `bytes` given to `free_bytes` are what `export_linear` returned, with their length; every other
+/// pointer is null or valid for the call (for the length beside it, one value otherwise), and op records follow
+/// [`crate::Backend::run_records`]'s rules. In turn a plugin's entries may be called from any thread, also at
+/// once for one backend (as [`crate::Backend`] is `Send + Sync`).
 #[repr(C)]
 pub struct PluginApi {
     pub magic: u32,
@@ -508,6 +515,8 @@ pub struct PluginApi {
     ) -> *mut c_void,
 }
 
-// The table is immutable static data shared across threads.
+// SAFETY: the table is immutable; its one pointer field, `name`, points at a string the plugin never changes or
+// frees (plugins are never unloaded), so sharing it across threads reads only constant data.
 unsafe impl Sync for PluginApi {}
+// SAFETY: as for `Sync`: nothing in the table is tied to the thread that read it.
 unsafe impl Send for PluginApi {}

@@ -15,23 +15,30 @@ pub unsafe fn input<'a>(ptr: *const f32, len: usize) -> Result<&'a [f32], String
     if ptr.is_null() {
         return Err("null buffer".into());
     }
-    Ok(std::slice::from_raw_parts(ptr, len))
+    // SAFETY: non-null and, by this function's contract, valid for `len` floats for `'a`.
+    Ok(unsafe { std::slice::from_raw_parts(ptr, len) })
 }
 
 /// Runs one record on `backend`; its weight (if any) is a `*const Weight` that `backend` made.
 ///
 /// # Safety
-/// The record's pointers must be valid for their lengths, and its output must not overlap its inputs.
+/// The record's pointers must be valid for their lengths, its output must not overlap its inputs, and its weight
+/// must be null or a live `Weight`.
 pub unsafe fn run_record<B: Backend + ?Sized>(backend: &B, op: &OpRecord) -> Result<(), String> {
     let kind = OpKind::from_code(op.kind).ok_or_else(|| format!("unknown op kind {}", op.kind))?;
     let weight = || -> Result<&Weight, String> {
-        (op.weight as *const Weight)
-            .as_ref()
+        // SAFETY: null or a live `Weight` (this function's contract); `as_ref` turns null into `None`.
+        unsafe { (op.weight as *const Weight).as_ref() }
             .ok_or_else(|| format!("a {kind:?} op without a weight"))
     };
-    let a = input(op.a, op.a_len)?;
-    let b = input(op.b, op.b_len)?;
-    let c = input(op.c, op.c_len)?;
+    // SAFETY: each input pointer is valid for its length for this call (this function's contract).
+    let (a, b, c) = unsafe {
+        (
+            input(op.a, op.a_len)?,
+            input(op.b, op.b_len)?,
+            input(op.c, op.c_len)?,
+        )
+    };
     if op.out.is_null() {
         return if op.out_len == 0 {
             Ok(())
@@ -39,7 +46,9 @@ pub unsafe fn run_record<B: Backend + ?Sized>(backend: &B, op: &OpRecord) -> Res
             Err("null output".into())
         };
     }
-    let out = std::slice::from_raw_parts_mut(op.out, op.out_len);
+    // SAFETY: non-null, valid for `out_len` floats and disjoint from the inputs (this function's contract), so
+    // the only live reference to that memory.
+    let out = unsafe { std::slice::from_raw_parts_mut(op.out, op.out_len) };
     let n = op.n.map(|v| v as usize);
     match kind {
         OpKind::Linear => backend.linear(weight()?, a, n[0], out),

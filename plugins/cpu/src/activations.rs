@@ -33,12 +33,20 @@ fn snake_row(row: &mut [f32], alpha: f32, inv_beta: f32) {
     snake_row_generic(row, alpha, inv_beta)
 }
 
+/// The portable loop compiled for AVX-512.
+///
+/// # Safety
+/// The CPU must support AVX-512F.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 unsafe fn snake_row_avx512(row: &mut [f32], alpha: f32, inv_beta: f32) {
     snake_row_generic(row, alpha, inv_beta)
 }
 
+/// The portable loop compiled for AVX2.
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn snake_row_avx2(row: &mut [f32], alpha: f32, inv_beta: f32) {

@@ -43,6 +43,8 @@ pub struct MatMut {
     col_stride: isize,
 }
 
+// SAFETY: a view only writes through `ptr` within its bounds-checked elements, and the constructors' contracts
+// keep concurrently written views disjoint, so moving one to another thread races with nothing.
 unsafe impl Send for MatMut {}
 
 impl MatMut {
@@ -107,7 +109,10 @@ pub struct SharedOut {
     len: usize,
 }
 
+// SAFETY: `SharedOut` only writes through `write`, whose contract gives each element to one thread at a time; the
+// buffer it points into outlives the parallel section that uses it (it is made from a `&mut` borrowed there).
 unsafe impl Send for SharedOut {}
+// SAFETY: as for `Send`.
 unsafe impl Sync for SharedOut {}
 
 impl SharedOut {
@@ -124,7 +129,9 @@ impl SharedOut {
     /// No other thread may access element `i` concurrently.
     pub unsafe fn write(&self, i: usize, value: f32) {
         assert!(i < self.len, "shared output index out of bounds");
-        *self.ptr.add(i) = value;
+        // SAFETY: in bounds (checked above) of the buffer `new` borrowed, and no other thread touches element `i`
+        // (this method's contract).
+        unsafe { *self.ptr.add(i) = value };
     }
 }
 

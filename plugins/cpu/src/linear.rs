@@ -493,7 +493,9 @@ fn dispatch_dot(
             // SAFETY: the features were detected at run time (AVX-512 implies FMA and F16C).
             return unsafe { crate::linear_x86::dot_avx512(w, x, rows, o0, o1, partial) };
         }
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+        if std::arch::is_x86_feature_detected!("avx2")
+            && std::arch::is_x86_feature_detected!("fma")
+            && std::arch::is_x86_feature_detected!("f16c")
         {
             // SAFETY: the features were detected at run time.
             return unsafe { dot_avx2(w, x, rows, o0, o1, partial) };
@@ -505,6 +507,10 @@ fn dispatch_dot(
     dot_rows::<false>(w, x, rows, o0, o1, partial)
 }
 
+/// The portable kernel compiled for AVX2.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_avx2(

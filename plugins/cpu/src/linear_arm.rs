@@ -79,6 +79,9 @@ pub(crate) fn quantize_for(w: &LinearWeight, x: &[f32], rows: usize) -> Option<Q
 
 /// Signed int8 weights of block `b` of output row `o`: elements 0–15 and 16–31.
 trait IntWeights {
+    /// # Safety
+    /// `o` must be an output row and `b` a block of the weight the pointer was taken from (the second field is
+    /// its padded row length).
     unsafe fn halves(&self, o: usize, b: usize) -> (int8x16_t, int8x16_t);
 }
 
@@ -88,8 +91,12 @@ struct Q4(*const u8, usize);
 impl IntWeights for Q8 {
     #[inline(always)]
     unsafe fn halves(&self, o: usize, b: usize) -> (int8x16_t, int8x16_t) {
-        let p = self.0.add(o * self.1 + b * BLOCK);
-        (vld1q_s8(p), vld1q_s8(p.add(16)))
+        // SAFETY: block `b` of row `o` is the 32 bytes at `o·k + 32b` of the `out × k` quants (`halves`'s contract);
+        // NEON is part of the aarch64 baseline.
+        unsafe {
+            let p = self.0.add(o * self.1 + b * BLOCK);
+            (vld1q_s8(p), vld1q_s8(p.add(16)))
+        }
     }
 }
 
@@ -97,31 +104,47 @@ impl IntWeights for Q4 {
     /// Element j < 16 is the low nibble of byte j, element j + 16 its high nibble; both minus 8.
     #[inline(always)]
     unsafe fn halves(&self, o: usize, b: usize) -> (int8x16_t, int8x16_t) {
-        let v = vld1q_u8(self.0.add((o * self.1 + b * BLOCK) / 2));
-        let eight = vdupq_n_s8(8);
-        let lo = vreinterpretq_s8_u8(vandq_u8(v, vdupq_n_u8(0x0f)));
-        let hi = vreinterpretq_s8_u8(vshrq_n_u8::<4>(v));
-        (vsubq_s8(lo, eight), vsubq_s8(hi, eight))
+        // SAFETY: block `b` of row `o` is the 16 bytes at `(o·k + 32b) / 2` of the `out × k/2` nibbles (`halves`'s
+        // contract); NEON is part of the aarch64 baseline.
+        unsafe {
+            let v = vld1q_u8(self.0.add((o * self.1 + b * BLOCK) / 2));
+            let eight = vdupq_n_s8(8);
+            let lo = vreinterpretq_s8_u8(vandq_u8(v, vdupq_n_u8(0x0f)));
+            let hi = vreinterpretq_s8_u8(vshrq_n_u8::<4>(v));
+            (vsubq_s8(lo, eight), vsubq_s8(hi, eight))
+        }
     }
 }
 
+/// # Safety
+/// The CPU must have dotprod (reached only through `int_dotprod` and `int_i8mm`, which `dot_int8` runs for an
+/// available kernel).
 #[inline(always)]
 unsafe fn sdot(mut acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4_t {
-    // SAFETY (of the instruction): only called from functions compiled with `dotprod`.
-    asm!("sdot {acc:v}.4s, {a:v}.16b, {b:v}.16b", acc = inout(vreg) acc, a = in(vreg) a, b = in(vreg) b,
-         options(pure, nomem, nostack, preserves_flags));
+    // SAFETY: the CPU has `SDOT` (this function's contract); it touches only the registers named.
+    unsafe {
+        asm!("sdot {acc:v}.4s, {a:v}.16b, {b:v}.16b", acc = inout(vreg) acc, a = in(vreg) a, b = in(vreg) b,
+             options(pure, nomem, nostack, preserves_flags))
+    };
     acc
 }
 
+/// # Safety
+/// The CPU must have i8mm (reached only through `int_i8mm`, which `dot_int8` runs for an available kernel).
 #[inline(always)]
 unsafe fn smmla(mut acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4_t {
-    // SAFETY (of the instruction): only called from functions compiled with `i8mm`.
-    asm!("smmla {acc:v}.4s, {a:v}.16b, {b:v}.16b", acc = inout(vreg) acc, a = in(vreg) a, b = in(vreg) b,
-         options(pure, nomem, nostack, preserves_flags));
+    // SAFETY: the CPU has `SMMLA` (this function's contract); it touches only the registers named.
+    unsafe {
+        asm!("smmla {acc:v}.4s, {a:v}.16b, {b:v}.16b", acc = inout(vreg) acc, a = in(vreg) a, b = in(vreg) b,
+             options(pure, nomem, nostack, preserves_flags))
+    };
     acc
 }
 
 /// Four lanes whose sum is the exact product of one block (`w0`,`w1` × `x0`,`x1`).
+///
+/// # Safety
+/// With `SDOT`, the CPU must have dotprod (as [`sdot`]).
 #[inline(always)]
 unsafe fn block_dot<const SDOT: bool>(
     w0: int8x16_t,
@@ -129,37 +152,54 @@ unsafe fn block_dot<const SDOT: bool>(
     x0: int8x16_t,
     x1: int8x16_t,
 ) -> int32x4_t {
-    if SDOT {
-        sdot(sdot(vdupq_n_s32(0), w0, x0), w1, x1)
-    } else {
-        // |q| ≤ 127 for activations and Q8_0, ≤ 8 for Q4_0: two products fit an i16 lane.
-        let p = vmlal_high_s8(vmull_s8(vget_low_s8(w0), vget_low_s8(x0)), w0, x0);
-        let q = vmlal_high_s8(vmull_s8(vget_low_s8(w1), vget_low_s8(x1)), w1, x1);
-        vpadalq_s16(vpaddlq_s16(p), q)
+    // SAFETY: NEON is part of the aarch64 baseline; with `SDOT` the CPU has dotprod (this function's contract).
+    unsafe {
+        if SDOT {
+            sdot(sdot(vdupq_n_s32(0), w0, x0), w1, x1)
+        } else {
+            // |q| ≤ 127 for activations and Q8_0, ≤ 8 for Q4_0: two products fit an i16 lane.
+            let p = vmlal_high_s8(vmull_s8(vget_low_s8(w0), vget_low_s8(x0)), w0, x0);
+            let q = vmlal_high_s8(vmull_s8(vget_low_s8(w1), vget_low_s8(x1)), w1, x1);
+            vpadalq_s16(vpaddlq_s16(p), q)
+        }
     }
 }
 
 /// Four consecutive f32 from `s[at..]`, lanes past `n` zero.
+///
+/// # Safety
+/// When `n == 4`, `s` must hold `at + 4` values (fewer lanes are copied through a bounds-checked slice).
 #[inline(always)]
 unsafe fn load4(s: &[f32], at: usize, n: usize) -> float32x4_t {
-    if n == 4 {
-        vld1q_f32(s.as_ptr().add(at))
-    } else {
-        let mut t = [0.0f32; 4];
-        t[..n].copy_from_slice(&s[at..at + n]);
-        vld1q_f32(t.as_ptr())
+    // SAFETY: NEON is part of the aarch64 baseline; the load reads `s[at..at + 4]`, in bounds by this function's
+    // contract, or the local `t`.
+    unsafe {
+        if n == 4 {
+            vld1q_f32(s.as_ptr().add(at))
+        } else {
+            let mut t = [0.0f32; 4];
+            t[..n].copy_from_slice(&s[at..at + n]);
+            vld1q_f32(t.as_ptr())
+        }
     }
 }
 
 /// `(a0 + a1) + (a2 + a3)`, the order [`crate::int8::dot_reference`] fixes.
 #[inline(always)]
-unsafe fn sum4(a: float32x4_t) -> f32 {
-    let p = vpaddq_f32(a, a);
-    vgetq_lane_f32::<0>(p) + vgetq_lane_f32::<1>(p)
+fn sum4(a: float32x4_t) -> f32 {
+    // SAFETY: NEON is part of the aarch64 baseline; no memory is touched.
+    unsafe {
+        let p = vpaddq_f32(a, a);
+        vgetq_lane_f32::<0>(p) + vgetq_lane_f32::<1>(p)
+    }
 }
 
 /// Blocks `b0..b0+n` (n < 4, the last of a row) of output row `o` into the accumulators of rows `r0..r0+R`,
 /// lane `j` ← block `b0 + j`.
+///
+/// # Safety
+/// As [`IntWeights::halves`] for blocks `b0..b0+n` (n < 4) of row `o`; `x` must hold rows `r0..r0+R`; with
+/// `SDOT` the CPU must have dotprod.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn int_group<const R: usize, const SDOT: bool, W: IntWeights>(
@@ -172,32 +212,39 @@ unsafe fn int_group<const R: usize, const SDOT: bool, W: IntWeights>(
     n: usize,
     acc: &mut [float32x4_t; R],
 ) {
-    let (k, nb) = (x.k, x.k / BLOCK);
-    let zero = vdupq_n_s8(0);
-    let mut wv = [(zero, zero); 4];
-    for (j, v) in wv.iter_mut().enumerate().take(n) {
-        *v = w.halves(o, b0 + j);
-    }
-    let wsc = load4(ws, o * nb + b0, n);
-    for (r, a) in acc.iter_mut().enumerate() {
-        let row = r0 + r;
-        let xp = x.quants.as_ptr().add(row * k + b0 * BLOCK);
-        let mut d = [vdupq_n_s32(0); 4];
-        for j in 0..n {
-            let (x0, x1) = (
-                vld1q_s8(xp.add(j * BLOCK)),
-                vld1q_s8(xp.add(j * BLOCK + 16)),
-            );
-            d[j] = block_dot::<SDOT>(wv[j].0, wv[j].1, x0, x1);
+    // SAFETY: with `SDOT` the CPU has dotprod; blocks `b0..b0 + n` of row `o` are in the weight and rows
+    // `r0..r0 + R` of `x` hold them (this function's contract).
+    unsafe {
+        let (k, nb) = (x.k, x.k / BLOCK);
+        let zero = vdupq_n_s8(0);
+        let mut wv = [(zero, zero); 4];
+        for (j, v) in wv.iter_mut().enumerate().take(n) {
+            *v = w.halves(o, b0 + j);
         }
-        let sums = vpaddq_s32(vpaddq_s32(d[0], d[1]), vpaddq_s32(d[2], d[3]));
-        let xsc = load4(&x.scales, row * nb + b0, n);
-        *a = vfmaq_f32(*a, vcvtq_f32_s32(sums), vmulq_f32(wsc, xsc));
+        let wsc = load4(ws, o * nb + b0, n);
+        for (r, a) in acc.iter_mut().enumerate() {
+            let row = r0 + r;
+            let xp = x.quants.as_ptr().add(row * k + b0 * BLOCK);
+            let mut d = [vdupq_n_s32(0); 4];
+            for j in 0..n {
+                let (x0, x1) = (
+                    vld1q_s8(xp.add(j * BLOCK)),
+                    vld1q_s8(xp.add(j * BLOCK + 16)),
+                );
+                d[j] = block_dot::<SDOT>(wv[j].0, wv[j].1, x0, x1);
+            }
+            let sums = vpaddq_s32(vpaddq_s32(d[0], d[1]), vpaddq_s32(d[2], d[3]));
+            let xsc = load4(&x.scales, row * nb + b0, n);
+            *a = vfmaq_f32(*a, vcvtq_f32_s32(sums), vmulq_f32(wsc, xsc));
+        }
     }
 }
 
 /// Blocks `b0..b0+4` of output row `o` into the accumulators of rows `r0..r0+R` (the main loop: each weight
 /// block is loaded and unpacked once for all rows, the per-block sums reduced pairwise as they come).
+///
+/// # Safety
+/// As [`int_group`], for the four blocks `b0..b0+4` (`b0 + 4 ≤ x.k / 32`).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn int_group4<const R: usize, const SDOT: bool, W: IntWeights>(
@@ -209,31 +256,39 @@ unsafe fn int_group4<const R: usize, const SDOT: bool, W: IntWeights>(
     b0: usize,
     acc: &mut [float32x4_t; R],
 ) {
-    let (k, nb) = (x.k, x.k / BLOCK);
-    let xq = x.quants.as_ptr();
-    let mut first = [vdupq_n_s32(0); R];
-    let (a0, a1) = w.halves(o, b0);
-    let (c0, c1) = w.halves(o, b0 + 1);
-    for (r, f) in first.iter_mut().enumerate() {
-        let xp = xq.add((r0 + r) * k + b0 * BLOCK);
-        let d0 = block_dot::<SDOT>(a0, a1, vld1q_s8(xp), vld1q_s8(xp.add(16)));
-        let d1 = block_dot::<SDOT>(c0, c1, vld1q_s8(xp.add(32)), vld1q_s8(xp.add(48)));
-        *f = vpaddq_s32(d0, d1);
-    }
-    let (a0, a1) = w.halves(o, b0 + 2);
-    let (c0, c1) = w.halves(o, b0 + 3);
-    let wsc = vld1q_f32(ws.as_ptr().add(o * nb + b0));
-    for (r, a) in acc.iter_mut().enumerate() {
-        let xp = xq.add((r0 + r) * k + b0 * BLOCK);
-        let d2 = block_dot::<SDOT>(a0, a1, vld1q_s8(xp.add(64)), vld1q_s8(xp.add(80)));
-        let d3 = block_dot::<SDOT>(c0, c1, vld1q_s8(xp.add(96)), vld1q_s8(xp.add(112)));
-        let sums = vpaddq_s32(first[r], vpaddq_s32(d2, d3));
-        let xsc = vld1q_f32(x.scales.as_ptr().add((r0 + r) * nb + b0));
-        *a = vfmaq_f32(*a, vcvtq_f32_s32(sums), vmulq_f32(wsc, xsc));
+    // SAFETY: with `SDOT` the CPU has dotprod; blocks `b0..b0 + 4` of row `o` are in the weight, its scales and
+    // rows `r0..r0 + R` of `x` (this function's contract).
+    unsafe {
+        let (k, nb) = (x.k, x.k / BLOCK);
+        let xq = x.quants.as_ptr();
+        let mut first = [vdupq_n_s32(0); R];
+        let (a0, a1) = w.halves(o, b0);
+        let (c0, c1) = w.halves(o, b0 + 1);
+        for (r, f) in first.iter_mut().enumerate() {
+            let xp = xq.add((r0 + r) * k + b0 * BLOCK);
+            let d0 = block_dot::<SDOT>(a0, a1, vld1q_s8(xp), vld1q_s8(xp.add(16)));
+            let d1 = block_dot::<SDOT>(c0, c1, vld1q_s8(xp.add(32)), vld1q_s8(xp.add(48)));
+            *f = vpaddq_s32(d0, d1);
+        }
+        let (a0, a1) = w.halves(o, b0 + 2);
+        let (c0, c1) = w.halves(o, b0 + 3);
+        let wsc = vld1q_f32(ws.as_ptr().add(o * nb + b0));
+        for (r, a) in acc.iter_mut().enumerate() {
+            let xp = xq.add((r0 + r) * k + b0 * BLOCK);
+            let d2 = block_dot::<SDOT>(a0, a1, vld1q_s8(xp.add(64)), vld1q_s8(xp.add(80)));
+            let d3 = block_dot::<SDOT>(c0, c1, vld1q_s8(xp.add(96)), vld1q_s8(xp.add(112)));
+            let sums = vpaddq_s32(first[r], vpaddq_s32(d2, d3));
+            let xsc = vld1q_f32(x.scales.as_ptr().add((r0 + r) * nb + b0));
+            *a = vfmaq_f32(*a, vcvtq_f32_s32(sums), vmulq_f32(wsc, xsc));
+        }
     }
 }
 
 /// Rows `r0..r0+R` against output rows `o0..o1` with SDOT (or the ARMv8.0 widening multiplies).
+///
+/// # Safety
+/// `x` must hold rows `r0..r0+R` of `x.k` values, `o0..o1` must be output rows of the weight (whose padded rows
+/// are `x.k` long), and with `SDOT` the CPU must have dotprod.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn int_rows<const R: usize, const SDOT: bool, W: IntWeights>(
@@ -245,25 +300,33 @@ unsafe fn int_rows<const R: usize, const SDOT: bool, W: IntWeights>(
     o1: usize,
     partial: &mut [f32],
 ) {
-    let nb = x.k / BLOCK;
-    for o in o0..o1 {
-        let mut acc = [vdupq_n_f32(0.0); R];
-        let mut b0 = 0;
-        while b0 + 4 <= nb {
-            int_group4::<R, SDOT, W>(w, ws, x, r0, o, b0, &mut acc);
-            b0 += 4;
-        }
-        if b0 < nb {
-            int_group::<R, SDOT, W>(w, ws, x, r0, o, b0, nb - b0, &mut acc);
-        }
-        for (r, a) in acc.iter().enumerate() {
-            partial[(r0 + r) * (o1 - o0) + (o - o0)] = sum4(*a);
+    // SAFETY: the groups of four end at `b0 + 4 ≤ nb` and the rest at `nb`, so every block is in the rows this
+    // function's contract gives.
+    unsafe {
+        let nb = x.k / BLOCK;
+        for o in o0..o1 {
+            let mut acc = [vdupq_n_f32(0.0); R];
+            let mut b0 = 0;
+            while b0 + 4 <= nb {
+                int_group4::<R, SDOT, W>(w, ws, x, r0, o, b0, &mut acc);
+                b0 += 4;
+            }
+            if b0 < nb {
+                int_group::<R, SDOT, W>(w, ws, x, r0, o, b0, nb - b0, &mut acc);
+            }
+            for (r, a) in acc.iter().enumerate() {
+                partial[(r0 + r) * (o1 - o0) + (o - o0)] = sum4(*a);
+            }
         }
     }
 }
 
 /// Block `b` of output rows `o` and `o2` against row pairs `p0..p0+P` with SMMLA: lanes
 /// `[r0·o, r0·o2, r1·o, r1·o2]`, into accumulator `slot` (the block mod 4) of each pair.
+///
+/// # Safety
+/// The CPU must have i8mm; `o`, `o2` must be output rows of the weight, `b < x.k / 32`, and `x.pairs` must hold
+/// row pairs `p0..p0+P`.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn smmla_block<const P: usize, W: IntWeights>(
@@ -277,33 +340,40 @@ unsafe fn smmla_block<const P: usize, W: IntWeights>(
     slot: usize,
     acc: &mut [[float32x4_t; 4]; P],
 ) {
-    let nb = x.k / BLOCK;
-    let (a0, a1) = w.halves(o, b);
-    let (c0, c1) = w.halves(o2, b);
-    let zip1 = |a: int8x16_t, c: int8x16_t| {
-        vreinterpretq_s8_s64(vzip1q_s64(vreinterpretq_s64_s8(a), vreinterpretq_s64_s8(c)))
-    };
-    let zip2 = |a: int8x16_t, c: int8x16_t| {
-        vreinterpretq_s8_s64(vzip2q_s64(vreinterpretq_s64_s8(a), vreinterpretq_s64_s8(c)))
-    };
-    // 8-value chunks of both output rows side by side: the 2×8 right operand.
-    let wm = [zip1(a0, c0), zip2(a0, c0), zip1(a1, c1), zip2(a1, c1)];
-    let pair = [ws[o * nb + b], ws[o2 * nb + b]];
-    let wsc = vcombine_f32(vld1_f32(pair.as_ptr()), vld1_f32(pair.as_ptr()));
-    for (p, a) in acc.iter_mut().enumerate() {
-        let at = (p0 + p) * nb + b;
-        let xp = x.pairs.as_ptr().add(at * 4 * 16);
-        let mut s = vdupq_n_s32(0);
-        for (c, m) in wm.iter().enumerate() {
-            s = smmla(s, vld1q_s8(xp.add(c * 16)), *m);
+    // SAFETY: the CPU has i8mm; rows `o`, `o2`, block `b` and pairs `p0..p0 + P` are in the weight and in `x`
+    // (this function's contract).
+    unsafe {
+        let nb = x.k / BLOCK;
+        let (a0, a1) = w.halves(o, b);
+        let (c0, c1) = w.halves(o2, b);
+        let zip1 = |a: int8x16_t, c: int8x16_t| {
+            vreinterpretq_s8_s64(vzip1q_s64(vreinterpretq_s64_s8(a), vreinterpretq_s64_s8(c)))
+        };
+        let zip2 = |a: int8x16_t, c: int8x16_t| {
+            vreinterpretq_s8_s64(vzip2q_s64(vreinterpretq_s64_s8(a), vreinterpretq_s64_s8(c)))
+        };
+        // 8-value chunks of both output rows side by side: the 2×8 right operand.
+        let wm = [zip1(a0, c0), zip2(a0, c0), zip1(a1, c1), zip2(a1, c1)];
+        let pair = [ws[o * nb + b], ws[o2 * nb + b]];
+        let wsc = vcombine_f32(vld1_f32(pair.as_ptr()), vld1_f32(pair.as_ptr()));
+        for (p, a) in acc.iter_mut().enumerate() {
+            let at = (p0 + p) * nb + b;
+            let xp = x.pairs.as_ptr().add(at * 4 * 16);
+            let mut s = vdupq_n_s32(0);
+            for (c, m) in wm.iter().enumerate() {
+                s = smmla(s, vld1q_s8(xp.add(c * 16)), *m);
+            }
+            let xsc = vld1q_f32(x.pair_scales.as_ptr().add(at * 4));
+            a[slot] = vfmaq_f32(a[slot], vcvtq_f32_s32(s), vmulq_f32(wsc, xsc));
         }
-        let xsc = vld1q_f32(x.pair_scales.as_ptr().add(at * 4));
-        a[slot] = vfmaq_f32(a[slot], vcvtq_f32_s32(s), vmulq_f32(wsc, xsc));
     }
 }
 
 /// Row pairs `p0..p0+P` against output rows `o` and `o2` (`o2 == o` for a last odd row): per pair the four
 /// sums `[r0·o, r0·o2, r1·o, r1·o2]`, block `b` accumulated in slot `b mod 4`.
+///
+/// # Safety
+/// As [`smmla_block`] for every block of rows `o` and `o2`.
 #[inline(always)]
 unsafe fn smmla_pairs<const P: usize, W: IntWeights>(
     w: &W,
@@ -313,25 +383,31 @@ unsafe fn smmla_pairs<const P: usize, W: IntWeights>(
     o: usize,
     o2: usize,
 ) -> [float32x4_t; P] {
-    let nb = x.k / BLOCK;
-    let mut acc = [[vdupq_n_f32(0.0); 4]; P];
-    let mut b = 0;
-    while b + 4 <= nb {
-        // Unrolled by hand so that each slot is a register.
-        smmla_block::<P, W>(w, ws, x, p0, o, o2, b, 0, &mut acc);
-        smmla_block::<P, W>(w, ws, x, p0, o, o2, b + 1, 1, &mut acc);
-        smmla_block::<P, W>(w, ws, x, p0, o, o2, b + 2, 2, &mut acc);
-        smmla_block::<P, W>(w, ws, x, p0, o, o2, b + 3, 3, &mut acc);
-        b += 4;
+    // SAFETY: every `b` passed on is below `nb` (this function's contract covers the rest).
+    unsafe {
+        let nb = x.k / BLOCK;
+        let mut acc = [[vdupq_n_f32(0.0); 4]; P];
+        let mut b = 0;
+        while b + 4 <= nb {
+            // Unrolled by hand so that each slot is a register.
+            smmla_block::<P, W>(w, ws, x, p0, o, o2, b, 0, &mut acc);
+            smmla_block::<P, W>(w, ws, x, p0, o, o2, b + 1, 1, &mut acc);
+            smmla_block::<P, W>(w, ws, x, p0, o, o2, b + 2, 2, &mut acc);
+            smmla_block::<P, W>(w, ws, x, p0, o, o2, b + 3, 3, &mut acc);
+            b += 4;
+        }
+        while b < nb {
+            smmla_block::<P, W>(w, ws, x, p0, o, o2, b, b % 4, &mut acc);
+            b += 1;
+        }
+        acc.map(|a| vaddq_f32(vaddq_f32(a[0], a[1]), vaddq_f32(a[2], a[3])))
     }
-    while b < nb {
-        smmla_block::<P, W>(w, ws, x, p0, o, o2, b, b % 4, &mut acc);
-        b += 1;
-    }
-    acc.map(|a| vaddq_f32(vaddq_f32(a[0], a[1]), vaddq_f32(a[2], a[3])))
 }
 
 /// Rows `r0..r0+R` (r0 even, R ≥ 2) against output rows `o0..o1` with SMMLA.
+///
+/// # Safety
+/// The CPU must have i8mm; `x.pairs` must hold rows `r0..r0+R`, `o0..o1` must be output rows of the weight.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn smmla_rows<const R: usize, const P: usize, W: IntWeights>(
@@ -343,25 +419,28 @@ unsafe fn smmla_rows<const R: usize, const P: usize, W: IntWeights>(
     o1: usize,
     partial: &mut [f32],
 ) {
-    let width = o1 - o0;
-    let mut o = o0;
-    while o < o1 {
-        let o2 = (o + 1).min(o1 - 1);
-        let sums = smmla_pairs::<P, W>(w, ws, x, r0 / 2, o, o2);
-        for (p, s) in sums.iter().enumerate() {
-            let mut lanes = [0.0f32; 4];
-            vst1q_f32(lanes.as_mut_ptr(), *s);
-            for half in 0..2 {
-                let r = 2 * p + half;
-                if r < R {
-                    partial[(r0 + r) * width + (o - o0)] = lanes[2 * half];
-                    if o2 != o {
-                        partial[(r0 + r) * width + (o2 - o0)] = lanes[2 * half + 1];
+    // SAFETY: `o` and `o2` stay in `o0..o1` and the pairs cover rows `r0..r0 + R` (this function's contract).
+    unsafe {
+        let width = o1 - o0;
+        let mut o = o0;
+        while o < o1 {
+            let o2 = (o + 1).min(o1 - 1);
+            let sums = smmla_pairs::<P, W>(w, ws, x, r0 / 2, o, o2);
+            for (p, s) in sums.iter().enumerate() {
+                let mut lanes = [0.0f32; 4];
+                vst1q_f32(lanes.as_mut_ptr(), *s);
+                for half in 0..2 {
+                    let r = 2 * p + half;
+                    if r < R {
+                        partial[(r0 + r) * width + (o - o0)] = lanes[2 * half];
+                        if o2 != o {
+                            partial[(r0 + r) * width + (o2 - o0)] = lanes[2 * half + 1];
+                        }
                     }
                 }
             }
+            o += 2;
         }
-        o += 2;
     }
 }
 
@@ -392,6 +471,8 @@ macro_rules! int_rows_match {
     };
 }
 
+/// # Safety
+/// The CPU must have this function's features; the sizes must pass `dot_int8`'s asserts.
 #[target_feature(enable = "neon")]
 unsafe fn int_neon<W: IntWeights>(
     w: &W,
@@ -401,14 +482,20 @@ unsafe fn int_neon<W: IntWeights>(
     o1: usize,
     partial: &mut [f32],
 ) {
-    by_rows!(
-        x.rows,
-        r,
-        n,
-        int_rows_match!(false, w, ws, x, r, n, o0, o1, partial)
-    );
+    // SAFETY: this function's features are enabled; rows `r..r + n` are within `x.rows`, and the outputs and
+    // sizes are this function's contract.
+    unsafe {
+        by_rows!(
+            x.rows,
+            r,
+            n,
+            int_rows_match!(false, w, ws, x, r, n, o0, o1, partial)
+        );
+    }
 }
 
+/// # Safety
+/// The CPU must have this function's features; the sizes must pass `dot_int8`'s asserts.
 #[target_feature(enable = "neon,dotprod")]
 unsafe fn int_dotprod<W: IntWeights>(
     w: &W,
@@ -418,14 +505,20 @@ unsafe fn int_dotprod<W: IntWeights>(
     o1: usize,
     partial: &mut [f32],
 ) {
-    by_rows!(
-        x.rows,
-        r,
-        n,
-        int_rows_match!(true, w, ws, x, r, n, o0, o1, partial)
-    );
+    // SAFETY: this function's features are enabled; rows `r..r + n` are within `x.rows`, and the outputs and
+    // sizes are this function's contract.
+    unsafe {
+        by_rows!(
+            x.rows,
+            r,
+            n,
+            int_rows_match!(true, w, ws, x, r, n, o0, o1, partial)
+        );
+    }
 }
 
+/// # Safety
+/// The CPU must have this function's features; the sizes must pass `dot_int8`'s asserts.
 #[target_feature(enable = "neon,dotprod,i8mm")]
 unsafe fn int_i8mm<W: IntWeights>(
     w: &W,
@@ -435,21 +528,25 @@ unsafe fn int_i8mm<W: IntWeights>(
     o1: usize,
     partial: &mut [f32],
 ) {
-    by_rows!(
-        x.rows,
-        r,
-        n,
-        match n {
-            8 => smmla_rows::<8, 4, W>(w, ws, x, r, o0, o1, partial),
-            7 => smmla_rows::<7, 4, W>(w, ws, x, r, o0, o1, partial),
-            6 => smmla_rows::<6, 3, W>(w, ws, x, r, o0, o1, partial),
-            5 => smmla_rows::<5, 3, W>(w, ws, x, r, o0, o1, partial),
-            4 => smmla_rows::<4, 2, W>(w, ws, x, r, o0, o1, partial),
-            3 => smmla_rows::<3, 2, W>(w, ws, x, r, o0, o1, partial),
-            2 => smmla_rows::<2, 1, W>(w, ws, x, r, o0, o1, partial),
-            _ => int_rows::<1, true, W>(w, ws, x, r, o0, o1, partial),
-        }
-    );
+    // SAFETY: this function's features are enabled; rows `r..r + n` are within `x.rows`, and the outputs and
+    // sizes are this function's contract.
+    unsafe {
+        by_rows!(
+            x.rows,
+            r,
+            n,
+            match n {
+                8 => smmla_rows::<8, 4, W>(w, ws, x, r, o0, o1, partial),
+                7 => smmla_rows::<7, 4, W>(w, ws, x, r, o0, o1, partial),
+                6 => smmla_rows::<6, 3, W>(w, ws, x, r, o0, o1, partial),
+                5 => smmla_rows::<5, 3, W>(w, ws, x, r, o0, o1, partial),
+                4 => smmla_rows::<4, 2, W>(w, ws, x, r, o0, o1, partial),
+                3 => smmla_rows::<3, 2, W>(w, ws, x, r, o0, o1, partial),
+                2 => smmla_rows::<2, 1, W>(w, ws, x, r, o0, o1, partial),
+                _ => int_rows::<1, true, W>(w, ws, x, r, o0, o1, partial),
+            }
+        );
+    }
 }
 
 /// `partial[r][o − o0] = Σ_b (w·x)_b · d_w · d_x` for Q8_0/Q4_0 `w`, with `kernel` (which this CPU must have;
@@ -491,6 +588,8 @@ pub(crate) fn dot_int8(
 
 /// Eight consecutive weights of output row `o` from element `i` (a multiple of 8), widened to f32.
 trait FloatWeights {
+    /// # Safety
+    /// `o` must be an output row of the weight the pointer was taken from and `i + 8 ≤` its padded row length.
     unsafe fn load8(&self, o: usize, i: usize) -> (float32x4_t, float32x4_t);
 }
 
@@ -503,66 +602,90 @@ struct Q4F<'a>(*const u8, &'a [f32], usize);
 impl FloatWeights for F32W {
     #[inline(always)]
     unsafe fn load8(&self, o: usize, i: usize) -> (float32x4_t, float32x4_t) {
-        let p = self.0.add(o * self.1 + i);
-        (vld1q_f32(p), vld1q_f32(p.add(4)))
+        // SAFETY: row `o`'s elements `i..i + 8` are inside the `out × k` weights (`load8`'s contract); NEON is
+        // part of the aarch64 baseline.
+        unsafe {
+            let p = self.0.add(o * self.1 + i);
+            (vld1q_f32(p), vld1q_f32(p.add(4)))
+        }
     }
 }
 
 impl FloatWeights for Bf16W {
     #[inline(always)]
     unsafe fn load8(&self, o: usize, i: usize) -> (float32x4_t, float32x4_t) {
-        let v = vld1q_u16(self.0.add(o * self.1 + i));
-        (
-            vreinterpretq_f32_u32(vshll_n_u16::<16>(vget_low_u16(v))),
-            vreinterpretq_f32_u32(vshll_high_n_u16::<16>(v)),
-        )
+        // SAFETY: row `o`'s elements `i..i + 8` are inside the `out × k` weights (`load8`'s contract); NEON is
+        // part of the aarch64 baseline.
+        unsafe {
+            let v = vld1q_u16(self.0.add(o * self.1 + i));
+            (
+                vreinterpretq_f32_u32(vshll_n_u16::<16>(vget_low_u16(v))),
+                vreinterpretq_f32_u32(vshll_high_n_u16::<16>(v)),
+            )
+        }
     }
 }
 
 impl FloatWeights for F16W {
     #[inline(always)]
     unsafe fn load8(&self, o: usize, i: usize) -> (float32x4_t, float32x4_t) {
-        let v = vld1q_u16(self.0.add(o * self.1 + i));
-        // SAFETY: same size; the bits are IEEE halves.
-        let lo: float16x4_t = std::mem::transmute(vget_low_u16(v));
-        (
-            vcvt_f32_f16(lo),
-            vcvt_high_f32_f16(std::mem::transmute::<uint16x8_t, float16x8_t>(v)),
-        )
+        // SAFETY: row `o`'s elements `i..i + 8` are inside the `out × k` weights (`load8`'s contract); NEON is
+        // part of the aarch64 baseline.
+        unsafe {
+            let v = vld1q_u16(self.0.add(o * self.1 + i));
+            // SAFETY: same size; the bits are IEEE halves.
+            let lo: float16x4_t = std::mem::transmute(vget_low_u16(v));
+            (
+                vcvt_f32_f16(lo),
+                vcvt_high_f32_f16(std::mem::transmute::<uint16x8_t, float16x8_t>(v)),
+            )
+        }
     }
 }
 
 impl FloatWeights for Q8F<'_> {
     #[inline(always)]
     unsafe fn load8(&self, o: usize, i: usize) -> (float32x4_t, float32x4_t) {
-        let s = vdupq_n_f32(self.1[(o * self.2 + i) / BLOCK]);
-        let q = vmovl_s8(vld1_s8(self.0.add(o * self.2 + i)));
-        let lo = vcvtq_f32_s32(vmovl_s16(vget_low_s16(q)));
-        let hi = vcvtq_f32_s32(vmovl_high_s16(q));
-        (vmulq_f32(lo, s), vmulq_f32(hi, s))
+        // SAFETY: row `o`'s elements `i..i + 8` are inside the `out × k` weights (`load8`'s contract); NEON is
+        // part of the aarch64 baseline.
+        unsafe {
+            let s = vdupq_n_f32(self.1[(o * self.2 + i) / BLOCK]);
+            let q = vmovl_s8(vld1_s8(self.0.add(o * self.2 + i)));
+            let lo = vcvtq_f32_s32(vmovl_s16(vget_low_s16(q)));
+            let hi = vcvtq_f32_s32(vmovl_high_s16(q));
+            (vmulq_f32(lo, s), vmulq_f32(hi, s))
+        }
     }
 }
 
 impl FloatWeights for Q4F<'_> {
     #[inline(always)]
     unsafe fn load8(&self, o: usize, i: usize) -> (float32x4_t, float32x4_t) {
-        let (b, j) = ((o * self.2 + i) / BLOCK, i % BLOCK);
-        let s = vdupq_n_f32(self.1[b]);
-        let bytes = vld1_u8(self.0.add(b * BLOCK / 2 + j % 16));
-        let nib = if j < 16 {
-            vand_u8(bytes, vdup_n_u8(0x0f))
-        } else {
-            vshr_n_u8::<4>(bytes)
-        };
-        let q = vsubq_s16(vreinterpretq_s16_u16(vmovl_u8(nib)), vdupq_n_s16(8));
-        let lo = vcvtq_f32_s32(vmovl_s16(vget_low_s16(q)));
-        let hi = vcvtq_f32_s32(vmovl_high_s16(q));
-        (vmulq_f32(lo, s), vmulq_f32(hi, s))
+        // SAFETY: `i` is a multiple of 8, so the 8 bytes at `j % 16` lie in block `b`'s 16 bytes, which are in the
+        // weights (`load8`'s contract); NEON is part of the aarch64 baseline.
+        unsafe {
+            let (b, j) = ((o * self.2 + i) / BLOCK, i % BLOCK);
+            let s = vdupq_n_f32(self.1[b]);
+            let bytes = vld1_u8(self.0.add(b * BLOCK / 2 + j % 16));
+            let nib = if j < 16 {
+                vand_u8(bytes, vdup_n_u8(0x0f))
+            } else {
+                vshr_n_u8::<4>(bytes)
+            };
+            let q = vsubq_s16(vreinterpretq_s16_u16(vmovl_u8(nib)), vdupq_n_s16(8));
+            let lo = vcvtq_f32_s32(vmovl_s16(vget_low_s16(q)));
+            let hi = vcvtq_f32_s32(vmovl_high_s16(q));
+            (vmulq_f32(lo, s), vmulq_f32(hi, s))
+        }
     }
 }
 
 /// Rows `r0..r0+R` against output row `o`: each weight block is widened once for the `R` rows, two
 /// accumulators per row.
+///
+/// # Safety
+/// `o` must be an output row of the weight, whose padded rows are `k` (a multiple of 8) long, and `x` must hold
+/// rows `r0..r0+R` of `k` values.
 #[inline(always)]
 unsafe fn float_row<const R: usize, W: FloatWeights>(
     w: &W,
@@ -571,18 +694,24 @@ unsafe fn float_row<const R: usize, W: FloatWeights>(
     r0: usize,
     o: usize,
 ) -> [f32; R] {
-    let mut acc = [[vdupq_n_f32(0.0); 2]; R];
-    for i in (0..k).step_by(8) {
-        let (w0, w1) = w.load8(o, i);
-        for (r, a) in acc.iter_mut().enumerate() {
-            let xp = x.as_ptr().add((r0 + r) * k + i);
-            a[0] = vfmaq_f32(a[0], w0, vld1q_f32(xp));
-            a[1] = vfmaq_f32(a[1], w1, vld1q_f32(xp.add(4)));
+    // SAFETY: `i + 8 ≤ k`, so the weight loads stay in row `o` and the activation loads in rows `r0..r0 + R`
+    // (this function's contract).
+    unsafe {
+        let mut acc = [[vdupq_n_f32(0.0); 2]; R];
+        for i in (0..k).step_by(8) {
+            let (w0, w1) = w.load8(o, i);
+            for (r, a) in acc.iter_mut().enumerate() {
+                let xp = x.as_ptr().add((r0 + r) * k + i);
+                a[0] = vfmaq_f32(a[0], w0, vld1q_f32(xp));
+                a[1] = vfmaq_f32(a[1], w1, vld1q_f32(xp.add(4)));
+            }
         }
+        acc.map(|a| vaddvq_f32(vaddq_f32(a[0], a[1])))
     }
-    acc.map(|a| vaddvq_f32(vaddq_f32(a[0], a[1])))
 }
 
+/// # Safety
+/// As [`float_row`] for every output row `o0..o1`.
 #[inline(always)]
 unsafe fn float_rows<const R: usize, W: FloatWeights>(
     w: &W,
@@ -593,13 +722,19 @@ unsafe fn float_rows<const R: usize, W: FloatWeights>(
     o1: usize,
     partial: &mut [f32],
 ) {
-    for o in o0..o1 {
-        for (r, v) in float_row::<R, W>(w, x, k, r0, o).iter().enumerate() {
-            partial[(r0 + r) * (o1 - o0) + (o - o0)] = *v;
+    // SAFETY: every `o` is in `o0..o1` (this function's contract).
+    unsafe {
+        for o in o0..o1 {
+            for (r, v) in float_row::<R, W>(w, x, k, r0, o).iter().enumerate() {
+                partial[(r0 + r) * (o1 - o0) + (o - o0)] = *v;
+            }
         }
     }
 }
 
+/// # Safety
+/// `x` must hold `rows` rows of `k` values (the weight's padded row length), `o0..o1` must be output rows of the
+/// weight, and `partial` must hold `rows × (o1 − o0)` values.
 #[target_feature(enable = "neon")]
 unsafe fn float_all<W: FloatWeights>(
     w: &W,
@@ -610,21 +745,25 @@ unsafe fn float_all<W: FloatWeights>(
     o1: usize,
     partial: &mut [f32],
 ) {
-    by_rows!(
-        rows,
-        r,
-        n,
-        match n {
-            8 => float_rows::<8, W>(w, x, k, r, o0, o1, partial),
-            7 => float_rows::<7, W>(w, x, k, r, o0, o1, partial),
-            6 => float_rows::<6, W>(w, x, k, r, o0, o1, partial),
-            5 => float_rows::<5, W>(w, x, k, r, o0, o1, partial),
-            4 => float_rows::<4, W>(w, x, k, r, o0, o1, partial),
-            3 => float_rows::<3, W>(w, x, k, r, o0, o1, partial),
-            2 => float_rows::<2, W>(w, x, k, r, o0, o1, partial),
-            _ => float_rows::<1, W>(w, x, k, r, o0, o1, partial),
-        }
-    );
+    // SAFETY: NEON is enabled; rows `r..r + n` are within `rows`, and the outputs and sizes are this function's
+    // contract.
+    unsafe {
+        by_rows!(
+            rows,
+            r,
+            n,
+            match n {
+                8 => float_rows::<8, W>(w, x, k, r, o0, o1, partial),
+                7 => float_rows::<7, W>(w, x, k, r, o0, o1, partial),
+                6 => float_rows::<6, W>(w, x, k, r, o0, o1, partial),
+                5 => float_rows::<5, W>(w, x, k, r, o0, o1, partial),
+                4 => float_rows::<4, W>(w, x, k, r, o0, o1, partial),
+                3 => float_rows::<3, W>(w, x, k, r, o0, o1, partial),
+                2 => float_rows::<2, W>(w, x, k, r, o0, o1, partial),
+                _ => float_rows::<1, W>(w, x, k, r, o0, o1, partial),
+            }
+        );
+    }
 }
 
 /// `partial[r][o − o0] = Σ_i x[r][i] · w[o][i]` on f32 activations, any format.

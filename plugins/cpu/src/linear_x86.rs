@@ -8,6 +8,9 @@ use super::linear::{LinearWeight, Storage, BLOCK};
 
 /// Widens 16 consecutive weights starting at element `i` of output row `o` to f32 (AVX-512).
 trait Lanes16 {
+    /// # Safety
+    /// AVX-512F/BW and F16C must be enabled in the caller (these kernels run only inside [`dot_avx512`]);
+    /// `o` must be an output row of the weight and `i + 16 ≤` its padded row length, `i` a multiple of 16.
     unsafe fn load16(&self, o: usize, i: usize, scale: __m512) -> __m512;
     fn scale(&self, o: usize, b: usize) -> f32;
 }
@@ -21,7 +24,9 @@ struct Q4<'a>(&'a [f32], &'a [u8], usize);
 impl Lanes16 for F32<'_> {
     #[inline(always)]
     unsafe fn load16(&self, o: usize, i: usize, _: __m512) -> __m512 {
-        _mm512_loadu_ps(self.0.as_ptr().add(o * self.1 + i))
+        // SAFETY: the caller runs with AVX-512 enabled and `o`, `i` in range (`load16`'s contract), so the 16
+        // weights read are inside the row.
+        unsafe { _mm512_loadu_ps(self.0.as_ptr().add(o * self.1 + i)) }
     }
     fn scale(&self, _: usize, _: usize) -> f32 {
         1.0
@@ -31,10 +36,14 @@ impl Lanes16 for F32<'_> {
 impl Lanes16 for Bf16<'_> {
     #[inline(always)]
     unsafe fn load16(&self, o: usize, i: usize, _: __m512) -> __m512 {
-        let p = self.0.as_ptr().add(o * self.1 + i) as *const __m256i;
-        _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(
-            _mm256_loadu_si256(p),
-        )))
+        // SAFETY: the caller runs with AVX-512 enabled and `o`, `i` in range (`load16`'s contract), so the 16
+        // weights read are inside the row.
+        unsafe {
+            let p = self.0.as_ptr().add(o * self.1 + i) as *const __m256i;
+            _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(
+                _mm256_loadu_si256(p),
+            )))
+        }
     }
     fn scale(&self, _: usize, _: usize) -> f32 {
         1.0
@@ -44,8 +53,12 @@ impl Lanes16 for Bf16<'_> {
 impl Lanes16 for F16<'_> {
     #[inline(always)]
     unsafe fn load16(&self, o: usize, i: usize, _: __m512) -> __m512 {
-        let p = self.0.as_ptr().add(o * self.1 + i) as *const __m256i;
-        _mm512_cvtph_ps(_mm256_loadu_si256(p))
+        // SAFETY: the caller runs with AVX-512 enabled and `o`, `i` in range (`load16`'s contract), so the 16
+        // weights read are inside the row.
+        unsafe {
+            let p = self.0.as_ptr().add(o * self.1 + i) as *const __m256i;
+            _mm512_cvtph_ps(_mm256_loadu_si256(p))
+        }
     }
     fn scale(&self, _: usize, _: usize) -> f32 {
         1.0
@@ -55,11 +68,15 @@ impl Lanes16 for F16<'_> {
 impl Lanes16 for Q8<'_> {
     #[inline(always)]
     unsafe fn load16(&self, o: usize, i: usize, scale: __m512) -> __m512 {
-        let p = self.1.as_ptr().add(o * self.2 + i) as *const __m128i;
-        _mm512_mul_ps(
-            _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(p))),
-            scale,
-        )
+        // SAFETY: the caller runs with AVX-512 enabled and `o`, `i` in range (`load16`'s contract), so the 16
+        // weights read are inside the row.
+        unsafe {
+            let p = self.1.as_ptr().add(o * self.2 + i) as *const __m128i;
+            _mm512_mul_ps(
+                _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(p))),
+                scale,
+            )
+        }
     }
     #[inline(always)]
     fn scale(&self, o: usize, b: usize) -> f32 {
@@ -72,15 +89,19 @@ impl Lanes16 for Q4<'_> {
     #[inline(always)]
     unsafe fn load16(&self, o: usize, i: usize, scale: __m512) -> __m512 {
         let block_start = i - i % BLOCK;
-        let p = self.1.as_ptr().add((o * self.2 + block_start) / 2) as *const __m128i;
-        let bytes = _mm_loadu_si128(p);
-        let nibbles = if i.is_multiple_of(BLOCK) {
-            _mm_and_si128(bytes, _mm_set1_epi8(0x0f))
-        } else {
-            _mm_and_si128(_mm_srli_epi16::<4>(bytes), _mm_set1_epi8(0x0f))
-        };
-        let centred = _mm512_sub_epi32(_mm512_cvtepu8_epi32(nibbles), _mm512_set1_epi32(8));
-        _mm512_mul_ps(_mm512_cvtepi32_ps(centred), scale)
+        // SAFETY: the caller runs with AVX-512 enabled and `o`, `i` in range (`load16`'s contract), so the 16
+        // bytes of the block read are inside the row.
+        unsafe {
+            let p = self.1.as_ptr().add((o * self.2 + block_start) / 2) as *const __m128i;
+            let bytes = _mm_loadu_si128(p);
+            let nibbles = if i.is_multiple_of(BLOCK) {
+                _mm_and_si128(bytes, _mm_set1_epi8(0x0f))
+            } else {
+                _mm_and_si128(_mm_srli_epi16::<4>(bytes), _mm_set1_epi8(0x0f))
+            };
+            let centred = _mm512_sub_epi32(_mm512_cvtepu8_epi32(nibbles), _mm512_set1_epi32(8));
+            _mm512_mul_ps(_mm512_cvtepi32_ps(centred), scale)
+        }
     }
     #[inline(always)]
     fn scale(&self, o: usize, b: usize) -> f32 {
@@ -91,6 +112,10 @@ impl Lanes16 for Q4<'_> {
 /// Rows `r0..r0+R` against output row `o`: each weight block is decoded once for the `R` rows; two
 /// accumulators per row keep the FMAs independent. (Several output rows at once — more weight streams in
 /// flight — measured 2× slower here.)
+///
+/// # Safety
+/// As [`Lanes16::load16`] for every block of row `o`; `x` must hold rows `r0..r0+R` of `k` values, `k` the
+/// weight's padded row length (a multiple of [`BLOCK`]).
 #[inline(always)]
 unsafe fn dot_row<const R: usize, L: Lanes16>(
     l: &L,
@@ -99,24 +124,30 @@ unsafe fn dot_row<const R: usize, L: Lanes16>(
     r0: usize,
     o: usize,
 ) -> [f32; R] {
-    let mut acc = [[_mm512_setzero_ps(); 2]; R];
-    for b in 0..k / BLOCK {
-        let scale = _mm512_set1_ps(l.scale(o, b));
-        let w0 = l.load16(o, b * BLOCK, scale);
-        let w1 = l.load16(o, b * BLOCK + 16, scale);
-        for (r, a) in acc.iter_mut().enumerate() {
-            let xp = x.as_ptr().add((r0 + r) * k + b * BLOCK);
-            a[0] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xp), a[0]);
-            a[1] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xp.add(16)), a[1]);
+    // SAFETY: AVX-512 is enabled in the caller (this function's contract); `b * BLOCK + 32 ≤ k`, so the weight
+    // loads stay in row `o` and the activation loads in row `r0 + r`, which `x` holds.
+    unsafe {
+        let mut acc = [[_mm512_setzero_ps(); 2]; R];
+        for b in 0..k / BLOCK {
+            let scale = _mm512_set1_ps(l.scale(o, b));
+            let w0 = l.load16(o, b * BLOCK, scale);
+            let w1 = l.load16(o, b * BLOCK + 16, scale);
+            for (r, a) in acc.iter_mut().enumerate() {
+                let xp = x.as_ptr().add((r0 + r) * k + b * BLOCK);
+                a[0] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xp), a[0]);
+                a[1] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xp.add(16)), a[1]);
+            }
         }
+        let mut out = [0.0; R];
+        for (o, a) in out.iter_mut().zip(&acc) {
+            *o = _mm512_reduce_add_ps(_mm512_add_ps(a[0], a[1]));
+        }
+        out
     }
-    let mut out = [0.0; R];
-    for (o, a) in out.iter_mut().zip(&acc) {
-        *o = _mm512_reduce_add_ps(_mm512_add_ps(a[0], a[1]));
-    }
-    out
 }
 
+/// # Safety
+/// As [`dot_row`] for every output row `o0..o1`.
 #[inline(always)]
 unsafe fn group<const R: usize, L: Lanes16>(
     l: &L,
@@ -129,13 +160,16 @@ unsafe fn group<const R: usize, L: Lanes16>(
 ) {
     let width = o1 - o0;
     for o in o0..o1 {
-        let sums = dot_row::<R, L>(l, x, k, r0, o);
+        // SAFETY: `o` is in `o0..o1` (this function's contract).
+        let sums = unsafe { dot_row::<R, L>(l, x, k, r0, o) };
         for (r, v) in sums.iter().enumerate() {
             partial[(r0 + r) * width + (o - o0)] = *v;
         }
     }
 }
 
+/// # Safety
+/// As [`dot_row`] for every output row `o0..o1`, with `x` holding `rows` rows.
 #[inline(always)]
 unsafe fn rows<L: Lanes16>(
     l: &L,
@@ -149,15 +183,18 @@ unsafe fn rows<L: Lanes16>(
     let mut r = 0;
     while r < rows {
         let n = (rows - r).min(8);
-        match n {
-            8 => group::<8, L>(l, x, k, r, o0, o1, partial),
-            7 => group::<7, L>(l, x, k, r, o0, o1, partial),
-            6 => group::<6, L>(l, x, k, r, o0, o1, partial),
-            5 => group::<5, L>(l, x, k, r, o0, o1, partial),
-            4 => group::<4, L>(l, x, k, r, o0, o1, partial),
-            3 => group::<3, L>(l, x, k, r, o0, o1, partial),
-            2 => group::<2, L>(l, x, k, r, o0, o1, partial),
-            _ => group::<1, L>(l, x, k, r, o0, o1, partial),
+        // SAFETY: rows `r..r + n` are within the `rows` rows `x` holds (this function's contract).
+        unsafe {
+            match n {
+                8 => group::<8, L>(l, x, k, r, o0, o1, partial),
+                7 => group::<7, L>(l, x, k, r, o0, o1, partial),
+                6 => group::<6, L>(l, x, k, r, o0, o1, partial),
+                5 => group::<5, L>(l, x, k, r, o0, o1, partial),
+                4 => group::<4, L>(l, x, k, r, o0, o1, partial),
+                3 => group::<3, L>(l, x, k, r, o0, o1, partial),
+                2 => group::<2, L>(l, x, k, r, o0, o1, partial),
+                _ => group::<1, L>(l, x, k, r, o0, o1, partial),
+            }
         }
         r += n;
     }
@@ -179,14 +216,20 @@ pub unsafe fn dot_avx512(
     let k = w.padded_in;
     assert!(x.len() >= n * k && partial.len() >= n * (o1 - o0));
     assert!(o1 <= w.out_features);
-    match &w.storage {
-        Storage::BF16(d) => rows(&Bf16(d, k), x, k, n, o0, o1, partial),
-        Storage::F16(d) => rows(&F16(d, k), x, k, n, o0, o1, partial),
-        Storage::Q8_0 { scales, quants } => rows(&Q8(scales, quants, k), x, k, n, o0, o1, partial),
-        Storage::Q4_0 { scales, nibbles } => {
-            rows(&Q4(scales, nibbles, k), x, k, n, o0, o1, partial)
+    // SAFETY: the features are enabled here (the caller detected them); the asserts above and the storage's
+    // `out_features × padded_in` layout keep every row and block index in range.
+    unsafe {
+        match &w.storage {
+            Storage::BF16(d) => rows(&Bf16(d, k), x, k, n, o0, o1, partial),
+            Storage::F16(d) => rows(&F16(d, k), x, k, n, o0, o1, partial),
+            Storage::Q8_0 { scales, quants } => {
+                rows(&Q8(scales, quants, k), x, k, n, o0, o1, partial)
+            }
+            Storage::Q4_0 { scales, nibbles } => {
+                rows(&Q4(scales, nibbles, k), x, k, n, o0, o1, partial)
+            }
+            Storage::F32(d) => rows(&F32(d, k), x, k, n, o0, o1, partial),
         }
-        Storage::F32(d) => rows(&F32(d, k), x, k, n, o0, o1, partial),
     }
 }
 
@@ -280,20 +323,26 @@ pub unsafe fn dot_q4_vnni(
     let mut r0 = 0;
     while r0 < n {
         let rows = (n - r0).min(8);
-        match rows {
-            8 => q4_vnni_rows::<8>(nibbles, scales, k, x, r0, o0, o1, partial),
-            7 => q4_vnni_rows::<7>(nibbles, scales, k, x, r0, o0, o1, partial),
-            6 => q4_vnni_rows::<6>(nibbles, scales, k, x, r0, o0, o1, partial),
-            5 => q4_vnni_rows::<5>(nibbles, scales, k, x, r0, o0, o1, partial),
-            4 => q4_vnni_rows::<4>(nibbles, scales, k, x, r0, o0, o1, partial),
-            3 => q4_vnni_rows::<3>(nibbles, scales, k, x, r0, o0, o1, partial),
-            2 => q4_vnni_rows::<2>(nibbles, scales, k, x, r0, o0, o1, partial),
-            _ => q4_vnni_rows::<1>(nibbles, scales, k, x, r0, o0, o1, partial),
+        // SAFETY: this function's features are enabled here too; the asserts above keep rows `r0..r0 + rows` and
+        // outputs `o0..o1` in range.
+        unsafe {
+            match rows {
+                8 => q4_vnni_rows::<8>(nibbles, scales, k, x, r0, o0, o1, partial),
+                7 => q4_vnni_rows::<7>(nibbles, scales, k, x, r0, o0, o1, partial),
+                6 => q4_vnni_rows::<6>(nibbles, scales, k, x, r0, o0, o1, partial),
+                5 => q4_vnni_rows::<5>(nibbles, scales, k, x, r0, o0, o1, partial),
+                4 => q4_vnni_rows::<4>(nibbles, scales, k, x, r0, o0, o1, partial),
+                3 => q4_vnni_rows::<3>(nibbles, scales, k, x, r0, o0, o1, partial),
+                2 => q4_vnni_rows::<2>(nibbles, scales, k, x, r0, o0, o1, partial),
+                _ => q4_vnni_rows::<1>(nibbles, scales, k, x, r0, o0, o1, partial),
+            }
         }
         r0 += rows;
     }
 }
 
+/// # Safety
+/// As [`dot_q4_vnni`], with rows `r0..r0+R` and outputs `o0..o1` within what its asserts checked.
 #[inline]
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma")]
@@ -313,29 +362,43 @@ unsafe fn q4_vnni_rows<const R: usize>(
     let mask = _mm256_set1_epi8(0x0f);
     for o in o0..o1 {
         let mut acc = [_mm512_setzero_ps(); R];
-        let wrow = nibbles.as_ptr().add(o * k / 2);
+        // SAFETY: `o < out_features`; a Q4_0 row is `k / 2` bytes.
+        let wrow = unsafe { nibbles.as_ptr().add(o * k / 2) };
         for c in 0..chunks {
-            let v = _mm256_loadu_si256(wrow.add(c * BLOCK) as *const __m256i);
+            // SAFETY: chunk `c` is the 32 bytes at `c · 32` of the row's `k / 2`.
+            let v = unsafe { _mm256_loadu_si256(wrow.add(c * BLOCK) as *const __m256i) };
             let lo = _mm256_and_si256(v, mask);
             let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), mask);
             // Block 2c: low nibbles are its elements 0–15, high nibbles 16–31; likewise block 2c+1.
             let first = _mm256_permute2x128_si256::<0x20>(lo, hi);
             let second = _mm256_permute2x128_si256::<0x31>(lo, hi);
             let wv = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(first), second);
-            let s0 = *scales.get_unchecked(o * blocks + 2 * c);
-            let s1 = *scales.get_unchecked(o * blocks + 2 * c + 1);
+            // SAFETY: `o < out_features` and `2c + 1 < blocks`: in the `out_features × blocks` scales.
+            let (s0, s1) = unsafe {
+                (
+                    *scales.get_unchecked(o * blocks + 2 * c),
+                    *scales.get_unchecked(o * blocks + 2 * c + 1),
+                )
+            };
             let sw = _mm512_insertf32x8::<1>(
                 _mm512_castps256_ps512(_mm256_set1_ps(s0)),
                 _mm256_set1_ps(s1),
             );
             for (r, a) in acc.iter_mut().enumerate() {
                 let row = r0 + r;
-                let xq =
-                    _mm512_loadu_si512(x.quants.as_ptr().add(row * k + c * 2 * BLOCK) as *const _);
                 let lane = (row * chunks + c) * 16;
+                // SAFETY: `row < n`, the rows `x` holds: its quants are `[row][k]`, its corrections and scales
+                // `[row][chunks][16]`, so each 64-byte load is inside them.
+                let (xq, corr, sx) = unsafe {
+                    (
+                        _mm512_loadu_si512(
+                            x.quants.as_ptr().add(row * k + c * 2 * BLOCK) as *const _
+                        ),
+                        _mm512_loadu_si512(x.corrections.as_ptr().add(lane) as *const _),
+                        _mm512_loadu_ps(x.scales.as_ptr().add(lane)),
+                    )
+                };
                 let dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv, xq);
-                let corr = _mm512_loadu_si512(x.corrections.as_ptr().add(lane) as *const _);
-                let sx = _mm512_loadu_ps(x.scales.as_ptr().add(lane));
                 let exact = _mm512_cvtepi32_ps(_mm512_sub_epi32(dot, corr));
                 *a = _mm512_fmadd_ps(exact, _mm512_mul_ps(sw, sx), *a);
             }

@@ -1,5 +1,8 @@
 //! The CPU backend as a plugin: the C table of `kazeia_backend_abi::plugin`. What is CPU-specific is here (the
 //! score of this build on the running CPU, the device, `create`); the rest is `kazeia_backend_abi::exports`.
+//!
+//! The `unsafe extern "C"` entries rely on the caller's contract documented on [`PluginApi`] (their
+//! `# Safety`).
 
 use std::ffi::{c_char, c_void};
 
@@ -136,7 +139,8 @@ unsafe extern "C" fn score() -> i32 {
 }
 
 unsafe extern "C" fn unavailable_reason(err: *mut ErrorBuffer) {
-    if let Some(err) = err.as_mut() {
+    // SAFETY: null or a valid buffer (the table's contract).
+    if let Some(err) = unsafe { err.as_mut() } {
         err.set(isa().1.unwrap_or("available"));
     }
 }
@@ -146,7 +150,10 @@ unsafe extern "C" fn device_count() -> u32 {
 }
 
 unsafe extern "C" fn device_name(index: u32, out: *mut ErrorBuffer) -> i32 {
-    let Some(out) = out.as_mut() else { return 1 };
+    // SAFETY: null or a valid buffer (the table's contract).
+    let Some(out) = (unsafe { out.as_mut() }) else {
+        return 1;
+    };
     if index != 0 {
         out.set("no such device");
         return 1;
@@ -161,7 +168,8 @@ unsafe extern "C" fn device_name(index: u32, out: *mut ErrorBuffer) -> i32 {
 }
 
 unsafe extern "C" fn create(device: u32, threads: u32, err: *mut ErrorBuffer) -> *mut c_void {
-    guarded(err, std::ptr::null_mut(), || {
+    // SAFETY: null or a valid buffer (the table's contract).
+    guarded(unsafe { err.as_mut() }, std::ptr::null_mut(), || {
         if device != 0 {
             return Err(format!("no CPU device {device}"));
         }

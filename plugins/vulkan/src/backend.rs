@@ -441,7 +441,8 @@ impl VulkanBackend {
         let ops = records
             .iter()
             .enumerate()
-            .map(|(i, r)| Op::from_record(r).map_err(|e| format!("op {i}: {e}")))
+            // SAFETY: the records' pointers are valid and their weights this backend's (this method's contract).
+            .map(|(i, r)| unsafe { Op::from_record(r) }.map_err(|e| format!("op {i}: {e}")))
             .collect::<Result<Vec<_>, _>>()?;
         self.run(&ops, false)
     }

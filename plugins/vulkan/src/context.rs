@@ -195,8 +195,10 @@ pub struct Buffer {
     mapped: *mut u8,
 }
 
-// The mapping is plain memory; access is serialised by the owners (the executor's lock, or write-once weights).
+// SAFETY: the only non-thread-safe field is the mapping, plain memory whose access is serialised by the owners
+// (the executor's lock, or write-once weights); the Vulkan handles are externally synchronised the same way.
 unsafe impl Send for Buffer {}
+// SAFETY: as for `Send`.
 unsafe impl Sync for Buffer {}
 
 impl Buffer {

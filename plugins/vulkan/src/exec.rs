@@ -824,6 +824,9 @@ impl Executor {
 }
 
 /// Makes compute-shader writes visible to the next compute dispatch (or, with `HOST`, to the host).
+///
+/// # Safety
+/// `cmd` must be a command buffer of `device` in the recording state that no other thread records into.
 unsafe fn barrier(
     device: &ash::Device,
     cmd: vk::CommandBuffer,
@@ -833,15 +836,18 @@ unsafe fn barrier(
     let memory = [vk::MemoryBarrier::default()
         .src_access_mask(vk::AccessFlags::SHADER_WRITE)
         .dst_access_mask(dst_access)];
-    device.cmd_pipeline_barrier(
-        cmd,
-        vk::PipelineStageFlags::COMPUTE_SHADER,
-        dst_stage,
-        vk::DependencyFlags::empty(),
-        &memory,
-        &[],
-        &[],
-    );
+    // SAFETY: `cmd` is recording and ours alone (this function's contract); the barrier array lives across the call.
+    unsafe {
+        device.cmd_pipeline_barrier(
+            cmd,
+            vk::PipelineStageFlags::COMPUTE_SHADER,
+            dst_stage,
+            vk::DependencyFlags::empty(),
+            &memory,
+            &[],
+            &[],
+        )
+    };
 }
 
 impl Drop for Executor {

@@ -208,7 +208,8 @@ impl Backend for VulkanBackend {
             .iter()
             .map(|op| {
                 let mut record = *op;
-                if let Some(w) = (op.weight as *const Weight).as_ref() {
+                // SAFETY: null or a live `Weight` of this backend (`run_records`'s contract).
+                if let Some(w) = unsafe { (op.weight as *const Weight).as_ref() } {
                     let w = w
                         .downcast::<VkWeight>()
                         .ok_or("a weight made by another backend")?;
@@ -217,6 +218,8 @@ impl Backend for VulkanBackend {
                 Ok(record)
             })
             .collect::<Result<_, String>>()?;
-        VulkanBackend::run_records(self, &records)
+        // SAFETY: the same buffers as `ops` (valid by this method's contract), each weight now this backend's
+        // `VkWeight`.
+        unsafe { VulkanBackend::run_records(self, &records) }
     }
 }

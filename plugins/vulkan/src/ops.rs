@@ -81,6 +81,10 @@ pub struct Op<'a> {
     pub out_len: usize,
 }
 
+/// A record's input as a slice (empty when its length is 0).
+///
+/// # Safety
+/// `ptr` must be null or valid for `len` floats for `'a`.
 unsafe fn host<'a>(ptr: *const f32, len: usize, what: &str) -> Result<&'a [f32], String> {
     if len == 0 {
         return Ok(&[]);
@@ -88,7 +92,8 @@ unsafe fn host<'a>(ptr: *const f32, len: usize, what: &str) -> Result<&'a [f32],
     if ptr.is_null() {
         return Err(format!("null {what} buffer"));
     }
-    Ok(std::slice::from_raw_parts(ptr, len))
+    // SAFETY: non-null, so valid for `len` floats for `'a` (this function's contract).
+    Ok(unsafe { std::slice::from_raw_parts(ptr, len) })
 }
 
 fn check(ok: bool, what: impl FnOnce() -> String) -> Result<(), String> {
@@ -157,12 +162,22 @@ impl<'a> Op<'a> {
         if r.out.is_null() && r.out_len > 0 {
             return Err("null output buffer".into());
         }
+        // SAFETY: the weight is null or this plugin's, the inputs valid for their lengths (this function's
+        // contract).
+        let (weight, a, b, c) = unsafe {
+            (
+                (r.weight as *const VkWeight).as_ref(),
+                host(r.a, r.a_len, "first input")?,
+                host(r.b, r.b_len, "second input")?,
+                host(r.c, r.c_len, "third input")?,
+            )
+        };
         let op = Op {
             math,
-            weight: (r.weight as *const VkWeight).as_ref(),
-            a: host(r.a, r.a_len, "first input")?,
-            b: host(r.b, r.b_len, "second input")?,
-            c: host(r.c, r.c_len, "third input")?,
+            weight,
+            a,
+            b,
+            c,
             out: r.out,
             out_len: r.out_len,
         };

@@ -1,5 +1,8 @@
 //! The plugin's C table (`kazeia_backend_abi::plugin`): each entry a thin wrapper around [`VulkanBackend`] that
 //! checks its arguments and turns errors and panics into messages.
+//!
+//! The `unsafe extern "C"` entries rely on the caller's contract documented on [`PluginApi`] (their
+//! `# Safety`).
 
 use std::ffi::{c_char, c_void};
 
@@ -42,25 +45,29 @@ pub extern "C" fn kazeia_backend_plugin_v1() -> *const PluginApi {
 /// The best device's score; 0 without a loader or a usable device. A CPU-type device (lavapipe) scores 1, below
 /// every CPU plugin build.
 unsafe extern "C" fn score() -> i32 {
-    guarded(std::ptr::null_mut(), 0, || {
+    guarded(None, 0, || {
         Ok(vulkan().map_or(0, |vk| vk.devices.first().map_or(0, |d| d.score())))
     })
 }
 
 unsafe extern "C" fn unavailable_reason(err: *mut ErrorBuffer) {
-    if let Some(err) = err.as_mut() {
+    // SAFETY: null or a valid buffer (the table's contract).
+    if let Some(err) = unsafe { err.as_mut() } {
         err.set(vulkan().err().unwrap_or("available"));
     }
 }
 
 unsafe extern "C" fn device_count() -> u32 {
-    guarded(std::ptr::null_mut(), 0, || {
+    guarded(None, 0, || {
         Ok(vulkan().map_or(0, |vk| vk.devices.len() as u32))
     })
 }
 
 unsafe extern "C" fn device_name(index: u32, out: *mut ErrorBuffer) -> i32 {
-    let Some(out) = out.as_mut() else { return 1 };
+    // SAFETY: null or a valid buffer (the table's contract).
+    let Some(out) = (unsafe { out.as_mut() }) else {
+        return 1;
+    };
     match vulkan().ok().and_then(|vk| vk.devices.get(index as usize)) {
         Some(device) => {
             out.set(&device.description());
@@ -74,7 +81,8 @@ unsafe extern "C" fn device_name(index: u32, out: *mut ErrorBuffer) -> i32 {
 }
 
 unsafe extern "C" fn create(device: u32, threads: u32, err: *mut ErrorBuffer) -> *mut c_void {
-    guarded(err, std::ptr::null_mut(), || {
+    // SAFETY: null or a valid buffer (the table's contract).
+    guarded(unsafe { err.as_mut() }, std::ptr::null_mut(), || {
         let backend = VulkanBackend::new(device as usize, threads as usize, Options::from_env())?;
         for (kernel, reason) in &backend.failures {
             eprintln!(
@@ -91,9 +99,12 @@ unsafe extern "C" fn upload(
     desc: *const WeightDesc,
     err: *mut ErrorBuffer,
 ) -> *mut c_void {
-    guarded(err, std::ptr::null_mut(), || {
-        let backend = backend_ref::<VulkanBackend>(backend)?;
-        let desc = desc.as_ref().ok_or("null weight description")?;
+    // SAFETY: null or a valid buffer (the table's contract).
+    guarded(unsafe { err.as_mut() }, std::ptr::null_mut(), || {
+        // SAFETY: a live handle of this plugin's `create` (the table's contract).
+        let backend = unsafe { backend_ref::<VulkanBackend>(backend)? };
+        // SAFETY: null or a valid description (the table's contract).
+        let desc = unsafe { desc.as_ref() }.ok_or("null weight description")?;
         let weight = backend.upload(desc)?;
         Ok(Box::into_raw(Box::new(weight)) as *mut c_void)
     })
@@ -103,9 +114,12 @@ unsafe extern "C" fn free_weight(backend: *mut c_void, weight: *mut c_void) {
     if weight.is_null() {
         return;
     }
-    guarded(std::ptr::null_mut(), (), || {
-        let weight = *Box::from_raw(weight as *mut VkWeight);
-        match backend_ref::<VulkanBackend>(backend) {
+    guarded(None, (), || {
+        // SAFETY: a non-null weight is the `Box<VkWeight>` that `upload` or `import_linear` leaked, freed only once
+        // (the table's contract).
+        let weight = *unsafe { Box::from_raw(weight as *mut VkWeight) };
+        // SAFETY: null or a live handle of this plugin's `create` (the table's contract).
+        match unsafe { backend_ref::<VulkanBackend>(backend) } {
             Ok(backend) => backend.free(weight),
             Err(_) => drop(weight),
         }
@@ -114,8 +128,9 @@ unsafe extern "C" fn free_weight(backend: *mut c_void, weight: *mut c_void) {
 }
 
 unsafe extern "C" fn supports_op(backend: *mut c_void, kind: u32) -> bool {
-    guarded(std::ptr::null_mut(), false, || {
-        Ok(backend_ref::<VulkanBackend>(backend)?.supports(kind))
+    guarded(None, false, || {
+        // SAFETY: a live handle of this plugin's `create` (the table's contract).
+        Ok(unsafe { backend_ref::<VulkanBackend>(backend)? }.supports(kind))
     })
 }
 
@@ -125,15 +140,21 @@ unsafe extern "C" fn run_ops(
     count: usize,
     err: *mut ErrorBuffer,
 ) -> i32 {
-    guarded(err, 1, || {
-        let backend = backend_ref::<VulkanBackend>(backend)?;
+    // SAFETY: null or a valid buffer (the table's contract).
+    guarded(unsafe { err.as_mut() }, 1, || {
+        // SAFETY: a live handle of this plugin's `create` (the table's contract).
+        let backend = unsafe { backend_ref::<VulkanBackend>(backend)? };
         if count == 0 {
             return Ok(0);
         }
         if ops.is_null() {
             return Err("null op list".into());
         }
-        backend.run_records(std::slice::from_raw_parts(ops, count))?;
+        // SAFETY: non-null, so valid for `count` records (the table's contract).
+        let ops = unsafe { std::slice::from_raw_parts(ops, count) };
+        // SAFETY: the records follow `Backend::run_records`'s rules (the table's contract); their weights are this
+        // plugin's boxed `VkWeight`s.
+        unsafe { backend.run_records(ops)? };
         Ok(0)
     })
 }
@@ -144,9 +165,11 @@ unsafe extern "C" fn export_linear(
     bytes: *mut *mut u8,
     len: *mut usize,
 ) -> i32 {
-    guarded(std::ptr::null_mut(), 1, || {
-        let backend = backend_ref::<VulkanBackend>(backend)?;
-        let weight = (weight as *const VkWeight).as_ref().ok_or("null weight")?;
+    guarded(None, 1, || {
+        // SAFETY: a live handle of this plugin's `create` (the table's contract).
+        let backend = unsafe { backend_ref::<VulkanBackend>(backend)? };
+        // SAFETY: null or a live `VkWeight` this plugin boxed (the table's contract).
+        let weight = unsafe { (weight as *const VkWeight).as_ref() }.ok_or("null weight")?;
         if bytes.is_null() || len.is_null() {
             return Err("null output".into());
         }
@@ -154,8 +177,11 @@ unsafe extern "C" fn export_linear(
             .export_linear(weight)
             .ok_or("not a linear weight")?
             .into_boxed_slice();
-        *len = exported.len();
-        *bytes = Box::into_raw(exported) as *mut u8;
+        // SAFETY: both non-null, so valid for one write each (the table's contract).
+        unsafe {
+            *len = exported.len();
+            *bytes = Box::into_raw(exported) as *mut u8;
+        }
         Ok(0)
     })
 }
@@ -168,13 +194,15 @@ unsafe extern "C" fn import_linear(
     inp: u64,
     format: u32,
 ) -> *mut c_void {
-    guarded(std::ptr::null_mut(), std::ptr::null_mut(), || {
-        let backend = backend_ref::<VulkanBackend>(backend)?;
+    guarded(None, std::ptr::null_mut(), || {
+        // SAFETY: a live handle of this plugin's `create` (the table's contract).
+        let backend = unsafe { backend_ref::<VulkanBackend>(backend)? };
         if bytes.is_null() {
             return Err("null bytes".into());
         }
         let format = WeightFormat::from_code(format).ok_or("unknown format")?;
-        let data = std::slice::from_raw_parts(bytes, len);
+        // SAFETY: non-null, so valid for `len` bytes during the call (the table's contract).
+        let data = unsafe { std::slice::from_raw_parts(bytes, len) };
         Ok(backend
             .import_linear(data, out as usize, inp as usize, format)
             .map_or(std::ptr::null_mut(), |w| {

@@ -61,9 +61,10 @@ pub struct Vulkan {
     pub devices: Vec<DeviceInfo>,
 }
 
-// The instance is used from any thread; Vulkan instance commands other than destruction are thread-safe and the
-// instance is never destroyed.
+// SAFETY: the instance is used from any thread; Vulkan instance commands other than destruction are thread-safe
+// and the instance is never destroyed.
 unsafe impl Sync for Vulkan {}
+// SAFETY: as for `Sync`.
 unsafe impl Send for Vulkan {}
 
 /// The probe's result: the instance with at least one device, or why not.

@@ -321,6 +321,8 @@ fn an_op_reading_part_of_an_earlier_result_splits_the_batch_and_stays_correct() 
         [0, 0],
     )];
     let mut z = vec![1.0f32; 32];
+    // SAFETY: `y` holds 64 values, so 32..64 is in bounds; the slice overlaps op 1's output on purpose and is only
+    // read, through the record, by the plugin after op 1 ran.
     let up = unsafe { std::slice::from_raw_parts(y.as_ptr().add(32), 32) };
     ops.push(record(
         OpKind::SiluMul,

@@ -2,6 +2,9 @@
 //! under the name `faulty`, taking op lists as a device backend does. Each backend it creates runs
 //! `KAZEIA_FAULTY_AFTER` lists (0 if unset) and then fails every later one with an error, as a lost device or a
 //! driver fault would. A new backend (the daemon's reload) counts again from zero.
+//!
+//! The `unsafe extern "C"` entries rely on the caller's contract documented on [`PluginApi`] (their
+//! `# Safety`).
 
 use std::ffi::{c_char, c_void};
 use std::sync::atomic::{AtomicUsize, Ordering};
