@@ -40,6 +40,8 @@ enum Command {
     Play(kazeia::play_cmd::PlayArgs),
     /// Say text through the daemon (started by D-Bus activation if needed), else in process.
     Say(kazeia::say_cmd::SayArgs),
+    /// Voices you make and keep: cloned from a recording (Base models) or described in words.
+    Voice(kazeia::voice_cmd::VoiceArgs),
     /// Install the binaries, plugins, configuration, systemd unit, D-Bus activation files and the
     /// speech-dispatcher module (--user, or --prefix DIR for system-wide).
     Install(kazeia::install_cmd::InstallArgs),
@@ -61,6 +63,7 @@ fn main() -> ExitCode {
         Command::Play(args) => kazeia::play_cmd::run(args),
         Command::Say(args) => kazeia::say_cmd::run(args),
         Command::Install(args) => kazeia::install_cmd::run(args),
+        Command::Voice(args) => kazeia::voice_cmd::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -15,7 +15,8 @@ use crate::engine::{Engine, EngineInfo, EngineKey};
 use crate::player::Player;
 use crate::queue::{Id, Priority, QueueError};
 use crate::request::{Output, Request, RequestProsody, VoiceChoice};
-use crate::voices::resolve_voice;
+use crate::voice_store;
+use crate::voices::{check_instruct, resolve_voice, Catalog};
 
 /// A request's options, from `Speak`'s `a{sv}` or Spiel's arguments.
 #[derive(Clone, Debug)]
@@ -115,8 +116,15 @@ impl Service {
         let engine = self.player.engine().ok_or_else(|| {
             Refusal::NotReady("the model is still loading; try again shortly".into())
         })?;
-        resolve_voice(&options.voice, &config.voice, &engine.info)
-            .map_err(|e| Refusal::UnknownVoice(e.to_string()))?;
+        check_instruct(&options.voice, &engine.info)
+            .map_err(|e| Refusal::InvalidArgs(e.to_string()))?;
+        resolve_voice(
+            &options.voice,
+            &config.voice,
+            &engine.info,
+            &self.player.catalog(),
+        )
+        .map_err(|e| Refusal::UnknownVoice(e.to_string()))?;
         let prosody = check_prosody(options.prosody)?;
         let id = self.next_id.fetch_add(1, Ordering::SeqCst);
         let request = Request::new(
@@ -153,11 +161,12 @@ impl Service {
             .is_none_or(|e| e.key != EngineKey::of(&config));
         if needs_engine {
             let cfg = config.clone();
-            let engine = tokio::task::spawn_blocking(move || -> Result<Engine> {
+            let (engine, catalog) = tokio::task::spawn_blocking(move || -> Result<_> {
                 let engine = Engine::load(&cfg)?;
-                let voice = resolve_voice(&VoiceChoice::default(), &cfg.voice, &engine.info)?;
+                let catalog = voice_catalog(&engine.info, &cfg);
+                let voice = resolve_voice(&VoiceChoice::default(), &cfg.voice, &engine.info, &catalog)?;
                 engine.warm_up(&voice).context("warm-up synthesis failed")?;
-                Ok(engine)
+                Ok((engine, catalog))
             })
             .await
             .context("model loading panicked")??;
@@ -168,10 +177,16 @@ impl Service {
                 engine.info.load_time.as_secs_f64()
             ));
             self.player.set_engine(Arc::new(engine));
+            self.player.set_catalog(Arc::new(catalog));
         } else if let Some(engine) = self.player.engine() {
             // Voice defaults are checked against the running model before they are taken.
-            resolve_voice(&VoiceChoice::default(), &config.voice, &engine.info)
+            let catalog = voice_catalog(&engine.info, &config);
+            resolve_voice(&VoiceChoice::default(), &config.voice, &engine.info, &catalog)
                 .context("[voice]")?;
+            if config.voices != running.voices {
+                changes.push("voices".into());
+            }
+            self.player.set_catalog(Arc::new(catalog));
         }
         if config.audio.sink != running.audio.sink || self.player.sink_description() == "none" {
             let spec = config.sink()?;
@@ -205,6 +220,37 @@ impl Service {
             format!("applied: {}", changes.join("; "))
         })
     }
+}
+
+impl Service {
+    /// Reads the voice store again (a voice was added, removed or renamed); whether the voices changed.
+    pub fn refresh_voices(&self) -> bool {
+        let Some(engine) = self.player.engine() else {
+            return false;
+        };
+        let catalog = voice_catalog(&engine.info, &self.player.config());
+        let old = self.player.catalog();
+        let ids = |c: &Catalog| -> Vec<String> { c.voices.iter().map(|v| v.id.clone()).collect() };
+        let changed = ids(&old) != ids(&catalog) || old.unavailable != catalog.unavailable;
+        self.player.set_catalog(Arc::new(catalog));
+        changed
+    }
+}
+
+/// The voices of an engine under a configuration, problems logged.
+pub fn voice_catalog(info: &EngineInfo, config: &DaemonConfig) -> Catalog {
+    let (stored, problems) = match voice_store::voices_dir() {
+        Ok(dir) => voice_store::list(&dir),
+        Err(e) => (Vec::new(), vec![format!("{e:#}")]),
+    };
+    let catalog = Catalog::build(info, &config.voices, &stored);
+    for line in problems.iter().chain(&catalog.notes) {
+        eprintln!("kazeiad: voices: {line}");
+    }
+    for (name, why) in &catalog.unavailable {
+        eprintln!("kazeiad: voices: `{name}` not offered: {why}");
+    }
+    catalog
 }
 
 /// Long text pieces cut into the chunks the engine would speak one after the other anyway (a few

@@ -180,8 +180,9 @@ struct DecodeStats {
 
 enum Work {
     Frames(Vec<Vec<u32>>),
-    /// The next frames start a new utterance (a new text chunk): fresh decoder state.
-    Restart,
+    /// The next frames start a new utterance (a new text chunk): fresh decoder state, or the one given (a
+    /// cloned voice's reference already decoded).
+    Restart(Option<std::sync::Arc<crate::codec::DecoderState>>),
 }
 
 /// Speaks each prompt in turn, streaming audio to `on_audio` from the decoder thread.
@@ -212,8 +213,11 @@ pub fn stream_speech(
                     continue; // drain: the generator stops on its own
                 }
                 let frames = match work {
-                    Work::Restart => {
-                        state = codec.new_state();
+                    Work::Restart(start) => {
+                        state = match start {
+                            Some(primed) => (*primed).clone(),
+                            None => codec.new_state(),
+                        };
                         continue;
                     }
                     Work::Frames(frames) => frames,
@@ -263,8 +267,8 @@ pub fn stream_speech(
                     break;
                 }
                 let prompt = prompt?;
-                if i > 0 {
-                    tx.send(Work::Restart).ok();
+                if i > 0 || prompt.decoder_start.is_some() {
+                    tx.send(Work::Restart(prompt.decoder_start.clone())).ok();
                 }
                 let mut pending: Vec<Vec<u32>> = Vec::new();
                 let t = Instant::now();

@@ -123,6 +123,11 @@ pub fn assistant_text(text: &str) -> String {
     format!("<|im_start|>assistant\n{text}<|im_end|>\n<|im_start|>assistant\n")
 }
 
+/// The official template around a cloned voice's reference transcript (`_build_ref_text`).
+pub fn reference_text(text: &str) -> String {
+    format!("<|im_start|>assistant\n{text}<|im_end|>\n")
+}
+
 /// The official template around a voice instruction.
 pub fn instruct_text(instruct: &str) -> String {
     format!("<|im_start|>user\n{instruct}<|im_end|>\n")

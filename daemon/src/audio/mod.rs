@@ -21,6 +21,7 @@ mod pipewire_loop;
 pub mod pipewire_sink;
 #[cfg(feature = "pipewire")]
 mod sample_queue;
+pub mod reference;
 mod spec;
 pub mod wav_read;
 mod wav_sink;

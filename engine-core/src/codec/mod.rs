@@ -9,6 +9,7 @@
 
 mod bigvgan;
 pub mod config;
+pub mod encoder;
 mod conv;
 mod pre_transformer;
 mod quantizer;
