@@ -235,11 +235,11 @@ impl CloneVoice {
         }
         let icl = !data.ref_codes.is_empty() && !data.ref_text.trim().is_empty();
         Ok(CloneVoice {
-            prompt: Arc::new(ClonePrompt {
-                xvector: data.xvector.clone(),
-                ref_text: icl.then(|| data.ref_text.clone()),
-                ref_codes: if icl { data.ref_codes.clone() } else { Vec::new() },
-            }),
+            prompt: Arc::new(ClonePrompt::new(
+                data.xvector.clone(),
+                icl.then(|| data.ref_text.clone()),
+                if icl { data.ref_codes.clone() } else { Vec::new() },
+            )),
         })
     }
 }
