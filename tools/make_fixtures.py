@@ -24,6 +24,12 @@ codes) and `golden.safetensors` (first run's prefill embeddings and hidden state
 code-predictor logits, and the decoded waveform). The real vocabulary comes from `tools/qwen_vocab.py`
 (tests/fixtures/qwen2-tokenizer/), which also gets `cases.json`: Python Qwen2Tokenizer ids for tricky strings.
 
+The Base fixture (`tests/fixtures/lm/base_0b6/`) is a tiny Base model with its speaker encoder (ECAPA-TDNN) and a
+speech tokenizer holding both a tiny decoder and a tiny Mimi encoder; `golden.safetensors` has the reference clip,
+its log-mel, x-vector and encoder stages, and each run's cut waveform; `golden.json` the reference codes and, per
+run of the official `Qwen3TTSModel.generate_voice_clone` (x-vector only / in-context, streaming or not), the text
+and reference ids and the greedy codes. `--skip base` leaves it out.
+
 Codec fixture layout (`tests/fixtures/codec/<case>/`):
     speech_tokenizer/config.json        released layout (top-level codec config with `decoder_config`)
     speech_tokenizer/model.safetensors  `decoder.*` tensors (F32, or F16/BF16 for the dtype cases)

@@ -213,7 +213,8 @@ impl DaemonConfig {
             bail!("[voice] language is empty (use \"auto\")");
         }
         for (name, voice) in &self.voices {
-            crate::voice_store::check_name(name).map_err(|e| anyhow::anyhow!("[voices.{name}]: {e}"))?;
+            crate::voice_store::check_name(name)
+                .map_err(|e| anyhow::anyhow!("[voices.{name}]: {e}"))?;
             if voice.instruct.trim().is_empty() {
                 bail!("[voices.{name}] has no instruct (describe the voice in words)");
             }
@@ -288,8 +289,14 @@ mod tests {
             ("[stream]\nchunk_frames = 0\n", "stream"),
             ("[backends]\ndecoder = \"\"\n", "decoder"),
             ("[voices.calm]\nspeaker = \"ryan\"\n", "no instruct"),
-            ("[voices.\"Bad Name\"]\ninstruct = \"x\"\n", "voices.Bad Name"),
-            ("[voices.calm]\ninstruct = \"x\"\ncolour = 1\n", "unknown field"),
+            (
+                "[voices.\"Bad Name\"]\ninstruct = \"x\"\n",
+                "voices.Bad Name",
+            ),
+            (
+                "[voices.calm]\ninstruct = \"x\"\ncolour = 1\n",
+                "unknown field",
+            ),
             ("not toml at all [", "invalid configuration"),
         ] {
             let e = format!("{:#}", DaemonConfig::parse(text, "f.toml").unwrap_err());

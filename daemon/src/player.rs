@@ -230,12 +230,7 @@ impl Player {
     fn speak(self: &Arc<Self>, request: &Request, active: &Arc<Active>) -> Result<Reason> {
         let engine = self.engine().ok_or_else(|| anyhow!("no model is loaded"))?;
         let config = self.config();
-        let voice = resolve_voice(
-            &request.voice,
-            &config.voice,
-            &engine.info,
-            &self.catalog(),
-        )?;
+        let voice = resolve_voice(&request.voice, &config.voice, &engine.info, &self.catalog())?;
         let stream = StreamConfig {
             first_chunk_frames: config.stream.first_chunk_frames,
             chunk_frames: config.stream.chunk_frames,

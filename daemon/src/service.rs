@@ -164,8 +164,10 @@ impl Service {
             let (engine, catalog) = tokio::task::spawn_blocking(move || -> Result<_> {
                 let engine = Engine::load(&cfg)?;
                 let catalog = voice_catalog(&engine.info, &cfg);
-                let voice = resolve_voice(&VoiceChoice::default(), &cfg.voice, &engine.info, &catalog)?;
+                let voice =
+                    resolve_voice(&VoiceChoice::default(), &cfg.voice, &engine.info, &catalog)?;
                 engine.warm_up(&voice).context("warm-up synthesis failed")?;
+                prepare_clones(&engine, &catalog);
                 Ok((engine, catalog))
             })
             .await
@@ -180,9 +182,15 @@ impl Service {
             self.player.set_catalog(Arc::new(catalog));
         } else if let Some(engine) = self.player.engine() {
             // Voice defaults are checked against the running model before they are taken.
-            let catalog = voice_catalog(&engine.info, &config);
-            resolve_voice(&VoiceChoice::default(), &config.voice, &engine.info, &catalog)
-                .context("[voice]")?;
+            let mut catalog = voice_catalog(&engine.info, &config);
+            catalog.keep_prepared(&self.player.catalog());
+            resolve_voice(
+                &VoiceChoice::default(),
+                &config.voice,
+                &engine.info,
+                &catalog,
+            )
+            .context("[voice]")?;
             if config.voices != running.voices {
                 changes.push("voices".into());
             }
@@ -228,12 +236,25 @@ impl Service {
         let Some(engine) = self.player.engine() else {
             return false;
         };
-        let catalog = voice_catalog(&engine.info, &self.player.config());
+        let mut catalog = voice_catalog(&engine.info, &self.player.config());
         let old = self.player.catalog();
+        catalog.keep_prepared(&old);
         let ids = |c: &Catalog| -> Vec<String> { c.voices.iter().map(|v| v.id.clone()).collect() };
         let changed = ids(&old) != ids(&catalog) || old.unavailable != catalog.unavailable;
-        self.player.set_catalog(Arc::new(catalog));
+        let catalog = Arc::new(catalog);
+        self.player.set_catalog(catalog.clone());
+        // New cloned voices get their reference decoded now rather than at their first utterance.
+        std::thread::spawn(move || prepare_clones(&engine, &catalog));
         changed
+    }
+}
+
+/// Decodes the reference of each cloned voice not prepared yet (once per voice).
+fn prepare_clones(engine: &Engine, catalog: &Catalog) {
+    for clone in catalog.clone_prompts() {
+        if let Err(e) = engine.synth.prepare_clone(&clone) {
+            eprintln!("kazeiad: voices: cannot prepare a cloned voice: {e}");
+        }
     }
 }
 

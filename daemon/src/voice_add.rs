@@ -53,7 +53,10 @@ pub fn run(args: &AddArgs, dir: &Path, config: &DaemonConfig) -> Result<()> {
         Some("") => bail!("--text is empty: give what the recording says, or leave --text out"),
         other => other.map(str::to_owned),
     };
-    let spec = args.model.clone().unwrap_or_else(|| config.model.path.clone());
+    let spec = args
+        .model
+        .clone()
+        .unwrap_or_else(|| config.model.path.clone());
     let model_dir = crate::model_path::resolve_model(&spec)?;
     let model_config = ModelConfig::load(&model_dir.join("config.json"))
         .with_context(|| format!("cannot read the model {}", model_dir.display()))?;
@@ -92,7 +95,10 @@ pub fn run(args: &AddArgs, dir: &Path, config: &DaemonConfig) -> Result<()> {
     };
     let codes_time = start.elapsed();
     if xvector.iter().any(|v| !v.is_finite()) {
-        bail!("the speaker encoder failed on {} (not a number)", args.audio.display());
+        bail!(
+            "the speaker encoder failed on {} (not a number)",
+            args.audio.display()
+        );
     }
     let seconds = wav.len() as f32 / encoders.codec.sample_rate() as f32;
     let voice = StoredVoice {
@@ -113,7 +119,10 @@ pub fn run(args: &AddArgs, dir: &Path, config: &DaemonConfig) -> Result<()> {
         voice.kind(),
         xvector_time.as_secs_f64() * 1e3,
         if text.is_some() {
-            format!(", reference codes in {:.0} ms", codes_time.as_secs_f64() * 1e3)
+            format!(
+                ", reference codes in {:.0} ms",
+                codes_time.as_secs_f64() * 1e3
+            )
         } else {
             String::new()
         }

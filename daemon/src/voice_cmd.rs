@@ -93,7 +93,10 @@ pub fn run(args: VoiceArgs) -> Result<()> {
                 println!("{}\t{}\t{}", v.name, v.kind(), detail);
             }
             for (name, v) in &config.voices {
-                println!("{name}\tdesigned ([voices] in the configuration)\t{}", v.instruct);
+                println!(
+                    "{name}\tdesigned ([voices] in the configuration)\t{}",
+                    v.instruct
+                );
             }
             for p in problems {
                 eprintln!("kazeia: warning: {p}");

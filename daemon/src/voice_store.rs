@@ -101,8 +101,8 @@ fn path_of(dir: &Path, name: &str) -> PathBuf {
 pub fn load(path: &Path) -> Result<StoredVoice> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
-    let voice: StoredVoice =
-        serde_json::from_str(&text).with_context(|| format!("{} is not a voice file", path.display()))?;
+    let voice: StoredVoice = serde_json::from_str(&text)
+        .with_context(|| format!("{} is not a voice file", path.display()))?;
     if voice.format != FORMAT {
         bail!(
             "{}: voice format {} (this Kazeia reads format {FORMAT})",
@@ -192,9 +192,8 @@ pub fn remove(dir: &Path, name: &str) -> Result<()> {
 /// Renames a stored voice; the new name must be free.
 pub fn rename(dir: &Path, old: &str, new: &str) -> Result<()> {
     check_name(new)?;
-    let mut voice = load(&path_of(dir, old)).map_err(|_| {
-        anyhow::anyhow!("no voice named `{old}` (kazeia voice list shows them)")
-    })?;
+    let mut voice = load(&path_of(dir, old))
+        .map_err(|_| anyhow::anyhow!("no voice named `{old}` (kazeia voice list shows them)"))?;
     voice.name = new.to_owned();
     save(dir, &voice, false)?;
     std::fs::remove_file(path_of(dir, old))
@@ -258,9 +257,14 @@ mod tests {
         let names: Vec<_> = list(&d).0.into_iter().map(|v| v.name).collect();
         assert_eq!(names, ["other", "quiet"]);
         remove(&d, "quiet").unwrap();
-        assert!(remove(&d, "quiet").unwrap_err().to_string().contains("no voice named"));
-        assert!(!std::fs::read_dir(&d)
+        assert!(remove(&d, "quiet")
+            .unwrap_err()
+            .to_string()
+            .contains("no voice named"));
+        assert!(!std::fs::read_dir(&d).unwrap().any(|e| e
             .unwrap()
-            .any(|e| e.unwrap().file_name().to_string_lossy().ends_with(".tmp")));
+            .file_name()
+            .to_string_lossy()
+            .ends_with(".tmp")));
     }
 }

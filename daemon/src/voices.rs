@@ -142,7 +142,8 @@ impl Catalog {
             let kind = match &voice.clone {
                 None => match &info.instruct_refusal {
                     Some(why) => {
-                        c.unavailable.push((name, format!("it is described by an instruction and {why}")));
+                        c.unavailable
+                            .push((name, format!("it is described by an instruction and {why}")));
                         continue;
                     }
                     None => VoiceKind::Designed {
@@ -173,9 +174,45 @@ impl Catalog {
         c
     }
 
+    /// Keeps the prepared state of cloned voices that `old` already had, unchanged (a store change
+    /// elsewhere should not make them decode their reference again).
+    pub fn keep_prepared(&mut self, old: &Catalog) {
+        for voice in &mut self.voices {
+            let VoiceKind::Cloned { clone, .. } = &mut voice.kind else {
+                continue;
+            };
+            let same = old.voices.iter().find_map(|o| match &o.kind {
+                VoiceKind::Cloned { clone: prev, .. }
+                    if o.id == voice.id && prev.same_data(clone) =>
+                {
+                    Some(prev.clone())
+                }
+                _ => None,
+            });
+            if let Some(prev) = same {
+                *clone = prev;
+            }
+        }
+    }
+
+    /// The cloned voices' prompts (to prepare them ahead of use).
+    pub fn clone_prompts(&self) -> Vec<Arc<ClonePrompt>> {
+        self.voices
+            .iter()
+            .filter_map(|v| match &v.kind {
+                VoiceKind::Cloned { clone, .. } => Some(clone.prompt.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+
     fn find(&self, name: &str) -> Result<&CatalogVoice> {
         let lower = name.trim().to_ascii_lowercase();
-        if let Some(v) = self.voices.iter().find(|v| v.id.to_ascii_lowercase() == lower) {
+        if let Some(v) = self
+            .voices
+            .iter()
+            .find(|v| v.id.to_ascii_lowercase() == lower)
+        {
             return Ok(v);
         }
         if let Some((_, why)) = self.unavailable.iter().find(|(n, _)| *n == lower) {
@@ -183,7 +220,11 @@ impl Catalog {
         }
         bail!(
             "unknown voice `{name}`; voices: {}",
-            self.voices.iter().map(|v| v.id.as_str()).collect::<Vec<_>>().join(", ")
+            self.voices
+                .iter()
+                .map(|v| v.id.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
         )
     }
 
@@ -238,15 +279,29 @@ impl CloneVoice {
             prompt: Arc::new(ClonePrompt::new(
                 data.xvector.clone(),
                 icl.then(|| data.ref_text.clone()),
-                if icl { data.ref_codes.clone() } else { Vec::new() },
+                if icl {
+                    data.ref_codes.clone()
+                } else {
+                    Vec::new()
+                },
             )),
         })
     }
 }
 
+impl CloneVoice {
+    fn same_data(&self, other: &CloneVoice) -> bool {
+        let (a, b) = (&self.prompt, &other.prompt);
+        a.xvector == b.xvector && a.ref_text == b.ref_text && a.ref_codes == b.ref_codes
+    }
+}
+
 /// Why a request's `instruct` cannot be honoured by this model, if it cannot.
 pub fn check_instruct(choice: &VoiceChoice, info: &EngineInfo) -> Result<()> {
-    let asked = choice.instruct.as_deref().is_some_and(|i| !i.trim().is_empty());
+    let asked = choice
+        .instruct
+        .as_deref()
+        .is_some_and(|i| !i.trim().is_empty());
     match &info.instruct_refusal {
         Some(why) if asked => bail!("option `instruct` refused: {why}"),
         _ => Ok(()),
@@ -273,7 +328,13 @@ pub fn resolve_voice(
     };
     let requested_instruct = choice.instruct.clone().filter(|s| !s.trim().is_empty());
     let default_instruct = Some(defaults.instruct.clone()).filter(|s| !s.trim().is_empty());
-    let (speaker, own_language, instruct, clone) = match &chosen.kind {
+    type Parts = (
+        Option<String>,
+        Option<String>,
+        Option<String>,
+        Option<Arc<CloneVoice>>,
+    );
+    let (speaker, own_language, instruct, clone): Parts = match &chosen.kind {
         VoiceKind::Speaker(s) => (Some(s.clone()), None, default_instruct, None),
         VoiceKind::Designed {
             instruct,
@@ -286,7 +347,9 @@ pub fn resolve_voice(
             };
             (speaker, language.clone(), Some(instruct.clone()), None)
         }
-        VoiceKind::Cloned { clone, language } => (None, language.clone(), None, Some(clone.clone())),
+        VoiceKind::Cloned { clone, language } => {
+            (None, language.clone(), None, Some(clone.clone()))
+        }
         VoiceKind::Default => (None, None, default_instruct, None),
     };
     let language = match choice.language.as_deref() {
@@ -307,6 +370,24 @@ pub fn resolve_voice(
         non_streaming_mode: None,
         clone: clone.map(|c| c.prompt.clone()),
     })
+}
+
+fn find_speaker(name: &str, info: &EngineInfo) -> Result<String> {
+    let lower = name.trim().to_ascii_lowercase();
+    match info
+        .speakers
+        .iter()
+        .find(|s| s.to_ascii_lowercase() == lower)
+    {
+        Some(s) => Ok(s.clone()),
+        None if info.speakers.is_empty() => {
+            bail!("unknown speaker `{name}`: this model has no named speakers")
+        }
+        None => bail!(
+            "unknown speaker `{name}`; speakers: {}",
+            info.speakers.join(", ")
+        ),
+    }
 }
 
 /// The languages of the model as BCP-47 tags, deduplicated.
@@ -391,7 +472,9 @@ mod tests {
             speaker: Some("nobody".into()),
             ..VoiceChoice::default()
         };
-        let e = resolve_voice(&bad, &defaults, &i, &catalog).unwrap_err().to_string();
+        let e = resolve_voice(&bad, &defaults, &i, &catalog)
+            .unwrap_err()
+            .to_string();
         assert!(
             e.contains("unknown voice `nobody`") && e.contains("vivian"),
             "{e}"
@@ -403,14 +486,21 @@ mod tests {
     fn designed_voices_style_a_speaker_and_yield_to_a_request_instruct() {
         let i = info();
         let voices = BTreeMap::from([
-            ("calm".to_owned(), named("Speak calmly.", "vivian", "english")),
+            (
+                "calm".to_owned(),
+                named("Speak calmly.", "vivian", "english"),
+            ),
             ("dylan".to_owned(), named("Clash.", "", "")),
         ]);
         let stored = [StoredVoice::designed("bright", "Brightly.", "")];
         let c = Catalog::build(&i, &voices, &stored);
         let ids: Vec<_> = c.voices.iter().map(|v| v.id.as_str()).collect();
         assert_eq!(ids, ["dylan", "vivian", "calm", "bright"]);
-        assert!(c.notes[0].contains("`dylan`") && c.notes[0].contains("already taken"), "{:?}", c.notes);
+        assert!(
+            c.notes[0].contains("`dylan`") && c.notes[0].contains("already taken"),
+            "{:?}",
+            c.notes
+        );
         let calm = VoiceChoice {
             speaker: Some("calm".into()),
             ..VoiceChoice::default()
@@ -451,14 +541,22 @@ mod tests {
             speaker: Some("calm".into()),
             ..VoiceChoice::default()
         };
-        let e = resolve_voice(&calm, &VoiceSection::default(), &i, &c).unwrap_err().to_string();
-        assert!(e.contains("cannot be used with this model") && e.contains("0.6B"), "{e}");
+        let e = resolve_voice(&calm, &VoiceSection::default(), &i, &c)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("cannot be used with this model") && e.contains("0.6B"),
+            "{e}"
+        );
         let styled = VoiceChoice {
             instruct: Some("Calmly.".into()),
             ..VoiceChoice::default()
         };
         let e = check_instruct(&styled, &i).unwrap_err().to_string();
-        assert!(e.contains("option `instruct` refused") && e.contains("0.6B"), "{e}");
+        assert!(
+            e.contains("option `instruct` refused") && e.contains("0.6B"),
+            "{e}"
+        );
         assert!(check_instruct(&styled, &info()).is_ok());
     }
 
@@ -503,13 +601,35 @@ mod tests {
         };
         let c = Catalog::build(&base, &BTreeMap::new(), &[clone(4)]);
         assert_eq!(c.voices[0].id, "me");
-        let v = resolve_voice(&VoiceChoice::default(), &VoiceSection::default(), &base, &c).unwrap();
+        let v =
+            resolve_voice(&VoiceChoice::default(), &VoiceSection::default(), &base, &c).unwrap();
         let p = v.clone.unwrap();
-        assert_eq!((p.xvector.len(), p.ref_text.as_deref(), p.ref_codes.len()), (4, Some("Hello."), 3));
+        assert_eq!(
+            (p.xvector.len(), p.ref_text.as_deref(), p.ref_codes.len()),
+            (4, Some("Hello."), 3)
+        );
+        // Rebuilt after a store change, an unchanged voice keeps its prepared prompt.
+        let VoiceKind::Cloned { clone: first, .. } = &c.voices[0].kind else {
+            panic!()
+        };
+        let mut again = Catalog::build(&base, &BTreeMap::new(), &[clone(4)]);
+        again.keep_prepared(&c);
+        let VoiceKind::Cloned { clone: kept, .. } = &again.voices[0].kind else {
+            panic!()
+        };
+        assert!(Arc::ptr_eq(first, kept));
         let c = Catalog::build(&base, &BTreeMap::new(), &[clone(8)]);
         assert_eq!(c.voices[0].id, DEFAULT_VOICE);
-        assert!(c.unavailable[0].1.contains("8 values"), "{:?}", c.unavailable);
+        assert!(
+            c.unavailable[0].1.contains("8 values"),
+            "{:?}",
+            c.unavailable
+        );
         let c = Catalog::build(&info(), &BTreeMap::new(), &[clone(4)]);
-        assert!(c.unavailable[0].1.contains("only Base models"), "{:?}", c.unavailable);
+        assert!(
+            c.unavailable[0].1.contains("only Base models"),
+            "{:?}",
+            c.unavailable
+        );
     }
 }

@@ -58,7 +58,12 @@ struct Daemon {
 impl Daemon {
     /// `kazeiad` on a private bus with `model`, a null sink, one thread per stage and `extra` config; the
     /// voice store is `data/kazeia/voices`. `before` runs first (to store voices the daemon finds at start).
-    fn start(label: &str, model: impl FnOnce(&Path) -> PathBuf, extra: &str, before: impl FnOnce(&Daemon)) -> Daemon {
+    fn start(
+        label: &str,
+        model: impl FnOnce(&Path) -> PathBuf,
+        extra: &str,
+        before: impl FnOnce(&Daemon),
+    ) -> Daemon {
         let dir = TempDir::new(label);
         let model = model(dir.path());
         let data = dir.path().join("data");
@@ -109,7 +114,11 @@ impl Daemon {
             .success()
         {
             self.daemon().check_running();
-            assert!(Instant::now() < deadline, "the daemon never took its name:\n{}", self.daemon().log());
+            assert!(
+                Instant::now() < deadline,
+                "the daemon never took its name:\n{}",
+                self.daemon().log()
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
     }
@@ -135,7 +144,6 @@ impl Daemon {
 
     async fn connect(&self) -> zbus::Connection {
         zbus::connection::Builder::address(self.bus.address())
-            .unwrap()
             .build()
             .await
             .unwrap()
@@ -162,10 +170,20 @@ fn ids<T>(voices: &[(String, T, T)]) -> Vec<&str> {
 }
 
 /// Speaks and waits for the end: `Ok(reason)` or the refusal's error text.
-async fn say(proxy: &SpeechProxy<'_>, text: &str, options: &[(&str, &str)]) -> Result<String, String> {
+async fn say(
+    proxy: &SpeechProxy<'_>,
+    text: &str,
+    options: &[(&str, &str)],
+) -> Result<String, String> {
     let mut finished = proxy.receive_finished().await.unwrap();
-    let options: HashMap<&str, Variant<'_>> = options.iter().map(|(k, v)| (*k, Variant::from(*v))).collect();
-    let id = proxy.speak(text, options).await.map_err(|e| e.to_string())?;
+    let options: HashMap<&str, Variant<'_>> = options
+        .iter()
+        .map(|(k, v)| (*k, Variant::from(*v)))
+        .collect();
+    let id = proxy
+        .speak(text, options)
+        .await
+        .map_err(|e| e.to_string())?;
     tokio::time::timeout(Duration::from_secs(120), async {
         while let Some(signal) = finished.next().await {
             let args = signal.args().unwrap();
@@ -190,9 +208,19 @@ fn module_voices(d: &Daemon) -> Vec<String> {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    child.stdin.take().unwrap().write_all(b"INIT\nLIST VOICES\nQUIT\n").unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"INIT\nLIST VOICES\nQUIT\n")
+        .unwrap();
     let mut out = String::new();
-    child.stdout.take().unwrap().read_to_string(&mut out).unwrap();
+    child
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut out)
+        .unwrap();
     child.wait().unwrap();
     out.lines()
         .filter_map(|l| l.strip_prefix("200-"))
@@ -216,34 +244,68 @@ async fn voice_design_voices_are_listed_everywhere_and_follow_changes() {
     let listed = proxy.list_voices().await.unwrap();
     assert_eq!(ids(&listed), ["narrator", "bright"], "{listed:?}");
     assert_eq!(listed[0].1, "Narrator");
-    assert!(listed[0].2.starts_with("en"), "narrator speaks English first: {listed:?}");
+    assert!(
+        listed[0].2.starts_with("en"),
+        "narrator speaks English first: {listed:?}"
+    );
     let spiel: Vec<_> = spiel_voices(&c).await.into_iter().map(|v| v.1).collect();
     assert_eq!(spiel, ["narrator", "bright"]);
     let module = module_voices(&d);
-    assert!(module.iter().any(|l| l.starts_with("Narrator\ten")), "LIST VOICES: {module:?}");
-    assert!(module.iter().any(|l| l.starts_with("Bright\t")), "LIST VOICES: {module:?}");
+    assert!(
+        module.iter().any(|l| l.starts_with("Narrator\ten")),
+        "LIST VOICES: {module:?}"
+    );
+    assert!(
+        module.iter().any(|l| l.starts_with("Bright\t")),
+        "LIST VOICES: {module:?}"
+    );
 
     // Each voice speaks; so does a style given with the utterance.
-    assert_eq!(say(&proxy, "Hello world.", &[("voice", "narrator")]).await.unwrap(), "done");
-    assert_eq!(say(&proxy, "Hello world.", &[("voice", "bright")]).await.unwrap(), "done");
     assert_eq!(
-        say(&proxy, "Hello world.", &[("instruct", "Whisper, very softly.")]).await.unwrap(),
+        say(&proxy, "Hello world.", &[("voice", "narrator")])
+            .await
+            .unwrap(),
+        "done"
+    );
+    assert_eq!(
+        say(&proxy, "Hello world.", &[("voice", "bright")])
+            .await
+            .unwrap(),
+        "done"
+    );
+    assert_eq!(
+        say(
+            &proxy,
+            "Hello world.",
+            &[("instruct", "Whisper, very softly.")]
+        )
+        .await
+        .unwrap(),
         "done"
     );
 
     // A voice designed while the daemon runs is listed within seconds, with a Spiel property change.
     let spiel = spiel_proxy(&c).await;
-    let mut changes = spiel.receive_property_changed::<Vec<(String, String, String, u64, Vec<String>)>>("Voices").await;
+    let mut changes = spiel
+        .receive_property_changed::<Vec<(String, String, String, u64, Vec<String>)>>("Voices")
+        .await;
     let (ok, out) = d.voice(&["design", "calm", "--instruct", "Calm and warm."]);
     assert!(ok, "{out}");
     let changed = tokio::time::timeout(Duration::from_secs(10), changes.next()).await;
-    assert!(changed.is_ok(), "no Voices property change:\n{}", d.daemon().log());
+    assert!(
+        changed.is_ok(),
+        "no Voices property change:\n{}",
+        d.daemon().log()
+    );
     let listed = proxy.list_voices().await.unwrap();
     assert_eq!(ids(&listed), ["narrator", "bright", "calm"]);
 
     // Clashes and bad names are refused with one line, and nothing stored is lost.
     let (ok, out) = d.voice(&["design", "narrator", "--instruct", "x"]);
-    assert!(!ok && out.contains("already defined in the configuration"), "{out}");
+    assert!(
+        !ok && out.contains("already defined in the configuration"),
+        "{out}"
+    );
     let (ok, out) = d.voice(&["design", "calm", "--instruct", "Something else."]);
     assert!(!ok && out.contains("already exists"), "{out}");
     let (ok, out) = d.voice(&["design", "Not OK", "--instruct", "x"]);
@@ -252,7 +314,10 @@ async fn voice_design_voices_are_listed_everywhere_and_follow_changes() {
     assert!(!ok && out.contains("unknown language `klingon`"), "{out}");
     assert_eq!(out.trim().lines().count(), 1, "one line: {out}");
     let (ok, out) = d.voice(&["list"]);
-    assert!(ok && out.contains("calm\tdesigned\tCalm and warm."), "{out}");
+    assert!(
+        ok && out.contains("calm\tdesigned\tCalm and warm."),
+        "{out}"
+    );
 
     let (ok, out) = d.voice(&["rename", "calm", "quiet"]);
     assert!(ok, "{out}");
@@ -264,11 +329,19 @@ async fn voice_design_voices_are_listed_everywhere_and_follow_changes() {
         if ids(&listed) == ["narrator", "quiet"] {
             break;
         }
-        assert!(Instant::now() < deadline, "voices after rename and remove: {listed:?}");
+        assert!(
+            Instant::now() < deadline,
+            "voices after rename and remove: {listed:?}"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let e = say(&proxy, "Hi.", &[("voice", "bright")]).await.unwrap_err();
-    assert!(e.contains("UnknownVoice") && e.contains("unknown voice `bright`"), "{e}");
+    let e = say(&proxy, "Hi.", &[("voice", "bright")])
+        .await
+        .unwrap_err();
+    assert!(
+        e.contains("UnknownVoice") && e.contains("unknown voice `bright`"),
+        "{e}"
+    );
     d.daemon().check_running();
 }
 
@@ -280,8 +353,17 @@ async fn a_model_with_no_speakers_and_no_voices_publishes_one_default_voice() {
     let listed = proxy.list_voices().await.unwrap();
     assert_eq!(ids(&listed), ["default"]);
     assert_eq!(spiel_voices(&c).await.len(), 1);
-    assert_eq!(module_voices(&d).len(), listed[0].2.split(',').count(), "one line per language");
-    assert_eq!(say(&proxy, "Hello world.", &[("voice", "default")]).await.unwrap(), "done");
+    assert_eq!(
+        module_voices(&d).len(),
+        listed[0].2.split(',').count(),
+        "one line per language"
+    );
+    assert_eq!(
+        say(&proxy, "Hello world.", &[("voice", "default")])
+            .await
+            .unwrap(),
+        "done"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -295,13 +377,30 @@ async fn a_0b6_custom_voice_model_refuses_instructions_as_the_official_one_drops
     let c = d.connect().await;
     let proxy = SpeechProxy::new(&c).await.unwrap();
     let listed = proxy.list_voices().await.unwrap();
-    assert_eq!(ids(&listed), ["dylan", "eric", "ryan", "vivian"], "designed voices are not offered");
-    let e = say(&proxy, "Hello.", &[("instruct", "Whisper.")]).await.unwrap_err();
-    assert!(e.contains("InvalidArgs") && e.contains("0.6B CustomVoice"), "{e}");
-    let e = say(&proxy, "Hello.", &[("voice", "narrator")]).await.unwrap_err();
-    assert!(e.contains("UnknownVoice") && e.contains("cannot be used with this model"), "{e}");
+    assert_eq!(
+        ids(&listed),
+        ["dylan", "eric", "ryan", "vivian"],
+        "designed voices are not offered"
+    );
+    let e = say(&proxy, "Hello.", &[("instruct", "Whisper.")])
+        .await
+        .unwrap_err();
+    assert!(
+        e.contains("InvalidArgs") && e.contains("0.6B CustomVoice"),
+        "{e}"
+    );
+    let e = say(&proxy, "Hello.", &[("voice", "narrator")])
+        .await
+        .unwrap_err();
+    assert!(
+        e.contains("UnknownVoice") && e.contains("cannot be used with this model"),
+        "{e}"
+    );
     // Its speakers still speak.
-    assert_eq!(say(&proxy, "Hello.", &[("voice", "ryan")]).await.unwrap(), "done");
+    assert_eq!(
+        say(&proxy, "Hello.", &[("voice", "ryan")]).await.unwrap(),
+        "done"
+    );
     d.daemon().check_running();
 }
 
@@ -336,7 +435,10 @@ fn tone(seconds: f32, rate: u32) -> Vec<f32> {
             let t = i as f32 / rate as f32;
             phase += 2.0 * std::f32::consts::PI * (140.0 + 30.0 * (8.0 * t).sin()) / rate as f32;
             let env = 0.6 + 0.4 * (13.0 * t).sin();
-            env * (1..6).map(|k| (k as f32 * phase).sin() / k as f32).sum::<f32>() * 0.3
+            env * (1..6)
+                .map(|k| (k as f32 * phase).sin() / k as f32)
+                .sum::<f32>()
+                * 0.3
         })
         .collect()
 }
@@ -347,17 +449,33 @@ async fn voices_cloned_with_voice_add_are_served_and_bad_recordings_are_refused(
     let mut d = Daemon::start(
         "voices-clone",
         |_| base.clone(),
-        "[voice]\nspeaker = \"\"\n",
+        // The configuration makes a cloned voice the default.
+        "[voice]\nspeaker = \"me\"\n",
         |d| {
             let dir = d.data.parent().unwrap();
             let clip = dir.join("me.wav");
             write_wav(&clip, &tone(3.0, 44100), 44100);
             let (ok, out) = d.voice(&[
-                "add", "me", "--audio", &clip.display().to_string(), "--text", "Good morning, how are you today?",
-                "--language", "en", "--threads", "1",
+                "add",
+                "me",
+                "--audio",
+                &clip.display().to_string(),
+                "--text",
+                "Good morning, how are you today?",
+                "--language",
+                "en",
+                "--threads",
+                "1",
             ]);
             assert!(ok && out.contains("cloned (in-context)"), "{out}");
-            let (ok, out) = d.voice(&["add", "plain", "--audio", &clip.display().to_string(), "--threads", "1"]);
+            let (ok, out) = d.voice(&[
+                "add",
+                "plain",
+                "--audio",
+                &clip.display().to_string(),
+                "--threads",
+                "1",
+            ]);
             assert!(ok && out.contains("cloned (x-vector)"), "{out}");
         },
     );
@@ -366,10 +484,30 @@ async fn voices_cloned_with_voice_add_are_served_and_bad_recordings_are_refused(
     let listed = proxy.list_voices().await.unwrap();
     assert_eq!(ids(&listed), ["me", "plain"], "{listed:?}");
     assert!(listed[0].2.starts_with("en"), "{listed:?}");
-    assert_eq!(say(&proxy, "Hello world.", &[("voice", "me")]).await.unwrap(), "done");
-    assert_eq!(say(&proxy, "Hello world.", &[("voice", "plain")]).await.unwrap(), "done");
-    let e = say(&proxy, "Hello.", &[("voice", "me"), ("instruct", "Whisper.")]).await.unwrap_err();
-    assert!(e.contains("InvalidArgs") && e.contains("Base models take no instruction"), "{e}");
+    assert_eq!(
+        say(&proxy, "Hello world.", &[("voice", "me")])
+            .await
+            .unwrap(),
+        "done"
+    );
+    assert_eq!(say(&proxy, "Hello world.", &[]).await.unwrap(), "done");
+    assert_eq!(
+        say(&proxy, "Hello world.", &[("voice", "plain")])
+            .await
+            .unwrap(),
+        "done"
+    );
+    let e = say(
+        &proxy,
+        "Hello.",
+        &[("voice", "me"), ("instruct", "Whisper.")],
+    )
+    .await
+    .unwrap_err();
+    assert!(
+        e.contains("InvalidArgs") && e.contains("Base models take no instruction"),
+        "{e}"
+    );
 
     // Bad recordings and clashes: one line naming what to change, and the stored voices stay as they were.
     let dir = d.data.parent().unwrap().to_owned();
@@ -378,22 +516,45 @@ async fn voices_cloned_with_voice_add_are_served_and_bad_recordings_are_refused(
     write_wav(&dir.join("long.wav"), &tone(31.0, 16000), 16000);
     write_wav(&dir.join("silent.wav"), &vec![0.0; 48000], 24000);
     std::fs::write(dir.join("noise.wav"), b"this is not audio at all").unwrap();
-    let clip = dir.join("short.wav").display().to_string();
-    for (args, needle) in [
-        (vec!["add", "x", "--audio", &clip], "too short"),
-        (vec!["add", "x", "--audio", &dir.join("long.wav").display().to_string()], "too long"),
-        (vec!["add", "x", "--audio", &dir.join("silent.wav").display().to_string()], "is silent"),
-        (vec!["add", "x", "--audio", &dir.join("noise.wav").display().to_string()], "not an audio file"),
-        (vec!["add", "x", "--audio", &dir.join("missing.wav").display().to_string()], "cannot open"),
-        (vec!["add", "me", "--audio", &clip], "already exists"),
-        (vec!["add", "x", "--audio", &clip, "--language", "french"], "unknown language `french`"),
-        (vec!["add", "x", "--audio", &clip, "--text", " "], "--text is empty"),
-    ] {
+    let path = |name: &str| dir.join(name).display().to_string();
+    let (clip, long, silent, noise, missing) = (
+        path("short.wav"),
+        path("long.wav"),
+        path("silent.wav"),
+        path("noise.wav"),
+        path("missing.wav"),
+    );
+    let cases: [(Vec<&str>, &str); 8] = [
+        (vec!["add", "x", "--audio", clip.as_str()], "too short"),
+        (vec!["add", "x", "--audio", long.as_str()], "too long"),
+        (vec!["add", "x", "--audio", silent.as_str()], "is silent"),
+        (
+            vec!["add", "x", "--audio", noise.as_str()],
+            "not an audio file",
+        ),
+        (vec!["add", "x", "--audio", missing.as_str()], "cannot open"),
+        (
+            vec!["add", "me", "--audio", clip.as_str()],
+            "already exists",
+        ),
+        (
+            vec!["add", "x", "--audio", clip.as_str(), "--language", "french"],
+            "unknown language `french`",
+        ),
+        (
+            vec!["add", "x", "--audio", clip.as_str(), "--text", " "],
+            "--text is empty",
+        ),
+    ];
+    for (args, needle) in cases {
         let (ok, out) = d.voice(&args);
         assert!(!ok && out.contains(needle), "{args:?}: {out}");
         assert_eq!(out.trim().lines().count(), 1, "{args:?}: one line: {out}");
     }
-    assert_eq!(std::fs::read(d.data.join("kazeia/voices/me.json")).unwrap(), stored);
+    assert_eq!(
+        std::fs::read(d.data.join("kazeia/voices/me.json")).unwrap(),
+        stored
+    );
     assert!(!d.data.join("kazeia/voices/x.json").exists());
     d.daemon().check_running();
 }

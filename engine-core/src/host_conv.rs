@@ -60,7 +60,12 @@ impl Conv1d {
     }
 
     /// Valid convolution: `x[cin][len]` → `y[cout][out_len]`, bias added.
-    pub fn forward(&self, backend: &dyn Backend, x: &[f32], len: usize) -> Result<(Vec<f32>, usize)> {
+    pub fn forward(
+        &self,
+        backend: &dyn Backend,
+        x: &[f32],
+        len: usize,
+    ) -> Result<(Vec<f32>, usize)> {
         if x.len() != self.cin * len {
             return Err(Error::Input(format!(
                 "convolution input has {} values, expected {} channels × {len}",
@@ -115,14 +120,23 @@ pub enum Pad {
 }
 
 /// `x[channels][len]` with `left` and `right` columns added.
-pub fn pad(x: &[f32], channels: usize, len: usize, left: usize, right: usize, mode: Pad) -> Result<Vec<f32>> {
+pub fn pad(
+    x: &[f32],
+    channels: usize,
+    len: usize,
+    left: usize,
+    right: usize,
+    mode: Pad,
+) -> Result<Vec<f32>> {
     if mode == Pad::Reflect && (left >= len || right >= len) {
         return Err(Error::Input(format!(
             "reflect padding of {left}/{right} needs more than {len} columns (the input is too short)"
         )));
     }
     if mode == Pad::Replicate && len == 0 {
-        return Err(Error::Input("cannot replicate the edge of an empty input".into()));
+        return Err(Error::Input(
+            "cannot replicate the edge of an empty input".into(),
+        ));
     }
     let width = left + len + right;
     let mut out = vec![0.0; channels * width];
@@ -155,9 +169,18 @@ mod tests {
     #[test]
     fn padding_modes_follow_torch() {
         let x = [1.0, 2.0, 3.0, 4.0];
-        assert_eq!(pad(&x, 1, 4, 2, 2, Pad::Reflect).unwrap(), [3.0, 2.0, 1.0, 2.0, 3.0, 4.0, 3.0, 2.0]);
-        assert_eq!(pad(&x, 1, 4, 1, 2, Pad::Replicate).unwrap(), [1.0, 1.0, 2.0, 3.0, 4.0, 4.0, 4.0]);
-        assert_eq!(pad(&x, 1, 4, 1, 0, Pad::Zeros).unwrap(), [0.0, 1.0, 2.0, 3.0, 4.0]);
+        assert_eq!(
+            pad(&x, 1, 4, 2, 2, Pad::Reflect).unwrap(),
+            [3.0, 2.0, 1.0, 2.0, 3.0, 4.0, 3.0, 2.0]
+        );
+        assert_eq!(
+            pad(&x, 1, 4, 1, 2, Pad::Replicate).unwrap(),
+            [1.0, 1.0, 2.0, 3.0, 4.0, 4.0, 4.0]
+        );
+        assert_eq!(
+            pad(&x, 1, 4, 1, 0, Pad::Zeros).unwrap(),
+            [0.0, 1.0, 2.0, 3.0, 4.0]
+        );
         assert!(pad(&x, 1, 4, 4, 0, Pad::Reflect).is_err());
     }
 }

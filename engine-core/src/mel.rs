@@ -156,7 +156,10 @@ mod tests {
             assert!((mel_to_hz(hz_to_mel(hz)) - hz).abs() < 1e-9);
         }
         assert_eq!(MelSpectrogram::frames(24000), 93);
-        let e = MelSpectrogram::new().compute(&[0.0; 100]).unwrap_err().to_string();
+        let e = MelSpectrogram::new()
+            .compute(&[0.0; 100])
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("too short"), "{e}");
     }
 }

@@ -68,7 +68,10 @@ impl SpeakerEncoderConfig {
         let n = self.enc_channels.len();
         let bad = |m: String| Err(Error::Input(format!("speaker_encoder_config: {m}")));
         if n < 3 || self.enc_kernel_sizes.len() != n || self.enc_dilations.len() != n {
-            return bad("enc_channels, enc_kernel_sizes and enc_dilations need the same length (≥ 3)".into());
+            return bad(
+                "enc_channels, enc_kernel_sizes and enc_dilations need the same length (≥ 3)"
+                    .into(),
+            );
         }
         if self.mel_dim != N_MELS || self.sample_rate != crate::mel::SAMPLE_RATE {
             return bad(format!(
@@ -101,7 +104,15 @@ impl Tdnn {
         dilation: usize,
     ) -> Result<Self> {
         Ok(Tdnn {
-            conv: Conv1d::load(backend, file, &format!("{prefix}.conv"), shape, 1, dilation, true)?,
+            conv: Conv1d::load(
+                backend,
+                file,
+                &format!("{prefix}.conv"),
+                shape,
+                1,
+                dilation,
+                true,
+            )?,
         })
     }
 
@@ -187,14 +198,24 @@ pub struct SpeakerEncoder {
 
 impl SpeakerEncoder {
     /// `speaker_encoder.*` of a Base model's checkpoint.
-    pub fn load(backend: &dyn Backend, file: &dyn Weights, config: SpeakerEncoderConfig) -> Result<Self> {
+    pub fn load(
+        backend: &dyn Backend,
+        file: &dyn Weights,
+        config: SpeakerEncoderConfig,
+    ) -> Result<Self> {
         config.validate()?;
         let ch = &config.enc_channels;
         let ks = &config.enc_kernel_sizes;
         let ds = &config.enc_dilations;
         let n = ch.len();
         let p = "speaker_encoder";
-        let first = Tdnn::load(backend, file, &format!("{p}.blocks.0"), (config.mel_dim, ch[0], ks[0]), ds[0])?;
+        let first = Tdnn::load(
+            backend,
+            file,
+            &format!("{p}.blocks.0"),
+            (config.mel_dim, ch[0], ks[0]),
+            ds[0],
+        )?;
         let mut blocks = Vec::new();
         for i in 1..n - 1 {
             let b = format!("{p}.blocks.{i}");
@@ -202,7 +223,13 @@ impl SpeakerEncoder {
             let part = c / config.enc_res2net_scale;
             let res2net = (0..config.enc_res2net_scale - 1)
                 .map(|j| {
-                    Tdnn::load(backend, file, &format!("{b}.res2net_block.blocks.{j}"), (part, part, ks[i]), ds[i])
+                    Tdnn::load(
+                        backend,
+                        file,
+                        &format!("{b}.res2net_block.blocks.{j}"),
+                        (part, part, ks[i]),
+                        ds[i],
+                    )
                 })
                 .collect::<Result<_>>()?;
             let se = config.enc_se_channels;
@@ -211,18 +238,62 @@ impl SpeakerEncoder {
                 res2net,
                 scale: config.enc_res2net_scale,
                 tdnn2: Tdnn::load(backend, file, &format!("{b}.tdnn2"), (c, c, 1), 1)?,
-                se1: Conv1d::load(backend, file, &format!("{b}.se_block.conv1"), (c, se, 1), 1, 1, true)?,
-                se2: Conv1d::load(backend, file, &format!("{b}.se_block.conv2"), (se, c, 1), 1, 1, true)?,
+                se1: Conv1d::load(
+                    backend,
+                    file,
+                    &format!("{b}.se_block.conv1"),
+                    (c, se, 1),
+                    1,
+                    1,
+                    true,
+                )?,
+                se2: Conv1d::load(
+                    backend,
+                    file,
+                    &format!("{b}.se_block.conv2"),
+                    (se, c, 1),
+                    1,
+                    1,
+                    true,
+                )?,
                 channels: c,
             });
         }
         let last = ch[n - 1];
         let att = config.enc_attention_channels;
         Ok(SpeakerEncoder {
-            mfa: Tdnn::load(backend, file, &format!("{p}.mfa"), (last, last, ks[n - 1]), ds[n - 1])?,
-            asp_tdnn: Tdnn::load(backend, file, &format!("{p}.asp.tdnn"), (3 * last, att, 1), 1)?,
-            asp_conv: Conv1d::load(backend, file, &format!("{p}.asp.conv"), (att, last, 1), 1, 1, true)?,
-            fc: Conv1d::load(backend, file, &format!("{p}.fc"), (2 * last, config.enc_dim, 1), 1, 1, true)?,
+            mfa: Tdnn::load(
+                backend,
+                file,
+                &format!("{p}.mfa"),
+                (last, last, ks[n - 1]),
+                ds[n - 1],
+            )?,
+            asp_tdnn: Tdnn::load(
+                backend,
+                file,
+                &format!("{p}.asp.tdnn"),
+                (3 * last, att, 1),
+                1,
+            )?,
+            asp_conv: Conv1d::load(
+                backend,
+                file,
+                &format!("{p}.asp.conv"),
+                (att, last, 1),
+                1,
+                1,
+                true,
+            )?,
+            fc: Conv1d::load(
+                backend,
+                file,
+                &format!("{p}.fc"),
+                (2 * last, config.enc_dim, 1),
+                1,
+                1,
+                true,
+            )?,
             first,
             blocks,
             mel: MelSpectrogram::new(),
@@ -245,7 +316,9 @@ impl SpeakerEncoder {
     pub fn embed_mel(&self, backend: &dyn Backend, mel: &[f32]) -> Result<Vec<f32>> {
         let len = mel.len() / N_MELS;
         if len < 2 {
-            return Err(Error::Input("the audio is too short for a speaker embedding".into()));
+            return Err(Error::Input(
+                "the audio is too short for a speaker embedding".into(),
+            ));
         }
         let x = crate::host_conv::transpose(mel, len, N_MELS);
         let mut h = self.first.forward(backend, &x, len)?;
@@ -266,18 +339,37 @@ impl SpeakerEncoder {
         let uniform = vec![1.0 / len as f32; len];
         let stats = |weights: &[f32], row: &[f32]| -> (f32, f32) {
             let m: f32 = row.iter().zip(weights).map(|(v, w)| w * v).sum();
-            let var: f32 = row.iter().zip(weights).map(|(v, w)| w * (v - m) * (v - m)).sum();
+            let var: f32 = row
+                .iter()
+                .zip(weights)
+                .map(|(v, w)| w * (v - m) * (v - m))
+                .sum();
             (m, var.max(EPS).sqrt())
         };
         let mut context = x.to_vec();
-        let global: Vec<(f32, f32)> = x.chunks_exact(len).map(|row| stats(&uniform, row)).collect();
-        context.extend(global.iter().flat_map(|&(m, _)| std::iter::repeat_n(m, len)));
-        context.extend(global.iter().flat_map(|&(_, s)| std::iter::repeat_n(s, len)));
+        let global: Vec<(f32, f32)> = x
+            .chunks_exact(len)
+            .map(|row| stats(&uniform, row))
+            .collect();
+        context.extend(
+            global
+                .iter()
+                .flat_map(|&(m, _)| std::iter::repeat_n(m, len)),
+        );
+        context.extend(
+            global
+                .iter()
+                .flat_map(|&(_, s)| std::iter::repeat_n(s, len)),
+        );
         let mut a = self.asp_tdnn.forward(backend, &context, len)?;
         a.iter_mut().for_each(|v| *v = v.tanh());
         let mut scores = self.asp_conv.forward(backend, &a, len)?.0;
         let mut pooled = vec![0.0; 2 * c];
-        for (ch, (row, s)) in x.chunks_exact(len).zip(scores.chunks_exact_mut(len)).enumerate() {
+        for (ch, (row, s)) in x
+            .chunks_exact(len)
+            .zip(scores.chunks_exact_mut(len))
+            .enumerate()
+        {
             softmax(s);
             let (m, sd) = stats(s, row);
             pooled[ch] = m;

@@ -200,13 +200,24 @@ impl Synthesizer {
         };
         let parts = ClonePromptParts {
             xvector: &clone.xvector,
-            reference: ref_ids.as_deref().map(|ids| (ids, clone.ref_codes.as_slice())),
+            reference: ref_ids
+                .as_deref()
+                .map(|ids| (ids, clone.ref_codes.as_slice())),
         };
         let mut prompt = self.model.clone_prompt(&request, &parts)?;
         if parts.reference.is_some() {
             prompt.decoder_start = Some(self.primed_decoder(clone)?);
         }
         Ok(prompt)
+    }
+
+    /// Prepares a cloned voice's fixed part ahead of its first utterance (its reference decoded once), so
+    /// that its first sound comes as fast as a built-in speaker's.
+    pub fn prepare_clone(&self, clone: &ClonePrompt) -> Result<()> {
+        if clone.in_context() {
+            self.primed_decoder(clone)?;
+        }
+        Ok(())
     }
 
     /// The decoder state after a cloned voice's reference codes (decoded once per voice).

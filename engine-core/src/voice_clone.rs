@@ -32,7 +32,10 @@ impl VoiceEncoders {
             )));
         }
         let se_config = config.speaker_encoder_config.clone().ok_or_else(|| {
-            Error::Input(format!("{}: config.json has no speaker_encoder_config", dir.display()))
+            Error::Input(format!(
+                "{}: config.json has no speaker_encoder_config",
+                dir.display()
+            ))
         })?;
         if se_config.enc_dim != config.talker_config.hidden_size {
             return Err(Error::Input(format!(

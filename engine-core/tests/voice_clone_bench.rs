@@ -36,7 +36,10 @@ fn clip(seconds: f32) -> Vec<f32> {
         .map(|i| {
             let t = i as f32 / 24000.0;
             phase += 2.0 * std::f32::consts::PI * (140.0 + 30.0 * (8.0 * t).sin()) / 24000.0;
-            (1..8).map(|k| (k as f32 * phase).sin() / k as f32).sum::<f32>() * 0.25
+            (1..8)
+                .map(|k| (k as f32 * phase).sin() / k as f32)
+                .sum::<f32>()
+                * 0.25
         })
         .collect()
 }
@@ -48,7 +51,8 @@ fn xvector_and_reference_codes_of_a_10_s_clip() {
     let weights = RandomWeights::new(7);
     let speaker: SpeakerEncoderConfig = serde_json::from_str("{}").unwrap();
     let speaker = SpeakerEncoder::load(&backend, &weights, speaker).unwrap();
-    let top: EncoderTopConfig = serde_json::from_str(r#"{"encoder_config": {"_frame_rate": 12.5}}"#).unwrap();
+    let top: EncoderTopConfig =
+        serde_json::from_str(r#"{"encoder_config": {"_frame_rate": 12.5}}"#).unwrap();
     let codec = CodecEncoder::from_parts(top, &weights, &backend).unwrap();
     let wav = clip(10.0);
     for _ in 0..2 {
@@ -80,17 +84,33 @@ fn first_audio_of_a_cloned_voice_against_a_built_in_speaker() {
     let custom = ModelConfig::released("0.6b").unwrap();
     let mut base = custom.clone();
     base.tts_model_type = Some("base".into());
-    let tokenizer_dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/qwen2-tokenizer");
+    let tokenizer_dir =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/qwen2-tokenizer");
     let synth = |config: ModelConfig| Synthesizer {
-        model: TtsModel::from_parts(config, GenerationConfig::default(), &weights, LmBackends::same(backend.clone()), storage)
-            .unwrap(),
+        model: TtsModel::from_parts(
+            config,
+            GenerationConfig::default(),
+            &weights,
+            LmBackends::same(backend.clone()),
+            storage,
+        )
+        .unwrap(),
         tokenizer: TextTokenizer::load(&tokenizer_dir).unwrap(),
-        codec: CodecDecoder::from_parts(CodecConfig::released(), &weights, backend.clone()).unwrap(),
+        codec: CodecDecoder::from_parts(CodecConfig::released(), &weights, backend.clone())
+            .unwrap(),
     };
     let custom = synth(custom);
     let base = synth(base);
-    let ref_codes: Vec<Vec<u32>> = (0..125).map(|f| (0..16).map(|k| ((f * 37 + k * 101) % 2048) as u32).collect()).collect();
-    let xvector: Vec<f32> = (0..1024).map(|i| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5).collect();
+    let ref_codes: Vec<Vec<u32>> = (0..125)
+        .map(|f| {
+            (0..16)
+                .map(|k| ((f * 37 + k * 101) % 2048) as u32)
+                .collect()
+        })
+        .collect();
+    let xvector: Vec<f32> = (0..1024)
+        .map(|i| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5)
+        .collect();
     let text = "The quick brown fox jumps over the lazy dog.";
     let options = SynthOptions {
         greedy: true,
@@ -101,7 +121,14 @@ fn first_audio_of_a_cloned_voice_against_a_built_in_speaker() {
         let mut times: Vec<Duration> = (0..3)
             .map(|_| {
                 let (report, _) = s
-                    .synthesize(text, voice, &options, StreamConfig::default(), &SessionControl::new(), &mut |_| Ok(()))
+                    .synthesize(
+                        text,
+                        voice,
+                        &options,
+                        StreamConfig::default(),
+                        &SessionControl::new(),
+                        &mut |_| Ok(()),
+                    )
                     .unwrap();
                 report.first_audio.unwrap()
             })
@@ -116,7 +143,11 @@ fn first_audio_of_a_cloned_voice_against_a_built_in_speaker() {
     };
     let xvec = Voice {
         language: "english".into(),
-        clone: Some(Arc::new(ClonePrompt::new(xvector.clone(), None, Vec::new()))),
+        clone: Some(Arc::new(ClonePrompt::new(
+            xvector.clone(),
+            None,
+            Vec::new(),
+        ))),
         ..Voice::default()
     };
     let icl = Voice {

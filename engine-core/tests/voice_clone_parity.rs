@@ -32,7 +32,11 @@ fn tensor(name: &str) -> Vec<f32> {
 }
 
 fn ids(v: &Value) -> Vec<u32> {
-    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
 }
 
 fn codes(v: &Value) -> Vec<Vec<u32>> {
@@ -43,8 +47,15 @@ fn codes(v: &Value) -> Vec<Vec<u32>> {
 fn check(what: &str, ours: &[f32], reference: &[f32], tol: f32) -> f32 {
     assert_eq!(ours.len(), reference.len(), "{what}: lengths differ");
     let peak = reference.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-    let err = ours.iter().zip(reference).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
-    assert!(err <= tol * peak.max(1.0), "{what} differs by {err:e} (peak {peak})");
+    let err = ours
+        .iter()
+        .zip(reference)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0, f32::max);
+    assert!(
+        err <= tol * peak.max(1.0),
+        "{what} differs by {err:e} (peak {peak})"
+    );
     eprintln!("{what}: max |Δ| {err:.2e} (peak {peak:.3})");
     err
 }
@@ -64,9 +75,22 @@ fn mel_and_xvector_match_official() {
     assert_eq!(mel.len() / N_MELS, MelSpectrogram::frames(wav.len()));
     check("log-mel", &mel, &golden_mel, 1e-4);
     // From the official mel, then end to end from the audio.
-    let from_mel = enc.speaker.embed_mel(backend.as_ref(), &golden_mel).unwrap();
-    check("x-vector (official mel)", &from_mel, &tensor("xvector"), 1e-4);
-    check("x-vector", &enc.xvector(&wav).unwrap(), &tensor("xvector"), 1e-4);
+    let from_mel = enc
+        .speaker
+        .embed_mel(backend.as_ref(), &golden_mel)
+        .unwrap();
+    check(
+        "x-vector (official mel)",
+        &from_mel,
+        &tensor("xvector"),
+        1e-4,
+    );
+    check(
+        "x-vector",
+        &enc.xvector(&wav).unwrap(),
+        &tensor("xvector"),
+        1e-4,
+    );
 }
 
 #[test]
@@ -75,12 +99,33 @@ fn reference_codes_match_official() {
     let enc = CodecEncoder::load(&fixture(), &backend).unwrap();
     let wav = tensor("ref_wav");
     let mut stages = EncoderStages::default();
-    let ours = enc.encode_staged(&backend, &wav, Some(&mut stages)).unwrap();
-    check("encoder SEANet", &stages.seanet, &tensor("encoder.seanet"), 1e-4);
-    check("encoder transformer", &stages.transformer, &tensor("encoder.transformer"), 1e-4);
-    check("encoder downsample", &stages.downsample, &tensor("encoder.downsample"), 1e-4);
+    let ours = enc
+        .encode_staged(&backend, &wav, Some(&mut stages))
+        .unwrap();
+    check(
+        "encoder SEANet",
+        &stages.seanet,
+        &tensor("encoder.seanet"),
+        1e-4,
+    );
+    check(
+        "encoder transformer",
+        &stages.transformer,
+        &tensor("encoder.transformer"),
+        1e-4,
+    );
+    check(
+        "encoder downsample",
+        &stages.downsample,
+        &tensor("encoder.downsample"),
+        1e-4,
+    );
     let official = codes(&golden_json()["ref_codes"]);
-    assert_eq!(ours.len(), wav.len().div_ceil(1920), "frames = ceil(samples / 1920)");
+    assert_eq!(
+        ours.len(),
+        wav.len().div_ceil(1920),
+        "frames = ceil(samples / 1920)"
+    );
     assert_eq!(ours, official, "reference codes");
     // The untrimmed codes too (the last frame the official trim drops, if any).
     let all: Vec<u32> = tensor("ref_codes_all").iter().map(|&v| v as u32).collect();
@@ -103,7 +148,10 @@ fn greedy_codes_and_audio_match_official_generate_voice_clone() {
         let text = run["text"].as_str().unwrap();
         let input_ids = synth.tokenizer.encode(&assistant_text(text)).unwrap();
         assert_eq!(input_ids, ids(&run["input_ids"]), "{name}: text ids");
-        let ref_ids = synth.tokenizer.encode(&reference_text(run["ref_text"].as_str().unwrap())).unwrap();
+        let ref_ids = synth
+            .tokenizer
+            .encode(&reference_text(run["ref_text"].as_str().unwrap()))
+            .unwrap();
         assert_eq!(ref_ids, ids(&run["ref_ids"]), "{name}: reference ids");
         let request = PromptRequest {
             input_ids,
@@ -131,7 +179,11 @@ fn greedy_codes_and_audio_match_official_generate_voice_clone() {
             clone: Some(Arc::new(ClonePrompt::new(
                 xvector.clone(),
                 in_context.then(|| run["ref_text"].as_str().unwrap().to_owned()),
-                if in_context { ref_codes.clone() } else { Vec::new() },
+                if in_context {
+                    ref_codes.clone()
+                } else {
+                    Vec::new()
+                },
             ))),
             ..Voice::default()
         };
@@ -147,10 +199,17 @@ fn greedy_codes_and_audio_match_official_generate_voice_clone() {
             profile_decoder: false,
         };
         synth
-            .synthesize(text, &voice, &opts, stream, &SessionControl::new(), &mut |a| {
-                audio.extend_from_slice(a);
-                Ok(())
-            })
+            .synthesize(
+                text,
+                &voice,
+                &opts,
+                stream,
+                &SessionControl::new(),
+                &mut |a| {
+                    audio.extend_from_slice(a);
+                    Ok(())
+                },
+            )
             .unwrap();
         let reference = tensor(&format!("wav_{name}"));
         // The official cut is `int(F / (F + N) · samples)` in floating point: F·spf, or one sample less.
@@ -159,7 +218,12 @@ fn greedy_codes_and_audio_match_official_generate_voice_clone() {
         let cut = (f as f64 / (f + n).max(1) as f64 * ((f + n) * spf) as f64) as usize;
         let skip = f * spf - cut;
         assert_eq!(audio.len() + skip, reference.len(), "{name}: samples");
-        check(&format!("{name}: waveform"), &audio, &reference[skip..], 1e-4);
+        check(
+            &format!("{name}: waveform"),
+            &audio,
+            &reference[skip..],
+            1e-4,
+        );
     }
     assert_eq!(modes.len(), 4, "both modes, streaming and not");
 }

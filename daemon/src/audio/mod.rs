@@ -19,9 +19,9 @@ mod null_sink;
 mod pipewire_loop;
 #[cfg(feature = "pipewire")]
 pub mod pipewire_sink;
+pub mod reference;
 #[cfg(feature = "pipewire")]
 mod sample_queue;
-pub mod reference;
 mod spec;
 pub mod wav_read;
 mod wav_sink;

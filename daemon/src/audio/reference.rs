@@ -35,7 +35,12 @@ pub fn read_mono(path: &Path) -> Result<(Vec<f32>, u32)> {
         )
     };
     let probed = symphonia::default::get_probe()
-        .format(&hint, stream, &FormatOptions::default(), &MetadataOptions::default())
+        .format(
+            &hint,
+            stream,
+            &FormatOptions::default(),
+            &MetadataOptions::default(),
+        )
         .with_context(unreadable)?;
     let mut format = probed.format;
     let track = format
@@ -52,7 +57,9 @@ pub fn read_mono(path: &Path) -> Result<(Vec<f32>, u32)> {
     loop {
         let packet = match format.next_packet() {
             Ok(p) => p,
-            Err(SymphoniaError::IoError(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => break,
+            Err(SymphoniaError::IoError(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                break
+            }
             Err(SymphoniaError::ResetRequired) => break,
             Err(e) => return Err(e).with_context(unreadable),
         };
@@ -101,7 +108,7 @@ pub fn resample(samples: &[f32], from: u32, to: u32) -> Result<Vec<f32>> {
     }
     // The rest, then silence until the delayed tail is out.
     let rest = &samples[pos..];
-    let y = resampler.process_partial(Some(&[rest]), None)?;
+    let y = resampler.process_partial(Some(&[rest][..]), None)?;
     out.extend_from_slice(&y[0]);
     while out.len() < expected + delay {
         let y = resampler.process_partial::<&[f32]>(None, None)?;

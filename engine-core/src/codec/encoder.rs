@@ -165,7 +165,11 @@ impl MimiConfig {
     }
 
     fn validate(&self) -> Result<()> {
-        let bad = |m: &str| Err(Error::Input(format!("speech_tokenizer encoder_config: {m}")));
+        let bad = |m: &str| {
+            Err(Error::Input(format!(
+                "speech_tokenizer encoder_config: {m}"
+            )))
+        };
         if self.audio_channels != 1 {
             return bad("only mono encoders are supported");
         }
@@ -180,11 +184,14 @@ impl MimiConfig {
         }
         if self.num_attention_heads == 0
             || self.num_key_value_heads == 0
-            || !self.num_attention_heads.is_multiple_of(self.num_key_value_heads)
+            || !self
+                .num_attention_heads
+                .is_multiple_of(self.num_key_value_heads)
         {
             return bad("attention heads must be a multiple of kv heads");
         }
-        if self.num_semantic_quantizers == 0 || self.num_semantic_quantizers >= self.num_quantizers {
+        if self.num_semantic_quantizers == 0 || self.num_semantic_quantizers >= self.num_quantizers
+        {
             return bad("needs semantic and acoustic quantizers");
         }
         Ok(())
@@ -210,7 +217,15 @@ impl MimiConv {
         mode: Pad,
     ) -> Result<Self> {
         Ok(MimiConv {
-            conv: Conv1d::load(backend, file, &format!("{prefix}.conv"), shape, stride, dilation, bias)?,
+            conv: Conv1d::load(
+                backend,
+                file,
+                &format!("{prefix}.conv"),
+                shape,
+                stride,
+                dilation,
+                bias,
+            )?,
             mode,
         })
     }
@@ -220,7 +235,8 @@ impl MimiConv {
         let k_eff = (c.k - 1) * c.dilation + 1;
         let total = k_eff as i64 - c.stride as i64;
         // `_get_extra_padding_for_conv1d`, in the same float arithmetic.
-        let frames = ((len as i64 - k_eff as i64 + total) as f64 / c.stride as f64 + 1.0).ceil() as i64 - 1;
+        let frames =
+            ((len as i64 - k_eff as i64 + total) as f64 / c.stride as f64 + 1.0).ceil() as i64 - 1;
         let ideal = frames * c.stride as i64 + k_eff as i64 - total;
         let extra = (ideal - len as i64).max(0) as usize;
         let padded = pad(x, c.cin, len, total.max(0) as usize, extra, self.mode)?;
@@ -306,9 +322,16 @@ impl CodecEncoder {
         Self::from_parts(top, &file, backend)
     }
 
-    pub fn from_parts(top: EncoderTopConfig, file: &dyn Weights, backend: &dyn Backend) -> Result<Self> {
+    pub fn from_parts(
+        top: EncoderTopConfig,
+        file: &dyn Weights,
+        backend: &dyn Backend,
+    ) -> Result<Self> {
         let config = top.encoder_config.clone().ok_or_else(|| {
-            Error::Input("this speech tokenizer has no encoder_config: it cannot encode reference audio".into())
+            Error::Input(
+                "this speech tokenizer has no encoder_config: it cannot encode reference audio"
+                    .into(),
+            )
         })?;
         config.validate()?;
         let c = &config;
@@ -317,12 +340,24 @@ impl CodecEncoder {
         let mut idx = 0;
         let conv = |seanet: &mut Vec<SeanetLayer>, idx: &mut usize, shape, stride| -> Result<()> {
             seanet.push(SeanetLayer::Conv(MimiConv::load(
-                backend, file, &format!("{p}.{idx}"), shape, stride, 1, true, Pad::Zeros,
+                backend,
+                file,
+                &format!("{p}.{idx}"),
+                shape,
+                stride,
+                1,
+                true,
+                Pad::Zeros,
             )?));
             *idx += 1;
             Ok(())
         };
-        conv(&mut seanet, &mut idx, (c.audio_channels, c.num_filters, c.kernel_size), 1)?;
+        conv(
+            &mut seanet,
+            &mut idx,
+            (c.audio_channels, c.num_filters, c.kernel_size),
+            1,
+        )?;
         let mut scaling = 1;
         for &ratio in c.upsampling_ratios.iter().rev() {
             let dim = scaling * c.num_filters;
@@ -330,7 +365,16 @@ impl CodecEncoder {
                 let hidden = dim / c.compress;
                 let dilation = c.dilation_growth_rate.pow(j as u32);
                 let block = |i: usize, shape, d| {
-                    MimiConv::load(backend, file, &format!("{p}.{idx}.block.{i}"), shape, 1, d, true, Pad::Zeros)
+                    MimiConv::load(
+                        backend,
+                        file,
+                        &format!("{p}.{idx}.block.{i}"),
+                        shape,
+                        1,
+                        d,
+                        true,
+                        Pad::Zeros,
+                    )
                 };
                 seanet.push(SeanetLayer::Resnet(ResnetBlock {
                     conv1: block(1, (dim, hidden, c.residual_kernel_size), dilation)?,
@@ -345,7 +389,12 @@ impl CodecEncoder {
         }
         seanet.push(SeanetLayer::Elu);
         idx += 1;
-        conv(&mut seanet, &mut idx, (scaling * c.num_filters, c.hidden_size, c.last_kernel_size), 1)?;
+        conv(
+            &mut seanet,
+            &mut idx,
+            (scaling * c.num_filters, c.hidden_size, c.last_kernel_size),
+            1,
+        )?;
 
         let h = c.hidden_size;
         let hd = c.head_dim();
@@ -359,7 +408,10 @@ impl CodecEncoder {
             .map(|i| {
                 let l = format!("encoder.encoder_transformer.layers.{i}");
                 Ok(TransformerLayer {
-                    norm1: (vec(&format!("{l}.input_layernorm.weight"))?, vec(&format!("{l}.input_layernorm.bias"))?),
+                    norm1: (
+                        vec(&format!("{l}.input_layernorm.weight"))?,
+                        vec(&format!("{l}.input_layernorm.bias"))?,
+                    ),
                     norm2: (
                         vec(&format!("{l}.post_attention_layernorm.weight"))?,
                         vec(&format!("{l}.post_attention_layernorm.bias"))?,
@@ -376,13 +428,24 @@ impl CodecEncoder {
             })
             .collect::<Result<_>>()?;
         if c.attention_bias {
-            return Err(Error::Input("encoder attention biases are not supported".into()));
+            return Err(Error::Input(
+                "encoder attention biases are not supported".into(),
+            ));
         }
 
         let rate = c.frame_rate.unwrap_or(c.encodec_frame_rate() / 2.0);
         let downsample = if (rate - c.encodec_frame_rate()).abs() > 1e-9 {
             let k = 2 * (c.encodec_frame_rate() / rate) as usize;
-            Some(MimiConv::load(backend, file, "encoder.downsample", (h, h, k), 2, 1, false, Pad::Replicate)?)
+            Some(MimiConv::load(
+                backend,
+                file,
+                "encoder.downsample",
+                (h, h, k),
+                2,
+                1,
+                false,
+                Pad::Replicate,
+            )?)
         } else {
             None
         };
@@ -405,8 +468,12 @@ impl CodecEncoder {
             let codebooks = (0..count)
                 .map(|i| {
                     let cb = format!("{q}.layers.{i}.codebook");
-                    let sum = file.tensor_shaped(&format!("{cb}.embed_sum"), &[c.codebook_size, c.codebook_dim])?;
-                    let usage = file.tensor_shaped(&format!("{cb}.cluster_usage"), &[c.codebook_size])?;
+                    let sum = file.tensor_shaped(
+                        &format!("{cb}.embed_sum"),
+                        &[c.codebook_size, c.codebook_dim],
+                    )?;
+                    let usage =
+                        file.tensor_shaped(&format!("{cb}.cluster_usage"), &[c.codebook_size])?;
                     let embed = sum
                         .chunks_exact(c.codebook_dim)
                         .zip(&usage)
@@ -418,14 +485,25 @@ impl CodecEncoder {
                     Ok(Codebook { embed })
                 })
                 .collect::<Result<_>>()?;
-            Ok(ResidualQuantizer { input_proj, codebooks })
+            Ok(ResidualQuantizer {
+                input_proj,
+                codebooks,
+            })
         };
         let keep = top.encoder_valid_num_quantizers.min(c.num_quantizers);
         if keep <= c.num_semantic_quantizers {
-            return Err(Error::Input("encoder_valid_num_quantizers leaves no acoustic codebook".into()));
+            return Err(Error::Input(
+                "encoder_valid_num_quantizers leaves no acoustic codebook".into(),
+            ));
         }
-        let semantic = rvq("semantic_residual_vector_quantizer", c.num_semantic_quantizers)?;
-        let acoustic = rvq("acoustic_residual_vector_quantizer", keep - c.num_semantic_quantizers)?;
+        let semantic = rvq(
+            "semantic_residual_vector_quantizer",
+            c.num_semantic_quantizers,
+        )?;
+        let acoustic = rvq(
+            "acoustic_residual_vector_quantizer",
+            keep - c.num_semantic_quantizers,
+        )?;
         Ok(CodecEncoder {
             config,
             top,
@@ -556,7 +634,10 @@ impl CodecEncoder {
 
 /// `x += scale ⊙ y` row by row (LayerScale residuals).
 fn add_scaled(x: &mut [f32], y: &[f32], scale: &[f32]) {
-    for (xr, yr) in x.chunks_exact_mut(scale.len()).zip(y.chunks_exact(scale.len())) {
+    for (xr, yr) in x
+        .chunks_exact_mut(scale.len())
+        .zip(y.chunks_exact(scale.len()))
+    {
         for ((a, b), s) in xr.iter_mut().zip(yr).zip(scale) {
             *a += s * b;
         }

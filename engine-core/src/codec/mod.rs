@@ -9,8 +9,8 @@
 
 mod bigvgan;
 pub mod config;
-pub mod encoder;
 mod conv;
+pub mod encoder;
 mod pre_transformer;
 mod quantizer;
 mod upsample;

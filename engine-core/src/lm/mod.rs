@@ -139,7 +139,11 @@ impl TtsModel {
     }
 
     /// The prompt of a Base model's cloned voice (x-vector, and in-context the reference).
-    pub fn clone_prompt(&self, request: &PromptRequest, clone: &ClonePromptParts<'_>) -> Result<Prompt> {
+    pub fn clone_prompt(
+        &self,
+        request: &PromptRequest,
+        clone: &ClonePromptParts<'_>,
+    ) -> Result<Prompt> {
         if self.config.model_type() != "base" {
             return Err(Error::Input(format!(
                 "cloned voices need a Base model; this one is {}",

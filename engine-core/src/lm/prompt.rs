@@ -163,7 +163,10 @@ fn build_prompt_with(
     codec_ids.extend(speaker_id);
     codec_ids.extend([t.codec_pad_id, t.codec_bos_id]);
     // The codec track's vectors; a cloned voice's x-vector goes where a speaker id would.
-    let mut codec_rows: Vec<&[f32]> = codec_ids.iter().map(|&id| talker.codec_vector(id)).collect();
+    let mut codec_rows: Vec<&[f32]> = codec_ids
+        .iter()
+        .map(|&id| talker.codec_vector(id))
+        .collect();
     if let Some(c) = clone {
         codec_rows.insert(codec_rows.len() - 2, c.xvector);
     }
@@ -204,7 +207,15 @@ fn build_prompt_with(
             eos,
             pad: &pad,
         };
-        icl_rows(backend, config, talker, cp, &parts, req.non_streaming_mode, &mut embeds)?
+        icl_rows(
+            backend,
+            config,
+            talker,
+            cp,
+            &parts,
+            req.non_streaming_mode,
+            &mut embeds,
+        )?
     } else if req.non_streaming_mode {
         let texts = talker.text_vectors(backend, text_ids)?;
         let pad_codec = talker.codec_vector(t.codec_pad_id);
@@ -303,7 +314,9 @@ fn icl_rows(
         let text = if i < text_rows { text_row(i) } else { p.pad };
         push_sum(embeds, text, codec_row(i));
     }
-    Ok((codec_rows..text_rows).map(|i| text_row(i).to_vec()).collect())
+    Ok((codec_rows..text_rows)
+        .map(|i| text_row(i).to_vec())
+        .collect())
 }
 
 fn push_sum(out: &mut Vec<f32>, a: &[f32], b: &[f32]) {
