@@ -13,13 +13,17 @@ use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use kazeia::dbus::client::SpeechProxy;
-use kazeia_tests::fixtures_dir;
 use kazeia_tests::services::{DbusSession, Service, TempDir};
 use zbus::wire::Variant;
 
 const KAZEIAD: &str = env!("CARGO_BIN_EXE_kazeiad");
 const KAZEIA: &str = env!("CARGO_BIN_EXE_kazeia");
 const SD_KAZEIA: &str = env!("CARGO_BIN_EXE_sd_kazeia");
+
+/// `tests/fixtures/` of this source tree.
+fn fixtures_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures")
+}
 
 /// A copy of a fixture model (files linked) whose `config.json` is edited by `edit`.
 fn model_variant(dir: &Path, fixture: &str, edit: impl FnOnce(&mut serde_json::Value)) -> PathBuf {
@@ -291,10 +295,23 @@ async fn voice_design_voices_are_listed_everywhere_and_follow_changes() {
         .await;
     let (ok, out) = d.voice(&["design", "calm", "--instruct", "Calm and warm."]);
     assert!(ok, "{out}");
-    let changed = tokio::time::timeout(Duration::from_secs(10), changes.next()).await;
+    let changed = tokio::time::timeout(Duration::from_secs(10), async {
+        // The stream may first yield the value it had; wait for one that lists the new voice.
+        while let Some(change) = changes.next().await {
+            if change
+                .get()
+                .await
+                .is_ok_and(|v| v.iter().any(|voice| voice.1 == "calm"))
+            {
+                return true;
+            }
+        }
+        false
+    })
+    .await;
     assert!(
-        changed.is_ok(),
-        "no Voices property change:\n{}",
+        matches!(changed, Ok(true)),
+        "no Voices property change listing the new voice:\n{}",
         d.daemon().log()
     );
     let listed = proxy.list_voices().await.unwrap();
