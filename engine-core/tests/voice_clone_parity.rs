@@ -166,7 +166,8 @@ fn greedy_codes_and_audio_match_official_generate_voice_clone() {
         let prompt = synth.model.clone_prompt(&request, &parts).unwrap();
         let mut options = synth.model.default_options(true);
         options.max_new_tokens = run["max_new_tokens"].as_u64().unwrap() as usize;
-        let generated = generate(&synth.model, &prompt, &options, &mut || 0.5, &mut |_| true);
+        let generated =
+            generate(&synth.model, &prompt, &options, &mut || 0.5, &mut |_| true).unwrap();
         let official = codes(&run["codes"]);
         assert_eq!(generated.codes, official, "{name}: greedy codes");
         modes.insert((in_context, request.non_streaming_mode));
