@@ -46,7 +46,6 @@ impl Default for LogSection {
     }
 }
 
-
 /// A voice described in words (`[voices.NAME]`): VoiceDesign models, or a 1.7B CustomVoice speaker with a
 /// style.
 #[derive(Clone, Debug, PartialEq, Deserialize, Default)]

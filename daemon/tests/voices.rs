@@ -601,7 +601,11 @@ async fn cloned_voice_first_audio() {
     };
     let text = "The quick brown fox jumps over the lazy dog.";
     let builtin = {
-        let d = Daemon::launch(TempDir::new("voices-bench-builtin"), &config(&random), |_| {});
+        let d = Daemon::launch(
+            TempDir::new("voices-bench-builtin"),
+            &config(&random),
+            |_| {},
+        );
         first_audio_median(&d, "ryan", text).await
     };
     let dir = TempDir::new("voices-bench-base");
@@ -669,7 +673,12 @@ async fn cloned_voice_first_audio() {
 async fn first_audio_median(d: &Daemon, voice: &str, text: &str) -> Duration {
     let c = d.connect().await;
     // ListVoices answers once the model is loaded (and cloned voices prepared).
-    let listed = SpeechProxy::new(&c).await.unwrap().list_voices().await.unwrap();
+    let listed = SpeechProxy::new(&c)
+        .await
+        .unwrap()
+        .list_voices()
+        .await
+        .unwrap();
     assert!(listed.iter().any(|v| v.0 == voice), "{voice}: {listed:?}");
     let proxy = spiel_proxy(&c).await;
     let mut times = Vec::new();
@@ -690,7 +699,15 @@ async fn first_audio_median(d: &Daemon, voice: &str, text: &str) -> Duration {
         proxy
             .call::<_, _, ()>(
                 "Synthesize",
-                &(zbus::Fd::from(&fd), text, voice, 1.0f64, 1.0f64, false, "en"),
+                &(
+                    zbus::Fd::from(&fd),
+                    text,
+                    voice,
+                    1.0f64,
+                    1.0f64,
+                    false,
+                    "en",
+                ),
             )
             .await
             .unwrap();

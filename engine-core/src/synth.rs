@@ -226,7 +226,12 @@ impl Synthesizer {
 
     /// The prompt of one chunk of text in `voice`: a cloned voice's (x-vector, and in-context the reference,
     /// with the decoder primed by it) or the model's own.
-    pub fn voice_prompt(&self, text: &str, voice: &Voice, warnings: &mut Vec<String>) -> Result<Prompt> {
+    pub fn voice_prompt(
+        &self,
+        text: &str,
+        voice: &Voice,
+        warnings: &mut Vec<String>,
+    ) -> Result<Prompt> {
         let request = self.request(text, voice, warnings)?;
         let Some(clone) = &voice.clone else {
             return self.prompt(&request);
