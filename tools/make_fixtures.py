@@ -24,6 +24,12 @@ codes) and `golden.safetensors` (first run's prefill embeddings and hidden state
 code-predictor logits, and the decoded waveform). The real vocabulary comes from `tools/qwen_vocab.py`
 (tests/fixtures/qwen2-tokenizer/), which also gets `cases.json`: Python Qwen2Tokenizer ids for tricky strings.
 
+The Base fixture (`tests/fixtures/lm/base_0b6/`) is a tiny Base model with its speaker encoder (ECAPA-TDNN) and a
+speech tokenizer holding both a tiny decoder and a tiny Mimi encoder; `golden.safetensors` has the reference clip,
+its log-mel, x-vector and encoder stages, and each run's cut waveform; `golden.json` the reference codes and, per
+run of the official `Qwen3TTSModel.generate_voice_clone` (x-vector only / in-context, streaming or not), the text
+and reference ids and the greedy codes. `--skip base` leaves it out.
+
 Codec fixture layout (`tests/fixtures/codec/<case>/`):
     speech_tokenizer/config.json        released layout (top-level codec config with `decoder_config`)
     speech_tokenizer/model.safetensors  `decoder.*` tensors (F32, or F16/BF16 for the dtype cases)
@@ -465,13 +471,193 @@ def make_lm_case(name, case, out_root, seed=None):
     save_file({k: v.float().contiguous() for k, v in golden.items()}, os.path.join(out, "golden.safetensors"))
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# Base (voice cloning) fixture: speaker encoder, 12 Hz codec encoder, and the official generate_voice_clone
+
+# Tiny ECAPA-TDNN: the released layout (5 blocks, Res2Net scale 8, 128 mel bins), narrow channels.
+SPEAKER_ENCODER = dict(mel_dim=128, enc_channels=[32, 32, 32, 32, 96], enc_kernel_sizes=[5, 3, 3, 3, 1],
+                       enc_dilations=[1, 2, 3, 4, 1], enc_attention_channels=16, enc_res2net_scale=8,
+                       enc_se_channels=16, sample_rate=24000)
+# Tiny Mimi encoder: the released strides (8·6·5·4 = 960 → 25 Hz, stride-2 downsample → 12.5 Hz), narrow
+# channels. A sliding window far shorter than the clip: the official encoder's attention ignores it (its
+# causal mask is the full one), which the golden records.
+MIMI_ENCODER = dict(sampling_rate=24000, frame_rate=12.5, audio_channels=1, hidden_size=16, num_filters=4,
+                    num_residual_layers=1, upsampling_ratios=[8, 6, 5, 4], kernel_size=7, last_kernel_size=3,
+                    residual_kernel_size=3, dilation_growth_rate=2, use_causal_conv=True, pad_mode="constant",
+                    compress=2, codebook_size=128, codebook_dim=8, num_quantizers=32,
+                    vector_quantization_hidden_dimension=8, num_semantic_quantizers=1, upsample_groups=16,
+                    num_hidden_layers=2, intermediate_size=32, num_attention_heads=2, num_key_value_heads=2,
+                    head_dim=8, hidden_act="gelu", max_position_embeddings=8000, norm_eps=1e-5, rope_theta=10000.0,
+                    sliding_window=6, layer_scale_initial_scale=0.01)
+BASE_CASE = dict(seed=303, cb=128, hidden=32, cp_hidden=32, text_hidden=24, layers=2, cp_layers=2, heads=4,
+                 kv_heads=2, head_dim=8, inter=48, cp_inter=40, rope_theta=1000000.0, eos_boost=1.2)
+REF_TEXT = "Good morning, how are you today?"
+BASE_RUNS = [
+    dict(name="xvec", text="Hello world.", language="english", x_vector_only_mode=True, non_streaming_mode=False,
+         max_new_tokens=16),
+    dict(name="icl", text="Hello world.", language="english", x_vector_only_mode=False, non_streaming_mode=False,
+         max_new_tokens=16),
+    dict(name="icl_nonstream", text="The quick brown fox jumps over the lazy dog.", language="auto",
+         x_vector_only_mode=False, non_streaming_mode=True, max_new_tokens=16),
+    dict(name="xvec_nonstream", text="12 apples cost 3 dollars!", language="auto", x_vector_only_mode=True,
+         non_streaming_mode=True, max_new_tokens=12),
+]
+
+
+def reference_clip(gen, seconds=1.53, sr=24000):
+    """A voice-like test signal: a gliding harmonic tone with a few formant-ish partials and noise, |x| < 1."""
+    t = torch.arange(int(seconds * sr), dtype=torch.float64) / sr
+    f0 = 140 + 30 * torch.sin(2 * math.pi * 1.3 * t)
+    phase = 2 * math.pi * torch.cumsum(f0, 0) / sr
+    wav = sum((0.5 / k) * torch.sin(k * phase + k) for k in range(1, 9))
+    wav = wav * (0.6 + 0.4 * torch.sin(2 * math.pi * 2.1 * t)) + 0.02 * torch.randn(t.shape, generator=gen,
+                                                                                   dtype=torch.float64)
+    return (0.7 * wav / wav.abs().max()).float()
+
+
+def reinit_mimi(enc, gen):
+    for name, p in enc.named_parameters():
+        shape = tuple(p.shape)
+        leaf = name.rsplit(".", 1)[-1]
+        if leaf == "scale":  # LayerScale
+            v = 0.05 + 0.25 * torch.rand(shape, generator=gen)
+        elif leaf == "bias":
+            v = 0.05 * torch.randn(shape, generator=gen)
+        elif leaf == "weight" and len(shape) == 1:  # LayerNorm
+            v = 1.0 + 0.1 * torch.randn(shape, generator=gen)
+        else:
+            v = torch.randn(shape, generator=gen) / math.sqrt(math.prod(shape[1:]))
+        with torch.no_grad():
+            p.copy_(v)
+    for name, b in enc.named_buffers():
+        if name.endswith("embed_sum"):
+            b.copy_(torch.randn(tuple(b.shape), generator=gen) * 0.5)
+        elif name.endswith("cluster_usage"):
+            b.copy_(0.5 + 1.5 * torch.rand(tuple(b.shape), generator=gen))
+
+
+def encoder_stages(enc, wav):
+    """The official Mimi encode, stage by stage (checked against `encode` below)."""
+    x = wav[None, None]
+    stages = {"seanet": enc.encoder(x)}
+    h = enc.encoder_transformer(stages["seanet"].transpose(1, 2), return_dict=True)[0].transpose(1, 2)
+    stages["transformer"] = h
+    stages["downsample"] = enc.downsample(h)
+    return stages
+
+
+def make_base_case(out_root, seed=None):
+    from transformers import EncodecFeatureExtractor, Qwen2Tokenizer
+    from qwen_tts.core.models.processing_qwen3_tts import Qwen3TTSProcessor
+    from qwen_tts.core.tokenizer_12hz.modeling_qwen3_tts_tokenizer_v2 import Qwen3TTSTokenizerV2Model
+    from qwen_tts.inference.qwen3_tts_model import Qwen3TTSModel
+    from qwen_tts.inference.qwen3_tts_tokenizer import Qwen3TTSTokenizer
+    from qwen_tts.core.models.modeling_qwen3_tts import mel_spectrogram
+
+    case = BASE_CASE
+    seed = case["seed"] if seed is None else seed
+    name = "base_0b6"
+    out = os.path.join(out_root, "lm", name)
+    text_vocab, special_ids = make_tiny_tokenizer(out, LM_WORDS + [REF_TEXT])
+    tok = Qwen2Tokenizer.from_pretrained(out)
+    config = lm_config(case, text_vocab, special_ids)
+    config.tts_model_type = "base"
+    config.tts_model_size = "0b6"
+    # A Base model has no named speakers.
+    config.talker_config.spk_id = {}
+    config.talker_config.spk_is_dialect = {}
+    from qwen_tts.core.models.configuration_qwen3_tts import Qwen3TTSSpeakerEncoderConfig
+    config.speaker_encoder_config = Qwen3TTSSpeakerEncoderConfig(enc_dim=case["hidden"], **SPEAKER_ENCODER)
+    gen = torch.Generator().manual_seed(seed)
+    model = Qwen3TTSForConditionalGeneration(config).eval()
+    reinit_lm(model, gen)
+    with torch.no_grad():
+        eos = config.talker_config.codec_eos_token_id
+        head = model.talker.codec_head.weight
+        head[eos] = (head[eos] * case["eos_boost"]).to(torch.bfloat16).to(torch.float32)
+
+    # The codec: a tiny decoder (as the other LM fixtures) and a tiny Mimi encoder, in one speech tokenizer.
+    dec_cfg = dict(CODEC_CASES["window"]["config"], codebook_size=case["cb"], num_quantizers=16)
+    total = math.prod(dec_cfg["upsampling_ratios"] + dec_cfg["upsample_rates"])
+    top = Qwen3TTSTokenizerV2Config(decoder_config=dec_cfg, encoder_config=MIMI_ENCODER,
+                                    decode_upsample_rate=total, encode_downsample_rate=1920)
+    top.decoder_config._attn_implementation = "eager"
+    top.encoder_config._attn_implementation = "eager"
+    codec = Qwen3TTSTokenizerV2Model(top).eval()
+    reinit_decoder(codec.decoder, gen)
+    reinit_mimi(codec.encoder, gen)
+    speech_tokenizer = Qwen3TTSTokenizer()
+    speech_tokenizer.model = codec
+    speech_tokenizer.feature_extractor = EncodecFeatureExtractor(feature_size=1, sampling_rate=24000)
+    speech_tokenizer.config = codec.config
+    speech_tokenizer.device = torch.device("cpu")
+    model.load_speech_tokenizer(speech_tokenizer)
+    wrapper = Qwen3TTSModel(model, Qwen3TTSProcessor(tokenizer=tok))
+
+    wav = reference_clip(gen)
+    golden = {"ref_wav": wav}
+    with torch.no_grad():
+        mel = mel_spectrogram(wav[None], n_fft=1024, num_mels=128, sampling_rate=24000, hop_size=256,
+                              win_size=1024, fmin=0, fmax=12000).transpose(1, 2)[0]
+        golden["mel"] = mel
+        golden["xvector"] = model.extract_speaker_embedding(wav.numpy(), 24000)
+        stages = encoder_stages(codec.encoder, wav)
+        golden.update({f"encoder.{k}": v[0] for k, v in stages.items()})
+        enc = speech_tokenizer.encode(wav.numpy(), sr=24000)
+        ref_codes = enc.audio_codes[0]
+        replay = codec.encoder.quantizer.encode(stages["downsample"], 16).transpose(0, 1)[0]
+        frames = -(-wav.shape[0] // 1920)
+        assert torch.equal(replay[:, :frames].T, ref_codes), "stage replay differs from the official encode"
+        golden["ref_codes_all"] = replay.T.float()  # before the official trim to ceil(samples / 1920)
+
+    # Every run through the official wrapper; generate() is wrapped to record what it was given and made.
+    seen = {}
+    inner = model.generate
+
+    def recording_generate(**kw):
+        codes, hidden = inner(**kw)
+        seen.update(kw, codes=codes)
+        return codes, hidden
+
+    model.generate = recording_generate
+    runs = []
+    for run in BASE_RUNS:
+        seen.clear()
+        with torch.no_grad():
+            wavs, sr = wrapper.generate_voice_clone(
+                text=run["text"], language=run["language"], ref_audio=(wav.numpy(), 24000), ref_text=REF_TEXT,
+                x_vector_only_mode=run["x_vector_only_mode"], non_streaming_mode=run["non_streaming_mode"],
+                do_sample=False, subtalker_dosample=False, max_new_tokens=run["max_new_tokens"])
+        ref_ids = seen["ref_ids"][0].tolist()[0] if seen.get("ref_ids") and seen["ref_ids"][0] is not None else None
+        codes = seen["codes"][0].tolist()
+        runs.append(dict(run, ref_text=REF_TEXT, input_ids=seen["input_ids"][0].tolist()[0], ref_ids=ref_ids,
+                         codes=codes))
+        golden[f"wav_{run['name']}"] = torch.from_numpy(wavs[0]).float()
+        print(f"lm/{name}/{run['name']}: {len(codes)} frames, {wavs[0].shape[0]} samples")
+    model.generate = inner
+
+    config.to_json_file(os.path.join(out, "config.json"))
+    with open(os.path.join(out, "generation_config.json"), "w") as f:
+        json.dump(GENERATION_CONFIG, f, indent=2)
+    tensors = {k: v.detach().to(torch.bfloat16).contiguous() for k, v in model.state_dict().items()}
+    save_file(tensors, os.path.join(out, "model.safetensors"))
+    st_dir = os.path.join(out, "speech_tokenizer")
+    os.makedirs(st_dir, exist_ok=True)
+    top.to_json_file(os.path.join(st_dir, "config.json"))
+    speech_tokenizer.feature_extractor.to_json_file(os.path.join(st_dir, "preprocessor_config.json"))
+    st = {k: v.detach().contiguous() for k, v in codec.state_dict().items()}
+    save_file(st, os.path.join(st_dir, "model.safetensors"))
+    with open(os.path.join(out, "golden.json"), "w", encoding="utf-8") as f:
+        json.dump({"ref_codes": ref_codes.tolist(), "runs": runs}, f, ensure_ascii=False, indent=1)
+    save_file({k: v.float().contiguous() for k, v in golden.items()}, os.path.join(out, "golden.safetensors"))
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=os.path.join(REPO, "tests", "fixtures"))
     ap.add_argument("--codec-case", action="append", help="only this codec case (repeatable)")
     ap.add_argument("--seed", type=int, help="override the case's seed")
     ap.add_argument("--lm-case", action="append", help="only this LM case (repeatable)")
-    ap.add_argument("--skip", action="append", default=[], choices=["codec", "lm", "tokenizer"])
+    ap.add_argument("--skip", action="append", default=[], choices=["codec", "lm", "tokenizer", "base"])
     args = ap.parse_args()
 
     torch.set_num_threads(1)
@@ -488,6 +674,8 @@ def main():
             if args.lm_case and name not in args.lm_case:
                 continue
             make_lm_case(name, case, args.out, args.seed)
+    if "base" not in args.skip:
+        make_base_case(args.out, args.seed)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 //! The shipped file `config/kazeia.toml` documents every key; with no file at all, [`DaemonConfig::default`]
 //! applies, and a test keeps the two equal.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
@@ -26,6 +27,8 @@ pub struct DaemonConfig {
     pub stream: StreamSection,
     pub generation: GenerationSection,
     pub log: LogSection,
+    /// Named voices (`[voices.NAME]`), listed beside the model's own.
+    pub voices: BTreeMap<String, NamedVoice>,
 }
 
 #[derive(Clone, Debug, PartialEq, Deserialize)]
@@ -41,6 +44,19 @@ impl Default for LogSection {
             level: crate::logging::DEFAULT_LEVEL.into(),
         }
     }
+}
+
+/// A voice described in words (`[voices.NAME]`): VoiceDesign models, or a 1.7B CustomVoice speaker with a
+/// style.
+#[derive(Clone, Debug, PartialEq, Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct NamedVoice {
+    /// The description, e.g. "A calm, low female voice, speaking slowly".
+    pub instruct: String,
+    /// CustomVoice models: the speaker it styles; empty: the default speaker.
+    pub speaker: String,
+    /// A language it speaks by default; empty: the request's or `[voice] language`.
+    pub language: String,
 }
 
 #[derive(Clone, Debug, PartialEq, Deserialize, Default)]
@@ -235,6 +251,13 @@ impl DaemonConfig {
         }
         crate::logging::parse_level(&self.log.level)
             .map_err(|e| anyhow::anyhow!("[log] level: {e}"))?;
+        for (name, voice) in &self.voices {
+            crate::voice_store::check_name(name)
+                .map_err(|e| anyhow::anyhow!("[voices.{name}]: {e}"))?;
+            if voice.instruct.trim().is_empty() {
+                bail!("[voices.{name}] has no instruct (describe the voice in words)");
+            }
+        }
         Ok(())
     }
 
@@ -304,6 +327,15 @@ mod tests {
             ("[queue]\nmax_utterances = 0\n", "queue"),
             ("[stream]\nchunk_frames = 0\n", "stream"),
             ("[backends]\ndecoder = \"\"\n", "decoder"),
+            ("[voices.calm]\nspeaker = \"ryan\"\n", "no instruct"),
+            (
+                "[voices.\"Bad Name\"]\ninstruct = \"x\"\n",
+                "voices.Bad Name",
+            ),
+            (
+                "[voices.calm]\ninstruct = \"x\"\ncolour = 1\n",
+                "unknown field",
+            ),
             ("not toml at all [", "invalid configuration"),
         ] {
             let e = format!("{:#}", DaemonConfig::parse(text, "f.toml").unwrap_err());

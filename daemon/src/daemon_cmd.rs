@@ -142,9 +142,16 @@ async fn serve(args: DaemonArgs) -> Result<()> {
     let mut hangup = signal(SignalKind::hangup())?;
     let mut poll = tokio::time::interval(Duration::from_secs(1));
     let mut stamp = file_stamp(&watched);
+    let voices_dir = crate::voice_store::voices_dir().ok();
+    let mut voices_stamp = voices_dir.as_deref().map(crate::voice_store::stamp);
+    let provider = connection
+        .object_server()
+        .interface::<_, SpielProvider>(SPIEL_OBJECT_PATH)
+        .await?;
     let reload = |why: &'static str| {
         let service = service.clone();
         let api = api.clone();
+        let provider = provider.clone();
         async move {
             match service.reload().await {
                 Ok(summary) => {
@@ -153,6 +160,8 @@ async fn serve(args: DaemonArgs) -> Result<()> {
                     let _ = iface.state_changed(api.signal_emitter()).await;
                     let _ = iface.load_progress_changed(api.signal_emitter()).await;
                     emit_properties(&iface, api.signal_emitter()).await;
+                    let spiel = provider.get().await;
+                    let _ = spiel.voices_changed(provider.signal_emitter()).await;
                 }
                 Err(e) => {
                     tracing::warn!("reload ({why}) refused, the running configuration stays: {e:#}")
@@ -204,6 +213,16 @@ async fn serve(args: DaemonArgs) -> Result<()> {
                     stamp = now;
                     if now.is_some() {
                         reload("configuration file changed").await;
+                    }
+                }
+                // A voice added, removed or renamed (`kazeia voice …`): listed at once.
+                let now = voices_dir.as_deref().map(crate::voice_store::stamp);
+                if now != voices_stamp {
+                    voices_stamp = now;
+                    if service.refresh_voices() {
+                        tracing::info!("voices changed");
+                        let spiel = provider.get().await;
+                        let _ = spiel.voices_changed(provider.signal_emitter()).await;
                     }
                 }
             }

@@ -37,6 +37,14 @@ pub struct EngineInfo {
     pub speakers: Vec<String>,
     /// Model language names (`english`, …), without `auto`.
     pub languages: Vec<String>,
+    /// `custom_voice`, `voice_design` or `base`.
+    pub model_type: String,
+    /// Why this model cannot follow a style instruction, if it cannot.
+    pub instruct_refusal: Option<String>,
+    /// Width of a speaker vector (the talker's hidden size; cloned voices must match it).
+    pub speaker_dim: usize,
+    /// Codebooks per frame.
+    pub codebooks: usize,
     pub load_time: Duration,
 }
 
@@ -162,6 +170,10 @@ impl Engine {
                 .filter(|l| *l != "auto")
                 .map(str::to_owned)
                 .collect(),
+            model_type: synth.model.config.model_type().to_owned(),
+            instruct_refusal: synth.instruct_refusal(),
+            speaker_dim: synth.model.config.talker_config.hidden_size,
+            codebooks: synth.model.config.talker_config.num_code_groups,
             load_time: start.elapsed(),
         };
         Ok(Engine {

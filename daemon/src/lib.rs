@@ -8,6 +8,7 @@
 //! - [`service`]: request checks and live reconfiguration, behind [`dbus`] (Kazeia's API and Spiel).
 //! - [`daemon_cmd`]: the daemon's main loop (signals, reload, bus lifetime); [`say_cmd`], [`install_cmd`]:
 //!   `kazeia say` and `kazeia install`; [`control_cmd`]: `kazeia voices`, `status`, `stop`.
+//! - [`voice_store`], [`voice_cmd`]: voices a user makes and keeps (`kazeia voice …`).
 //! - [`audio`]: where speech is played (PipeWire, a WAV file, nowhere).
 //! - [`spiel_stream`]: the Spiel provider stream format (`audio/x-spiel`) on a pipe.
 //! - [`speechd`]: the speech-dispatcher output module protocol.
@@ -32,4 +33,7 @@ pub mod service;
 pub mod short_cache;
 pub mod speechd;
 pub mod spiel_stream;
+pub mod voice_add;
+pub mod voice_cmd;
+pub mod voice_store;
 pub mod voices;

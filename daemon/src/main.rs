@@ -61,6 +61,8 @@ enum Command {
     Status(kazeia::control_cmd::StatusArgs),
     /// Stop all speech now (every client's); `--daemon` also ends the daemon.
     Stop(kazeia::control_cmd::StopArgs),
+    /// Voices you make and keep: cloned from a recording (Base models) or described in words.
+    Voice(kazeia::voice_cmd::VoiceArgs),
     /// Install the binaries, plugins, configuration, systemd unit, D-Bus activation files and the
     /// speech-dispatcher module (--user, or --prefix DIR for system-wide).
     #[command(after_help = "Examples:\n  \
@@ -90,6 +92,7 @@ fn main() -> ExitCode {
         Command::Status(args) => kazeia::control_cmd::run_status(args),
         Command::Stop(args) => kazeia::control_cmd::run_stop(args),
         Command::Install(args) => kazeia::install_cmd::run(args),
+        Command::Voice(args) => kazeia::voice_cmd::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -22,7 +22,7 @@ use crate::request::{Output, Request};
 use crate::runs::{steps, Out, Placement, RunMark, Step};
 use crate::short_cache::{self, CacheKey, ShortCache};
 use crate::spiel_stream::{ClientPipe, EventKind, SpielWriter};
-use crate::voices::resolve_voice;
+use crate::voices::{resolve_voice, Catalog};
 
 /// The utterance being spoken, as pause/resume/stop reach it.
 pub struct Active {
@@ -106,6 +106,8 @@ pub struct Player {
     sink: RwLock<Option<Arc<dyn AudioSink>>>,
     config: RwLock<DaemonConfig>,
     cache: ShortCache,
+    /// The voices of the running engine (speakers, `[voices]`, stored voices).
+    catalog: RwLock<Arc<Catalog>>,
 }
 
 impl Player {
@@ -116,6 +118,7 @@ impl Player {
             sink: RwLock::new(None),
             config: RwLock::new(config),
             cache: ShortCache::default(),
+            catalog: RwLock::new(Arc::new(Catalog::default())),
         }
     }
 
@@ -144,6 +147,19 @@ impl Player {
     /// Puts a new engine in place; the utterance in progress finishes on the old one.
     pub fn set_engine(&self, engine: Arc<Engine>) {
         *self.engine.write().unwrap_or_else(|e| e.into_inner()) = Some(engine);
+        self.cache.clear();
+    }
+
+    pub fn catalog(&self) -> Arc<Catalog> {
+        self.catalog
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Puts a new voice catalog in place (a new engine, `[voices]` or voice store change).
+    pub fn set_catalog(&self, catalog: Arc<Catalog>) {
+        *self.catalog.write().unwrap_or_else(|e| e.into_inner()) = catalog;
         self.cache.clear();
     }
 
@@ -251,7 +267,7 @@ impl Player {
         );
         let engine = self.engine().ok_or_else(|| anyhow!("no model is loaded"))?;
         let config = self.config();
-        let voice = resolve_voice(&request.voice, &config.voice, &engine.info)?;
+        let voice = resolve_voice(&request.voice, &config.voice, &engine.info, &self.catalog())?;
         let stream = StreamConfig {
             first_chunk_frames: config.stream.first_chunk_frames,
             chunk_frames: config.stream.chunk_frames,

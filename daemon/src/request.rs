@@ -22,6 +22,8 @@ pub enum Output {
 pub struct VoiceChoice {
     pub speaker: Option<String>,
     pub language: Option<String>,
+    /// A style instruction for this request (1.7B CustomVoice and VoiceDesign models).
+    pub instruct: Option<String>,
 }
 
 /// Rate, pitch and volume multipliers of a whole request (1.0 = as synthesized).

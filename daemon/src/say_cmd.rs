@@ -30,6 +30,9 @@ pub struct SayArgs {
     /// Language (`en`, `english`, `auto`, …).
     #[arg(long)]
     pub language: Option<String>,
+    /// Style instruction for this utterance (1.7B CustomVoice and VoiceDesign models).
+    #[arg(long)]
+    pub instruct: Option<String>,
     /// Speed multiplier (1 = normal).
     #[arg(long, default_value_t = 1.0)]
     pub rate: f64,
@@ -98,6 +101,9 @@ async fn say_through_daemon(args: &SayArgs) -> Result<(), DaemonError> {
     // Subscribed before Speak so the end cannot be missed.
     let mut finished = proxy.receive_finished().await.map_err(unreachable)?;
     let mut options: HashMap<&str, Variant<'_>> = HashMap::new();
+    if let Some(i) = &args.instruct {
+        options.insert("instruct", Variant::from(i.as_str()));
+    }
     if let Some(v) = &args.voice {
         options.insert("voice", Variant::from(v.as_str()));
     }
@@ -158,6 +164,7 @@ async fn say_in_process(args: &SayArgs) -> Result<()> {
         voice: VoiceChoice {
             speaker: args.voice.clone(),
             language: args.language.clone(),
+            instruct: args.instruct.clone(),
         },
         prosody: RequestProsody {
             rate: args.rate as f32,

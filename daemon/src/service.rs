@@ -15,7 +15,8 @@ use crate::engine::{Engine, EngineInfo, LoadStatus};
 use crate::player::Player;
 use crate::queue::{Id, Priority, QueueError};
 use crate::request::{Output, Request, RequestProsody, VoiceChoice};
-use crate::voices::resolve_voice;
+use crate::voice_store;
+use crate::voices::{check_instruct, resolve_voice, Catalog};
 
 /// A request's options, from `Speak`'s `a{sv}` or Spiel's arguments.
 #[derive(Clone, Debug)]
@@ -129,8 +130,15 @@ impl Service {
             .player
             .engine()
             .ok_or_else(|| Refusal::NotReady(self.loading.not_ready()))?;
-        resolve_voice(&options.voice, &config.voice, &engine.info)
-            .map_err(|e| Refusal::UnknownVoice(e.to_string()))?;
+        check_instruct(&options.voice, &engine.info)
+            .map_err(|e| Refusal::InvalidArgs(e.to_string()))?;
+        resolve_voice(
+            &options.voice,
+            &config.voice,
+            &engine.info,
+            &self.player.catalog(),
+        )
+        .map_err(|e| Refusal::UnknownVoice(e.to_string()))?;
         let prosody = check_prosody(options.prosody)?;
         let id = self.next_id.fetch_add(1, Ordering::SeqCst);
         let request = Request::new(
@@ -172,19 +180,22 @@ impl Service {
         if needs_engine {
             let cfg = config.clone();
             let loading = self.loading.clone();
-            let loaded = tokio::task::spawn_blocking(move || -> Result<Engine> {
+            let loaded = tokio::task::spawn_blocking(move || -> Result<_> {
                 let engine = Engine::load_with(&cfg, &loading)?;
-                let voice = resolve_voice(&VoiceChoice::default(), &cfg.voice, &engine.info)?;
+                let catalog = voice_catalog(&engine.info, &cfg);
+                let voice =
+                    resolve_voice(&VoiceChoice::default(), &cfg.voice, &engine.info, &catalog)?;
                 loading.set("warming up".into());
                 engine.warm_up(&voice).context("warm-up synthesis failed")?;
-                Ok(engine)
+                prepare_clones(&engine, &catalog);
+                Ok((engine, catalog))
             })
             .await
             .context("model loading panicked")
             .and_then(|r| r);
             self.loading
                 .finish(loaded.as_ref().map(|_| ()).map_err(|e| format!("{e:#}")));
-            let engine = loaded?;
+            let (engine, catalog) = loaded?;
             changes.push(format!(
                 "model {} on {} (loaded in {:.1} s)",
                 engine.info.model,
@@ -192,10 +203,22 @@ impl Service {
                 engine.info.load_time.as_secs_f64()
             ));
             self.player.set_engine(Arc::new(engine));
+            self.player.set_catalog(Arc::new(catalog));
         } else if let Some(engine) = self.player.engine() {
             // Voice defaults are checked against the running model before they are taken.
-            resolve_voice(&VoiceChoice::default(), &config.voice, &engine.info)
-                .context("[voice]")?;
+            let mut catalog = voice_catalog(&engine.info, &config);
+            catalog.keep_prepared(&self.player.catalog());
+            resolve_voice(
+                &VoiceChoice::default(),
+                &config.voice,
+                &engine.info,
+                &catalog,
+            )
+            .context("[voice]")?;
+            if config.voices != running.voices {
+                changes.push("voices".into());
+            }
+            self.player.set_catalog(Arc::new(catalog));
         }
         if config.audio.sink != running.audio.sink || self.player.sink_description() == "none" {
             let spec = config.sink()?;
@@ -246,6 +269,50 @@ async fn parse_text(text: String, ssml: bool) -> Result<Vec<Piece>, Refusal> {
             "the text could not be read (internal error: {e})"
         )))
     })
+}
+
+impl Service {
+    /// Reads the voice store again (a voice was added, removed or renamed); whether the voices changed.
+    pub fn refresh_voices(&self) -> bool {
+        let Some(engine) = self.player.engine() else {
+            return false;
+        };
+        let mut catalog = voice_catalog(&engine.info, &self.player.config());
+        let old = self.player.catalog();
+        catalog.keep_prepared(&old);
+        let ids = |c: &Catalog| -> Vec<String> { c.voices.iter().map(|v| v.id.clone()).collect() };
+        let changed = ids(&old) != ids(&catalog) || old.unavailable != catalog.unavailable;
+        let catalog = Arc::new(catalog);
+        self.player.set_catalog(catalog.clone());
+        // New cloned voices get their reference decoded now rather than at their first utterance.
+        std::thread::spawn(move || prepare_clones(&engine, &catalog));
+        changed
+    }
+}
+
+/// Decodes the reference of each cloned voice not prepared yet (once per voice).
+fn prepare_clones(engine: &Engine, catalog: &Catalog) {
+    for clone in catalog.clone_prompts() {
+        if let Err(e) = engine.synth.prepare_clone(&clone) {
+            tracing::warn!("voices: cannot prepare a cloned voice: {e:#}");
+        }
+    }
+}
+
+/// The voices of an engine under a configuration, problems logged.
+pub fn voice_catalog(info: &EngineInfo, config: &DaemonConfig) -> Catalog {
+    let (stored, problems) = match voice_store::voices_dir() {
+        Ok(dir) => voice_store::list(&dir),
+        Err(e) => (Vec::new(), vec![format!("{e:#}")]),
+    };
+    let catalog = Catalog::build(info, &config.voices, &stored);
+    for line in problems.iter().chain(&catalog.notes) {
+        tracing::warn!("voices: {line}");
+    }
+    for (name, why) in &catalog.unavailable {
+        tracing::warn!("voices: `{name}` not offered: {why}");
+    }
+    catalog
 }
 
 /// Long text pieces cut into the chunks the engine would speak one after the other anyway (a few

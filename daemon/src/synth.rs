@@ -116,6 +116,7 @@ pub fn run(args: SynthArgs) -> Result<()> {
         language: args.language.clone(),
         instruct: args.instruct.clone(),
         non_streaming_mode: args.sampling.non_streaming_mode,
+        clone: None,
     };
     let options = SynthOptions {
         greedy: args.sampling.greedy,

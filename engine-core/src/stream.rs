@@ -8,10 +8,10 @@
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
-use std::sync::{Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::codec::{profile_stage, CodecDecoder, Trace};
+use crate::codec::{profile_stage, CodecDecoder, DecoderState, Trace};
 use crate::error::{Error, Result};
 use crate::fallback::{FixedStages, Stage, Stages};
 use crate::lm::generate::generate_on;
@@ -189,8 +189,9 @@ enum Work {
         id: usize,
         sample: u64,
     },
-    /// The next frames start a new utterance (a new text chunk): fresh decoder state.
-    Restart,
+    /// The next frames start a new utterance (a new text chunk): fresh decoder state, or the one given (a
+    /// cloned voice's reference already decoded).
+    Restart(Option<Arc<DecoderState>>),
 }
 
 /// One prompt to speak and the marks inside its text.
@@ -300,14 +301,17 @@ pub fn stream_utterances(
                     continue; // drain: the generator stops on its own
                 }
                 let frames = match work {
-                    Work::Restart => {
+                    Work::Restart(start) => {
                         // Marks left over sit at the end of the utterance that ended.
                         for (_, id) in marks.drain(..) {
                             if let Err(e) = control.deliver(|| on_event(StreamEvent::Mark(id))) {
                                 return fail(e);
                             }
                         }
-                        state = stages.decoder().new_state();
+                        state = match start {
+                            Some(primed) => (*primed).clone(),
+                            None => stages.decoder().new_state(),
+                        };
                         done = 0;
                         continue;
                     }
@@ -379,8 +383,8 @@ pub fn stream_utterances(
                     break;
                 }
                 let Utterance { prompt, marks } = utterance?;
-                if i > 0 {
-                    tx.send(Work::Restart).ok();
+                if i > 0 || prompt.decoder_start.is_some() {
+                    tx.send(Work::Restart(prompt.decoder_start.clone())).ok();
                 }
                 let weight = marks.weight;
                 let mut placer = MarkPlacer::new(marks, rate);

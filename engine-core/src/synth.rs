@@ -2,18 +2,20 @@
 //! are synthesised in order and streamed out as they are decoded.
 
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use kazeia_backend_abi::Backend;
 
-use crate::codec::CodecDecoder;
+use crate::codec::{CodecDecoder, DecoderState};
 use crate::error::{Error, Result};
 use crate::fallback::{CpuFallback, LmStages, Stage, Stages};
 use crate::linear::WeightStorage;
 use crate::lm::code_predictor::CodePredictor;
 use crate::lm::sampler::random_seed;
 use crate::lm::talker::Talker;
-use crate::lm::{build_prompt, LmBackends, Prompt, PromptRequest, TtsModel};
+use crate::lm::{
+    build_clone_prompt, build_prompt, ClonePromptParts, LmBackends, Prompt, PromptRequest, TtsModel,
+};
 use crate::marks::{MarkPlan, SpeakingRate};
 use crate::stream::{
     stream_utterances, SessionControl, StreamConfig, StreamEvent, StreamReport, Utterance,
@@ -32,6 +34,48 @@ pub struct Voice {
     pub instruct: Option<String>,
     /// Where the text goes in the prompt; `None`: the official default for the model type.
     pub non_streaming_mode: Option<bool>,
+    /// Base models: a voice cloned from a recording.
+    pub clone: Option<Arc<ClonePrompt>>,
+}
+
+/// What a Base model speaks a cloned voice from, computed once from the reference recording.
+#[derive(Clone, Default)]
+pub struct ClonePrompt {
+    /// The speaker encoder's x-vector (talker-wide).
+    pub xvector: Vec<f32>,
+    /// The reference transcript, with `ref_codes`: in-context cloning; `None`: x-vector only.
+    pub ref_text: Option<String>,
+    /// The reference recording's codes, `[frame][codebook]`.
+    pub ref_codes: Vec<Vec<u32>>,
+    /// The decoder state after the reference codes, made on first use and kept: every utterance of the
+    /// voice starts from it instead of decoding the reference again.
+    primed: OnceLock<Arc<DecoderState>>,
+}
+
+impl ClonePrompt {
+    pub fn new(xvector: Vec<f32>, ref_text: Option<String>, ref_codes: Vec<Vec<u32>>) -> Self {
+        ClonePrompt {
+            xvector,
+            ref_text,
+            ref_codes,
+            primed: OnceLock::new(),
+        }
+    }
+
+    /// In-context cloning (reference transcript and codes), rather than x-vector only.
+    pub fn in_context(&self) -> bool {
+        self.ref_text.is_some() && !self.ref_codes.is_empty()
+    }
+}
+
+impl std::fmt::Debug for ClonePrompt {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClonePrompt")
+            .field("xvector", &format_args!("[{} values]", self.xvector.len()))
+            .field("ref_text", &self.ref_text)
+            .field("ref_frames", &self.ref_codes.len())
+            .finish()
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -109,14 +153,20 @@ impl Synthesizer {
 
     /// The prompt of `request`, built with the talker running now (moved to the CPU if its backend fails).
     pub fn prompt(&self, request: &PromptRequest) -> Result<Prompt> {
-        let build = || {
+        self.on_talker(|backend, talker| build_prompt(backend, &self.model.config, talker, request))
+    }
+
+    /// Runs `build` with the talker running now; a backend failure moves the talker to the CPU and runs it
+    /// again there.
+    fn on_talker(&self, build: impl Fn(&dyn Backend, &Talker) -> Result<Prompt>) -> Result<Prompt> {
+        let run = || {
             let (backend, talker) = self.talker();
-            build_prompt(backend, &self.model.config, talker, request)
+            build(backend, talker)
         };
-        match build() {
+        match run() {
             Err(e @ Error::Backend { .. }) if !self.fallback.has_moved(Stage::Talker) => {
                 self.recover(Stage::Talker, e)?;
-                build()
+                run()
             }
             other => other,
         }
@@ -124,6 +174,26 @@ impl Synthesizer {
 
     pub fn sample_rate(&self) -> u32 {
         self.codec.sample_rate()
+    }
+
+    /// Why this model does not follow style instructions, if it does not.
+    pub fn instruct_refusal(&self) -> Option<String> {
+        let config = &self.model.config;
+        if config.drops_instruct() {
+            Some(
+                "this model (0.6B CustomVoice) ignores instructions, as the official one does; \
+                 use a 1.7B CustomVoice or VoiceDesign model"
+                    .into(),
+            )
+        } else if config.model_type() == "base" {
+            Some(
+                "Base models take no instruction (they speak cloned voices); \
+                 use a 1.7B CustomVoice or VoiceDesign model"
+                    .into(),
+            )
+        } else {
+            None
+        }
     }
 
     /// The prompt request for one chunk of text, as the official wrapper builds it.
@@ -135,12 +205,11 @@ impl Synthesizer {
     ) -> Result<PromptRequest> {
         let config = &self.model.config;
         let mut instruct = voice.instruct.as_deref().filter(|s| !s.trim().is_empty());
-        if instruct.is_some() && config.drops_instruct() {
-            warnings.push(
-                "this model (0.6B CustomVoice) ignores instructions, as the official one does"
-                    .into(),
-            );
-            instruct = None;
+        if instruct.is_some() {
+            if let Some(why) = self.instruct_refusal() {
+                warnings.push(format!("the instruction is not used: {why}"));
+                instruct = None;
+            }
         }
         Ok(PromptRequest {
             input_ids: self.tokenizer.assistant_ids(text)?,
@@ -153,6 +222,76 @@ impl Synthesizer {
                 .non_streaming_mode
                 .unwrap_or_else(|| config.default_non_streaming_mode()),
         })
+    }
+
+    /// The prompt of one chunk of text in `voice`: a cloned voice's (x-vector, and in-context the reference,
+    /// with the decoder primed by it) or the model's own.
+    pub fn voice_prompt(
+        &self,
+        text: &str,
+        voice: &Voice,
+        warnings: &mut Vec<String>,
+    ) -> Result<Prompt> {
+        let request = self.request(text, voice, warnings)?;
+        let Some(clone) = &voice.clone else {
+            return self.prompt(&request);
+        };
+        let config = &self.model.config;
+        if config.model_type() != "base" {
+            return Err(Error::Input(format!(
+                "cloned voices need a Base model; this one is {}",
+                config.model_type()
+            )));
+        }
+        let ref_ids = match &clone.ref_text {
+            Some(t) if clone.in_context() => Some(self.tokenizer.reference_ids(t)?),
+            _ => None,
+        };
+        let parts = ClonePromptParts {
+            xvector: &clone.xvector,
+            reference: ref_ids
+                .as_deref()
+                .map(|ids| (ids, clone.ref_codes.as_slice())),
+        };
+        let mut prompt = self.on_talker(|backend, talker| {
+            let (_, cp) = self.code_predictor();
+            build_clone_prompt(backend, config, talker, cp, &request, &parts)
+        })?;
+        if parts.reference.is_some() {
+            prompt.decoder_start = Some(self.primed_decoder(clone)?);
+        }
+        Ok(prompt)
+    }
+
+    /// Prepares a cloned voice's fixed part ahead of its first utterance (its reference decoded once), so
+    /// that its first sound comes as fast as a built-in speaker's.
+    pub fn prepare_clone(&self, clone: &ClonePrompt) -> Result<()> {
+        if clone.in_context() {
+            self.primed_decoder(clone)?;
+        }
+        Ok(())
+    }
+
+    /// The decoder state after a cloned voice's reference codes (decoded once per voice).
+    fn primed_decoder(&self, clone: &ClonePrompt) -> Result<Arc<DecoderState>> {
+        if let Some(state) = clone.primed.get() {
+            return Ok(state.clone());
+        }
+        // The state holds no backend memory, so one made on the decoder running now serves on any.
+        let decode = || {
+            let decoder = self.decoder();
+            let mut state = decoder.new_state();
+            decoder.decode_chunk(&mut state, &clone.ref_codes)?;
+            Ok(state)
+        };
+        let state = match decode() {
+            Err(e @ Error::Backend { .. }) if self.can_recover(Stage::Decoder) => {
+                self.recover(Stage::Decoder, e)?;
+                decode()
+            }
+            other => other,
+        }?;
+        Ok(clone.primed.get_or_init(|| Arc::new(state)).clone())
     }
 
     /// Synthesises `text` as a stream: chunks of audio go to `on_audio` (from the decoder thread) as soon as
@@ -213,9 +352,8 @@ impl Synthesizer {
         }
         let utterance = |c: usize, warnings: &mut Vec<String>| -> Result<Utterance> {
             let chunk = &text[chunks[c].clone()];
-            let request = self.request(chunk, voice, warnings)?;
             Ok(Utterance {
-                prompt: self.prompt(&request)?,
+                prompt: self.voice_prompt(chunk, voice, warnings)?,
                 marks: MarkPlan::new(chunk, &plans[c]),
             })
         };

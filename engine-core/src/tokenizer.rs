@@ -154,6 +154,19 @@ impl TextTokenizer {
         ])
     }
 
+    /// The ids of [`reference_text`]`(text)` (a cloned voice's reference transcript), with `text` read as
+    /// text.
+    pub fn reference_ids(&self, text: &str) -> Result<Vec<u32>> {
+        use Part::*;
+        let body = format!("assistant\n{text}");
+        self.template_ids(&[
+            Special("<|im_start|>"),
+            Text(&body),
+            Special("<|im_end|>"),
+            Text("\n"),
+        ])
+    }
+
     fn template_ids(&self, parts: &[Part]) -> Result<Vec<u32>> {
         let mut inner = self.lock();
         // "Encode special tokens" means: tokenize their text like any other text.
@@ -192,6 +205,11 @@ fn encode_with(tokenizer: &Tokenizer, text: &str) -> Result<Vec<u32>> {
 /// The official assistant template around the text to speak.
 pub fn assistant_text(text: &str) -> String {
     format!("<|im_start|>assistant\n{text}<|im_end|>\n<|im_start|>assistant\n")
+}
+
+/// The official template around a cloned voice's reference transcript (`_build_ref_text`).
+pub fn reference_text(text: &str) -> String {
+    format!("<|im_start|>assistant\n{text}<|im_end|>\n")
 }
 
 /// The official template around a voice instruction.

@@ -121,6 +121,7 @@ fn special_tokens_are_text_in(dir: &Path) {
         language: "english".into(),
         instruct: Some("Calm.<|im_end|>\n<|im_start|>assistant\n".into()),
         non_streaming_mode: None,
+        clone: None,
     };
     for text in &texts {
         let request = synth.request(text, &voice, &mut Vec::new()).unwrap();

@@ -24,6 +24,7 @@ fn voice() -> Voice {
         language: "english".into(),
         instruct: None,
         non_streaming_mode: None,
+        clone: None,
     }
 }
 

@@ -22,6 +22,7 @@ fn voice(non_streaming_mode: Option<bool>) -> Voice {
         language: "english".into(),
         instruct: None,
         non_streaming_mode,
+        clone: None,
     }
 }
 

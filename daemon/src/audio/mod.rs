@@ -20,6 +20,7 @@ mod null_sink;
 mod pipewire_loop;
 #[cfg(feature = "pipewire")]
 pub mod pipewire_sink;
+pub mod reference;
 #[cfg(feature = "pipewire")]
 mod sample_queue;
 mod spec;

@@ -11,7 +11,7 @@ use zbus::wire::{OwnedVariant, Variant};
 use super::{sender, SpeechError};
 use crate::request::Output;
 use crate::service::{backends_summary, Service, SpeakOptions};
-use crate::voices::{display_name, language_tags};
+use crate::voices::display_name;
 
 pub struct SpeechApi {
     pub service: Arc<Service>,
@@ -52,6 +52,7 @@ pub fn parse_options(options: &HashMap<String, OwnedVariant>) -> Result<SpeakOpt
         match key.as_str() {
             "voice" => parsed.voice.speaker = Some(string_option(key, v)?),
             "language" => parsed.voice.language = Some(string_option(key, v)?),
+            "instruct" => parsed.voice.instruct = Some(string_option(key, v)?),
             "rate" => parsed.prosody.rate = number_option(key, v)?,
             "pitch" => parsed.prosody.pitch = number_option(key, v)?,
             "volume" => parsed.prosody.volume = number_option(key, v)?,
@@ -71,7 +72,7 @@ pub fn parse_options(options: &HashMap<String, OwnedVariant>) -> Result<SpeakOpt
             },
             other => {
                 return Err(SpeechError::InvalidArgs(format!(
-                    "unknown option `{other}` (known: voice, language, rate, pitch, volume, priority, ssml)"
+                    "unknown option `{other}` (known: voice, language, instruct, rate, pitch, volume, priority, ssml)"
                 )))
             }
         }
@@ -81,7 +82,8 @@ pub fn parse_options(options: &HashMap<String, OwnedVariant>) -> Result<SpeakOpt
 
 #[interface(name = "org.kazeia.Speech1")]
 impl SpeechApi {
-    /// Queues `text`; returns its id. Options: voice (s), language (s), rate (d, 1 = normal), pitch (d),
+    /// Queues `text`; returns its id. Options: voice (s), language (s), instruct (s: a style for this
+    /// utterance, 1.7B CustomVoice and VoiceDesign models), rate (d, 1 = normal), pitch (d),
     /// volume (d), priority (s: important, message, text, notification, progress), ssml (b).
     async fn speak(
         &self,
@@ -148,10 +150,14 @@ impl SpeechApi {
     async fn list_voices(&self) -> Vec<(String, String, String)> {
         self.service.wait_ready().await;
         let info = self.service.info();
-        let languages = language_tags(&info).join(",");
-        info.speakers
+        let catalog = self.service.player.catalog();
+        catalog
+            .voices
             .iter()
-            .map(|s| (s.clone(), display_name(s), languages.clone()))
+            .map(|v| {
+                let languages = catalog.language_tags(v, &info).join(",");
+                (v.id.clone(), display_name(&v.id), languages)
+            })
             .collect()
     }
 

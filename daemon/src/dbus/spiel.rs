@@ -11,7 +11,7 @@ use super::{sender, SpeechError};
 use crate::queue::Priority;
 use crate::request::{Output, RequestProsody, VoiceChoice};
 use crate::service::{Service, SpeakOptions};
-use crate::voices::{display_name, language_tags};
+use crate::voices::display_name;
 
 /// Spiel voice features this provider honours.
 const EVENTS_SSML_MARK: u64 = 0x8;
@@ -51,6 +51,7 @@ impl SpielProvider {
             voice: VoiceChoice {
                 speaker: Some(voice_id).filter(|v| !v.is_empty()),
                 language: Some(language).filter(|l| !l.is_empty()),
+                instruct: None,
             },
             prosody: RequestProsody {
                 rate: rate as f32,
@@ -77,17 +78,18 @@ impl SpielProvider {
     #[zbus(property)]
     async fn voices(&self) -> Vec<(String, String, String, u64, Vec<String>)> {
         let info = self.service.info();
-        let languages = language_tags(&info);
+        let catalog = self.service.player.catalog();
         let format = output_format(info.sample_rate);
-        info.speakers
+        catalog
+            .voices
             .iter()
-            .map(|s| {
+            .map(|v| {
                 (
-                    display_name(s),
-                    s.clone(),
+                    display_name(&v.id),
+                    v.id.clone(),
                     format.clone(),
                     VOICE_FEATURES,
-                    languages.clone(),
+                    catalog.language_tags(v, &info),
                 )
             })
             .collect()

@@ -10,6 +10,7 @@
 mod bigvgan;
 pub mod config;
 mod conv;
+pub mod encoder;
 mod pre_transformer;
 mod quantizer;
 mod upsample;

@@ -28,6 +28,9 @@ pub struct ModelConfig {
     #[serde(default = "d::tts_eos")]
     pub tts_eos_token_id: u32,
     pub talker_config: TalkerConfig,
+    /// Base models: the speaker encoder (present, with defaults, in every released config).
+    #[serde(default)]
+    pub speaker_encoder_config: Option<crate::speaker_encoder::SpeakerEncoderConfig>,
 }
 
 #[derive(Clone, Debug, Deserialize)]

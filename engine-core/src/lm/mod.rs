@@ -16,7 +16,7 @@ use kazeia_backend_abi::Backend;
 
 pub use config::{GenerationConfig, ModelConfig};
 pub use generate::{generate, GenerateOptions, GenerateTimings, Generated};
-pub use prompt::{build_prompt, Prompt, PromptRequest};
+pub use prompt::{build_clone_prompt, build_prompt, ClonePromptParts, Prompt, PromptRequest};
 pub use sampler::SamplingParams;
 
 use crate::error::{Error, Result};
@@ -136,6 +136,28 @@ impl TtsModel {
 
     pub fn prompt(&self, request: &PromptRequest) -> Result<Prompt> {
         build_prompt(self.backend.as_ref(), &self.config, &self.talker, request)
+    }
+
+    /// The prompt of a Base model's cloned voice (x-vector, and in-context the reference).
+    pub fn clone_prompt(
+        &self,
+        request: &PromptRequest,
+        clone: &ClonePromptParts<'_>,
+    ) -> Result<Prompt> {
+        if self.config.model_type() != "base" {
+            return Err(Error::Input(format!(
+                "cloned voices need a Base model; this one is {}",
+                self.config.model_type()
+            )));
+        }
+        build_clone_prompt(
+            self.backend.as_ref(),
+            &self.config,
+            &self.talker,
+            &self.code_predictor,
+            request,
+            clone,
+        )
     }
 
     /// The options of `generation_config.json`, greedy if asked.

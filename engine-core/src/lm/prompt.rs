@@ -7,8 +7,12 @@
 
 use kazeia_backend_abi::Backend;
 
+use std::sync::Arc;
+
+use super::code_predictor::CodePredictor;
 use super::config::ModelConfig;
 use super::talker::Talker;
+use crate::codec::DecoderState;
 use crate::error::{Error, Result};
 
 /// What to say and how, at the level of the official `generate(input_ids=...)`.
@@ -30,6 +34,20 @@ pub struct Prompt {
     /// Text-track vectors added to the generated frames in order, then `pad` forever.
     pub trailing: Vec<Vec<f32>>,
     pub pad: Vec<f32>,
+    /// In-context voice cloning: the decoder state after the reference codes, so that the generated frames
+    /// decode with the reference as left context (the official code decodes reference + generated codes and
+    /// cuts the reference's samples off).
+    pub decoder_start: Option<Arc<DecoderState>>,
+}
+
+/// A Base model's voice-clone parts of the prompt (`generate_voice_clone`).
+#[derive(Clone, Copy, Debug)]
+pub struct ClonePromptParts<'a> {
+    /// The speaker encoder's x-vector: the speaker slot of the codec track.
+    pub xvector: &'a [f32],
+    /// In-context cloning: the reference template `<|im_start|>assistant\n{ref}<|im_end|>\n` tokenized (the
+    /// official code takes `ids[3..len−2]`) and the reference codes `[frame][codebook]`.
+    pub reference: Option<(&'a [u32], &'a [Vec<u32>])>,
 }
 
 impl Prompt {
@@ -61,6 +79,40 @@ pub fn build_prompt(
     config: &ModelConfig,
     talker: &Talker,
     req: &PromptRequest,
+) -> Result<Prompt> {
+    build_prompt_with(backend, config, talker, None, req, None)
+}
+
+/// [`build_prompt`] for a Base model's cloned voice: the x-vector in the speaker slot and, in-context, the
+/// reference transcript and codes (`generate_icl_prompt`).
+pub fn build_clone_prompt(
+    backend: &dyn Backend,
+    config: &ModelConfig,
+    talker: &Talker,
+    cp: &CodePredictor,
+    req: &PromptRequest,
+    clone: &ClonePromptParts<'_>,
+) -> Result<Prompt> {
+    if clone.xvector.len() != talker.hidden() {
+        return Err(Error::Input(format!(
+            "the voice's speaker vector has {} values; this model needs {} (make the voice again with this model)",
+            clone.xvector.len(),
+            talker.hidden()
+        )));
+    }
+    if req.speaker.as_deref().is_some_and(|s| !s.is_empty()) {
+        return Err(Error::Input("a cloned voice takes no speaker name".into()));
+    }
+    build_prompt_with(backend, config, talker, Some(cp), req, Some(clone))
+}
+
+fn build_prompt_with(
+    backend: &dyn Backend,
+    config: &ModelConfig,
+    talker: &Talker,
+    cp: Option<&CodePredictor>,
+    req: &PromptRequest,
+    clone: Option<&ClonePromptParts<'_>>,
 ) -> Result<Prompt> {
     let t = &config.talker_config;
     let ids = &req.input_ids;
@@ -110,7 +162,15 @@ pub fn build_prompt(
     };
     codec_ids.extend(speaker_id);
     codec_ids.extend([t.codec_pad_id, t.codec_bos_id]);
-    let m = codec_ids.len();
+    // The codec track's vectors; a cloned voice's x-vector goes where a speaker id would.
+    let mut codec_rows: Vec<&[f32]> = codec_ids
+        .iter()
+        .map(|&id| talker.codec_vector(id))
+        .collect();
+    if let Some(c) = clone {
+        codec_rows.insert(codec_rows.len() - 2, c.xvector);
+    }
+    let m = codec_rows.len();
 
     let specials = talker.text_vectors(
         backend,
@@ -132,13 +192,31 @@ pub fn build_prompt(
     }
     embeds.extend(talker.text_vectors(backend, &ids[..3])?);
     // tts_pad × (m − 2), then tts_bos, over the codec ids but the last (bos).
-    for (j, &cid) in codec_ids[..m - 1].iter().enumerate() {
+    for (j, codec) in codec_rows[..m - 1].iter().enumerate() {
         let text = if j < m - 2 { &pad[..] } else { bos };
-        push_sum(&mut embeds, text, talker.codec_vector(cid));
+        push_sum(&mut embeds, text, codec);
     }
 
     let text_ids = &ids[3..ids.len() - 5];
-    let trailing = if req.non_streaming_mode {
+    let reference = clone.and_then(|c| c.reference);
+    let trailing = if let (Some((ref_ids, ref_codes)), Some(cp)) = (reference, cp) {
+        let parts = IclParts {
+            ref_ids,
+            ref_codes,
+            text_ids,
+            eos,
+            pad: &pad,
+        };
+        icl_rows(
+            backend,
+            config,
+            talker,
+            cp,
+            &parts,
+            req.non_streaming_mode,
+            &mut embeds,
+        )?
+    } else if req.non_streaming_mode {
         let texts = talker.text_vectors(backend, text_ids)?;
         let pad_codec = talker.codec_vector(t.codec_pad_id);
         for row in texts.chunks_exact(h).chain(std::iter::once(eos)) {
@@ -161,7 +239,84 @@ pub fn build_prompt(
         rows,
         trailing,
         pad,
+        decoder_start: None,
     })
+}
+
+struct IclParts<'a> {
+    ref_ids: &'a [u32],
+    ref_codes: &'a [Vec<u32>],
+    text_ids: &'a [u32],
+    eos: &'a [f32],
+    pad: &'a [f32],
+}
+
+/// `generate_icl_prompt`: text `[reference text, text, eos]` against codec `[bos, reference frames]` (each
+/// frame the sum of its 16 codebook embeddings); streaming pairs them row by row and leaves the text rows
+/// beyond the codec ones to the generated frames, non-streaming puts all text first. Appends the rows to
+/// `embeds`; returns the trailing text vectors.
+fn icl_rows(
+    backend: &dyn Backend,
+    config: &ModelConfig,
+    talker: &Talker,
+    cp: &CodePredictor,
+    p: &IclParts<'_>,
+    non_streaming_mode: bool,
+    embeds: &mut Vec<f32>,
+) -> Result<Vec<Vec<f32>>> {
+    let t = &config.talker_config;
+    let h = talker.hidden();
+    if p.ref_ids.len() < 6 {
+        return Err(Error::Input(
+            "the reference template has too few ids (is the reference transcript empty?)".into(),
+        ));
+    }
+    let groups = t.num_code_groups;
+    if p.ref_codes.is_empty() || p.ref_codes.iter().any(|f| f.len() != groups) {
+        return Err(Error::Input(format!(
+            "reference codes must be non-empty frames of {groups} codes"
+        )));
+    }
+    let cb0_limit = (talker.vocab() - 1024) as u32;
+    if let Some(bad) = p.ref_codes.iter().flatten().find(|&&c| c >= cb0_limit) {
+        return Err(Error::Input(format!(
+            "reference code {bad} is outside the codebooks ({cb0_limit} entries)"
+        )));
+    }
+    let mut text_ids = p.ref_ids[3..p.ref_ids.len() - 2].to_vec();
+    text_ids.extend_from_slice(p.text_ids);
+    let mut text = talker.text_vectors(backend, &text_ids)?;
+    text.extend_from_slice(p.eos);
+    let mut codec = talker.codec_vector(t.codec_bos_id).to_vec();
+    for frame in p.ref_codes {
+        let mut sum = talker.codec_vector(frame[0]).to_vec();
+        for (k, &code) in frame[1..].iter().enumerate() {
+            for (a, b) in sum.iter_mut().zip(cp.embedding(k, code)) {
+                *a += b;
+            }
+        }
+        codec.extend(sum);
+    }
+    let (text_rows, codec_rows) = (text.len() / h, codec.len() / h);
+    let text_row = |i: usize| &text[i * h..(i + 1) * h];
+    let codec_row = |i: usize| &codec[i * h..(i + 1) * h];
+    if non_streaming_mode {
+        let pad_codec = talker.codec_vector(t.codec_pad_id);
+        for i in 0..text_rows {
+            push_sum(embeds, text_row(i), pad_codec);
+        }
+        for i in 0..codec_rows {
+            push_sum(embeds, codec_row(i), p.pad);
+        }
+        return Ok(Vec::new());
+    }
+    for i in 0..codec_rows {
+        let text = if i < text_rows { text_row(i) } else { p.pad };
+        push_sum(embeds, text, codec_row(i));
+    }
+    Ok((codec_rows..text_rows)
+        .map(|i| text_row(i).to_vec())
+        .collect())
 }
 
 fn push_sum(out: &mut Vec<f32>, a: &[f32], b: &[f32]) {

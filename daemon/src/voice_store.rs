@@ -1,0 +1,270 @@
+//! Voices a user makes once and keeps (`kazeia voice add` / `kazeia voice design`): one small JSON file per
+//! voice in `$XDG_DATA_HOME/kazeia/voices` (else `~/.local/share/kazeia/voices`). Files are written to a
+//! temporary name and renamed into place, so a crash or a full disk never leaves a half-written voice and
+//! never loses the one it replaces.
+
+use std::path::{Path, PathBuf};
+use std::time::SystemTime;
+
+use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
+
+/// The file format this build writes and reads.
+pub const FORMAT: u32 = 1;
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StoredVoice {
+    pub format: u32,
+    pub name: String,
+    /// A voice described in words (VoiceDesign, 1.7B CustomVoice styles).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub instruct: String,
+    /// Its language by default (a model language name); empty: the request's or the configured one.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub language: String,
+    /// A voice cloned from a recording (Base models).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clone: Option<CloneData>,
+}
+
+/// What the speaker encoder and the codec encoder made of the reference recording, computed once.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CloneData {
+    /// The speaker embedding (x-vector), as wide as the talker of the model that made it.
+    pub xvector: Vec<f32>,
+    /// The reference transcript; empty: x-vector-only cloning.
+    #[serde(default)]
+    pub ref_text: String,
+    /// The reference recording's codes (`[frame][codebook]`), with the transcript: in-context cloning.
+    #[serde(default)]
+    pub ref_codes: Vec<Vec<u32>>,
+    /// The model whose encoders made it (directory or repo id), for messages.
+    pub model: String,
+    pub audio_seconds: f32,
+}
+
+impl StoredVoice {
+    pub fn designed(name: &str, instruct: &str, language: &str) -> Self {
+        StoredVoice {
+            format: FORMAT,
+            name: name.to_owned(),
+            instruct: instruct.to_owned(),
+            language: language.to_owned(),
+            clone: None,
+        }
+    }
+
+    /// `designed`, `cloned (x-vector)` or `cloned (in-context)`.
+    pub fn kind(&self) -> &'static str {
+        match &self.clone {
+            None => "designed",
+            Some(c) if c.ref_codes.is_empty() => "cloned (x-vector)",
+            Some(_) => "cloned (in-context)",
+        }
+    }
+}
+
+/// The voice directory: `$XDG_DATA_HOME/kazeia/voices`, else `~/.local/share/kazeia/voices`.
+pub fn voices_dir() -> Result<PathBuf> {
+    let base = std::env::var_os("XDG_DATA_HOME")
+        .map(PathBuf::from)
+        .filter(|p| p.is_absolute())
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/share")))
+        .context("neither XDG_DATA_HOME nor HOME is set: nowhere to keep voices")?;
+    Ok(base.join("kazeia/voices"))
+}
+
+/// Voice names: 1 to 64 of lowercase ASCII letters, digits, `-` and `_`, starting with a letter (they are
+/// file names, D-Bus voice ids and speech-dispatcher voice names).
+pub fn check_name(name: &str) -> Result<()> {
+    let ok = (1..=64).contains(&name.len())
+        && name.starts_with(|c: char| c.is_ascii_lowercase())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '_');
+    if !ok {
+        bail!(
+            "the voice name `{name}` is not allowed: use 1 to 64 lowercase letters, digits, - or _, \
+             starting with a letter (e.g. `my-voice`)"
+        );
+    }
+    Ok(())
+}
+
+fn path_of(dir: &Path, name: &str) -> PathBuf {
+    dir.join(format!("{name}.json"))
+}
+
+/// Reads one voice file.
+pub fn load(path: &Path) -> Result<StoredVoice> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let voice: StoredVoice = serde_json::from_str(&text)
+        .with_context(|| format!("{} is not a voice file", path.display()))?;
+    if voice.format != FORMAT {
+        bail!(
+            "{}: voice format {} (this Kazeia reads format {FORMAT})",
+            path.display(),
+            voice.format
+        );
+    }
+    let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or("");
+    if voice.name != stem {
+        bail!("{}: names the voice `{}`", path.display(), voice.name);
+    }
+    check_name(&voice.name)?;
+    Ok(voice)
+}
+
+/// Every voice in `dir`, sorted by name, and one line per file that could not be read.
+pub fn list(dir: &Path) -> (Vec<StoredVoice>, Vec<String>) {
+    let mut voices = Vec::new();
+    let mut problems = Vec::new();
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return (voices, problems),
+        Err(e) => {
+            problems.push(format!("cannot read {}: {e}", dir.display()));
+            return (voices, problems);
+        }
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if path.extension().and_then(|e| e.to_str()) != Some("json") {
+            continue;
+        }
+        match load(&path) {
+            Ok(v) => voices.push(v),
+            Err(e) => problems.push(format!("{e:#}")),
+        }
+    }
+    voices.sort_by(|a, b| a.name.cmp(&b.name));
+    (voices, problems)
+}
+
+/// Whether a voice of that name is stored.
+pub fn exists(dir: &Path, name: &str) -> bool {
+    path_of(dir, name).exists()
+}
+
+/// Writes `voice` atomically; refuses to replace a voice of the same name unless `replace`.
+pub fn save(dir: &Path, voice: &StoredVoice, replace: bool) -> Result<PathBuf> {
+    check_name(&voice.name)?;
+    let path = path_of(dir, &voice.name);
+    if !replace && path.exists() {
+        bail!(
+            "a voice named `{}` already exists; choose another name, or remove it first (kazeia voice remove {})",
+            voice.name,
+            voice.name
+        );
+    }
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let text = serde_json::to_string(voice).context("cannot encode the voice")?;
+    let tmp = dir.join(format!(".{}.{}.tmp", voice.name, std::process::id()));
+    let written = (|| -> std::io::Result<()> {
+        use std::io::Write;
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(text.as_bytes())?;
+        f.sync_all()
+    })();
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e).with_context(|| format!("cannot write {}", tmp.display()));
+    }
+    std::fs::rename(&tmp, &path).with_context(|| format!("cannot write {}", path.display()))?;
+    Ok(path)
+}
+
+pub fn remove(dir: &Path, name: &str) -> Result<()> {
+    check_name(name)?;
+    let path = path_of(dir, name);
+    match std::fs::remove_file(&path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            bail!("no voice named `{name}` (kazeia voice list shows them)")
+        }
+        Err(e) => Err(e).with_context(|| format!("cannot remove {}", path.display())),
+    }
+}
+
+/// Renames a stored voice; the new name must be free.
+pub fn rename(dir: &Path, old: &str, new: &str) -> Result<()> {
+    check_name(new)?;
+    let mut voice = load(&path_of(dir, old))
+        .map_err(|_| anyhow::anyhow!("no voice named `{old}` (kazeia voice list shows them)"))?;
+    voice.name = new.to_owned();
+    save(dir, &voice, false)?;
+    std::fs::remove_file(path_of(dir, old))
+        .with_context(|| format!("`{new}` is saved but `{old}` could not be removed"))
+}
+
+/// A fingerprint of the directory (names, sizes, times): the daemon polls it to see new voices.
+pub fn stamp(dir: &Path) -> Vec<(String, u64, Option<SystemTime>)> {
+    let mut out: Vec<_> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let meta = e.metadata().ok()?;
+            (name.ends_with(".json") && !name.starts_with('.'))
+                .then(|| (name, meta.len(), meta.modified().ok()))
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_checked() {
+        for good in ["a", "my-voice", "anna_2"] {
+            check_name(good).unwrap();
+        }
+        for bad in ["", "Anna", "2x", "a b", "../x", "é", &"a".repeat(65)] {
+            let e = check_name(bad).unwrap_err().to_string();
+            assert!(e.contains("not allowed"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn save_list_rename_remove_and_clashes() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path().join("voices");
+        let calm = StoredVoice::designed("calm", "Speak calmly.", "");
+        save(&d, &calm, false).unwrap();
+        let e = save(&d, &StoredVoice::designed("calm", "Other.", ""), false)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("already exists"), "{e}");
+        // The clash left the stored voice as it was.
+        assert_eq!(list(&d).0, vec![calm.clone()]);
+        std::fs::write(d.join("broken.json"), "{").unwrap();
+        let (voices, problems) = list(&d);
+        assert_eq!(voices.len(), 1);
+        assert!(problems[0].contains("broken.json"), "{problems:?}");
+        std::fs::remove_file(d.join("broken.json")).unwrap();
+
+        save(&d, &StoredVoice::designed("other", "x", ""), false).unwrap();
+        let e = rename(&d, "calm", "other").unwrap_err().to_string();
+        assert!(e.contains("already exists"), "{e}");
+        rename(&d, "calm", "quiet").unwrap();
+        let names: Vec<_> = list(&d).0.into_iter().map(|v| v.name).collect();
+        assert_eq!(names, ["other", "quiet"]);
+        remove(&d, "quiet").unwrap();
+        assert!(remove(&d, "quiet")
+            .unwrap_err()
+            .to_string()
+            .contains("no voice named"));
+        assert!(!std::fs::read_dir(&d).unwrap().any(|e| e
+            .unwrap()
+            .file_name()
+            .to_string_lossy()
+            .ends_with(".tmp")));
+    }
+}
