@@ -469,7 +469,11 @@ fn link_blob(blob: &Path, target: &Path) -> std::io::Result<()> {
         // Made beside the target and renamed over it, so two downloaders linking the same file at once both
         // succeed (a remove-then-link would let the second fail with "File exists").
         let mut temporary = target.as_os_str().to_owned();
-        temporary.push(format!(".link-{}-{:?}", std::process::id(), std::thread::current().id()));
+        temporary.push(format!(
+            ".link-{}-{:?}",
+            std::process::id(),
+            std::thread::current().id()
+        ));
         let temporary = PathBuf::from(temporary);
         let _ = std::fs::remove_file(&temporary);
         std::os::unix::fs::symlink(relative, &temporary)?;
