@@ -11,8 +11,8 @@
 //! The codec decoder stays f32 in every format today, so the codes are the whole loss; a lossy decoder would add
 //! a waveform SNR here.
 //!
-//! `tiny_fixtures` runs in CI on the committed fixtures. The real-size check is ignored (it needs ~3 GB and a
-//! minute or more):
+//! `tiny_fixtures` runs in CI on the committed fixtures. The real-size check is ignored (2.6 GB peak, 2.5 min of
+//! CPU time):
 //! `cargo test -p kazeia-engine --test lossy_formats -- --ignored --nocapture` (the test profile is optimised).
 
 use std::path::{Path, PathBuf};
@@ -246,20 +246,22 @@ fn tiny_fixtures() {
 /// Random weights of the released 0.6B shapes (the bench's), 32 frames on 2 threads; as a control, a q4_0
 /// model of other random weights must fail the q4_0 bounds (the metric tells models apart).
 #[test]
-#[ignore = "real-size model: ~3 GB of memory and minutes; run with --ignored"]
+#[ignore = "real-size model: 2.6 GB and 2.5 min of CPU; run with --ignored"]
 fn released_0b6_shapes_on_random_weights() {
     const FRAMES: usize = 32;
+    // Bounds from one measured run (x86-64 AVX2, 2 threads), with the tiny test's margin: the shortfall at most
+    // twice the measured value (at least 0.005 nats), the agreement 0.1 below it. Measured: q8_0 talker
+    // 0.0001 nats / 0.969, code predictor 0.0013 / 0.948; q4_0 0.1858 / 0.406, 0.3076 / 0.406 (random weights
+    // give flat distributions, so small changes flip many greedy choices, at little cost in log-probability);
+    // the control, other weights: 3.08 / 0.0 and 3.57 / 0.0.
+    let bound = |format, talker, code_predictor| Bounds {
+        format,
+        talker,
+        code_predictor,
+    };
     let bounds = [
-        Bounds {
-            format: WeightFormat::Q8_0,
-            talker: s(1.0, 0.0),
-            code_predictor: s(1.0, 0.0),
-        },
-        Bounds {
-            format: WeightFormat::Q4_0,
-            talker: s(1.0, 0.0),
-            code_predictor: s(1.0, 0.0),
-        },
+        bound(WeightFormat::Q8_0, s(0.005, 0.87), s(0.005, 0.85)),
+        bound(WeightFormat::Q4_0, s(0.37, 0.30), s(0.62, 0.30)),
     ];
     let load = |seed, format| {
         TtsModel::from_parts(
