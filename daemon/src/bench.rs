@@ -5,6 +5,11 @@
 //! fastest of `--repeat` runs after one warm-up run. The decoder's stages are timed one by one (each stage then
 //! ends its own list of ops); "decoder as one list" is the same decode again untimed by stage, as streaming runs
 //! it (on a device backend: one submission).
+//!
+//! The talker and the code predictor are memory-bound: each step reads all its weights. Their rows show the
+//! weight bytes one frame reads (`FrameBytes`, from the config and the resident format), the rate achieved
+//! (bytes / measured time per frame) and its share of the machine's streaming read bandwidth, measured by a
+//! short probe with the same thread count after the runs (`bandwidth.rs`).
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -17,8 +22,10 @@ use kazeia_engine::lm::{generate, GenerationConfig, ModelConfig, PromptRequest, 
 use kazeia_engine::random_weights::RandomWeights;
 use kazeia_engine::stream::{stream_speech, SessionControl, StreamConfig};
 use kazeia_engine::tokenizer::{assistant_text, TextTokenizer};
-use kazeia_engine::WeightStorage;
+use kazeia_engine::weights::{WeightFile, Weights};
+use kazeia_engine::{WeightFormat, WeightStorage};
 
+use crate::bandwidth::{read_bandwidth_gbps, PROBE_BYTES};
 use crate::common_args::BackendArgs;
 use kazeia::model_path::resolve_model;
 
@@ -75,6 +82,8 @@ struct Loaded {
     decoder: CodecDecoder,
     request: Option<PromptRequest>,
     source: String,
+    /// How the talker's and code predictor's linear layers are resident.
+    format: WeightFormat,
 }
 
 fn load(args: &BenchArgs) -> Result<Loaded> {
@@ -113,6 +122,11 @@ fn load(args: &BenchArgs) -> Result<Loaded> {
                 decoder,
                 request,
                 source: format!("random {size} weights ({})", args.weights),
+                // Random weights are made in f32; "auto" keeps them so.
+                format: match args.weights {
+                    WeightStorage::Convert(format) => format,
+                    WeightStorage::AsStored => WeightFormat::F32,
+                },
             })
         }
         (None, Some(spec)) => {
@@ -137,6 +151,12 @@ fn load(args: &BenchArgs) -> Result<Loaded> {
                 decoder,
                 request,
                 source: format!("{} ({})", dir.display(), args.weights),
+                format: match args.weights {
+                    WeightStorage::Convert(format) => format,
+                    // As the checkpoint stores the layers (one stands for all: a release has one precision).
+                    WeightStorage::AsStored => WeightFile::open(&dir.join("model.safetensors"))?
+                        .stored_format("talker.codec_head.weight"),
+                },
             })
         }
         _ => bail!("give either --random 0.6b|1.7b or --model DIR"),
@@ -292,6 +312,14 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let decoder_total: f64 = r.decoder_s.iter().sum();
     let rss = peak_rss_mb();
     let rtf = r.total_s / audio_s;
+    // After the peak RSS is read: the probe's buffer is not the model's memory.
+    let traffic = loaded.model.as_ref().map(|model| {
+        let bytes = model.config.frame_weight_bytes(loaded.format);
+        let bandwidth = read_bandwidth_gbps(args.threads);
+        let talker = Traffic::new(bytes.talker, r.talker_s / frames, bandwidth);
+        let cp = Traffic::new(bytes.code_predictor, r.cp_s / frames, bandwidth);
+        (bandwidth, talker, cp, bytes.code_predictor_steps)
+    });
 
     if args.json {
         let stages: Vec<String> = PROFILE_STAGES
@@ -304,7 +332,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
              \"total_ms\": {:.1}, \"prefill_ms\": {:.2}, \"talker_ms_per_frame\": {:.3}, \"cp_ms_per_frame\": {:.3}, \
              \"decoder_ms\": {:.1}, \"decoder_s_per_audio_s\": {:.4}, {}, \"decoder_one_list_ms\": {:.1}, \
              \"load_s\": {load_s:.2}, \
-             \"peak_rss_mb\": {rss:.1}{}}}",
+             \"peak_rss_mb\": {rss:.1}{}{}}}",
             loaded.source,
             args.frames,
             args.threads,
@@ -319,6 +347,18 @@ pub fn run(args: BenchArgs) -> Result<()> {
             latency.as_ref().map_or(String::new(), |l| format!(
                 ", \"first_audio_ms\": {:.1}, \"stop_ms\": {:.3}, \"stop_session_ms\": {:.1}",
                 l.first_audio_ms, l.stop_ms, l.stop_session_ms
+            )),
+            traffic.map_or(String::new(), |(bandwidth, t, cp, _)| format!(
+                ", \"weight_format\": \"{}\", \"read_bandwidth_gbps\": {bandwidth:.2}, \
+                 \"talker_weight_mb_per_frame\": {:.2}, \"talker_gbps\": {:.2}, \"talker_bandwidth_share\": {:.3}, \
+                 \"cp_weight_mb_per_frame\": {:.2}, \"cp_gbps\": {:.2}, \"cp_bandwidth_share\": {:.3}",
+                loaded.format,
+                t.mb,
+                t.gbps,
+                t.share,
+                cp.mb,
+                cp.gbps,
+                cp.share
             ))
         );
         return Ok(());
@@ -372,7 +412,50 @@ pub fn run(args: BenchArgs) -> Result<()> {
         );
     }
     println!("RTF {rtf:.3} (wall time / audio time); load {load_s:.1} s; peak RSS {rss:.0} MB");
+    if let Some((bandwidth, t, cp, steps)) = traffic {
+        println!(
+            "weights read per frame ({}) against the read bandwidth: {bandwidth:.1} GB/s ({} thread(s), {} MiB, best pass)",
+            loaded.format,
+            args.threads,
+            PROBE_BYTES >> 20
+        );
+        println!(
+            "{:<30}{:>12}{:>12}{:>16}",
+            "stage", "MB/frame", "GB/s", "of bandwidth"
+        );
+        let row = |name: String, x: &Traffic| {
+            println!(
+                "{name:<30}{:>12.1}{:>12.1}{:>14.0} %",
+                x.mb,
+                x.gbps,
+                x.share * 100.0
+            )
+        };
+        row("talker".into(), &t);
+        row(
+            format!("code predictor ({steps} × {:.1})", cp.mb / steps as f64),
+            &cp,
+        );
+    }
     Ok(())
+}
+
+/// One memory-bound stage: weight bytes per frame, the rate achieved, its share of the measured bandwidth.
+struct Traffic {
+    mb: f64,
+    gbps: f64,
+    share: f64,
+}
+
+impl Traffic {
+    fn new(bytes: u64, s_per_frame: f64, bandwidth_gbps: f64) -> Self {
+        let gbps = bytes as f64 / s_per_frame / 1e9;
+        Traffic {
+            mb: bytes as f64 / 1e6,
+            gbps,
+            share: gbps / bandwidth_gbps,
+        }
+    }
 }
 
 /// Peak resident set size of this process (`VmHWM`), in MB; 0 where /proc is not available.

@@ -1,6 +1,7 @@
 //! `kazeia`: the command line of the Kazeia speech engine.
 
 mod backends;
+mod bandwidth;
 mod bench;
 mod common_args;
 mod decode;

@@ -3,6 +3,7 @@
 
 pub mod code_predictor;
 pub mod config;
+pub mod frame_bytes;
 pub mod generate;
 pub mod prompt;
 pub mod sampler;
@@ -15,6 +16,7 @@ use std::sync::Arc;
 use kazeia_backend_abi::Backend;
 
 pub use config::{GenerationConfig, ModelConfig};
+pub use frame_bytes::FrameBytes;
 pub use generate::{generate, GenerateOptions, GenerateTimings, Generated};
 pub use prompt::{build_clone_prompt, build_prompt, ClonePromptParts, Prompt, PromptRequest};
 pub use sampler::SamplingParams;
