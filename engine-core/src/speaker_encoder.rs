@@ -167,7 +167,7 @@ impl SeRes2NetBlock {
         }
         let mut h = self.tdnn2.forward(backend, &out, len)?;
         // Squeeze-excitation: channel means → 1×1 conv, ReLU → 1×1 conv, sigmoid → channel scales.
-        let means: Vec<f32> = h.chunks_exact(len).map(|row| mean(row)).collect();
+        let means: Vec<f32> = h.chunks_exact(len).map(mean).collect();
         let mut s = self.se1.forward(backend, &means, 1)?.0;
         s.iter_mut().for_each(|v| *v = v.max(0.0));
         let gates = self.se2.forward(backend, &s, 1)?.0;

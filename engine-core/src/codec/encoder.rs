@@ -573,7 +573,7 @@ impl CodecEncoder {
         if let Some(down) = &self.downsample {
             (x, len) = down.forward(backend, &x, len)?;
         }
-        if let Some(s) = stages.as_deref_mut() {
+        if let Some(s) = stages {
             s.downsample = x.clone();
         }
         let rows = transpose(&x, h, len);
