@@ -1,7 +1,7 @@
 //! Bytes of weights one generated frame reads, per stage, from the model's shapes and the resident weight
 //! format: the numerator of a memory-bound stage's achieved bandwidth (`kazeia bench`).
 //!
-//! What is counted is what the timed parts of [`crate::lm::generate`] read once per frame:
+//! What is counted is what the timed parts of [`crate::lm::generate()`] read once per frame:
 //! - talker step: every layer's seven linear layers (rows padded to whole blocks of 32, as resident) and their
 //!   biases, its f32 norms (input, post-attention, q, k), the final norm, and the codec head. The text track
 //!   costs nothing per frame: the trailing text vectors are computed once, with the prompt.
