@@ -215,28 +215,21 @@ fn bad_requests_are_rejected_with_a_reason() {
 }
 
 /// F32, and BF16 storage of the BF16 checkpoints, are lossless: the codes stay identical (the default keeps the
-/// checkpoint's own precision). The lossy formats are reported
-/// (share of codes equal to the f32 run) and must still produce valid, mostly agreeing codes.
+/// checkpoint's own precision). F16 gives the same codes on these fixtures too (measured: 8/8 runs of each).
+/// The lossy formats (Q8_0, Q4_0) cannot be held to identical free-running codes, which diverge after the first
+/// differing choice; `lossy_formats.rs` checks them teacher-forced against f32, with bounds.
 #[test]
 fn weight_formats_against_f32_codes() {
     use kazeia_engine::{WeightFormat, WeightStorage};
     for case in CASES {
-        for format in [
-            WeightFormat::F32,
-            WeightFormat::BF16,
-            WeightFormat::F16,
-            WeightFormat::Q8_0,
-            WeightFormat::Q4_0,
-        ] {
+        for format in [WeightFormat::F32, WeightFormat::BF16, WeightFormat::F16] {
             let model = TtsModel::load_as(
                 &fixture(case),
                 Arc::new(CpuBackend::new(1)),
                 WeightStorage::Convert(format),
             )
             .unwrap();
-            let (mut same, mut total, mut first_frames_same) = (0usize, 0usize, 0usize);
-            let all = runs(case);
-            for run in &all {
+            for run in &runs(case) {
                 let prompt = model.prompt(&request(run)).unwrap();
                 let mut options = model.default_options(true);
                 options.max_new_tokens = run["max_new_tokens"].as_u64().unwrap() as usize;
@@ -251,17 +244,8 @@ fn weight_formats_against_f32_codes() {
                 .codes;
                 let expected: Vec<Vec<u32>> =
                     run["codes"].as_array().unwrap().iter().map(ids).collect();
-                if matches!(format, WeightFormat::F32 | WeightFormat::BF16) {
-                    assert_eq!(codes, expected, "{case} {format}: {}", run["name"]);
-                }
-                first_frames_same += usize::from(codes.first() == expected.first());
-                for (a, b) in codes.iter().zip(&expected) {
-                    same += a.iter().zip(b).filter(|(x, y)| x == y).count();
-                }
-                total += expected.len() * 16;
+                assert_eq!(codes, expected, "{case} {format}: {}", run["name"]);
             }
-            let share = same as f64 / total.max(1) as f64;
-            eprintln!("{case} {format}: {:.1}% of codes equal to f32, first frame equal in {first_frames_same}/{} runs", share * 100.0, all.len());
         }
     }
 }
