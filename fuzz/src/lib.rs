@@ -17,7 +17,7 @@ pub fn speak_options(data: &[u8]) {
     } else {
         Endian::Little
     };
-    let body = Data::new(data.get(1..).unwrap_or(&[]), Context::new_dbus(endian, 0));
+    let body = Data::new(data.get(1..).unwrap_or(&[]), Context::new(endian, 0));
     let Ok((options, _)) = body.deserialize::<HashMap<String, OwnedVariant>>() else {
         return;
     };
@@ -154,16 +154,16 @@ pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
     let mut seeds = Vec::new();
 
     use zbus::wire::serialized::Context;
-    use zbus::wire::{Endian, Value};
-    let mut options: HashMap<&str, Value<'_>> = HashMap::new();
-    options.insert("voice", Value::from("ryan"));
-    options.insert("language", Value::from("english"));
-    options.insert("rate", Value::from(1.5f64));
-    options.insert("pitch", Value::from(1u32));
-    options.insert("priority", Value::from("message"));
-    options.insert("ssml", Value::from(true));
+    use zbus::wire::{Endian, Variant};
+    let mut options: HashMap<&str, Variant<'_>> = HashMap::new();
+    options.insert("voice", Variant::from("ryan"));
+    options.insert("language", Variant::from("english"));
+    options.insert("rate", Variant::from(1.5f64));
+    options.insert("pitch", Variant::from(1u32));
+    options.insert("priority", Variant::from("message"));
+    options.insert("ssml", Variant::from(true));
     for (tag, endian) in [(0u8, Endian::Little), (1, Endian::Big)] {
-        if let Ok(body) = zbus::wire::to_bytes(Context::new_dbus(endian, 0), &options) {
+        if let Ok(body) = zbus::wire::to_bytes(Context::new(endian, 0), &options) {
             let mut seed = vec![tag];
             seed.extend_from_slice(&body);
             seeds.push(("speak_options", seed));
