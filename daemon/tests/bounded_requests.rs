@@ -7,8 +7,6 @@
 //! - `<prosody volume="silent">` around a huge gain is silent.
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -19,47 +17,11 @@ use kazeia::dbus::client::SpeechProxy;
 use kazeia::player::Player;
 use kazeia::request::Output;
 use kazeia::service::{Refusal, Service, SpeakOptions};
-use kazeia_tests::fixtures_dir;
-use kazeia_tests::services::{DbusSession, PipeWire, Service as Process, TempDir};
+use kazeia_tests::services::{DbusSession, PipeWire, TempDir};
 use zbus::wire::Variant;
 
-const KAZEIAD: &str = env!("CARGO_BIN_EXE_kazeiad");
-
-fn write_config(path: &Path, sink: &str, extra: &str) {
-    let model = fixtures_dir().join("lm/shape_0b6");
-    std::fs::write(
-        path,
-        format!(
-            "[model]\npath = \"{}\"\n[audio]\nsink = \"{sink}\"\n[threads]\ntalker = 1\ncode_predictor = 1\n\
-             decoder = 1\n{extra}",
-            model.display()
-        ),
-    )
-    .unwrap();
-}
-
-fn start_daemon(
-    bus: &DbusSession,
-    env: &[(String, String)],
-    config: &Path,
-    log: PathBuf,
-) -> Process {
-    let config = config.display().to_string();
-    let daemon = Process::spawn(KAZEIAD, &["--config", &config], env, log);
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let status = Command::new("busctl")
-            .arg(format!("--address={}", bus.address()))
-            .args(["status", "org.kazeia.Speech"])
-            .output()
-            .expect("busctl (package systemd) is needed");
-        if status.status.success() {
-            return daemon;
-        }
-        assert!(Instant::now() < deadline, "the daemon never took its name");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
+mod common;
+use common::{quick_model, start_daemon, write_config};
 
 async fn proxy(bus: &DbusSession) -> (zbus::Connection, SpeechProxy<'static>) {
     let connection = zbus::connection::Builder::address(bus.address())
@@ -108,7 +70,12 @@ async fn finished(
 async fn a_break_bomb_keeps_memory_bounded_and_stop_everyone_still_works() {
     let dir = TempDir::new("bounded-breaks");
     let config = dir.path().join("kazeia.toml");
-    write_config(&config, "pipewire", "[generation]\nmax_frames = 8\n");
+    write_config(
+        &config,
+        &quick_model(),
+        "pipewire",
+        "[generation]\nmax_frames = 8\n",
+    );
     let bus = DbusSession::start(None);
     let pw = PipeWire::start(&bus);
     let mut daemon = start_daemon(&bus, &pw.env(), &config, dir.path().join("kazeiad.log"));
@@ -228,6 +195,7 @@ async fn silence_around_a_huge_gain_is_silent() {
     let wav = dir.path().join("out.wav");
     write_config(
         &config,
+        &quick_model(),
         &format!("wav:{}", wav.display()),
         "[generation]\ngreedy = true\nmax_frames = 8\n",
     );
