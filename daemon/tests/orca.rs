@@ -19,7 +19,7 @@ use kazeia_tests::desktop::{
 use kazeia_tests::services::{DbusSession, PipeWire, Recorder, TempDir};
 use kazeia_tests::speaking_model;
 
-const KAZEIAD: &str = env!("CARGO_BIN_EXE_kazeiad");
+mod common;
 const SD_KAZEIA: &str = env!("CARGO_BIN_EXE_sd_kazeia");
 
 /// Louder than this is sound (the null sink is exactly 0 otherwise).
@@ -48,18 +48,7 @@ impl Desktop {
             format!("{model_config}\n[audio]\nsink = \"null\"\n"),
         )
         .unwrap();
-        let services = dir.path().join("services");
-        std::fs::create_dir(&services).unwrap();
-        for name in ["org.kazeia.Speech", "org.kazeia.Speech.Provider"] {
-            std::fs::write(
-                services.join(format!("{name}.service")),
-                format!(
-                    "[D-BUS Service]\nName={name}\nExec={KAZEIAD} --config {}\n",
-                    config.display()
-                ),
-            )
-            .unwrap();
-        }
+        let services = common::activation_files(dir.path(), &config);
         let bus = DbusSession::start(Some(&services));
         let pw = PipeWire::start(&bus).with_pulse();
         // The model loads before speech-dispatcher starts: the server asks its modules for voices before it

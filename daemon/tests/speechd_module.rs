@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use kazeia_tests::services::{require_program, DbusSession, PipeWire, Recorder, Service, TempDir};
 use kazeia_tests::speaking_model;
 
-const KAZEIAD: &str = env!("CARGO_BIN_EXE_kazeiad");
+mod common;
 const SD_KAZEIA: &str = env!("CARGO_BIN_EXE_sd_kazeia");
 
 /// Everything between spd-say and the sink, torn down on drop (in reverse order of the fields).
@@ -39,18 +39,7 @@ impl Stack {
             ),
         )
         .unwrap();
-        let services = dir.path().join("services");
-        std::fs::create_dir(&services).unwrap();
-        for name in ["org.kazeia.Speech", "org.kazeia.Speech.Provider"] {
-            std::fs::write(
-                services.join(format!("{name}.service")),
-                format!(
-                    "[D-BUS Service]\nName={name}\nExec={KAZEIAD} --config {}\n",
-                    config.display()
-                ),
-            )
-            .unwrap();
-        }
+        let services = common::activation_files(dir.path(), &config);
         let bus = DbusSession::start(Some(&services));
         let pw = PipeWire::start(&bus).with_pulse();
 

@@ -23,6 +23,24 @@ pub fn quick_model() -> PathBuf {
     fixtures_dir().join("lm/shape_0b6")
 }
 
+/// D-Bus activation files for both of kazeiad's names, starting it with `config`, in `dir/services`
+/// (returned, for [`DbusSession::start`]).
+pub fn activation_files(dir: &Path, config: &Path) -> PathBuf {
+    let services = dir.join("services");
+    std::fs::create_dir(&services).unwrap();
+    for name in ["org.kazeia.Speech", "org.kazeia.Speech.Provider"] {
+        std::fs::write(
+            services.join(format!("{name}.service")),
+            format!(
+                "[D-BUS Service]\nName={name}\nExec={KAZEIAD} --config {}\n",
+                config.display()
+            ),
+        )
+        .unwrap();
+    }
+    services
+}
+
 pub fn write_config(path: &Path, model: &Path, sink: &str, extra: &str) {
     std::fs::write(
         path,
