@@ -69,6 +69,10 @@ pub struct BenchArgs {
 #[derive(Clone, Copy, Default)]
 struct Run {
     prefill_s: f64,
+    /// The prompt's rows, and those whose keys and values the talker kept from the warm-up (the voice's fixed
+    /// rows), so the prefill ran only the others.
+    prompt_rows: usize,
+    reused_rows: usize,
     talker_s: f64,
     cp_s: f64,
     decoder_s: [f64; 5],
@@ -177,6 +181,8 @@ fn run_once(loaded: &Loaded, frames: usize) -> Result<Run> {
                 true
             })?;
             run.prefill_s = generated.timings.prefill.as_secs_f64();
+            run.prompt_rows = generated.timings.prompt_rows;
+            run.reused_rows = generated.timings.reused_rows;
             run.talker_s = generated.timings.talker.as_secs_f64();
             run.cp_s = generated.timings.code_predictor.as_secs_f64();
             generated.codes
@@ -205,10 +211,34 @@ fn run_once(loaded: &Loaded, frames: usize) -> Result<Run> {
     Ok(run)
 }
 
+/// The fastest of `repeat` prefills of the benchmark prompt with the talker's kept prefixes forgotten first: a
+/// voice's first utterance (what every utterance cost before prefixes were kept).
+fn new_voice_prefill_s(loaded: &Loaded, repeat: usize) -> Result<Option<f64>> {
+    let (Some(model), Some(request)) = (&loaded.model, &loaded.request) else {
+        return Ok(None);
+    };
+    let mut best = f64::INFINITY;
+    for _ in 0..repeat {
+        model.talker.clear_prefixes();
+        let prompt = model.prompt(request)?;
+        let mut options = model.default_options(false);
+        // One sampled token: the prefill and nothing after it.
+        options.max_new_tokens = 1;
+        let mut rng = SeededRng::new(1);
+        let generated = generate(model, &prompt, &options, &mut || rng.uniform(), &mut |_| {
+            true
+        })?;
+        best = best.min(generated.timings.prefill.as_secs_f64());
+    }
+    Ok(Some(best))
+}
+
 /// Streaming latencies: request → first audio delivered; stop request → delivery over (stop returned), and
 /// → session ended.
 struct Latency {
     first_audio_ms: f64,
+    /// The same with the talker's kept prefixes forgotten first (a voice's first utterance).
+    new_voice_first_audio_ms: f64,
     stop_ms: f64,
     stop_session_ms: f64,
 }
@@ -228,22 +258,30 @@ fn measure_latency(
         first_chunk_frames,
         ..StreamConfig::default()
     };
-    // First audio: one whole session, timed from the request (prompt building included).
-    let control = SessionControl::new();
-    let mut prompts = std::iter::once(()).map(|()| model.prompt(request));
-    let report = stream_speech(
-        model,
-        &loaded.decoder,
-        &mut prompts,
-        &options,
-        1,
-        config,
-        &control,
-        &mut |_| Ok(()),
-    )?;
-    let first_audio_ms = report
-        .first_audio
-        .map_or(f64::NAN, |d| d.as_secs_f64() * 1e3);
+    // First audio: one whole session, timed from the request (prompt building included); the voice's prefix
+    // kept (as the daemon has it after its warm-up), then forgotten.
+    let first_audio = |forget: bool| -> Result<f64> {
+        if forget {
+            model.talker.clear_prefixes();
+        }
+        let control = SessionControl::new();
+        let mut prompts = std::iter::once(()).map(|()| model.prompt(request));
+        let report = stream_speech(
+            model,
+            &loaded.decoder,
+            &mut prompts,
+            &options,
+            1,
+            config,
+            &control,
+            &mut |_| Ok(()),
+        )?;
+        Ok(report
+            .first_audio
+            .map_or(f64::NAN, |d| d.as_secs_f64() * 1e3))
+    };
+    let first_audio_ms = first_audio(false)?;
+    let new_voice_first_audio_ms = first_audio(true)?;
 
     // Stop: a session stopped from another thread once its second chunk is out.
     let control = SessionControl::new();
@@ -280,6 +318,7 @@ fn measure_latency(
     })?;
     Ok(Some(Latency {
         first_audio_ms,
+        new_voice_first_audio_ms,
         stop_ms,
         stop_session_ms,
     }))
@@ -301,6 +340,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         }
     }
     let r = best.expect("at least one run");
+    let new_voice_prefill = new_voice_prefill_s(&loaded, args.repeat)?;
     let latency = if args.frames >= 4 {
         measure_latency(&loaded, args.frames, args.first_chunk_frames.max(1))?
     } else {
@@ -329,7 +369,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
             .collect();
         println!(
             "{{\"source\": \"{}\", \"frames\": {}, \"threads\": {}, \"audio_s\": {audio_s:.3}, \"rtf\": {rtf:.4}, \
-             \"total_ms\": {:.1}, \"prefill_ms\": {:.2}, \"talker_ms_per_frame\": {:.3}, \"cp_ms_per_frame\": {:.3}, \
+             \"total_ms\": {:.1}, \"prefill_ms\": {:.2}, \"prompt_rows\": {}, \"reused_rows\": {}{}, \"talker_ms_per_frame\": {:.3}, \"cp_ms_per_frame\": {:.3}, \
              \"decoder_ms\": {:.1}, \"decoder_s_per_audio_s\": {:.4}, {}, \"decoder_one_list_ms\": {:.1}, \
              \"load_s\": {load_s:.2}, \
              \"peak_rss_mb\": {rss:.1}{}{}}}",
@@ -338,6 +378,12 @@ pub fn run(args: BenchArgs) -> Result<()> {
             args.threads,
             r.total_s * 1e3,
             r.prefill_s * 1e3,
+            r.prompt_rows,
+            r.reused_rows,
+            new_voice_prefill.map_or(String::new(), |s| format!(
+                ", \"new_voice_prefill_ms\": {:.2}",
+                s * 1e3
+            )),
             r.talker_s * 1e3 / frames,
             r.cp_s * 1e3 / frames,
             decoder_total * 1e3,
@@ -345,8 +391,12 @@ pub fn run(args: BenchArgs) -> Result<()> {
             stages.join(", "),
             r.decoder_list_s * 1e3,
             latency.as_ref().map_or(String::new(), |l| format!(
-                ", \"first_audio_ms\": {:.1}, \"stop_ms\": {:.3}, \"stop_session_ms\": {:.1}",
-                l.first_audio_ms, l.stop_ms, l.stop_session_ms
+                ", \"first_audio_ms\": {:.1}, \"new_voice_first_audio_ms\": {:.1}, \"stop_ms\": {:.3}, \
+                 \"stop_session_ms\": {:.1}",
+                l.first_audio_ms,
+                l.new_voice_first_audio_ms,
+                l.stop_ms,
+                l.stop_session_ms
             )),
             traffic.map_or(String::new(), |(bandwidth, t, cp, _)| format!(
                 ", \"weight_format\": \"{}\", \"read_bandwidth_gbps\": {bandwidth:.2}, \
@@ -369,7 +419,14 @@ pub fn run(args: BenchArgs) -> Result<()> {
     );
     println!("{:<30}{:>12}{:>16}", "stage", "ms", "per frame / s");
     if loaded.model.is_some() {
-        println!("{:<30}{:>12.1}", "prefill", r.prefill_s * 1e3);
+        println!(
+            "{:<30}{:>12.1}",
+            format!("prefill ({} of {} rows kept)", r.reused_rows, r.prompt_rows),
+            r.prefill_s * 1e3
+        );
+        if let Some(s) = new_voice_prefill {
+            println!("{:<30}{:>12.1}", "prefill, a voice's first", s * 1e3);
+        }
         println!(
             "{:<30}{:>12.1}{:>13.2} ms",
             "talker loop",
@@ -406,9 +463,13 @@ pub fn run(args: BenchArgs) -> Result<()> {
     println!("{:<30}{:>12.1}", "total", r.total_s * 1e3);
     if let Some(l) = &latency {
         println!(
-            "streaming: first audio {:.0} ms after the request ({} frame(s) first chunk); stop {:.3} ms to silence, \
-             {:.1} ms to end the session",
-            l.first_audio_ms, args.first_chunk_frames, l.stop_ms, l.stop_session_ms
+            "streaming: first audio {:.0} ms after the request ({} frame(s) first chunk; {:.0} ms for a voice's first \
+             utterance); stop {:.3} ms to silence, {:.1} ms to end the session",
+            l.first_audio_ms,
+            args.first_chunk_frames,
+            l.new_voice_first_audio_ms,
+            l.stop_ms,
+            l.stop_session_ms
         );
     }
     println!("RTF {rtf:.3} (wall time / audio time); load {load_s:.1} s; peak RSS {rss:.0} MB");

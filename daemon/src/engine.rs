@@ -210,8 +210,20 @@ impl Engine {
     /// A short synthesis so the first real request finds caches, pools and pages warm.
     pub fn warm_up(&self, voice: &Voice) -> Result<Duration> {
         let start = Instant::now();
+        self.synthesize_unheard(voice, 4)?;
+        Ok(start.elapsed())
+    }
+
+    /// Runs `voice`'s fixed prompt rows once (role, tags, speaker: see `Talker::prefill`), so its first real
+    /// request prefills only its text: a one-word prompt prefilled, nothing generated or decoded.
+    pub fn prepare_voice(&self, voice: &Voice) -> Result<()> {
+        self.synthesize_unheard(voice, 1)
+    }
+
+    /// "Hello." in `voice`, at most `max_new_tokens` codebook-0 tokens, the audio dropped.
+    fn synthesize_unheard(&self, voice: &Voice, max_new_tokens: usize) -> Result<()> {
         let options = SynthOptions {
-            max_new_tokens: Some(4),
+            max_new_tokens: Some(max_new_tokens),
             ..SynthOptions::default()
         };
         self.synth.synthesize(
@@ -222,8 +234,24 @@ impl Engine {
             &SessionControl::new(),
             &mut |_| Ok(()),
         )?;
-        Ok(start.elapsed())
+        Ok(())
     }
+}
+
+/// The language of the session's locale (`LC_ALL`, `LC_MESSAGES`, `LANG`: `de_DE.UTF-8` → `de`), which screen
+/// readers and most apps send with their requests; `None` for the C/POSIX locale or none set.
+pub fn locale_language() -> Option<String> {
+    ["LC_ALL", "LC_MESSAGES", "LANG"]
+        .iter()
+        .filter_map(|v| std::env::var(v).ok())
+        .find(|v| !v.is_empty())
+        .and_then(|v| language_of_locale(&v))
+}
+
+/// `de_DE.UTF-8` → `de`, `pt_BR` → `pt`, `C.UTF-8` / `POSIX` → `None`.
+fn language_of_locale(locale: &str) -> Option<String> {
+    let language = locale.split(['_', '.', '@']).next()?.to_ascii_lowercase();
+    (!language.is_empty() && language != "c" && language != "posix").then_some(language)
 }
 
 /// What the daemon is doing to have a model: shown as `State` = `loading` (or `failed`) and `LoadProgress`
@@ -304,5 +332,21 @@ impl LoadStatus {
                 None => format!("downloading {file}: {:.1} MB", mb(done)),
             });
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::language_of_locale;
+
+    #[test]
+    fn a_locale_names_its_language() {
+        assert_eq!(language_of_locale("de_DE.UTF-8").as_deref(), Some("de"));
+        assert_eq!(language_of_locale("pt_BR").as_deref(), Some("pt"));
+        assert_eq!(language_of_locale("sr_RS@latin").as_deref(), Some("sr"));
+        assert_eq!(language_of_locale("en").as_deref(), Some("en"));
+        assert_eq!(language_of_locale("C.UTF-8"), None);
+        assert_eq!(language_of_locale("POSIX"), None);
+        assert_eq!(language_of_locale(""), None);
     }
 }

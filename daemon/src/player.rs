@@ -628,10 +628,12 @@ impl Speaker<'_> {
         }
         let (report, _) = result?;
         tracing::debug!(
-            "utterance {}: prefill {:.1} ms ({} rows), first decoded audio {:.1} ms after the run began",
+            "utterance {}: prefill {:.1} ms ({} rows, {} kept from earlier prompts), first decoded audio {:.1} ms \
+             after the run began",
             self.request.id,
             report.timings.prefill.as_secs_f64() * 1e3,
             report.timings.prompt_rows,
+            report.timings.reused_rows,
             report.first_audio.map_or(f64::NAN, |d| d.as_secs_f64() * 1e3)
         );
         if !self.control.is_stopped() {

@@ -17,6 +17,7 @@ use crate::queue::{Id, Priority, QueueError};
 use crate::request::{Output, Request, RequestProsody, VoiceChoice};
 use crate::voice_store;
 use crate::voices::{check_instruct, resolve_voice, Catalog};
+use kazeia_engine::synth::Voice;
 
 /// A request's options, from `Speak`'s `a{sv}` or Spiel's arguments.
 #[derive(Clone, Debug)]
@@ -187,6 +188,7 @@ impl Service {
                     resolve_voice(&VoiceChoice::default(), &cfg.voice, &engine.info, &catalog)?;
                 loading.set("warming up".into());
                 engine.warm_up(&voice).context("warm-up synthesis failed")?;
+                prepare_locale_voice(&engine, &cfg, &catalog, &voice);
                 prepare_clones(&engine, &catalog);
                 Ok((engine, catalog))
             })
@@ -291,6 +293,30 @@ impl Service {
 }
 
 /// Decodes the reference of each cloned voice not prepared yet (once per voice).
+/// Clients usually send the session's language (Orca does): the default voice in that language gets its
+/// fixed prompt rows run too, when it differs from the warmed-up one.
+fn prepare_locale_voice(engine: &Engine, config: &DaemonConfig, catalog: &Catalog, warm: &Voice) {
+    let Some(language) = crate::engine::locale_language() else {
+        return;
+    };
+    let choice = VoiceChoice {
+        language: Some(language),
+        ..VoiceChoice::default()
+    };
+    // A language the model does not speak is the client's to hear about, not the warm-up's.
+    let Ok(voice) = resolve_voice(&choice, &config.voice, &engine.info, catalog) else {
+        return;
+    };
+    if voice.language != warm.language {
+        if let Err(e) = engine.prepare_voice(&voice) {
+            tracing::warn!(
+                "cannot prepare the default voice in {}: {e:#}",
+                voice.language
+            );
+        }
+    }
+}
+
 fn prepare_clones(engine: &Engine, catalog: &Catalog) {
     for clone in catalog.clone_prompts() {
         if let Err(e) = engine.synth.prepare_clone(&clone) {

@@ -4,8 +4,9 @@
 //! Sessions reach their stages through [`Stages`]. When a stage's ops fail ([`Error::Backend`]), the session calls
 //! [`LmStages::recover`] and redoes the stage's current work on what [`LmStages::talker`] and the others return
 //! then:
-//! - talker: a new KV cache, rebuilt by running the piece's prompt and every frame fed back so far as one
-//!   prefill (the cache then holds exactly what the failed one should have);
+//! - talker: a new KV cache, rebuilt by prefilling the piece's prompt (its fixed rows as the talker keeps
+//!   them) and running every frame fed back so far as one batch (the cache then holds what the failed one
+//!   should have);
 //! - code predictor: its cache lives for one frame, so the frame is predicted again;
 //! - decoder: the decoder state saved before the failed chunk is restored and the chunk decoded again.
 //!

@@ -136,7 +136,7 @@ impl StreamReport {
         let ms = |d: Duration| d.as_secs_f64() * 1e3;
         let mut out = format!(
             "profile: {} frames, {:.2} s of audio in {} utterance(s)\n\
-             \x20 prefill            {:9.1} ms ({} prompt rows)\n\
+             \x20 prefill            {:9.1} ms ({} prompt rows, {} kept from earlier prompts)\n\
              \x20 talker             {:9.1} ms  {:7.2} ms/frame\n\
              \x20 code predictor     {:9.1} ms  {:7.2} ms/frame\n",
             self.frames,
@@ -144,6 +144,7 @@ impl StreamReport {
             self.utterances,
             ms(self.timings.prefill),
             self.timings.prompt_rows,
+            self.timings.reused_rows,
             ms(self.timings.talker),
             ms(self.timings.talker) / frames,
             ms(self.timings.code_predictor),
@@ -419,6 +420,7 @@ pub fn stream_utterances(
                 let g = &generated.timings;
                 report.timings.prefill += g.prefill;
                 report.timings.prompt_rows += g.prompt_rows;
+                report.timings.reused_rows += g.reused_rows;
                 report.timings.talker += g.talker;
                 report.timings.code_predictor += g.code_predictor;
                 report.utterances += 1;

@@ -2,49 +2,17 @@
 //! greedy codes must be identical for every prompt layout, in both model shapes; the prefill and first-frame
 //! intermediates are compared first so a failure points at the component.
 
-use std::path::{Path, PathBuf};
+mod common;
+
 use std::sync::Arc;
 
+use common::lm_fixtures::{fixture, ids, request, runs, CASES};
+
 use kazeia_engine::lm::sampler::{argmax, TalkerRules};
-use kazeia_engine::lm::{generate, PromptRequest, TtsModel};
+use kazeia_engine::lm::{generate, TtsModel};
 use kazeia_engine::tokenizer::{assistant_text, instruct_text, TextTokenizer};
 use kazeia_engine::weights::WeightFile;
 use kazeia_engine::CpuBackend;
-use serde_json::Value;
-
-const CASES: [&str; 2] = ["shape_0b6", "shape_1b7"];
-
-fn fixture(case: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../tests/fixtures/lm")
-        .join(case)
-}
-
-fn runs(case: &str) -> Vec<Value> {
-    let text = std::fs::read_to_string(fixture(case).join("golden.json")).unwrap();
-    let golden: Value = serde_json::from_str(&text).unwrap();
-    golden["runs"].as_array().unwrap().clone()
-}
-
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
-}
-
-fn request(run: &Value) -> PromptRequest {
-    PromptRequest {
-        input_ids: ids(&run["input_ids"]),
-        instruct_ids: run["instruct_ids"]
-            .as_array()
-            .map(|_| ids(&run["instruct_ids"])),
-        speaker: run["speaker"].as_str().map(str::to_owned),
-        language: run["language"].as_str().unwrap().to_owned(),
-        non_streaming_mode: run["non_streaming_mode"].as_bool().unwrap(),
-    }
-}
 
 fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len(), "lengths differ");

@@ -15,8 +15,11 @@
 //! CPU time):
 //! `cargo test -p kazeia-engine --test lossy_formats -- --ignored --nocapture` (the test profile is optimised).
 
-use std::path::{Path, PathBuf};
+mod common;
+
 use std::sync::Arc;
+
+use common::lm_fixtures::{fixture, request, runs};
 
 use kazeia_engine::lm::sampler::argmax;
 use kazeia_engine::lm::{
@@ -24,7 +27,6 @@ use kazeia_engine::lm::{
 };
 use kazeia_engine::random_weights::RandomWeights;
 use kazeia_engine::{CpuBackend, WeightFormat, WeightStorage};
-use serde_json::Value;
 
 /// The logits at every position of one teacher-forced (or greedy) run, and the path taken.
 struct Trace {
@@ -153,33 +155,9 @@ fn check(what: &str, bounds: &Bounds, (talker, cp): (Score, Score)) {
     }
 }
 
-fn fixture(case: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../tests/fixtures/lm")
-        .join(case)
-}
-
 /// The first golden run's request of a fixture.
 fn fixture_request(case: &str) -> PromptRequest {
-    let text = std::fs::read_to_string(fixture(case).join("golden.json")).unwrap();
-    let golden: Value = serde_json::from_str(&text).unwrap();
-    let run = &golden["runs"][0];
-    let ids = |v: &Value| -> Vec<u32> {
-        v.as_array()
-            .unwrap()
-            .iter()
-            .map(|x| x.as_u64().unwrap() as u32)
-            .collect()
-    };
-    PromptRequest {
-        input_ids: ids(&run["input_ids"]),
-        instruct_ids: run["instruct_ids"]
-            .as_array()
-            .map(|_| ids(&run["instruct_ids"])),
-        speaker: run["speaker"].as_str().map(str::to_owned),
-        language: run["language"].as_str().unwrap().to_owned(),
-        non_streaming_mode: run["non_streaming_mode"].as_bool().unwrap(),
-    }
+    request(&runs(case)[0])
 }
 
 fn s(shortfall: f64, agreement: f64) -> Score {

@@ -172,6 +172,20 @@ fn greedy_codes_and_audio_match_official_generate_voice_clone() {
         assert_eq!(generated.codes, official, "{name}: greedy codes");
         modes.insert((in_context, request.non_streaming_mode));
 
+        // The rows before the text — role, think/language tags, x-vector, tts_bos, and in context the reference
+        // transcript — run once per voice: the same prompt again reuses them, with the same codes.
+        let transcript = if in_context { ref_ids.len() - 5 } else { 0 };
+        let kept_transcript = if request.non_streaming_mode {
+            transcript
+        } else {
+            transcript.min(ref_codes.len() + 1)
+        };
+        let tags = if request.language == "auto" { 3 } else { 4 };
+        assert_eq!(prompt.fixed_rows, 3 + tags + 2 + kept_transcript, "{name}");
+        let again = generate(&synth.model, &prompt, &options, &mut || 0.5, &mut |_| true).unwrap();
+        assert_eq!(again.timings.reused_rows, prompt.fixed_rows, "{name}");
+        assert_eq!(again.codes, official, "{name}: greedy codes, prefix kept");
+
         // Audio through the synthesizer, streamed: the reference decoded first as left context, cut off.
         let voice = Voice {
             language: request.language.clone(),

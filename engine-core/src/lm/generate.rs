@@ -29,6 +29,8 @@ pub struct GenerateOptions {
 pub struct GenerateTimings {
     pub prefill: Duration,
     pub prompt_rows: usize,
+    /// Prompt rows whose keys and values were kept from an earlier prompt of the same voice, not run again.
+    pub reused_rows: usize,
     /// Talker steps after the prefill (one per frame).
     pub talker: Duration,
     pub code_predictor: Duration,
@@ -84,6 +86,9 @@ pub fn generate_on(
         // Every row the talker has been given, to rebuild its cache on another backend.
         fed: prompt.embeds.clone(),
         fed_rows: prompt.rows,
+        prompt_rows: prompt.rows,
+        fixed_rows: prompt.fixed_rows,
+        reused_rows: 0,
     };
     let mut cp_cache = stages.code_predictor().1.new_cache();
     let mut timings = GenerateTimings {
@@ -91,8 +96,9 @@ pub fn generate_on(
         ..Default::default()
     };
     let start = Instant::now();
-    let (mut hidden, mut logits) = talker.forward(&prompt.embeds, prompt.rows)?;
+    let (mut hidden, mut logits) = talker.prefill()?;
     timings.prefill = start.elapsed();
+    timings.reused_rows = talker.reused_rows;
     let mut generated: Vec<u32> = Vec::new();
     let mut frames = Vec::new();
     let mut eos = false;
@@ -168,23 +174,65 @@ struct Step<'s> {
     capacity: usize,
     fed: Vec<f32>,
     fed_rows: usize,
+    /// The prompt's rows (the first of `fed`) and its fixed rows.
+    prompt_rows: usize,
+    fixed_rows: usize,
+    /// Prompt rows the prefill took from the talker's kept prefixes.
+    reused_rows: usize,
 }
 
 impl Step<'_> {
+    /// Runs the prompt (its fixed rows kept by the talker, see [`super::talker::Talker::prefill`]); recovers
+    /// like [`Step::forward`].
+    fn prefill(&mut self) -> Result<(Vec<f32>, Vec<f32>)> {
+        let (backend, talker) = self.stages.talker();
+        match talker.prefill(
+            backend,
+            &self.fed,
+            self.prompt_rows,
+            self.fixed_rows,
+            &mut self.cache,
+        ) {
+            Ok(p) => {
+                self.reused_rows = p.reused_rows;
+                Ok((p.last, p.logits))
+            }
+            Err(e) => self.recover(e),
+        }
+    }
+
     /// Runs `x` (the last `rows` of `fed`); if the backend fails, the stage is recovered and every row fed so
     /// far runs again in a new cache, which then holds what the failed one should have.
     fn forward(&mut self, x: &[f32], rows: usize) -> Result<(Vec<f32>, Vec<f32>)> {
         let (backend, talker) = self.stages.talker();
         match talker.forward(backend, x, rows, &mut self.cache) {
             Ok(out) => Ok(out),
-            Err(e) if !self.recovered[0] => {
-                self.recovered[0] = true;
-                self.stages.recover(Stage::Talker, e)?;
-                let (backend, talker) = self.stages.talker();
-                self.cache = talker.new_cache(self.capacity);
-                talker.forward(backend, &self.fed, self.fed_rows, &mut self.cache)
-            }
-            Err(e) => Err(e),
+            Err(e) => self.recover(e),
         }
+    }
+
+    /// The talker failed with `e`: moves it (once per generation) and runs every row fed so far in a new cache,
+    /// the prompt as a prefill and the frames fed back after it as one batch.
+    fn recover(&mut self, e: crate::error::Error) -> Result<(Vec<f32>, Vec<f32>)> {
+        if self.recovered[0] {
+            return Err(e);
+        }
+        self.recovered[0] = true;
+        self.stages.recover(Stage::Talker, e)?;
+        let (backend, talker) = self.stages.talker();
+        self.cache = talker.new_cache(self.capacity);
+        let (prompt, frames) = self.fed.split_at(self.prompt_rows * talker.hidden());
+        let p = talker.prefill(
+            backend,
+            prompt,
+            self.prompt_rows,
+            self.fixed_rows,
+            &mut self.cache,
+        )?;
+        if frames.is_empty() {
+            return Ok((p.last, p.logits));
+        }
+        let rows = self.fed_rows - self.prompt_rows;
+        talker.forward(backend, frames, rows, &mut self.cache)
     }
 }

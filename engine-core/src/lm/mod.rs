@@ -5,6 +5,7 @@ pub mod code_predictor;
 pub mod config;
 pub mod frame_bytes;
 pub mod generate;
+pub mod prefix_cache;
 pub mod prompt;
 pub mod sampler;
 pub mod talker;

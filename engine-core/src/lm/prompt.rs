@@ -31,6 +31,10 @@ pub struct Prompt {
     /// `[rows][hidden]`.
     pub embeds: Vec<f32>,
     pub rows: usize,
+    /// The first rows, which do not depend on the text: instruction, role, think/language tags, speaker (or
+    /// x-vector), and a cloned voice's reference transcript. Every prompt of the same voice starts with them, so
+    /// the talker runs them once per voice ([`super::talker::Talker::prefill`]).
+    pub fixed_rows: usize,
     /// Text-track vectors added to the generated frames in order, then `pad` forever.
     pub trailing: Vec<Vec<f32>>,
     pub pad: Vec<f32>,
@@ -197,9 +201,18 @@ fn build_prompt_with(
         push_sum(&mut embeds, text, codec);
     }
 
+    let mut fixed_rows = embeds.len() / h;
     let text_ids = &ids[3..ids.len() - 5];
     let reference = clone.and_then(|c| c.reference);
     let trailing = if let (Some((ref_ids, ref_codes)), Some(cp)) = (reference, cp) {
+        // The reference transcript's rows come before any row of the text: paired with the codec track's
+        // start (bos, reference frames) when streaming, with codec pad otherwise.
+        let transcript = ref_ids.len().saturating_sub(5);
+        fixed_rows += if req.non_streaming_mode {
+            transcript
+        } else {
+            transcript.min(ref_codes.len() + 1)
+        };
         let parts = IclParts {
             ref_ids,
             ref_codes,
@@ -237,6 +250,7 @@ fn build_prompt_with(
     Ok(Prompt {
         embeds,
         rows,
+        fixed_rows: fixed_rows.min(rows - 1),
         trailing,
         pad,
         decoder_start: None,

@@ -5,11 +5,22 @@
 use kazeia_backend_abi::{Backend, Heads, Weight};
 
 use super::config::TalkerConfig;
+use super::prefix_cache::PrefixCache;
 use super::transformer::{DecoderStack, KvCache, StackShape};
 use crate::error::{Error, Result};
 use crate::graph::Graph;
 use crate::linear::{load_linear, WeightStorage};
 use crate::weights::{EmbeddingTable, Weights};
+
+/// [`Talker::prefill`]'s result.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Prefilled {
+    /// The last position's normed hidden state and its codec logits, as [`Talker::forward`] returns them.
+    pub last: Vec<f32>,
+    pub logits: Vec<f32>,
+    /// Prompt rows whose keys and values came from the kept prefixes (0, or all the fixed rows).
+    pub reused_rows: usize,
+}
 
 pub struct Talker {
     text_embedding: EmbeddingTable,
@@ -21,6 +32,8 @@ pub struct Talker {
     hidden: usize,
     text_hidden: usize,
     vocab: usize,
+    /// Keys and values of the prompt prefixes seen (a voice's fixed rows), run once each.
+    prefixes: PrefixCache,
 }
 
 impl Talker {
@@ -82,6 +95,7 @@ impl Talker {
             hidden: h,
             text_hidden: th,
             vocab: cfg.vocab_size,
+            prefixes: PrefixCache::default(),
         })
     }
 
@@ -145,6 +159,51 @@ impl Talker {
         let last = g.take(last)?;
         g.finish()?;
         Ok((last, logits))
+    }
+
+    /// Runs a prompt into an empty cache, like [`Talker::forward`] on all `rows`, but its first `fixed_rows`
+    /// (the rows that do not depend on the text: role, tags, speaker; see [`super::Prompt::fixed_rows`]) as a
+    /// batch of their own whose keys and values are kept and, the next time a prompt starts with the same rows,
+    /// copied instead of run again.
+    pub fn prefill(
+        &self,
+        backend: &dyn Backend,
+        x: &[f32],
+        rows: usize,
+        fixed_rows: usize,
+        cache: &mut KvCache,
+    ) -> Result<Prefilled> {
+        let done = |(last, logits), reused_rows| Prefilled {
+            last,
+            logits,
+            reused_rows,
+        };
+        if fixed_rows == 0 || fixed_rows >= rows || !cache.is_empty() {
+            return Ok(done(self.forward(backend, x, rows, cache)?, 0));
+        }
+        let (fixed, rest) = x.split_at(fixed_rows * self.hidden);
+        let reused = match self.prefixes.get(fixed) {
+            Some(kv) if cache.start_from(&kv) => fixed_rows,
+            _ => {
+                self.stack.forward(backend, fixed, fixed_rows, cache)?;
+                self.prefixes.insert(fixed, cache.prefix());
+                0
+            }
+        };
+        Ok(done(
+            self.forward(backend, rest, rows - fixed_rows, cache)?,
+            reused,
+        ))
+    }
+
+    /// Prompt prefixes whose keys and values are kept ([`Talker::prefill`]).
+    pub fn cached_prefixes(&self) -> usize {
+        self.prefixes.len()
+    }
+
+    /// Forgets the kept prompt prefixes (benchmarks time a prefill from nothing).
+    pub fn clear_prefixes(&self) {
+        self.prefixes.clear();
     }
 
     /// Like [`Talker::forward`] but keeps every position's hidden state (for tests of the prefill).

@@ -72,6 +72,77 @@ impl KvCache {
     pub fn clear(&mut self) {
         self.len = 0;
     }
+
+    /// A copy of the keys and values of every position held so far.
+    pub fn prefix(&self) -> KvPrefix {
+        let used = self.len * self.row;
+        KvPrefix {
+            keys: self.keys.iter().map(|k| k[..used].to_vec()).collect(),
+            values: self.values.iter().map(|v| v[..used].to_vec()).collect(),
+            rows: self.len,
+        }
+    }
+
+    /// Starts an empty cache from `prefix` (made by a cache of the same stack): positions `0..prefix.rows` then
+    /// hold exactly what running those rows left in the cache that made it. `false` (and the cache unchanged)
+    /// if this cache is not empty, too small, or of another shape.
+    pub fn start_from(&mut self, prefix: &KvPrefix) -> bool {
+        let used = prefix.rows * self.row;
+        let fits = self.len == 0
+            && prefix.rows <= self.capacity
+            && prefix.keys.len() == self.keys.len()
+            && prefix.values.len() == self.values.len()
+            && prefix
+                .keys
+                .iter()
+                .chain(&prefix.values)
+                .all(|k| k.len() == used);
+        if !fits {
+            return false;
+        }
+        for (dst, src) in self.keys.iter_mut().zip(&prefix.keys) {
+            dst[..used].copy_from_slice(src);
+        }
+        for (dst, src) in self.values.iter_mut().zip(&prefix.values) {
+            dst[..used].copy_from_slice(src);
+        }
+        self.len = prefix.rows;
+        true
+    }
+}
+
+/// The keys and values of a cache's first positions ([`KvCache::prefix`]), to start other caches from.
+#[derive(Clone, Debug)]
+pub struct KvPrefix {
+    keys: Vec<Vec<f32>>,
+    values: Vec<Vec<f32>>,
+    rows: usize,
+}
+
+impl KvPrefix {
+    /// Positions held.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Zeros for `rows` positions of `layers` layers of `row` values each (tests).
+    #[cfg(test)]
+    pub(crate) fn zeros(layers: usize, rows: usize, row: usize) -> Self {
+        KvPrefix {
+            keys: vec![vec![0.0; rows * row]; layers],
+            values: vec![vec![0.0; rows * row]; layers],
+            rows,
+        }
+    }
+
+    /// Bytes held.
+    pub fn bytes(&self) -> usize {
+        self.keys
+            .iter()
+            .chain(&self.values)
+            .map(|k| k.len() * 4)
+            .sum()
+    }
 }
 
 impl DecoderStack {

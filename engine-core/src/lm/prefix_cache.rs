@@ -1,0 +1,142 @@
+//! The talker's KV rows for prompt prefixes that recur. Every prompt of a voice starts with the same rows — the
+//! role (`<|im_start|>assistant\n`), the think/language tags, the speaker (or a cloned voice's x-vector), an
+//! instruction, a cloned voice's reference transcript — and only then comes the text (see `prompt.rs`). A
+//! causal transformer's keys and values for a prefix do not depend on what follows, so those rows are run once
+//! per voice and their keys and values copied into each new generation's cache: the prefill then runs only the
+//! rows of the text.
+//!
+//! A prompt's prefix rows always run as one batch, whether they come from here or not, so a generation gives the
+//! same result the first time and every time after. Entries are keyed by the prefix rows themselves (compared
+//! bit for bit): a new speaker, language or instruction is a new entry, and nothing can be confused. The cache
+//! keeps the most recently used entries within a count and a byte bound.
+
+use std::sync::{Arc, Mutex};
+
+use super::transformer::KvPrefix;
+
+/// Entries kept at most (voices × languages in use at once; a screen reader uses one or two).
+const MAX_ENTRIES: usize = 8;
+/// Bytes of keys and values kept at most (a built-in voice's 9 rows are ~2 MiB on the released models; an
+/// in-context cloned voice's rows with its transcript some more).
+const MAX_BYTES: usize = 64 << 20;
+
+struct Entry {
+    /// The prefix rows, `[rows][hidden]`, as the prompt had them.
+    rows: Vec<f32>,
+    kv: Arc<KvPrefix>,
+}
+
+/// Most recently used first.
+#[derive(Default)]
+pub struct PrefixCache {
+    entries: Mutex<Vec<Entry>>,
+}
+
+impl PrefixCache {
+    /// The keys and values stored for exactly these prefix rows, if any.
+    pub fn get(&self, rows: &[f32]) -> Option<Arc<KvPrefix>> {
+        let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        let at = entries.iter().position(|e| same_bits(&e.rows, rows))?;
+        let entry = entries.remove(at);
+        let kv = entry.kv.clone();
+        entries.insert(0, entry);
+        Some(kv)
+    }
+
+    /// Keeps `kv` for these prefix rows, dropping the least recently used entries beyond the bounds.
+    pub fn insert(&self, rows: &[f32], kv: KvPrefix) -> Arc<KvPrefix> {
+        let kv = Arc::new(kv);
+        let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        entries.retain(|e| !same_bits(&e.rows, rows));
+        entries.insert(
+            0,
+            Entry {
+                rows: rows.to_vec(),
+                kv: kv.clone(),
+            },
+        );
+        let mut bytes = 0;
+        let mut keep = 0;
+        for e in entries.iter() {
+            bytes += e.kv.bytes() + e.rows.len() * 4;
+            // The newest entry stays even if it alone is over the bound: it is the one about to be used.
+            if keep > 0 && (keep == MAX_ENTRIES || bytes > MAX_BYTES) {
+                break;
+            }
+            keep += 1;
+        }
+        entries.truncate(keep);
+        kv
+    }
+
+    /// Entries held.
+    pub fn len(&self) -> usize {
+        self.entries.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Forgets every entry.
+    pub fn clear(&self) {
+        self.entries
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
+    }
+}
+
+/// Equal bit for bit (so `-0.0 ≠ 0.0` and a NaN equals itself: the rows are the same input, or not).
+fn same_bits(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rows(v: f32, n: usize) -> Vec<f32> {
+        vec![v; n]
+    }
+
+    #[test]
+    fn entries_are_found_by_their_rows_bit_for_bit() {
+        let cache = PrefixCache::default();
+        assert!(cache.get(&rows(1.0, 4)).is_none());
+        cache.insert(&rows(1.0, 4), KvPrefix::zeros(2, 3, 4));
+        assert_eq!(cache.get(&rows(1.0, 4)).unwrap().rows(), 3);
+        assert!(cache.get(&rows(1.0, 5)).is_none(), "longer rows");
+        assert!(cache.get(&rows(-0.0, 4)).is_none());
+        cache.insert(&rows(0.0, 4), KvPrefix::zeros(2, 1, 4));
+        assert!(cache.get(&rows(-0.0, 4)).is_none(), "-0.0 is not 0.0");
+        assert_eq!(cache.get(&rows(0.0, 4)).unwrap().rows(), 1);
+        // The same rows again replace their entry.
+        cache.insert(&rows(0.0, 4), KvPrefix::zeros(2, 2, 4));
+        assert_eq!(cache.len(), 2);
+        assert_eq!(cache.get(&rows(0.0, 4)).unwrap().rows(), 2);
+        cache.clear();
+        assert!(cache.is_empty());
+    }
+
+    #[test]
+    fn the_least_recently_used_entries_go_beyond_the_bounds() {
+        let cache = PrefixCache::default();
+        for i in 0..MAX_ENTRIES {
+            cache.insert(&rows(i as f32, 2), KvPrefix::zeros(1, 1, 2));
+        }
+        // Entry 0 used: entry 1 is now the oldest and goes when one more comes.
+        assert!(cache.get(&rows(0.0, 2)).is_some());
+        cache.insert(&rows(99.0, 2), KvPrefix::zeros(1, 1, 2));
+        assert_eq!(cache.len(), MAX_ENTRIES);
+        assert!(cache.get(&rows(1.0, 2)).is_none());
+        assert!(cache.get(&rows(0.0, 2)).is_some());
+        assert!(cache.get(&rows(2.0, 2)).is_some());
+
+        // Over the byte bound: only the newest stays, even when it alone is over.
+        let big = MAX_BYTES / 4 / 2 + 1;
+        cache.insert(&rows(7.0, 2), KvPrefix::zeros(1, 1, big));
+        assert_eq!(cache.len(), 1);
+        assert_eq!(cache.get(&rows(7.0, 2)).unwrap().bytes(), 2 * big * 4);
+    }
+}

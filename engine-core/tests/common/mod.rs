@@ -1,0 +1,3 @@
+//! Helpers shared by the engine's integration tests.
+
+pub mod lm_fixtures;
