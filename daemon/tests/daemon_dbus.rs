@@ -1595,3 +1595,76 @@ async fn orca_s_word_marks_are_one_generation_and_each_is_reported_once() {
         "{lines:?}"
     );
 }
+
+/// The prompt rows each of the last `count` utterances took from the talker's kept prefixes (the daemon's
+/// debug line `utterance N: prefill … (R rows, K kept from earlier prompts)`), waiting for them to be logged.
+fn kept_rows(log: &Path, count: usize) -> Vec<usize> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        let kept: Vec<usize> = text
+            .lines()
+            .filter_map(|l| {
+                l.split(" rows, ")
+                    .nth(1)?
+                    .split(" kept")
+                    .next()?
+                    .parse()
+                    .ok()
+            })
+            .collect();
+        if kept.len() >= count {
+            return kept[kept.len() - count..].to_vec();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no prefill line for {count} utterances in the log:\n{text}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A voice's fixed prompt rows (role, language tags, speaker) run once: the daemon's warm-up runs them for
+/// the default voice in the configured language (`auto` here) and in the session locale's (`LANG`), so the
+/// first request in either prefills only its text; another language runs them on its first request only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_default_voice_is_prepared_in_the_configured_and_the_locale_language() {
+    let dir = TempDir::new("daemon-prepared");
+    let config = dir.path().join("kazeia.toml");
+    write_config(
+        &config,
+        &quick_model(),
+        "null",
+        "[voice]\nspeaker = \"ryan\"\n[generation]\nmax_frames = 4\n",
+    );
+    let bus = DbusSession::start(None);
+    let mut env = bus.env();
+    env.push(("RUST_LOG".into(), "kazeia=debug".into()));
+    env.push(("LANG".into(), "en_GB.UTF-8".into()));
+    env.push(("LC_ALL".into(), String::new()));
+    env.push(("LC_MESSAGES".into(), String::new()));
+    let log = dir.path().join("kazeiad.log");
+    let _daemon = start_daemon(&bus, &env, &config, log.clone());
+    let connection = connect(&bus).await;
+    let proxy = SpeechProxy::builder(&connection).build().await.unwrap();
+    let mut finishes = Finishes::new(&proxy).await;
+    let requests = [
+        ("Good morning to you.", "en"),
+        ("A sentence in the configured language.", ""),
+        ("German for the first time.", "de"),
+        ("German once more.", "de"),
+    ];
+    for (n, (text, language)) in requests.iter().enumerate() {
+        let options = HashMap::from([("language", Variant::from(language.to_string()))]);
+        let id = proxy.speak(text, options).await.unwrap();
+        assert_eq!(
+            finished(&mut finishes, id, Duration::from_secs(60)).await,
+            "done"
+        );
+        let kept = *kept_rows(&log, n + 1).last().unwrap();
+        // Ryan with a language: role 3, tags 4, speaker 1, tts_bos 1; with `auto`, 3 tags.
+        let fixed = if language.is_empty() { 8 } else { 9 };
+        let expected = if n == 2 { 0 } else { fixed };
+        assert_eq!(kept, expected, "{text:?} ({language:?})");
+    }
+}
