@@ -78,12 +78,20 @@ pub fn faulty_plugin() -> PathBuf {
 ///
 /// Built the way [`cpu_plugin`] is, with the running cargo into the tests' own target directory: `cargo test
 /// -p kazeia` alone does not build another package's binary, and one left in `target/<profile>/` may be stale.
+/// Tests built with `--release` (the timing benchmarks) get a release build of the module.
 pub fn sd_kazeia() -> PathBuf {
     static MODULE: OnceLock<PathBuf> = OnceLock::new();
     MODULE
         .get_or_init(|| {
-            let target = build_for_tests(&["-p", "kazeia-speechd", "--bin", "sd_kazeia"]);
-            let built = target.join("debug/sd_kazeia");
+            let mut args = vec!["-p", "kazeia-speechd", "--bin", "sd_kazeia"];
+            let profile = if cfg!(debug_assertions) {
+                "debug"
+            } else {
+                args.push("--release");
+                "release"
+            };
+            let target = build_for_tests(&args);
+            let built = target.join(profile).join("sd_kazeia");
             assert!(built.is_file(), "{} was not built", built.display());
             built
         })
