@@ -73,10 +73,44 @@ pub fn faulty_plugin() -> PathBuf {
         .clone()
 }
 
+/// The speech-dispatcher module `sd_kazeia` (package `kazeia-speechd`), for the tests of other packages that
+/// start it (`env!("CARGO_BIN_EXE_sd_kazeia")` names only a binary of the test's own package).
+///
+/// Built the way [`cpu_plugin`] is, with the running cargo into the tests' own target directory: `cargo test
+/// -p kazeia` alone does not build another package's binary, and one left in `target/<profile>/` may be stale.
+/// Tests built with `--release` (the timing benchmarks) get a release build of the module.
+pub fn sd_kazeia() -> PathBuf {
+    static MODULE: OnceLock<PathBuf> = OnceLock::new();
+    MODULE
+        .get_or_init(|| {
+            let mut args = vec!["-p", "kazeia-speechd", "--bin", "sd_kazeia"];
+            let profile = if cfg!(debug_assertions) {
+                "debug"
+            } else {
+                args.push("--release");
+                "release"
+            };
+            let target = build_for_tests(&args);
+            let built = target.join(profile).join("sd_kazeia");
+            assert!(built.is_file(), "{} was not built", built.display());
+            built
+        })
+        .clone()
+}
+
 /// Builds `package`'s cdylib (`libkazeia_backend_{file}.so`) into `target/plugin-for-tests/` and returns its
 /// path.
 fn build_plugin(package: &str, file: &str) -> PathBuf {
     let name = format!("libkazeia_backend_{file}{}", std::env::consts::DLL_SUFFIX);
+    let target = build_for_tests(&["-p", package]);
+    let built = target.join("debug").join(&name);
+    assert!(built.is_file(), "{} was not built", built.display());
+    built
+}
+
+/// Runs `cargo build --quiet ARGS` with the running cargo into `target/plugin-for-tests/` (the outer cargo
+/// holds the lock of the main target directory) and returns that directory.
+fn build_for_tests(args: &[&str]) -> PathBuf {
     let exe = std::env::current_exe().expect("test executable path");
     let target = exe
         .ancestors()
@@ -85,13 +119,13 @@ fn build_plugin(package: &str, file: &str) -> PathBuf {
         .join("plugin-for-tests");
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let status = std::process::Command::new(cargo)
-        .args(["build", "--quiet", "-p", package, "--target-dir"])
+        .args(["build", "--quiet"])
+        .args(args)
+        .arg("--target-dir")
         .arg(&target)
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .status()
-        .unwrap_or_else(|e| panic!("cannot run cargo to build {package}: {e}"));
-    assert!(status.success(), "building {package} failed");
-    let built = target.join("debug").join(&name);
-    assert!(built.is_file(), "{} was not built", built.display());
-    built
+        .unwrap_or_else(|e| panic!("cannot run cargo to build {args:?}: {e}"));
+    assert!(status.success(), "cargo build {args:?} failed");
+    target
 }

@@ -230,7 +230,8 @@ pub fn run(args: InstallArgs) -> Result<()> {
         );
     }
     for m in missing {
-        println!("not installed (not built): {m}");
+        // sd_kazeia is its own package: a build of `-p kazeia` alone leaves it out.
+        println!("not installed (not built: `cargo build --release -p kazeia-speechd`): {m}");
     }
     println!(
         "next: `systemctl --user daemon-reload` (the daemon starts on the first D-Bus call), \

@@ -1,5 +1,6 @@
-//! The Kazeia daemon's parts, shared by the `kazeia` command line, the daemon (`kazeiad`, also
-//! `kazeia daemon`) and the speech-dispatcher module `sd_kazeia`.
+//! The Kazeia daemon's parts, shared by the `kazeia` command line and the daemon (`kazeiad`, also
+//! `kazeia daemon`). The speech-dispatcher module `sd_kazeia` is its own crate (`kazeia-speechd`,
+//! `daemon/speechd-module/`), and the Spiel stream format is `kazeia-spiel` (`daemon/spiel/`).
 //!
 //! - [`config`]: the configuration file, `kazeia.toml`.
 //! - [`engine`]: the resident model on its configured backends; [`voices`]: what clients may ask for.
@@ -10,8 +11,6 @@
 //!   `kazeia say` and `kazeia install`; [`control_cmd`]: `kazeia voices`, `status`, `stop`.
 //! - [`voice_store`], [`voice_cmd`]: voices a user makes and keeps (`kazeia voice …`).
 //! - [`audio`]: where speech is played (PipeWire, a WAV file, nowhere).
-//! - [`spiel_stream`]: the Spiel provider stream format (`audio/x-spiel`) on a pipe.
-//! - [`speechd`]: the speech-dispatcher output module protocol.
 
 pub mod audio;
 pub mod config;
@@ -31,8 +30,6 @@ pub mod runs;
 pub mod say_cmd;
 pub mod service;
 pub mod short_cache;
-pub mod speechd;
-pub mod spiel_stream;
 pub mod voice_add;
 pub mod voice_cmd;
 pub mod voice_store;

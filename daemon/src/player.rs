@@ -9,10 +9,10 @@ use std::sync::{mpsc, Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use anyhow::{anyhow, Result};
-use kazeia_engine::prosody_filter::ProsodyFilter;
-use kazeia_engine::ssml::{Piece, MAX_BREAK, MAX_TOTAL_BREAK};
 use kazeia_engine::stream::{SessionControl, StreamConfig, StreamEvent};
 use kazeia_engine::synth::{SynthOptions, Voice};
+use kazeia_text::prosody_filter::ProsodyFilter;
+use kazeia_text::ssml::{Piece, MAX_BREAK, MAX_TOTAL_BREAK};
 
 use crate::audio::{open_sink, AudioSink, Playback};
 use crate::config::DaemonConfig;
@@ -21,8 +21,8 @@ use crate::queue::{Event, Interrupt, Interruption, Lane, Limits, Reason, SpeechQ
 use crate::request::{Output, Request};
 use crate::runs::{steps, Out, Placement, RunMark, Step};
 use crate::short_cache::{self, CacheKey, ShortCache};
-use crate::spiel_stream::{ClientPipe, EventKind, SpielWriter};
 use crate::voices::{resolve_voice, Catalog};
+use kazeia_spiel::{ClientPipe, EventKind, SpielWriter};
 
 /// The utterance being spoken, as pause/resume/stop reach it.
 pub struct Active {
@@ -543,7 +543,7 @@ impl Speaker<'_> {
     fn speak_run(
         &self,
         text: &str,
-        prosody: kazeia_engine::ssml::Prosody,
+        prosody: kazeia_text::ssml::Prosody,
         marks: &[RunMark],
         audio: &mut (dyn FnMut(&[f32]) -> Result<()> + Send),
         mark: &mut (dyn FnMut(&str, u64) + Send),

@@ -4,7 +4,7 @@ use std::fs::File;
 use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::time::Instant;
 
-use kazeia_engine::ssml::Piece;
+use kazeia_text::ssml::Piece;
 
 use crate::queue::{Id, Priority};
 

@@ -5,7 +5,7 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
-use kazeia_engine::ssml::{Piece, Prosody};
+use kazeia_text::ssml::{Piece, Prosody};
 
 /// A mark inside a run: its piece, its name and its byte offset in the run's text.
 #[derive(Clone, Debug, PartialEq)]
@@ -232,7 +232,7 @@ impl Placement {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kazeia_engine::ssml::parse_ssml;
+    use kazeia_text::ssml::parse_ssml;
 
     #[test]
     fn a_mark_before_every_word_is_one_run() {

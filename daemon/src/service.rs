@@ -6,8 +6,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
-use kazeia_engine::ssml::{parse_ssml, plain_text, Piece};
-use kazeia_engine::text::{split_for_synthesis, DEFAULT_CHUNK_CHARS};
+use kazeia_text::ssml::{parse_ssml, plain_text, Piece};
+use kazeia_text::text::{split_for_synthesis, DEFAULT_CHUNK_CHARS};
 
 use crate::audio::open_sink;
 use crate::config::DaemonConfig;

@@ -8,8 +8,8 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use kazeia_engine::stream::{SessionControl, StreamConfig};
 use kazeia_engine::synth::{SynthOptions, Synthesizer, Voice};
-use kazeia_engine::text::DEFAULT_CHUNK_CHARS;
 use kazeia_engine::wav::{SampleFormat, WavWriter};
+use kazeia_text::text::DEFAULT_CHUNK_CHARS;
 
 use crate::common_args::{EngineArgs, SamplingArgs};
 use kazeia::model_path::resolve_model;

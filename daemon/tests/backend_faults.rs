@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use futures_util::StreamExt;
 
 use kazeia::dbus::client::SpeechProxy;
-use kazeia::spiel_stream::{s16le_to_f32, Chunk, SpielReader};
+use kazeia_spiel::{s16le_to_f32, Chunk, SpielReader};
 use kazeia_tests::services::{DbusSession, Service, TempDir};
 use kazeia_tests::speaking_model;
 

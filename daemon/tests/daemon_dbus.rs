@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use kazeia::dbus::client::SpeechProxy;
-use kazeia::spiel_stream::{s16le_to_f32, Chunk, EventKind, SpielReader};
+use kazeia_spiel::{s16le_to_f32, Chunk, EventKind, SpielReader};
 use kazeia_tests::services::{DbusSession, PipeWire, Recorder, Service, TempDir};
 use kazeia_tests::{fixtures_dir, speaking_model};
 use zbus::wire::Variant;
@@ -1108,7 +1108,7 @@ async fn module_first_audio() {
     use std::process::Stdio;
     let (_dir, bus, _daemon) = bench_daemon("module-bench");
     let module_conf = fixtures_dir().join("../../config/speech-dispatcher/kazeia.conf");
-    let mut module = Command::new(env!("CARGO_BIN_EXE_sd_kazeia"))
+    let mut module = Command::new(kazeia_tests::sd_kazeia())
         .arg(&module_conf)
         .envs(bus.env())
         .stdin(Stdio::piped())
@@ -1377,10 +1377,7 @@ async fn module_first_audio_orca() {
         "Cancel push button",
     ];
     let messages = &all_messages[..env_number("KAZEIA_BENCH_MESSAGES", 7).clamp(1, 7)];
-    let mut programs = vec![(
-        "this sd_kazeia".to_owned(),
-        PathBuf::from(env!("CARGO_BIN_EXE_sd_kazeia")),
-    )];
+    let mut programs = vec![("this sd_kazeia".to_owned(), kazeia_tests::sd_kazeia())];
     if let Some(other) = std::env::var_os("KAZEIA_BENCH_OTHER_MODULE") {
         programs.push((format!("{}", Path::new(&other).display()), other.into()));
     }
@@ -1540,7 +1537,7 @@ async fn orca_s_word_marks_are_one_generation_and_each_is_reported_once() {
     // The module, as speech-dispatcher drives it with Orca's settings.
     use std::io::{Read, Write};
     let module_conf = fixtures_dir().join("../../config/speech-dispatcher/kazeia.conf");
-    let mut module = Command::new(env!("CARGO_BIN_EXE_sd_kazeia"))
+    let mut module = Command::new(kazeia_tests::sd_kazeia())
         .arg(&module_conf)
         .envs(bus.env())
         .stdin(std::process::Stdio::piped())

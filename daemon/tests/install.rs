@@ -12,9 +12,23 @@ use kazeia_tests::speaking_model;
 
 const KAZEIA: &str = env!("CARGO_BIN_EXE_kazeia");
 
-/// Where cargo put kazeia, kazeiad and sd_kazeia.
-fn built() -> PathBuf {
-    Path::new(KAZEIA).parent().unwrap().to_path_buf()
+/// One build directory in `dir`, as `kazeia install --from` and `make-deb.sh --target-dir` read it: links to
+/// the kazeia, kazeiad and plugins cargo built for this test, and to the speech-dispatcher module, which is
+/// another package's binary (`kazeia_tests::sd_kazeia` builds it).
+fn built(dir: &Path) -> PathBuf {
+    let staged = dir.join("built");
+    std::fs::create_dir(&staged).unwrap();
+    let cargo_dir = Path::new(KAZEIA).parent().unwrap();
+    for entry in std::fs::read_dir(cargo_dir).unwrap().flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let plugin =
+            name.starts_with("libkazeia_backend_") && name.ends_with(std::env::consts::DLL_SUFFIX);
+        if name == "kazeia" || name == "kazeiad" || plugin {
+            std::os::unix::fs::symlink(entry.path(), staged.join(&name)).unwrap();
+        }
+    }
+    std::os::unix::fs::symlink(kazeia_tests::sd_kazeia(), staged.join("sd_kazeia")).unwrap();
+    staged
 }
 
 fn read(path: &Path) -> String {
@@ -24,11 +38,12 @@ fn read(path: &Path) -> String {
 #[test]
 fn system_install_puts_each_file_where_its_reader_looks() {
     let root = TempDir::new("destdir");
+    let build = TempDir::new("built");
     let out = Command::new(KAZEIA)
         .args(["install", "--prefix", "/usr/local", "--destdir"])
         .arg(root.path())
         .arg("--from")
-        .arg(built())
+        .arg(built(build.path()))
         .args(["--speechd-module-dir", "/usr/lib/speech-dispatcher-modules"])
         .output()
         .unwrap();
@@ -76,7 +91,7 @@ fn make_deb(dir: &Path) -> PathBuf {
     let out = Command::new("bash")
         .arg(script)
         .arg("--target-dir")
-        .arg(built())
+        .arg(built(dir))
         .arg("--out")
         .arg(dir)
         .args(["--compress", "none"])

@@ -20,7 +20,6 @@ use kazeia_tests::services::{DbusSession, PipeWire, Recorder, TempDir};
 use kazeia_tests::speaking_model;
 
 mod common;
-const SD_KAZEIA: &str = env!("CARGO_BIN_EXE_sd_kazeia");
 
 /// Louder than this is sound (the null sink is exactly 0 otherwise).
 const THRESHOLD: f32 = 0.01;
@@ -61,7 +60,8 @@ impl Desktop {
             conf.join("speechd.conf"),
             format!(
                 "LogLevel 4\nAudioOutputMethod \"pulse\"\n\
-                 AddModule \"kazeia\" \"{SD_KAZEIA}\" \"kazeia.conf\"\nDefaultModule kazeia\n"
+                 AddModule \"kazeia\" \"{}\" \"kazeia.conf\"\nDefaultModule kazeia\n",
+                kazeia_tests::sd_kazeia().display()
             ),
         )
         .unwrap();

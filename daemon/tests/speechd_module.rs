@@ -11,7 +11,6 @@ use kazeia_tests::services::{require_program, DbusSession, PipeWire, Recorder, S
 use kazeia_tests::speaking_model;
 
 mod common;
-const SD_KAZEIA: &str = env!("CARGO_BIN_EXE_sd_kazeia");
 
 /// Everything between spd-say and the sink, torn down on drop (in reverse order of the fields).
 struct Stack {
@@ -49,8 +48,9 @@ impl Stack {
         std::fs::write(
             conf.join("speechd.conf"),
             format!(
-                "LogLevel 4\nAudioOutputMethod \"pulse\"\nAddModule \"kazeia\" \"{SD_KAZEIA}\" \"kazeia.conf\"\n\
-                 DefaultModule kazeia\n"
+                "LogLevel 4\nAudioOutputMethod \"pulse\"\nAddModule \"kazeia\" \"{}\" \"kazeia.conf\"\n\
+                 DefaultModule kazeia\n",
+                kazeia_tests::sd_kazeia().display()
             ),
         )
         .unwrap();

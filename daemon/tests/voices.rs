@@ -13,13 +13,12 @@ use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use kazeia::dbus::client::SpeechProxy;
-use kazeia::spiel_stream::{Chunk, SpielReader};
+use kazeia_spiel::{Chunk, SpielReader};
 use kazeia_tests::services::{DbusSession, Service, TempDir};
 use zbus::wire::Variant;
 
 const KAZEIAD: &str = env!("CARGO_BIN_EXE_kazeiad");
 const KAZEIA: &str = env!("CARGO_BIN_EXE_kazeia");
-const SD_KAZEIA: &str = env!("CARGO_BIN_EXE_sd_kazeia");
 
 mod random_model;
 
@@ -208,7 +207,7 @@ async fn say(
 
 /// The speech-dispatcher module's answer to LIST VOICES, against this daemon.
 fn module_voices(d: &Daemon) -> Vec<String> {
-    let mut child = Command::new(SD_KAZEIA)
+    let mut child = Command::new(kazeia_tests::sd_kazeia())
         .env_clear()
         .env("PATH", std::env::var_os("PATH").unwrap_or_default())
         .envs(d.bus.env())

@@ -20,8 +20,8 @@ use crate::marks::{MarkPlan, SpeakingRate};
 use crate::stream::{
     stream_utterances, SessionControl, StreamConfig, StreamEvent, StreamReport, Utterance,
 };
-use crate::text::chunk_ranges;
 use crate::tokenizer::TextTokenizer;
+use kazeia_text::text::chunk_ranges;
 
 /// Who speaks and how.
 #[derive(Clone, Debug, Default)]
@@ -95,7 +95,7 @@ impl Default for SynthOptions {
             greedy: false,
             seed: None,
             max_new_tokens: None,
-            chunk_chars: crate::text::DEFAULT_CHUNK_CHARS,
+            chunk_chars: kazeia_text::text::DEFAULT_CHUNK_CHARS,
         }
     }
 }

@@ -2,7 +2,7 @@
 
 #![no_main]
 
-use kazeia::speechd::server_audio::{encode_block, unescape};
+use kazeia_speechd::server_audio::{encode_block, unescape};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

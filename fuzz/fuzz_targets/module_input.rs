@@ -3,10 +3,10 @@
 
 #![no_main]
 
-use kazeia::speechd::keys::{char_text, key_text};
-use kazeia::speechd::protocol::{Command, Input, Parser, SpeakKind};
-use kazeia::speechd::settings::Settings;
-use kazeia_engine::ssml::parse_ssml;
+use kazeia_speechd::keys::{char_text, key_text};
+use kazeia_speechd::protocol::{Command, Input, Parser, SpeakKind};
+use kazeia_speechd::settings::Settings;
+use kazeia_text::ssml::parse_ssml;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

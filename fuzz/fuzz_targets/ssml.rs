@@ -2,7 +2,7 @@
 
 #![no_main]
 
-use kazeia_engine::ssml::{parse_ssml, Piece, MAX_BREAK};
+use kazeia_text::ssml::{parse_ssml, Piece, MAX_BREAK};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

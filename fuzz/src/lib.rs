@@ -35,7 +35,7 @@ pub fn speak_options(data: &[u8]) {
 /// The Spiel stream reader: any bytes; every chunk it returns is within its size limits, and it ends (error or
 /// end of stream) within one chunk per 5 input bytes.
 pub fn spiel_stream(data: &[u8]) {
-    use kazeia::spiel_stream::{Chunk, SpielReader};
+    use kazeia_spiel::{Chunk, SpielReader};
     let Ok(mut reader) = SpielReader::new(data) else {
         return;
     };
@@ -170,9 +170,9 @@ pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
         }
     }
 
-    let mut writer = kazeia::spiel_stream::SpielWriter::new(Vec::new()).expect("in memory");
+    let mut writer = kazeia_spiel::SpielWriter::new(Vec::new()).expect("in memory");
     let _ = writer.audio(&[0.0, 0.5, -0.5, 1.0]);
-    let _ = writer.event(kazeia::spiel_stream::EventKind::Mark, 3, 7, "here");
+    let _ = writer.event(kazeia_spiel::EventKind::Mark, 3, 7, "here");
     let _ = writer.audio(&[0.25; 8]);
     seeds.push(("spiel_stream", writer.into_inner()));
 

@@ -5,7 +5,7 @@ use std::io::{self, BufRead, BufReader, Read, Write};
 use std::sync::mpsc;
 use std::sync::Arc;
 
-use kazeia_engine::ssml::parse_ssml;
+use kazeia_text::ssml::parse_ssml;
 
 use super::keys::{char_text, key_text};
 use super::log;

@@ -3,7 +3,7 @@
 
 use std::time::Instant;
 
-use kazeia_engine::prosody_filter::ProsodyFilter;
+use kazeia_text::prosody_filter::ProsodyFilter;
 
 const SR: u32 = 24_000;
 

@@ -7,11 +7,11 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use kazeia_engine::ssml::{parse_ssml, plain_text, Piece};
+use kazeia_text::ssml::{parse_ssml, plain_text, Piece};
 
 use super::*;
-use crate::speechd::server_audio::unescape;
-use crate::spiel_stream::{EventKind, SpielWriter};
+use crate::server_audio::unescape;
+use kazeia_spiel::{EventKind, SpielWriter};
 
 const WAIT: Duration = Duration::from_secs(10);
 
@@ -829,7 +829,7 @@ fn end_of_input_stops_speech_and_exits() {
 /// the module still answers at the end.
 #[test]
 fn random_input_never_breaks_the_module() {
-    use crate::speechd::random_input::{random_line, Rng};
+    use crate::random_input::{random_line, Rng};
     let mut h = Harness::started(TestSynth::new());
     let mut rng = Rng(0x0dd_ba11);
     for _ in 0..3000 {

@@ -1,10 +1,10 @@
 //! `sd_kazeia`: Kazeia's speech-dispatcher output module. speech-dispatcher runs it as
 //! `sd_kazeia <path/to/kazeia.conf>` and speaks the module protocol on stdin/stdout.
 
-use kazeia::speechd::config::{parse_config, Config};
-use kazeia::speechd::dbus_client::DbusSynthesizer;
-use kazeia::speechd::synth::{Request, Synthesizer, Voice};
-use kazeia::speechd::{log, run};
+use kazeia_speechd::config::{parse_config, Config};
+use kazeia_speechd::dbus_client::DbusSynthesizer;
+use kazeia_speechd::synth::{Request, Synthesizer, Voice};
+use kazeia_speechd::{log, run};
 
 /// Stands in for the provider when the module cannot work at all: INIT then fails with the reason, and
 /// speech-dispatcher falls back to another module.

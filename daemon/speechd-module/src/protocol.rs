@@ -400,13 +400,13 @@ mod tests {
 
     /// Thousands of random lines: no panic, blocks always close at ".", acknowledgements only open blocks,
     /// and what comes out is safe to hand to the rest of the module.
-    use crate::speechd::random_input::{random_line, Rng};
+    use crate::random_input::{random_line, Rng};
 
     #[test]
     fn random_input_keeps_the_parser_consistent() {
         let mut rng = Rng(0x5dca_70ff);
         let mut p = Parser::new();
-        let mut settings = crate::speechd::settings::Settings::default();
+        let mut settings = crate::settings::Settings::default();
         let (mut acks, mut commands, mut errors) = (0, 0, 0);
         for _ in 0..20_000 {
             let line = random_line(&mut rng);
@@ -426,13 +426,13 @@ mod tests {
                             settings.apply(pairs);
                         }
                         Command::Speak(SpeakKind::Text, text) => {
-                            let _ = kazeia_engine::ssml::parse_ssml(text);
+                            let _ = kazeia_text::ssml::parse_ssml(text);
                         }
                         Command::Speak(SpeakKind::Char, text) => {
-                            crate::speechd::keys::char_text(text, settings.cap_let_recogn);
+                            crate::keys::char_text(text, settings.cap_let_recogn);
                         }
                         Command::Speak(SpeakKind::Key, text) => {
-                            crate::speechd::keys::key_text(text);
+                            crate::keys::key_text(text);
                         }
                         _ => {}
                     }

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::spiel_stream::{Chunk, EventKind, SpielReader};
+use kazeia_spiel::{Chunk, EventKind, SpielReader};
 
 use super::log;
 use super::output::{Event, Output};

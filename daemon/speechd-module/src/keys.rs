@@ -3,7 +3,7 @@
 //! Key names are SSIP's: a character, or `space`, `underscore`, `double-quote`, `enter`, `f1`…, `kp-enter`,
 //! `kp-5`…, joined to modifiers with `_` (`shift_a`, `control_alt_delete`).
 
-use kazeia_engine::ssml::speakable_char;
+use kazeia_text::ssml::speakable_char;
 
 use super::settings::CapLetters;
 
