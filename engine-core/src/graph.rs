@@ -2,7 +2,7 @@
 //! (one submission, intermediate results kept on the device, the recorded commands replayed for the next chunk)
 //! instead of one submit-and-wait per op.
 //!
-//! Model code asks a [`Graph`] for tensors and ops. On a backend that [prefers lists](Backend::prefers_lists)
+//! Model code asks a [`Graph`] for tensors and ops. On a backend that takes [lists](kazeia_backend_abi::Capabilities::LISTS)
 //! nothing runs until the graph is flushed: when a result is read on the host ([`Graph::read`], [`Graph::take`]),
 //! at [`Graph::finish`], or when the memory held by pending ops passes [`FLUSH_BYTES`]. On the others (the CPU)
 //! each op runs as soon as it is made and a released tensor's memory goes at once, as plain calls would.
@@ -93,7 +93,7 @@ pub struct Graph<'m> {
 
 impl<'m> Graph<'m> {
     pub fn new(backend: &'m dyn Backend) -> Self {
-        Self::with_deferral(backend, backend.prefers_lists())
+        Self::with_deferral(backend, backend.capabilities().lists())
     }
 
     /// A graph that holds ops back until a result is needed (`deferred`) or runs each at once, whatever the

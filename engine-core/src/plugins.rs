@@ -15,11 +15,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use kazeia_backend_abi::plugin::{
-    EntryFn, ErrorBuffer, OpKind, OpRecord, PluginApi, WeightDesc, CAPABILITY_LISTS, ENTRY_SYMBOL,
+    entry_symbol, EntryFn, ErrorBuffer, OpKind, OpRecord, PluginApi, WeightDesc, ENTRY_SYMBOL,
     PLUGIN_ABI_VERSION, PLUGIN_MAGIC,
 };
 use kazeia_backend_abi::{
-    records, AttentionSpan, Backend, Combine, Heads, Strided, Weight, WeightFormat,
+    records, AttentionSpan, Backend, Capabilities, Combine, Heads, Strided, Weight, WeightFormat,
 };
 
 use crate::CpuBackend;
@@ -118,10 +118,17 @@ pub fn inspect(path: &Path) -> PluginInfo {
     let entry = match unsafe { library.get::<EntryFn>(ENTRY_SYMBOL) } {
         Ok(entry) => entry,
         Err(_) => {
-            return unavailable(
-                path,
-                "not a Kazeia plugin (no kazeia_backend_plugin_v1 symbol)".into(),
-            )
+            let reason = match older_entry(library) {
+                Some(version) => format!(
+                    "built for plugin ABI version {version}; this Kazeia needs version {PLUGIN_ABI_VERSION} \
+                     (rebuild the plugin)"
+                ),
+                None => format!(
+                    "not a Kazeia plugin (no {} symbol)",
+                    entry_symbol(PLUGIN_ABI_VERSION)
+                ),
+            };
+            return unavailable(path, reason);
         }
     };
     // SAFETY: calling the entry of a plugin that exports it; it returns a static table or null.
@@ -180,6 +187,15 @@ pub fn inspect(path: &Path) -> PluginInfo {
             api: Some(api),
         }
     }
+}
+
+/// The ABI version of an older plugin's entry symbol, if `library` has one.
+fn older_entry(library: &libloading::Library) -> Option<u32> {
+    (1..PLUGIN_ABI_VERSION).rev().find(|&version| {
+        let symbol = format!("{}\0", entry_symbol(version));
+        // SAFETY: only looks the symbol up; it is never called.
+        unsafe { library.get::<EntryFn>(symbol.as_bytes()) }.is_ok()
+    })
 }
 
 /// Splits `name[:device]`; the device is an index or a part of a device's name (`vulkan:1`,
@@ -287,8 +303,8 @@ pub struct PluginBackend {
     name: String,
     /// What `supports_op` said per op kind (indexed by code).
     supported: [bool; OpKind::ALL.len() + 1],
-    /// The plugin's [`CAPABILITY_LISTS`].
-    lists: bool,
+    /// What the plugin said it is, once.
+    capabilities: Capabilities,
     /// It runs every weightless op kind (so no host op of ours changes a buffer it keeps resident).
     all_ops_supported: bool,
     /// Runs the weightless ops the plugin does not take.
@@ -330,7 +346,7 @@ impl PluginBackend {
             supported[kind as usize] = unsafe { (api.supports_op)(backend, kind as u32) };
         }
         // SAFETY: as above.
-        let lists = unsafe { (api.supports_op)(backend, CAPABILITY_LISTS) };
+        let capabilities = unsafe { (api.capabilities)(backend) };
         let all_ops_supported = OpKind::ALL
             .iter()
             .all(|&k| k.has_weight() || k.is_hint() || supported[k as usize]);
@@ -338,7 +354,7 @@ impl PluginBackend {
             handle: Arc::new(Handle { api, backend }),
             name: plugin.name.clone(),
             supported,
-            lists,
+            capabilities,
             all_ops_supported,
             host: std::sync::OnceLock::new(),
             threads,
@@ -590,8 +606,8 @@ impl Backend for PluginBackend {
         self.run(OpRecord::in_place(OpKind::Silu, x, &[], &[], [0; 3], 0.0));
     }
 
-    fn prefers_lists(&self) -> bool {
-        self.lists
+    fn capabilities(&self) -> Capabilities {
+        self.capabilities
     }
 
     fn strided(&self, combine: Combine, src: &[f32], dst: &mut [f32], shape: Strided) {

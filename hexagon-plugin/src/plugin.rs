@@ -25,6 +25,7 @@ static API: PluginApi = PluginApi {
     device_name,
     create,
     destroy: exports::destroy::<HexagonBackend>,
+    capabilities: exports::capabilities::<HexagonBackend>,
     upload: exports::upload::<HexagonBackend>,
     free_weight: exports::free_weight,
     // Every op: those the DSP does not run go to the CPU backend inside the plugin.
@@ -36,11 +37,7 @@ static API: PluginApi = PluginApi {
     import_linear: exports::import_linear::<HexagonBackend>,
 };
 
-/// The plugin's entry symbol.
-#[no_mangle]
-pub extern "C" fn kazeia_backend_plugin_v1() -> *const PluginApi {
-    &API
-}
+kazeia_backend_abi::plugin_entry!(&API);
 
 /// Above every CPU plugin build (≤ 30): a DSP session is the better place for the stages it takes.
 unsafe extern "C" fn score() -> i32 {

@@ -9,7 +9,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use crate::plugin::{ErrorBuffer, OpKind, OpRecord, WeightDesc, WeightKind};
 use crate::records::{input, run_record};
-use crate::{Backend, Weight, WeightFormat};
+use crate::{Backend, Capabilities, Weight, WeightFormat};
 
 /// Runs `f`, turning an error or a panic into a message in `err` (when given) and `fallback`. An entry passes its
 /// error pointer as `unsafe { err.as_mut() }`: null or valid, by the table's contract.
@@ -134,13 +134,23 @@ pub unsafe extern "C" fn free_weight(_backend: *mut c_void, weight: *mut c_void)
     }
 }
 
-/// `supports_op` of a backend that runs every op kind (what its device does not, it runs on its CPU backend) and
-/// gains nothing from lists.
+/// `supports_op` of a backend that runs every op kind (what its device does not, it runs on its CPU backend).
 ///
 /// # Safety
 /// As the table's `supports_op`.
 pub unsafe extern "C" fn supports_every_op(_backend: *mut c_void, kind: u32) -> bool {
     OpKind::from_code(kind).is_some()
+}
+
+/// `capabilities` through [`Backend::capabilities`] (none when the handle is null or the backend panics).
+///
+/// # Safety
+/// As the table's `capabilities`.
+pub unsafe extern "C" fn capabilities<B: Backend>(backend: *mut c_void) -> Capabilities {
+    guarded(None, Capabilities::default(), || {
+        // SAFETY: a live handle of this plugin's `create` (the table's contract).
+        Ok(unsafe { backend_ref::<B>(backend)? }.capabilities())
+    })
 }
 
 /// `run_ops`: each record through the [`Backend`] trait's methods.

@@ -122,6 +122,31 @@ pub struct Heads {
     pub head_dim: usize,
 }
 
+/// What a backend is beyond the ops it runs: typed, asked once when the engine takes the backend (C layout: it
+/// crosses the plugin table as [`plugin::PluginApi::capabilities`]'s result).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Capabilities {
+    /// [`Capabilities::LISTS`], …; bits the engine does not know are ignored.
+    pub flags: u64,
+}
+
+impl Capabilities {
+    /// The backend gains from receiving a whole stage as one list (a device: one submission, results kept on the
+    /// device between ops). The engine then holds ops back until a result is needed; otherwise it hands each op
+    /// over at once and frees intermediate results as soon as they are dead.
+    pub const LISTS: u64 = 1;
+
+    pub const fn new(flags: u64) -> Self {
+        Capabilities { flags }
+    }
+
+    /// [`Capabilities::LISTS`].
+    pub fn lists(self) -> bool {
+        self.flags & Self::LISTS != 0
+    }
+}
+
 /// A compute backend: uploads weights once, then runs ops on host activations.
 pub trait Backend: Send + Sync {
     /// Short name shown to users ("cpu", "vulkan", …).
@@ -230,10 +255,9 @@ pub trait Backend: Send + Sync {
         strided_on_host(combine, src, dst, shape);
     }
 
-    /// Whether this backend gains from whole lists ([`plugin::CAPABILITY_LISTS`]): a device backend. Model
-    /// code then holds ops back until a result is needed; otherwise each op runs as soon as it is made.
-    fn prefers_lists(&self) -> bool {
-        false
+    /// What the backend is beyond its ops ([`Capabilities`]); none by default (a CPU backend).
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::default()
     }
 
     /// Runs a list of ops in order — a whole stage, so a device backend can submit it at once and keep the

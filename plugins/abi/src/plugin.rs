@@ -5,28 +5,42 @@
 //! calling anything else. Everything else crosses as plain C data: opaque handles for backends and uploaded
 //! weights, [`OpRecord`]s describing ops on host `f32` buffers, and an [`ErrorBuffer`] for messages. Ops are
 //! submitted as a list ([`PluginApi::run_ops`]), so a device backend can take a whole stage at once; a plugin
-//! says per op kind what it supports ([`PluginApi::supports_op`]) and the engine keeps the rest on the CPU.
+//! says what it is ([`PluginApi::capabilities`]) and per op kind what it supports ([`PluginApi::supports_op`]),
+//! and the engine keeps the rest on the CPU.
 //! Plugins catch their panics at this boundary and are never unloaded.
 
 use std::ffi::{c_char, c_void};
 
-use crate::{AttentionSpan, Combine, Heads, Strided, View, Weight, WeightFormat};
+use crate::{AttentionSpan, Capabilities, Combine, Heads, Strided, View, Weight, WeightFormat};
 
 /// `"KZBP"`.
 pub const PLUGIN_MAGIC: u32 = 0x4b5a_4250;
-/// Bumped on any incompatible change of the structures below.
-pub const PLUGIN_ABI_VERSION: u32 = 1;
-/// The one symbol a plugin exports: `extern "C" fn() -> *const PluginApi`.
-pub const ENTRY_SYMBOL: &[u8] = b"kazeia_backend_plugin_v1\0";
+/// Bumped on any incompatible change of the structures below, together with [`ENTRY_SYMBOL`]'s version (so a
+/// plugin of another version is told apart before its table is read). 2: typed [`crate::Capabilities`] instead
+/// of capability codes in `supports_op`.
+pub const PLUGIN_ABI_VERSION: u32 = 2;
+/// The one symbol a plugin exports: `extern "C" fn() -> *const PluginApi`. Define it with [`crate::plugin_entry!`].
+pub const ENTRY_SYMBOL: &[u8] = b"kazeia_backend_plugin_v2\0";
+
+/// The entry symbol of ABI version `version` (to name the version of a plugin built for another one).
+pub fn entry_symbol(version: u32) -> String {
+    format!("kazeia_backend_plugin_v{version}")
+}
+
+/// Defines the plugin's entry symbol ([`ENTRY_SYMBOL`]) returning `$table` (a `&'static PluginApi`); one
+/// crate of a plugin's binary uses it once.
+#[macro_export]
+macro_rules! plugin_entry {
+    ($table:expr) => {
+        /// The plugin's entry symbol (`kazeia_backend_abi::plugin::ENTRY_SYMBOL`).
+        #[no_mangle]
+        pub extern "C" fn kazeia_backend_plugin_v2() -> *const $crate::plugin::PluginApi {
+            $table
+        }
+    };
+}
 
 pub type EntryFn = unsafe extern "C" fn() -> *const PluginApi;
-
-/// `supports_op` codes from here on are capability questions, not op kinds.
-pub const CAPABILITY_BASE: u32 = 0x1000;
-/// Capability: the backend gains from receiving a whole stage as one list (a device: one submission, results
-/// kept on the device between ops). The engine then holds ops back until a result is needed; otherwise it hands
-/// each op over at once and frees intermediate results as soon as they are dead.
-pub const CAPABILITY_LISTS: u32 = CAPABILITY_BASE;
 
 /// A message from the plugin, NUL-terminated, truncated to fit.
 #[repr(C)]
@@ -478,6 +492,8 @@ pub struct PluginApi {
     pub create:
         unsafe extern "C" fn(device: u32, threads: u32, err: *mut ErrorBuffer) -> *mut c_void,
     pub destroy: unsafe extern "C" fn(backend: *mut c_void),
+    /// What the backend is beyond its ops, asked once after `create`.
+    pub capabilities: unsafe extern "C" fn(backend: *mut c_void) -> Capabilities,
     /// Uploads a weight; null on failure.
     pub upload: unsafe extern "C" fn(
         backend: *mut c_void,
@@ -485,8 +501,8 @@ pub struct PluginApi {
         err: *mut ErrorBuffer,
     ) -> *mut c_void,
     pub free_weight: unsafe extern "C" fn(backend: *mut c_void, weight: *mut c_void),
-    /// Whether ops of this kind run on this backend; codes from [`CAPABILITY_BASE`] ask about capabilities
-    /// instead (false when the plugin does not know the code).
+    /// Whether ops of this kind run on this backend (false for a code the plugin does not know). For a hint
+    /// kind ([`OpKind::is_hint`]) it says whether the plugin wants the hint.
     pub supports_op: unsafe extern "C" fn(backend: *mut c_void, kind: u32) -> bool,
     /// Runs `count` ops in order.
     pub run_ops: unsafe extern "C" fn(

@@ -22,6 +22,7 @@ static API: PluginApi = PluginApi {
     device_name,
     create,
     destroy: exports::destroy::<CpuBackend>,
+    capabilities: exports::capabilities::<CpuBackend>,
     upload: exports::upload::<CpuBackend>,
     free_weight: exports::free_weight,
     supports_op: exports::supports_every_op,

@@ -4,7 +4,7 @@
 use std::collections::HashSet;
 use std::sync::{Arc, OnceLock};
 
-use kazeia_backend_abi::plugin::{OpKind, OpRecord, WeightDesc, WeightKind, CAPABILITY_LISTS};
+use kazeia_backend_abi::plugin::{OpKind, OpRecord, WeightDesc, WeightKind};
 use kazeia_backend_abi::{Backend, Combine, WeightFormat};
 use kazeia_backend_cpu::CpuBackend;
 
@@ -184,12 +184,8 @@ impl VulkanBackend {
         self.cpu.get_or_init(|| CpuBackend::new(self.threads))
     }
 
-    /// Whether ops of this ABI kind run on the device (for some weight format, where the op has weights); for
-    /// [`CAPABILITY_LISTS`], yes: lists become single submissions.
+    /// Whether ops of this ABI kind run on the device (for some weight format, where the op has weights).
     pub fn supports(&self, kind: u32) -> bool {
-        if kind == CAPABILITY_LISTS {
-            return true;
-        }
         let any = |pred: &dyn Fn(&Kernel) -> bool| self.enabled.iter().any(pred);
         match kind {
             k if k == OpKind::Linear as u32 => {

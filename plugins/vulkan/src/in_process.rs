@@ -2,7 +2,9 @@
 //! wrapper would send through the plugin table, with its failures as panics (as that wrapper does).
 
 use kazeia_backend_abi::plugin::{OpKind, OpRecord, WeightDesc};
-use kazeia_backend_abi::{AttentionSpan, Backend, Combine, Heads, Strided, Weight, WeightFormat};
+use kazeia_backend_abi::{
+    AttentionSpan, Backend, Capabilities, Combine, Heads, Strided, Weight, WeightFormat,
+};
 
 use crate::backend::VulkanBackend;
 use crate::weights::VkWeight;
@@ -184,8 +186,8 @@ impl Backend for VulkanBackend {
         ));
     }
 
-    fn prefers_lists(&self) -> bool {
-        true
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::new(Capabilities::LISTS)
     }
 
     fn strided(&self, combine: Combine, src: &[f32], dst: &mut [f32], shape: Strided) {

@@ -27,6 +27,7 @@ static API: PluginApi = PluginApi {
     device_name,
     create,
     destroy: exports::destroy::<VulkanBackend>,
+    capabilities: exports::capabilities::<VulkanBackend>,
     upload,
     free_weight,
     supports_op,
@@ -36,9 +37,10 @@ static API: PluginApi = PluginApi {
     import_linear,
 };
 
-/// The plugin's entry symbol.
-#[no_mangle]
-pub extern "C" fn kazeia_backend_plugin_v1() -> *const PluginApi {
+kazeia_backend_abi::plugin_entry!(&API);
+
+/// The plugin table, for tests in-process.
+pub fn table() -> &'static PluginApi {
     &API
 }
 

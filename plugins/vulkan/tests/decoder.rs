@@ -357,12 +357,15 @@ fn each_token_step_is_one_submission_with_its_kv_cache_resident() {
 
 #[test]
 fn through_the_plugin_table_vulkan_takes_lists_and_the_cpu_plugin_single_ops() {
-    // The engine asks `supports_op(CAPABILITY_LISTS)`: ops are held back into lists for the Vulkan plugin
+    // The engine asks the plugin's `capabilities`: ops are held back into lists for the Vulkan plugin
     // (one submission per stage), and handed one by one to the CPU plugin (memory freed as results die).
-    assert!(vulkan_plugin_backend().prefers_lists());
+    assert!(vulkan_plugin_backend().capabilities().lists());
     let cpu = inspect(&kazeia_tests::cpu_plugin());
     assert!(cpu.is_available(), "{:?}", cpu.unavailable);
-    assert!(!PluginBackend::create(&cpu, 0, 1).unwrap().prefers_lists());
+    assert!(!PluginBackend::create(&cpu, 0, 1)
+        .unwrap()
+        .capabilities()
+        .lists());
 }
 
 #[test]

@@ -82,8 +82,7 @@ fn report_unavailable() {
 
 /// The plugin's table, in-process (the same functions `dlopen` reaches).
 fn api() -> &'static PluginApi {
-    // SAFETY: the entry returns a static table.
-    unsafe { &*kazeia_backend_vulkan::plugin::kazeia_backend_plugin_v1() }
+    kazeia_backend_vulkan::plugin::table()
 }
 
 struct Plugin {
