@@ -301,7 +301,8 @@ impl Drop for Handle {
 pub struct PluginBackend {
     handle: Arc<Handle>,
     name: String,
-    /// What `supports_op` said per op kind (indexed by code).
+    /// Per op kind (indexed by code), whether the plugin takes it at all: its `supports` of the kind's record
+    /// with no sizes. Records of a kind it takes are still asked one by one.
     supported: [bool; OpKind::ALL.len() + 1],
     /// What the plugin said it is, once.
     capabilities: Capabilities,
@@ -342,8 +343,8 @@ impl PluginBackend {
         }
         let mut supported = [false; OpKind::ALL.len() + 1];
         for kind in OpKind::ALL {
-            // SAFETY: a live backend of this table.
-            supported[kind as usize] = unsafe { (api.supports_op)(backend, kind as u32) };
+            // SAFETY: a live backend of this table; a record with no buffers or weight.
+            supported[kind as usize] = unsafe { (api.supports)(backend, &OpRecord::new(kind)) };
         }
         // SAFETY: as above.
         let capabilities = unsafe { (api.capabilities)(backend) };
@@ -361,10 +362,32 @@ impl PluginBackend {
         })
     }
 
-    /// Whether the plugin runs ops of `kind` (its `supports_op`); the others run on the built-in CPU backend
-    /// when they have no weight.
-    pub fn supports(&self, kind: OpKind) -> bool {
+    /// Whether the plugin takes ops of `kind` at all (some records of such a kind it may still refuse by
+    /// shape: [`Backend::supports`]).
+    pub fn supports_kind(&self, kind: OpKind) -> bool {
         self.supported[kind as usize]
+    }
+
+    /// The plugin's `supports` of a record whose weight is already the plugin's handle.
+    fn takes(&self, record: &OpRecord) -> bool {
+        let kind = OpKind::from_code(record.kind);
+        // SAFETY: a live backend of this table; the plugin reads only the record's plain fields and its weight,
+        // a handle of this backend.
+        kind.is_some_and(|k| self.supported[k as usize])
+            && unsafe { (self.handle.api.supports)(self.handle.backend, record) }
+    }
+
+    /// `op` with its weight (a `*const Weight` of this backend, or null) replaced by the plugin's handle.
+    ///
+    /// # Safety
+    /// The weight must be null or a live `Weight`.
+    unsafe fn to_plugin(&self, op: &OpRecord) -> Result<OpRecord, String> {
+        let mut record = *op;
+        // SAFETY: null or a live `Weight` (this function's contract).
+        if let Some(weight) = unsafe { (op.weight as *const Weight).as_ref() } {
+            record.weight = self.weight_ptr(weight)?;
+        }
+        Ok(record)
     }
 
     /// Hands `ops` (weights already the plugin's handles) to the plugin as one list.
@@ -610,6 +633,13 @@ impl Backend for PluginBackend {
         self.capabilities
     }
 
+    /// What the plugin itself runs; of the rest, [`Backend::run_records`] runs the weightless records on the
+    /// built-in CPU backend.
+    fn supports(&self, op: &OpRecord) -> bool {
+        // SAFETY: a record's weight is null or a live `Weight` (the trait's contract for records).
+        unsafe { self.to_plugin(op) }.is_ok_and(|record| self.takes(&record))
+    }
+
     fn strided(&self, combine: Combine, src: &[f32], dst: &mut [f32], shape: Strided) {
         if let Err(e) = shape.check(src.len(), dst.len()) {
             panic!("{e}");
@@ -623,8 +653,10 @@ impl Backend for PluginBackend {
         ));
     }
 
-    /// Consecutive ops the plugin takes go to it as one list (one submission on a device); a weightless op it
-    /// does not take runs here on the built-in CPU backend, between two lists.
+    /// The one fallback of the engine: each record is offered to the plugin ([`Backend::supports`], with its
+    /// shapes); consecutive records it takes go to it as one list (one submission on a device), a weightless
+    /// record it refuses runs here on the built-in CPU backend, between two lists. A weighted record it refuses is
+    /// an error (its weight lives in the plugin).
     unsafe fn run_records(&self, ops: &[OpRecord]) -> Result<(), String> {
         let mut list: Vec<OpRecord> = Vec::with_capacity(ops.len());
         for (i, op) in ops.iter().enumerate() {
@@ -634,21 +666,17 @@ impl Backend for PluginBackend {
                 // Ops it does not take run here, on host copies the plugin would not see change.
                 continue;
             }
-            if self.supports(kind) {
-                let mut record = *op;
-                if kind.has_weight() {
-                    // SAFETY: null or a live `Weight` of this backend (`run_records`'s contract).
-                    let weight = unsafe { (op.weight as *const Weight).as_ref() }
-                        .ok_or_else(|| format!("op {i}: a {kind:?} op without a weight"))?;
-                    record.weight = self
-                        .weight_ptr(weight)
-                        .map_err(|e| format!("op {i}: {e}"))?;
-                }
+            if kind.has_weight() && op.weight.is_null() {
+                return Err(format!("op {i}: a {kind:?} op without a weight"));
+            }
+            // SAFETY: null or a live `Weight` of this backend (`run_records`'s contract).
+            let record = unsafe { self.to_plugin(op) }.map_err(|e| format!("op {i}: {e}"))?;
+            if self.takes(&record) {
                 list.push(record);
             } else if kind.is_hint() {
                 // A hint the plugin does not take: nothing to do.
             } else if kind.has_weight() {
-                return Err(format!("op {i}: the plugin does not run {kind:?} ops"));
+                return Err(format!("op {i}: the plugin does not run this {kind:?} op"));
             } else {
                 self.submit(&list)?;
                 list.clear();

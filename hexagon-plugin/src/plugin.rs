@@ -29,7 +29,7 @@ static API: PluginApi = PluginApi {
     upload: exports::upload::<HexagonBackend>,
     free_weight: exports::free_weight,
     // Every op: those the DSP does not run go to the CPU backend inside the plugin.
-    supports_op: exports::supports_every_op,
+    supports: exports::supports::<HexagonBackend>,
     run_ops: exports::run_ops::<HexagonBackend>,
     // No on-disk cache yet: the DSP layouts are rebuilt from the checkpoint at upload.
     export_linear: exports::export_linear::<HexagonBackend>,

@@ -7,7 +7,7 @@
 use std::ffi::c_void;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use crate::plugin::{ErrorBuffer, OpKind, OpRecord, WeightDesc, WeightKind};
+use crate::plugin::{ErrorBuffer, OpRecord, WeightDesc, WeightKind};
 use crate::records::{input, run_record};
 use crate::{Backend, Capabilities, Weight, WeightFormat};
 
@@ -134,12 +134,18 @@ pub unsafe extern "C" fn free_weight(_backend: *mut c_void, weight: *mut c_void)
     }
 }
 
-/// `supports_op` of a backend that runs every op kind (what its device does not, it runs on its CPU backend).
+/// `supports` through [`Backend::supports`] (false for a null handle or record, or a panic).
 ///
 /// # Safety
-/// As the table's `supports_op`.
-pub unsafe extern "C" fn supports_every_op(_backend: *mut c_void, kind: u32) -> bool {
-    OpKind::from_code(kind).is_some()
+/// As the table's `supports`.
+pub unsafe extern "C" fn supports<B: Backend>(backend: *mut c_void, op: *const OpRecord) -> bool {
+    guarded(None, false, || {
+        // SAFETY: a live handle of this plugin's `create` (the table's contract).
+        let backend = unsafe { backend_ref::<B>(backend)? };
+        // SAFETY: null or a valid record (the table's contract); only its plain fields are read.
+        let op = unsafe { op.as_ref() }.ok_or("null record")?;
+        Ok(backend.supports(op))
+    })
 }
 
 /// `capabilities` through [`Backend::capabilities`] (none when the handle is null or the backend panics).

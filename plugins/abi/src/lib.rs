@@ -255,6 +255,16 @@ pub trait Backend: Send + Sync {
         strided_on_host(combine, src, dst, shape);
     }
 
+    /// Whether this backend runs `op`, judged by what the record says about it: its kind, the lengths of its
+    /// buffers, its sizes (`n`), parameters (`f`) and weight (one this backend made, so its shape and format are
+    /// the backend's to read). The buffers themselves are not read (their pointers may be null). The engine asks
+    /// before it hands a record over and runs what is refused on its own CPU backend; a weighted op it cannot
+    /// move there (the weight is this backend's), so a backend answers for weighted kinds it runs at all. For a
+    /// hint ([`plugin::OpKind::is_hint`]), whether the backend wants it. By default every known kind (the CPU).
+    fn supports(&self, op: &plugin::OpRecord) -> bool {
+        plugin::OpKind::from_code(op.kind).is_some()
+    }
+
     /// What the backend is beyond its ops ([`Capabilities`]); none by default (a CPU backend).
     fn capabilities(&self) -> Capabilities {
         Capabilities::default()

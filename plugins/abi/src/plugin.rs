@@ -5,8 +5,8 @@
 //! calling anything else. Everything else crosses as plain C data: opaque handles for backends and uploaded
 //! weights, [`OpRecord`]s describing ops on host `f32` buffers, and an [`ErrorBuffer`] for messages. Ops are
 //! submitted as a list ([`PluginApi::run_ops`]), so a device backend can take a whole stage at once; a plugin
-//! says what it is ([`PluginApi::capabilities`]) and per op kind what it supports ([`PluginApi::supports_op`]),
-//! and the engine keeps the rest on the CPU.
+//! says what it is ([`PluginApi::capabilities`]) and per op record, with its shapes, whether it takes it
+//! ([`PluginApi::supports`]); the engine runs the rest on its own CPU backend.
 //! Plugins catch their panics at this boundary and are never unloaded.
 
 use std::ffi::{c_char, c_void};
@@ -17,10 +17,11 @@ use crate::{AttentionSpan, Capabilities, Combine, Heads, Strided, View, Weight, 
 pub const PLUGIN_MAGIC: u32 = 0x4b5a_4250;
 /// Bumped on any incompatible change of the structures below, together with [`ENTRY_SYMBOL`]'s version (so a
 /// plugin of another version is told apart before its table is read). 2: typed [`crate::Capabilities`] instead
-/// of capability codes in `supports_op`.
-pub const PLUGIN_ABI_VERSION: u32 = 2;
+/// of capability codes in `supports_op`. 3: `supports` sees the whole record (shapes, formats, weight), not only
+/// its kind.
+pub const PLUGIN_ABI_VERSION: u32 = 3;
 /// The one symbol a plugin exports: `extern "C" fn() -> *const PluginApi`. Define it with [`crate::plugin_entry!`].
-pub const ENTRY_SYMBOL: &[u8] = b"kazeia_backend_plugin_v2\0";
+pub const ENTRY_SYMBOL: &[u8] = b"kazeia_backend_plugin_v3\0";
 
 /// The entry symbol of ABI version `version` (to name the version of a plugin built for another one).
 pub fn entry_symbol(version: u32) -> String {
@@ -34,7 +35,7 @@ macro_rules! plugin_entry {
     ($table:expr) => {
         /// The plugin's entry symbol (`kazeia_backend_abi::plugin::ENTRY_SYMBOL`).
         #[no_mangle]
-        pub extern "C" fn kazeia_backend_plugin_v2() -> *const $crate::plugin::PluginApi {
+        pub extern "C" fn kazeia_backend_plugin_v3() -> *const $crate::plugin::PluginApi {
             $table
         }
     };
@@ -501,9 +502,10 @@ pub struct PluginApi {
         err: *mut ErrorBuffer,
     ) -> *mut c_void,
     pub free_weight: unsafe extern "C" fn(backend: *mut c_void, weight: *mut c_void),
-    /// Whether ops of this kind run on this backend (false for a code the plugin does not know). For a hint
+    /// Whether this backend runs the op `op` describes ([`crate::Backend::supports`]; false for a kind the plugin
+    /// does not know). It reads the record's kind, lengths, `n`, `f` and weight, never its buffers. For a hint
     /// kind ([`OpKind::is_hint`]) it says whether the plugin wants the hint.
-    pub supports_op: unsafe extern "C" fn(backend: *mut c_void, kind: u32) -> bool,
+    pub supports: unsafe extern "C" fn(backend: *mut c_void, op: *const OpRecord) -> bool,
     /// Runs `count` ops in order.
     pub run_ops: unsafe extern "C" fn(
         backend: *mut c_void,

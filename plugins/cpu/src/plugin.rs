@@ -25,7 +25,7 @@ static API: PluginApi = PluginApi {
     capabilities: exports::capabilities::<CpuBackend>,
     upload: exports::upload::<CpuBackend>,
     free_weight: exports::free_weight,
-    supports_op: exports::supports_every_op,
+    supports: exports::supports::<CpuBackend>,
     run_ops: exports::run_ops::<CpuBackend>,
     export_linear: exports::export_linear::<CpuBackend>,
     free_bytes: exports::free_bytes,

@@ -186,6 +186,10 @@ impl Backend for VulkanBackend {
         ));
     }
 
+    fn supports(&self, op: &OpRecord) -> bool {
+        self.supports_record(op)
+    }
+
     fn capabilities(&self) -> Capabilities {
         Capabilities::new(Capabilities::LISTS)
     }

@@ -30,7 +30,7 @@ static API: PluginApi = PluginApi {
     capabilities: exports::capabilities::<VulkanBackend>,
     upload,
     free_weight,
-    supports_op,
+    supports,
     run_ops,
     export_linear,
     free_bytes: exports::free_bytes,
@@ -129,10 +129,13 @@ unsafe extern "C" fn free_weight(backend: *mut c_void, weight: *mut c_void) {
     })
 }
 
-unsafe extern "C" fn supports_op(backend: *mut c_void, kind: u32) -> bool {
+unsafe extern "C" fn supports(backend: *mut c_void, op: *const OpRecord) -> bool {
     guarded(None, false, || {
         // SAFETY: a live handle of this plugin's `create` (the table's contract).
-        Ok(unsafe { backend_ref::<VulkanBackend>(backend)? }.supports(kind))
+        let backend = unsafe { backend_ref::<VulkanBackend>(backend)? };
+        // SAFETY: null or a valid record (the table's contract); only its plain fields are read.
+        let op = unsafe { op.as_ref() }.ok_or("null record")?;
+        Ok(backend.supports_record(op))
     })
 }
 

@@ -367,21 +367,3 @@ fn through_the_plugin_table_vulkan_takes_lists_and_the_cpu_plugin_single_ops() {
         .capabilities()
         .lists());
 }
-
-#[test]
-fn resident_kv_caches_stay_right_when_the_cpu_writes_them() {
-    // With the strided kernels off, the plugin runs the KV appends on the CPU, on the host copies: it must then
-    // upload the resident caches again before the device reads them. The official greedy codes tell.
-    let vulkan = Arc::new(
-        VulkanBackend::new(
-            0,
-            1,
-            Options {
-                disabled: vec!["strided".into()],
-                ..Options::default()
-            },
-        )
-        .unwrap(),
-    );
-    greedy_on(&vulkan);
-}

@@ -4,6 +4,7 @@
 
 use std::sync::OnceLock;
 
+use kazeia_backend_abi::plugin::OpRecord;
 use kazeia_backend_abi::{AttentionSpan, Backend, Heads, WeightFormat};
 use kazeia_backend_cpu::CpuBackend;
 use kazeia_backend_vulkan::{Format, GemmMode, Kernel, Options, VulkanBackend};
@@ -327,15 +328,10 @@ fn norms_activations_rope_and_attention_match_the_cpu_with_either_reduction() {
 }
 
 #[test]
-fn ops_the_device_cannot_take_run_on_the_cpu() {
-    // Heads wider than the attention kernel's 256: the CPU runs it, transparently. (An own backend: the
-    // dispatch counter must not see the other tests.)
+fn ops_the_device_cannot_take_are_refused_by_shape() {
+    // Heads wider than the attention kernel's 256: `supports` says no from the record's sizes, and running it is
+    // an error (the engine runs it on its CPU: tests/plugin.rs). Nothing is dispatched.
     let b = &backend_with(true);
-    let heads = Heads {
-        q_heads: 2,
-        kv_heads: 1,
-        head_dim: 320,
-    };
     let span = AttentionSpan {
         queries: 3,
         query_start: 5,
@@ -343,15 +339,31 @@ fn ops_the_device_cannot_take_run_on_the_cpu() {
         key_start: 0,
         window: None,
     };
-    let q = values(3 * 2 * 320, 40, 1.0);
-    let k = values(8 * 320, 41, 1.0);
-    let v = values(8 * 320, 42, 1.0);
-    let before = b.stats();
+    for head_dim in [256, 320] {
+        let heads = Heads {
+            q_heads: 2,
+            kv_heads: 1,
+            head_dim,
+        };
+        let q = values(3 * 2 * head_dim, 40, 1.0);
+        let k = values(8 * head_dim, 41, 1.0);
+        let v = values(8 * head_dim, 42, 1.0);
+        let mut got = vec![f32::NAN; q.len()];
+        let record = OpRecord::attention(&q, &k, &v, heads, span, 0.05, &mut got);
+        assert_eq!(b.supports(&record), head_dim <= 256, "head_dim {head_dim}");
+    }
+    let heads = Heads {
+        q_heads: 2,
+        kv_heads: 1,
+        head_dim: 320,
+    };
+    let (q, k, v) = (vec![0.5; 3 * 640], vec![0.5; 8 * 320], vec![0.5; 8 * 320]);
     let mut got = vec![f32::NAN; q.len()];
-    let mut want = vec![0.0; q.len()];
-    b.attention(&q, &k, &v, heads, span, 0.05, &mut got);
-    cpu().attention(&q, &k, &v, heads, span, 0.05, &mut want);
-    assert_eq!(got, want, "the CPU's own result");
+    let before = b.stats();
+    let record = OpRecord::attention(&q, &k, &v, heads, span, 0.05, &mut got);
+    // SAFETY: a record over live buffers.
+    let err = unsafe { Backend::run_records(b, &[record]) }.unwrap_err();
+    assert!(err.contains("does not fit"), "{err}");
     assert_eq!(
         b.stats().dispatches,
         before.dispatches,
