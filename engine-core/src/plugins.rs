@@ -15,12 +15,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use kazeia_backend_abi::plugin::{
-    entry_symbol, EntryFn, ErrorBuffer, OpKind, OpRecord, PluginApi, WeightDesc, ENTRY_SYMBOL,
+    entry_symbol, EntryFn, ErrorBuffer, OpKind, OpRecord, PluginApi, ENTRY_SYMBOL,
     PLUGIN_ABI_VERSION, PLUGIN_MAGIC,
 };
-use kazeia_backend_abi::{
-    records, AttentionSpan, Backend, Capabilities, Combine, Heads, Strided, Weight, WeightFormat,
-};
+use kazeia_backend_abi::{Backend, Capabilities, Weight, WeightData, WeightFormat};
 
 use crate::CpuBackend;
 
@@ -407,32 +405,6 @@ impl PluginBackend {
         }
     }
 
-    /// Uploads `desc` (its slices live for the call); a refusal is a panic, as every other backend's.
-    fn upload(&self, desc: WeightDesc) -> Weight {
-        let mut err = ErrorBuffer::default();
-        // SAFETY: `desc` points at live slices for the duration of the call.
-        let weight = unsafe { (self.handle.api.upload)(self.handle.backend, &desc, &mut err) };
-        assert!(
-            !weight.is_null(),
-            "backend `{}` refused a weight: {}",
-            self.name,
-            err.text()
-        );
-        Weight::new(PluginWeight {
-            handle: self.handle.clone(),
-            weight,
-        })
-    }
-
-    /// One op through the per-op [`Backend`] methods, which cannot return an error: model code never calls
-    /// them (it runs lists through [`crate::graph::Graph`], whose failures are values); a failure here panics.
-    fn run(&self, op: OpRecord) {
-        // SAFETY: the record points at live buffers for the duration of the call.
-        if let Err(e) = unsafe { self.run_records(std::slice::from_ref(&op)) } {
-            panic!("backend `{}` failed an op: {e}", self.name);
-        }
-    }
-
     fn weight_ptr(&self, w: &Weight) -> Result<*const c_void, String> {
         w.downcast::<PluginWeight>()
             .map(|w| w.weight as *const c_void)
@@ -450,47 +422,18 @@ impl Backend for PluginBackend {
         &self.name
     }
 
-    fn upload_linear(
-        &self,
-        w: &[f32],
-        out: usize,
-        inp: usize,
-        bias: Option<&[f32]>,
-        format: WeightFormat,
-    ) -> Weight {
-        self.upload(WeightDesc::linear(w, out, inp, bias, format))
-    }
-
-    fn upload_conv1d(
-        &self,
-        w: &[f32],
-        cout: usize,
-        cin: usize,
-        k: usize,
-        bias: Option<&[f32]>,
-    ) -> Weight {
-        self.upload(WeightDesc::conv1d(w, cout, cin, k, bias))
-    }
-
-    fn upload_depthwise_conv1d(
-        &self,
-        w: &[f32],
-        channels: usize,
-        k: usize,
-        bias: Option<&[f32]>,
-    ) -> Weight {
-        self.upload(WeightDesc::depthwise_conv1d(w, channels, k, bias))
-    }
-
-    fn upload_conv_transpose1d(
-        &self,
-        w: &[f32],
-        cin: usize,
-        cout: usize,
-        k: usize,
-        stride: usize,
-    ) -> Weight {
-        self.upload(WeightDesc::conv_transpose1d(w, cin, cout, k, stride))
+    fn upload(&self, weight: WeightData<'_>) -> Result<Weight, String> {
+        let desc = weight.desc();
+        let mut err = ErrorBuffer::default();
+        // SAFETY: `desc` points at `weight`'s slices, live for the call.
+        let handle = unsafe { (self.handle.api.upload)(self.handle.backend, &desc, &mut err) };
+        if handle.is_null() {
+            return Err(err.text());
+        }
+        Ok(Weight::new(PluginWeight {
+            handle: self.handle.clone(),
+            weight: handle,
+        }))
     }
 
     fn export_linear(&self, w: &Weight) -> Option<Vec<u8>> {
@@ -536,99 +479,6 @@ impl Backend for PluginBackend {
         })
     }
 
-    fn linear(&self, w: &Weight, x: &[f32], rows: usize, y: &mut [f32]) {
-        self.run(OpRecord::weighted(OpKind::Linear, w, x, y, [rows, 0]));
-    }
-
-    fn conv1d(&self, w: &Weight, x: &[f32], len: usize, dilation: usize, y: &mut [f32]) {
-        self.run(OpRecord::weighted(OpKind::Conv1d, w, x, y, [len, dilation]));
-    }
-
-    fn depthwise_conv1d(&self, w: &Weight, x: &[f32], len: usize, y: &mut [f32]) {
-        self.run(OpRecord::weighted(
-            OpKind::DepthwiseConv1d,
-            w,
-            x,
-            y,
-            [len, 0],
-        ));
-    }
-
-    fn conv_transpose1d(&self, w: &Weight, x: &[f32], len: usize, y: &mut [f32]) {
-        self.run(OpRecord::weighted(
-            OpKind::ConvTranspose1d,
-            w,
-            x,
-            y,
-            [len, 0],
-        ));
-    }
-
-    fn rms_norm(&self, x: &mut [f32], dim: usize, weight: &[f32], eps: f32) {
-        self.run(OpRecord::in_place(
-            OpKind::RmsNorm,
-            x,
-            weight,
-            &[],
-            [dim, 0, 0],
-            eps,
-        ));
-    }
-
-    fn layer_norm(&self, x: &mut [f32], dim: usize, weight: &[f32], bias: &[f32], eps: f32) {
-        self.run(OpRecord::in_place(
-            OpKind::LayerNorm,
-            x,
-            weight,
-            bias,
-            [dim, 0, 0],
-            eps,
-        ));
-    }
-
-    fn rope(&self, x: &mut [f32], heads: usize, head_dim: usize, start_pos: usize, theta: f32) {
-        self.run(OpRecord::in_place(
-            OpKind::Rope,
-            x,
-            &[],
-            &[],
-            [heads, head_dim, start_pos],
-            theta,
-        ));
-    }
-
-    fn attention(
-        &self,
-        q: &[f32],
-        k: &[f32],
-        v: &[f32],
-        heads: Heads,
-        span: AttentionSpan,
-        scale: f32,
-        out: &mut [f32],
-    ) {
-        self.run(OpRecord::attention(q, k, v, heads, span, scale, out));
-    }
-
-    fn snake_beta(&self, x: &mut [f32], len: usize, alpha: &[f32], inv_beta: &[f32]) {
-        self.run(OpRecord::in_place(
-            OpKind::SnakeBeta,
-            x,
-            alpha,
-            inv_beta,
-            [len, 0, 0],
-            0.0,
-        ));
-    }
-
-    fn gelu(&self, x: &mut [f32]) {
-        self.run(OpRecord::in_place(OpKind::Gelu, x, &[], &[], [0; 3], 0.0));
-    }
-
-    fn silu(&self, x: &mut [f32]) {
-        self.run(OpRecord::in_place(OpKind::Silu, x, &[], &[], [0; 3], 0.0));
-    }
-
     fn capabilities(&self) -> Capabilities {
         self.capabilities
     }
@@ -638,19 +488,6 @@ impl Backend for PluginBackend {
     fn supports(&self, op: &OpRecord) -> bool {
         // SAFETY: a record's weight is null or a live `Weight` (the trait's contract for records).
         unsafe { self.to_plugin(op) }.is_ok_and(|record| self.takes(&record))
-    }
-
-    fn strided(&self, combine: Combine, src: &[f32], dst: &mut [f32], shape: Strided) {
-        if let Err(e) = shape.check(src.len(), dst.len()) {
-            panic!("{e}");
-        }
-        self.run(OpRecord::strided(
-            combine,
-            src,
-            dst.as_mut_ptr(),
-            dst.len(),
-            shape,
-        ));
     }
 
     /// The one fallback of the engine: each record is offered to the plugin ([`Backend::supports`], with its
@@ -683,22 +520,11 @@ impl Backend for PluginBackend {
                 let host = self.host.get_or_init(|| CpuBackend::new(self.threads));
                 // SAFETY: the record's pointers are valid and its output disjoint from its inputs
                 // (`run_records`'s contract); it has no weight (weighted kinds are refused above).
-                unsafe { records::run_record(host, op) }
+                unsafe { kazeia_backend_cpu::records::run_record(host, op) }
                     .map_err(|e| format!("op {i} on the CPU: {e}"))?;
             }
         }
         self.submit(&list)
-    }
-
-    fn silu_mul(&self, gate: &mut [f32], up: &[f32]) {
-        self.run(OpRecord::in_place(
-            OpKind::SiluMul,
-            gate,
-            up,
-            &[],
-            [0; 3],
-            0.0,
-        ));
     }
 }
 

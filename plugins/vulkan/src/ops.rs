@@ -1,7 +1,7 @@
 //! Op records from the ABI, checked, and turned into either one shader dispatch or a call on the CPU backend.
 
-use kazeia_backend_abi::plugin::{attention_of, OpKind, OpRecord};
-use kazeia_backend_abi::{AttentionSpan, Backend, Combine, Heads, Strided, Weight};
+use kazeia_backend_abi::plugin::{attention_of, strided_n, OpKind, OpRecord};
+use kazeia_backend_abi::{AttentionSpan, Combine, Heads, Strided, Weight};
 use kazeia_backend_cpu::CpuBackend;
 
 use crate::context::Limits;
@@ -184,19 +184,9 @@ pub fn fits(math: &Math, lens: [usize; 4], limits: &Limits) -> bool {
                 .into_iter()
                 .all(small)
         }
-        Math::Strided { shape, .. } => [
-            shape.rows,
-            shape.cols,
-            shape.src.offset,
-            shape.src.row_stride,
-            shape.src.col_stride,
-            shape.dst.offset,
-            shape.dst.row_stride,
-            shape.dst.col_stride,
-            shape.len(),
-        ]
-        .into_iter()
-        .all(small),
+        Math::Strided { shape, .. } => {
+            small(shape.len()) && strided_n(shape).iter().all(|&v| v <= u64::from(u32::MAX))
+        }
         _ => true,
     }
 }
