@@ -2,7 +2,7 @@
 //! (one submission, intermediate results kept on the device, the recorded commands replayed for the next chunk)
 //! instead of one submit-and-wait per op.
 //!
-//! Model code asks a [`Graph`] for tensors and ops. On a backend that [prefers lists](Backend::prefers_lists)
+//! Model code asks a [`Graph`] for tensors and ops. On a backend that takes [lists](kazeia_backend_abi::Capabilities::LISTS)
 //! nothing runs until the graph is flushed: when a result is read on the host ([`Graph::read`], [`Graph::take`]),
 //! at [`Graph::finish`], or when the memory held by pending ops passes [`FLUSH_BYTES`]. On the others (the CPU)
 //! each op runs as soon as it is made and a released tensor's memory goes at once, as plain calls would.
@@ -93,7 +93,7 @@ pub struct Graph<'m> {
 
 impl<'m> Graph<'m> {
     pub fn new(backend: &'m dyn Backend) -> Self {
-        Self::with_deferral(backend, backend.prefers_lists())
+        Self::with_deferral(backend, backend.capabilities().lists())
     }
 
     /// A graph that holds ops back until a result is needed (`deferred`) or runs each at once, whatever the
@@ -244,12 +244,12 @@ impl<'m> Graph<'m> {
         y
     }
 
-    /// [`Backend::linear`] → `y[rows][out_features]`.
+    /// [`OpKind::Linear`] → `y[rows][out_features]`.
     pub fn linear(&mut self, w: &'m Weight, x: Tensor, rows: usize, out_features: usize) -> Tensor {
         self.weighted(OpKind::Linear, w, x, [rows, 0], rows * out_features)
     }
 
-    /// [`Backend::conv1d`] over `len` input columns → `out_len` values.
+    /// [`OpKind::Conv1d`] over `len` input columns → `out_len` values.
     pub fn conv1d(
         &mut self,
         w: &'m Weight,
@@ -261,7 +261,7 @@ impl<'m> Graph<'m> {
         self.weighted(OpKind::Conv1d, w, x, [len, dilation], out_len)
     }
 
-    /// [`Backend::depthwise_conv1d`] over `len` input columns → `out_len` values.
+    /// [`OpKind::DepthwiseConv1d`] over `len` input columns → `out_len` values.
     pub fn depthwise_conv1d(
         &mut self,
         w: &'m Weight,
@@ -272,7 +272,7 @@ impl<'m> Graph<'m> {
         self.weighted(OpKind::DepthwiseConv1d, w, x, [len, 0], out_len)
     }
 
-    /// [`Backend::conv_transpose1d`] over `len` input columns → `out_len` values.
+    /// [`OpKind::ConvTranspose1d`] over `len` input columns → `out_len` values.
     pub fn conv_transpose1d(
         &mut self,
         w: &'m Weight,
@@ -283,7 +283,7 @@ impl<'m> Graph<'m> {
         self.weighted(OpKind::ConvTranspose1d, w, x, [len, 0], out_len)
     }
 
-    /// [`Backend::rms_norm`], in place.
+    /// [`OpKind::RmsNorm`], in place.
     pub fn rms_norm(&mut self, x: Tensor, dim: usize, weight: &'m [f32], eps: f32) {
         let w = self.constant(weight);
         self.op(
@@ -296,7 +296,7 @@ impl<'m> Graph<'m> {
         );
     }
 
-    /// [`Backend::layer_norm`], in place.
+    /// [`OpKind::LayerNorm`], in place.
     pub fn layer_norm(
         &mut self,
         x: Tensor,
@@ -316,7 +316,7 @@ impl<'m> Graph<'m> {
         );
     }
 
-    /// [`Backend::rope`], in place.
+    /// [`OpKind::Rope`], in place.
     pub fn rope(&mut self, x: Tensor, heads: usize, head_dim: usize, start_pos: usize, theta: f32) {
         self.op(
             OpKind::Rope,
@@ -328,7 +328,7 @@ impl<'m> Graph<'m> {
         );
     }
 
-    /// [`Backend::attention`] → `out[queries][q_heads][head_dim]`.
+    /// [`OpKind::Attention`] → `out[queries][q_heads][head_dim]`.
     pub fn attention(
         &mut self,
         q: Tensor,
@@ -351,7 +351,7 @@ impl<'m> Graph<'m> {
         out
     }
 
-    /// [`Backend::snake_beta`] on `x[channels][len]`, in place.
+    /// [`OpKind::SnakeBeta`] on `x[channels][len]`, in place.
     pub fn snake_beta(&mut self, x: Tensor, len: usize, alpha: &'m [f32], inv_beta: &'m [f32]) {
         let (a, b) = (self.constant(alpha), self.constant(inv_beta));
         self.op(
@@ -364,17 +364,17 @@ impl<'m> Graph<'m> {
         );
     }
 
-    /// [`Backend::gelu`], in place.
+    /// [`OpKind::Gelu`], in place.
     pub fn gelu(&mut self, x: Tensor) {
         self.op(OpKind::Gelu, None, [None; 3], x, [0u64; 8], 0.0);
     }
 
-    /// [`Backend::silu`], in place.
+    /// [`OpKind::Silu`], in place.
     pub fn silu(&mut self, x: Tensor) {
         self.op(OpKind::Silu, None, [None; 3], x, [0u64; 8], 0.0);
     }
 
-    /// [`Backend::silu_mul`]: `gate = silu(gate) · up`, in place.
+    /// [`OpKind::SiluMul`]: `gate = silu(gate) · up`, in place.
     pub fn silu_mul(&mut self, gate: Tensor, up: Tensor) {
         self.op(
             OpKind::SiluMul,
@@ -386,7 +386,7 @@ impl<'m> Graph<'m> {
         );
     }
 
-    /// [`Backend::strided`]: `dst[view] (=, +=, ×=) src[view]`.
+    /// a strided op ([`OpKind::Copy`], [`OpKind::Add`], [`OpKind::Mul`]): `dst[view] (=, +=, ×=) src[view]`.
     pub fn strided(&mut self, combine: Combine, src: Tensor, dst: Tensor, shape: Strided) {
         if let Err(e) = shape.check(self.len(src), self.len(dst)) {
             panic!("{e}");

@@ -5,6 +5,7 @@
 use kazeia_backend_abi::{Backend, Weight, WeightFormat};
 
 use crate::error::{Error, Result};
+use crate::graph::Graph;
 use crate::weights::Weights;
 
 /// Output rows of im2col built at once: bounds the patch buffer whatever the input length.
@@ -77,6 +78,7 @@ impl Conv1d {
         let cols = self.cin * self.k;
         let mut rows_out = vec![0.0f32; out_len * self.cout];
         let mut patches = Vec::with_capacity(PATCH_ROWS.min(out_len) * cols);
+        let mut g = Graph::new(backend);
         for start in (0..out_len).step_by(PATCH_ROWS) {
             let n = PATCH_ROWS.min(out_len - start);
             patches.clear();
@@ -87,13 +89,14 @@ impl Conv1d {
                     patches.extend((0..self.k).map(|j| row[base + j * self.dilation]));
                 }
             }
-            backend.linear(
-                &self.weight,
-                &patches,
-                n,
-                &mut rows_out[start * self.cout..(start + n) * self.cout],
-            );
+            let x = g.input(std::mem::take(&mut patches));
+            let y = g.linear(&self.weight, x, n, self.cout);
+            rows_out[start * self.cout..(start + n) * self.cout].copy_from_slice(g.read(y)?);
+            g.release(y);
+            patches = g.take(x)?;
+            patches.clear();
         }
+        g.finish()?;
         Ok((transpose(&rows_out, out_len, self.cout), out_len))
     }
 }

@@ -15,12 +15,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use kazeia_backend_abi::plugin::{
-    EntryFn, ErrorBuffer, OpKind, OpRecord, PluginApi, WeightDesc, CAPABILITY_LISTS, ENTRY_SYMBOL,
+    entry_symbol, EntryFn, ErrorBuffer, OpKind, OpRecord, PluginApi, ENTRY_SYMBOL,
     PLUGIN_ABI_VERSION, PLUGIN_MAGIC,
 };
-use kazeia_backend_abi::{
-    records, AttentionSpan, Backend, Combine, Heads, Strided, Weight, WeightFormat,
-};
+use kazeia_backend_abi::{Backend, Capabilities, Weight, WeightData, WeightFormat};
 
 use crate::CpuBackend;
 
@@ -118,10 +116,17 @@ pub fn inspect(path: &Path) -> PluginInfo {
     let entry = match unsafe { library.get::<EntryFn>(ENTRY_SYMBOL) } {
         Ok(entry) => entry,
         Err(_) => {
-            return unavailable(
-                path,
-                "not a Kazeia plugin (no kazeia_backend_plugin_v1 symbol)".into(),
-            )
+            let reason = match older_entry(library) {
+                Some(version) => format!(
+                    "built for plugin ABI version {version}; this Kazeia needs version {PLUGIN_ABI_VERSION} \
+                     (rebuild the plugin)"
+                ),
+                None => format!(
+                    "not a Kazeia plugin (no {} symbol)",
+                    entry_symbol(PLUGIN_ABI_VERSION)
+                ),
+            };
+            return unavailable(path, reason);
         }
     };
     // SAFETY: calling the entry of a plugin that exports it; it returns a static table or null.
@@ -180,6 +185,15 @@ pub fn inspect(path: &Path) -> PluginInfo {
             api: Some(api),
         }
     }
+}
+
+/// The ABI version of an older plugin's entry symbol, if `library` has one.
+fn older_entry(library: &libloading::Library) -> Option<u32> {
+    (1..PLUGIN_ABI_VERSION).rev().find(|&version| {
+        let symbol = format!("{}\0", entry_symbol(version));
+        // SAFETY: only looks the symbol up; it is never called.
+        unsafe { library.get::<EntryFn>(symbol.as_bytes()) }.is_ok()
+    })
 }
 
 /// Splits `name[:device]`; the device is an index or a part of a device's name (`vulkan:1`,
@@ -285,10 +299,11 @@ impl Drop for Handle {
 pub struct PluginBackend {
     handle: Arc<Handle>,
     name: String,
-    /// What `supports_op` said per op kind (indexed by code).
+    /// Per op kind (indexed by code), whether the plugin takes it at all: its `supports` of the kind's record
+    /// with no sizes. Records of a kind it takes are still asked one by one.
     supported: [bool; OpKind::ALL.len() + 1],
-    /// The plugin's [`CAPABILITY_LISTS`].
-    lists: bool,
+    /// What the plugin said it is, once.
+    capabilities: Capabilities,
     /// It runs every weightless op kind (so no host op of ours changes a buffer it keeps resident).
     all_ops_supported: bool,
     /// Runs the weightless ops the plugin does not take.
@@ -326,11 +341,11 @@ impl PluginBackend {
         }
         let mut supported = [false; OpKind::ALL.len() + 1];
         for kind in OpKind::ALL {
-            // SAFETY: a live backend of this table.
-            supported[kind as usize] = unsafe { (api.supports_op)(backend, kind as u32) };
+            // SAFETY: a live backend of this table; a record with no buffers or weight.
+            supported[kind as usize] = unsafe { (api.supports)(backend, &OpRecord::new(kind)) };
         }
         // SAFETY: as above.
-        let lists = unsafe { (api.supports_op)(backend, CAPABILITY_LISTS) };
+        let capabilities = unsafe { (api.capabilities)(backend) };
         let all_ops_supported = OpKind::ALL
             .iter()
             .all(|&k| k.has_weight() || k.is_hint() || supported[k as usize]);
@@ -338,17 +353,39 @@ impl PluginBackend {
             handle: Arc::new(Handle { api, backend }),
             name: plugin.name.clone(),
             supported,
-            lists,
+            capabilities,
             all_ops_supported,
             host: std::sync::OnceLock::new(),
             threads,
         })
     }
 
-    /// Whether the plugin runs ops of `kind` (its `supports_op`); the others run on the built-in CPU backend
-    /// when they have no weight.
-    pub fn supports(&self, kind: OpKind) -> bool {
+    /// Whether the plugin takes ops of `kind` at all (some records of such a kind it may still refuse by
+    /// shape: [`Backend::supports`]).
+    pub fn supports_kind(&self, kind: OpKind) -> bool {
         self.supported[kind as usize]
+    }
+
+    /// The plugin's `supports` of a record whose weight is already the plugin's handle.
+    fn takes(&self, record: &OpRecord) -> bool {
+        let kind = OpKind::from_code(record.kind);
+        // SAFETY: a live backend of this table; the plugin reads only the record's plain fields and its weight,
+        // a handle of this backend.
+        kind.is_some_and(|k| self.supported[k as usize])
+            && unsafe { (self.handle.api.supports)(self.handle.backend, record) }
+    }
+
+    /// `op` with its weight (a `*const Weight` of this backend, or null) replaced by the plugin's handle.
+    ///
+    /// # Safety
+    /// The weight must be null or a live `Weight`.
+    unsafe fn to_plugin(&self, op: &OpRecord) -> Result<OpRecord, String> {
+        let mut record = *op;
+        // SAFETY: null or a live `Weight` (this function's contract).
+        if let Some(weight) = unsafe { (op.weight as *const Weight).as_ref() } {
+            record.weight = self.weight_ptr(weight)?;
+        }
+        Ok(record)
     }
 
     /// Hands `ops` (weights already the plugin's handles) to the plugin as one list.
@@ -365,32 +402,6 @@ impl PluginBackend {
             Ok(())
         } else {
             Err(err.text())
-        }
-    }
-
-    /// Uploads `desc` (its slices live for the call); a refusal is a panic, as every other backend's.
-    fn upload(&self, desc: WeightDesc) -> Weight {
-        let mut err = ErrorBuffer::default();
-        // SAFETY: `desc` points at live slices for the duration of the call.
-        let weight = unsafe { (self.handle.api.upload)(self.handle.backend, &desc, &mut err) };
-        assert!(
-            !weight.is_null(),
-            "backend `{}` refused a weight: {}",
-            self.name,
-            err.text()
-        );
-        Weight::new(PluginWeight {
-            handle: self.handle.clone(),
-            weight,
-        })
-    }
-
-    /// One op through the per-op [`Backend`] methods, which cannot return an error: model code never calls
-    /// them (it runs lists through [`crate::graph::Graph`], whose failures are values); a failure here panics.
-    fn run(&self, op: OpRecord) {
-        // SAFETY: the record points at live buffers for the duration of the call.
-        if let Err(e) = unsafe { self.run_records(std::slice::from_ref(&op)) } {
-            panic!("backend `{}` failed an op: {e}", self.name);
         }
     }
 
@@ -411,47 +422,18 @@ impl Backend for PluginBackend {
         &self.name
     }
 
-    fn upload_linear(
-        &self,
-        w: &[f32],
-        out: usize,
-        inp: usize,
-        bias: Option<&[f32]>,
-        format: WeightFormat,
-    ) -> Weight {
-        self.upload(WeightDesc::linear(w, out, inp, bias, format))
-    }
-
-    fn upload_conv1d(
-        &self,
-        w: &[f32],
-        cout: usize,
-        cin: usize,
-        k: usize,
-        bias: Option<&[f32]>,
-    ) -> Weight {
-        self.upload(WeightDesc::conv1d(w, cout, cin, k, bias))
-    }
-
-    fn upload_depthwise_conv1d(
-        &self,
-        w: &[f32],
-        channels: usize,
-        k: usize,
-        bias: Option<&[f32]>,
-    ) -> Weight {
-        self.upload(WeightDesc::depthwise_conv1d(w, channels, k, bias))
-    }
-
-    fn upload_conv_transpose1d(
-        &self,
-        w: &[f32],
-        cin: usize,
-        cout: usize,
-        k: usize,
-        stride: usize,
-    ) -> Weight {
-        self.upload(WeightDesc::conv_transpose1d(w, cin, cout, k, stride))
+    fn upload(&self, weight: WeightData<'_>) -> Result<Weight, String> {
+        let desc = weight.desc();
+        let mut err = ErrorBuffer::default();
+        // SAFETY: `desc` points at `weight`'s slices, live for the call.
+        let handle = unsafe { (self.handle.api.upload)(self.handle.backend, &desc, &mut err) };
+        if handle.is_null() {
+            return Err(err.text());
+        }
+        Ok(Weight::new(PluginWeight {
+            handle: self.handle.clone(),
+            weight: handle,
+        }))
     }
 
     fn export_linear(&self, w: &Weight) -> Option<Vec<u8>> {
@@ -497,118 +479,21 @@ impl Backend for PluginBackend {
         })
     }
 
-    fn linear(&self, w: &Weight, x: &[f32], rows: usize, y: &mut [f32]) {
-        self.run(OpRecord::weighted(OpKind::Linear, w, x, y, [rows, 0]));
+    fn capabilities(&self) -> Capabilities {
+        self.capabilities
     }
 
-    fn conv1d(&self, w: &Weight, x: &[f32], len: usize, dilation: usize, y: &mut [f32]) {
-        self.run(OpRecord::weighted(OpKind::Conv1d, w, x, y, [len, dilation]));
+    /// What the plugin itself runs; of the rest, [`Backend::run_records`] runs the weightless records on the
+    /// built-in CPU backend.
+    fn supports(&self, op: &OpRecord) -> bool {
+        // SAFETY: a record's weight is null or a live `Weight` (the trait's contract for records).
+        unsafe { self.to_plugin(op) }.is_ok_and(|record| self.takes(&record))
     }
 
-    fn depthwise_conv1d(&self, w: &Weight, x: &[f32], len: usize, y: &mut [f32]) {
-        self.run(OpRecord::weighted(
-            OpKind::DepthwiseConv1d,
-            w,
-            x,
-            y,
-            [len, 0],
-        ));
-    }
-
-    fn conv_transpose1d(&self, w: &Weight, x: &[f32], len: usize, y: &mut [f32]) {
-        self.run(OpRecord::weighted(
-            OpKind::ConvTranspose1d,
-            w,
-            x,
-            y,
-            [len, 0],
-        ));
-    }
-
-    fn rms_norm(&self, x: &mut [f32], dim: usize, weight: &[f32], eps: f32) {
-        self.run(OpRecord::in_place(
-            OpKind::RmsNorm,
-            x,
-            weight,
-            &[],
-            [dim, 0, 0],
-            eps,
-        ));
-    }
-
-    fn layer_norm(&self, x: &mut [f32], dim: usize, weight: &[f32], bias: &[f32], eps: f32) {
-        self.run(OpRecord::in_place(
-            OpKind::LayerNorm,
-            x,
-            weight,
-            bias,
-            [dim, 0, 0],
-            eps,
-        ));
-    }
-
-    fn rope(&self, x: &mut [f32], heads: usize, head_dim: usize, start_pos: usize, theta: f32) {
-        self.run(OpRecord::in_place(
-            OpKind::Rope,
-            x,
-            &[],
-            &[],
-            [heads, head_dim, start_pos],
-            theta,
-        ));
-    }
-
-    fn attention(
-        &self,
-        q: &[f32],
-        k: &[f32],
-        v: &[f32],
-        heads: Heads,
-        span: AttentionSpan,
-        scale: f32,
-        out: &mut [f32],
-    ) {
-        self.run(OpRecord::attention(q, k, v, heads, span, scale, out));
-    }
-
-    fn snake_beta(&self, x: &mut [f32], len: usize, alpha: &[f32], inv_beta: &[f32]) {
-        self.run(OpRecord::in_place(
-            OpKind::SnakeBeta,
-            x,
-            alpha,
-            inv_beta,
-            [len, 0, 0],
-            0.0,
-        ));
-    }
-
-    fn gelu(&self, x: &mut [f32]) {
-        self.run(OpRecord::in_place(OpKind::Gelu, x, &[], &[], [0; 3], 0.0));
-    }
-
-    fn silu(&self, x: &mut [f32]) {
-        self.run(OpRecord::in_place(OpKind::Silu, x, &[], &[], [0; 3], 0.0));
-    }
-
-    fn prefers_lists(&self) -> bool {
-        self.lists
-    }
-
-    fn strided(&self, combine: Combine, src: &[f32], dst: &mut [f32], shape: Strided) {
-        if let Err(e) = shape.check(src.len(), dst.len()) {
-            panic!("{e}");
-        }
-        self.run(OpRecord::strided(
-            combine,
-            src,
-            dst.as_mut_ptr(),
-            dst.len(),
-            shape,
-        ));
-    }
-
-    /// Consecutive ops the plugin takes go to it as one list (one submission on a device); a weightless op it
-    /// does not take runs here on the built-in CPU backend, between two lists.
+    /// The one fallback of the engine: each record is offered to the plugin ([`Backend::supports`], with its
+    /// shapes); consecutive records it takes go to it as one list (one submission on a device), a weightless
+    /// record it refuses runs here on the built-in CPU backend, between two lists. A weighted record it refuses is
+    /// an error (its weight lives in the plugin).
     unsafe fn run_records(&self, ops: &[OpRecord]) -> Result<(), String> {
         let mut list: Vec<OpRecord> = Vec::with_capacity(ops.len());
         for (i, op) in ops.iter().enumerate() {
@@ -618,43 +503,28 @@ impl Backend for PluginBackend {
                 // Ops it does not take run here, on host copies the plugin would not see change.
                 continue;
             }
-            if self.supports(kind) {
-                let mut record = *op;
-                if kind.has_weight() {
-                    // SAFETY: null or a live `Weight` of this backend (`run_records`'s contract).
-                    let weight = unsafe { (op.weight as *const Weight).as_ref() }
-                        .ok_or_else(|| format!("op {i}: a {kind:?} op without a weight"))?;
-                    record.weight = self
-                        .weight_ptr(weight)
-                        .map_err(|e| format!("op {i}: {e}"))?;
-                }
+            if kind.has_weight() && op.weight.is_null() {
+                return Err(format!("op {i}: a {kind:?} op without a weight"));
+            }
+            // SAFETY: null or a live `Weight` of this backend (`run_records`'s contract).
+            let record = unsafe { self.to_plugin(op) }.map_err(|e| format!("op {i}: {e}"))?;
+            if self.takes(&record) {
                 list.push(record);
             } else if kind.is_hint() {
                 // A hint the plugin does not take: nothing to do.
             } else if kind.has_weight() {
-                return Err(format!("op {i}: the plugin does not run {kind:?} ops"));
+                return Err(format!("op {i}: the plugin does not run this {kind:?} op"));
             } else {
                 self.submit(&list)?;
                 list.clear();
                 let host = self.host.get_or_init(|| CpuBackend::new(self.threads));
                 // SAFETY: the record's pointers are valid and its output disjoint from its inputs
                 // (`run_records`'s contract); it has no weight (weighted kinds are refused above).
-                unsafe { records::run_record(host, op) }
+                unsafe { kazeia_backend_cpu::records::run_record(host, op) }
                     .map_err(|e| format!("op {i} on the CPU: {e}"))?;
             }
         }
         self.submit(&list)
-    }
-
-    fn silu_mul(&self, gate: &mut [f32], up: &[f32]) {
-        self.run(OpRecord::in_place(
-            OpKind::SiluMul,
-            gate,
-            up,
-            &[],
-            [0; 3],
-            0.0,
-        ));
     }
 }
 

@@ -10,7 +10,9 @@
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Mutex;
 
-use kazeia_backend_abi::{AttentionSpan, Backend, Heads, Weight, WeightFormat};
+use kazeia_backend_abi::plugin::{OpKind, OpRecord};
+use kazeia_backend_abi::records::{input, output};
+use kazeia_backend_abi::{Backend, Weight, WeightData, WeightFormat};
 use kazeia_backend_cpu::CpuBackend;
 
 use crate::fastrpc::{RunError, Session, SharedBuffer, STATUS_UNSUPPORTED};
@@ -338,85 +340,8 @@ fn f32_bytes(v: &[f32]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_le_bytes()).collect()
 }
 
-impl Backend for HexagonBackend {
-    fn name(&self) -> &str {
-        "hexagon"
-    }
-
-    fn upload_linear(
-        &self,
-        w: &[f32],
-        out_features: usize,
-        in_features: usize,
-        bias: Option<&[f32]>,
-        format: WeightFormat,
-    ) -> Weight {
-        let cpu = self
-            .cpu
-            .upload_linear(w, out_features, in_features, bias, format);
-        if !matches!(format, WeightFormat::Q8_0 | WeightFormat::Q4_0) {
-            return cpu;
-        }
-        // Weights that cannot go to the DSP (shared memory exhausted) stay on the CPU.
-        match self.upload_dsp_linear(cpu) {
-            Ok(dsp) => Weight::new(dsp),
-            Err(e) => {
-                eprintln!("kazeia-backend-hexagon: {e}; this layer runs on the CPU");
-                self.cpu
-                    .upload_linear(w, out_features, in_features, bias, format)
-            }
-        }
-    }
-    fn upload_conv1d(
-        &self,
-        w: &[f32],
-        cout: usize,
-        cin: usize,
-        k: usize,
-        bias: Option<&[f32]>,
-    ) -> Weight {
-        if self.hmx.load(Ordering::Relaxed) == HMX_NO {
-            return self.cpu.upload_conv1d(w, cout, cin, k, bias);
-        }
-        match self.upload_dsp_conv(w, (cout, cin, k), bias) {
-            Ok(conv) => Weight::new(conv),
-            Err(e) => {
-                eprintln!("kazeia-backend-hexagon: {e}; this convolution runs on the CPU");
-                self.cpu.upload_conv1d(w, cout, cin, k, bias)
-            }
-        }
-    }
-    fn upload_depthwise_conv1d(
-        &self,
-        w: &[f32],
-        channels: usize,
-        k: usize,
-        bias: Option<&[f32]>,
-    ) -> Weight {
-        self.cpu.upload_depthwise_conv1d(w, channels, k, bias)
-    }
-    fn upload_conv_transpose1d(
-        &self,
-        w: &[f32],
-        cin: usize,
-        cout: usize,
-        k: usize,
-        stride: usize,
-    ) -> Weight {
-        if self.hmx.load(Ordering::Relaxed) == HMX_NO {
-            return self.cpu.upload_conv_transpose1d(w, cin, cout, k, stride);
-        }
-        match self.upload_dsp_conv_transpose(w, (cin, cout, k), stride) {
-            Ok(conv) => Weight::new(conv),
-            Err(e) => {
-                eprintln!(
-                    "kazeia-backend-hexagon: {e}; this transposed convolution runs on the CPU"
-                );
-                self.cpu.upload_conv_transpose1d(w, cin, cout, k, stride)
-            }
-        }
-    }
-
+impl HexagonBackend {
+    /// A linear layer: matvecs on the DSP for a few rows of a weight it holds, else the CPU backend.
     fn linear(&self, w: &Weight, x: &[f32], rows: usize, y: &mut [f32]) {
         match w.downcast::<DspLinear>() {
             Some(dsp) if rows <= DSP_MAX_ROWS => {
@@ -429,33 +354,18 @@ impl Backend for HexagonBackend {
             None => self.cpu.linear(w, x, rows, y),
         }
     }
+
+    /// A convolution: on HMX for a weight it holds while the DSP has HMX, else the CPU backend.
     fn conv1d(&self, w: &Weight, x: &[f32], len: usize, dilation: usize, y: &mut [f32]) {
         let Some(conv) = w.downcast::<DspConv>() else {
             return self.cpu.conv1d(w, x, len, dilation, y);
         };
-        if self.hmx.load(Ordering::Relaxed) != HMX_NO {
-            match self.hmx_conv(conv, x, len, dilation, y) {
-                Ok(()) => {
-                    self.hmx.store(HMX_YES, Ordering::Relaxed);
-                    return;
-                }
-                Err(RunError::Rejected { status, .. }) if status == STATUS_UNSUPPORTED => {
-                    if self.hmx.swap(HMX_NO, Ordering::Relaxed) != HMX_NO {
-                        eprintln!(
-                            "kazeia-backend-hexagon: this DSP build has no HMX; convolutions run on the CPU"
-                        );
-                    }
-                }
-                Err(e) => {
-                    eprintln!("kazeia-backend-hexagon: {e}; running the convolution on the CPU")
-                }
-            }
+        if !self.try_hmx(|| self.hmx_conv(conv, x, len, dilation, y)) {
+            self.cpu.conv1d(&conv.cpu, x, len, dilation, y)
         }
-        self.cpu.conv1d(&conv.cpu, x, len, dilation, y)
     }
-    fn depthwise_conv1d(&self, w: &Weight, x: &[f32], len: usize, y: &mut [f32]) {
-        self.cpu.depthwise_conv1d(w, x, len, y)
-    }
+
+    /// A transposed convolution: on HMX as [`HexagonBackend::conv1d`], else the CPU backend.
     fn conv_transpose1d(&self, w: &Weight, x: &[f32], len: usize, y: &mut [f32]) {
         let Some(conv) = w.downcast::<DspConvTranspose>() else {
             return self.cpu.conv_transpose1d(w, x, len, y);
@@ -464,37 +374,100 @@ impl Backend for HexagonBackend {
             self.cpu.conv_transpose1d(&conv.cpu, x, len, y)
         }
     }
-    fn rms_norm(&self, x: &mut [f32], dim: usize, weight: &[f32], eps: f32) {
-        self.cpu.rms_norm(x, dim, weight, eps)
+
+    /// One record: a linear layer or convolution whose weight is on the DSP here, every other op on the CPU
+    /// backend (whose weights the others carry).
+    ///
+    /// # Safety
+    /// As [`Backend::run_records`] for one record.
+    unsafe fn run_record(&self, op: &OpRecord) -> Result<(), String> {
+        // SAFETY: null or a live `Weight` this backend made (this function's contract).
+        let weight = unsafe { (op.weight as *const Weight).as_ref() };
+        let on_dsp = weight.filter(|w| {
+            w.downcast::<DspLinear>().is_some()
+                || w.downcast::<DspConv>().is_some()
+                || w.downcast::<DspConvTranspose>().is_some()
+        });
+        let Some(w) = on_dsp else {
+            // SAFETY: as this function's contract; the weight, if any, is the CPU backend's.
+            return unsafe { kazeia_backend_cpu::records::run_record(&self.cpu, op) };
+        };
+        // SAFETY: the input and the output are valid for their lengths and disjoint (this function's contract).
+        let (x, y) = unsafe { (input(op.a, op.a_len)?, output(op.out, op.out_len)?) };
+        let y = y.ok_or("a weighted op without an output")?;
+        let n = op.n.map(|v| v as usize);
+        match OpKind::from_code(op.kind) {
+            Some(OpKind::Linear) => self.linear(w, x, n[0], y),
+            Some(OpKind::Conv1d) => self.conv1d(w, x, n[0], n[1], y),
+            Some(OpKind::ConvTranspose1d) => self.conv_transpose1d(w, x, n[0], y),
+            _ => return Err(format!("a DSP weight on an op of kind {}", op.kind)),
+        }
+        Ok(())
     }
-    fn layer_norm(&self, x: &mut [f32], dim: usize, weight: &[f32], bias: &[f32], eps: f32) {
-        self.cpu.layer_norm(x, dim, weight, bias, eps)
+}
+
+impl Backend for HexagonBackend {
+    fn name(&self) -> &str {
+        "hexagon"
     }
-    fn rope(&self, x: &mut [f32], heads: usize, head_dim: usize, start_pos: usize, theta: f32) {
-        self.cpu.rope(x, heads, head_dim, start_pos, theta)
+
+    /// Q8_0/Q4_0 linear layers and (while the DSP has HMX) convolutions go to the DSP's shared memory with a CPU
+    /// copy; every other weight, and one the DSP cannot take, to the CPU backend.
+    fn upload(&self, weight: WeightData<'_>) -> Result<Weight, String> {
+        weight.check()?;
+        let hmx = self.hmx.load(Ordering::Relaxed) != HMX_NO;
+        match weight {
+            WeightData::Linear {
+                format: WeightFormat::Q8_0 | WeightFormat::Q4_0,
+                ..
+            } => {
+                let cpu = self.cpu.upload(weight)?;
+                // Weights that cannot go to the DSP (shared memory exhausted) stay on the CPU.
+                match self.upload_dsp_linear(cpu) {
+                    Ok(dsp) => Ok(Weight::new(dsp)),
+                    Err(e) => {
+                        eprintln!("kazeia-backend-hexagon: {e}; this layer runs on the CPU");
+                        self.cpu.upload(weight)
+                    }
+                }
+            }
+            WeightData::Conv1d {
+                w,
+                cout,
+                cin,
+                k,
+                bias,
+            } if hmx => match self.upload_dsp_conv(w, (cout, cin, k), bias) {
+                Ok(conv) => Ok(Weight::new(conv)),
+                Err(e) => {
+                    eprintln!("kazeia-backend-hexagon: {e}; this convolution runs on the CPU");
+                    self.cpu.upload(weight)
+                }
+            },
+            WeightData::ConvTranspose1d {
+                w,
+                cin,
+                cout,
+                k,
+                stride,
+            } if hmx => match self.upload_dsp_conv_transpose(w, (cin, cout, k), stride) {
+                Ok(conv) => Ok(Weight::new(conv)),
+                Err(e) => {
+                    eprintln!(
+                        "kazeia-backend-hexagon: {e}; this transposed convolution runs on the CPU"
+                    );
+                    self.cpu.upload(weight)
+                }
+            },
+            _ => self.cpu.upload(weight),
+        }
     }
-    fn attention(
-        &self,
-        q: &[f32],
-        k: &[f32],
-        v: &[f32],
-        heads: Heads,
-        span: AttentionSpan,
-        scale: f32,
-        out: &mut [f32],
-    ) {
-        self.cpu.attention(q, k, v, heads, span, scale, out)
-    }
-    fn snake_beta(&self, x: &mut [f32], len: usize, alpha: &[f32], inv_beta: &[f32]) {
-        self.cpu.snake_beta(x, len, alpha, inv_beta)
-    }
-    fn gelu(&self, x: &mut [f32]) {
-        self.cpu.gelu(x)
-    }
-    fn silu(&self, x: &mut [f32]) {
-        self.cpu.silu(x)
-    }
-    fn silu_mul(&self, gate: &mut [f32], up: &[f32]) {
-        self.cpu.silu_mul(gate, up)
+
+    unsafe fn run_records(&self, ops: &[OpRecord]) -> Result<(), String> {
+        for (i, op) in ops.iter().enumerate() {
+            // SAFETY: each record follows this method's contract.
+            unsafe { self.run_record(op) }.map_err(|e| format!("op {i}: {e}"))?;
+        }
+        Ok(())
     }
 }

@@ -25,10 +25,11 @@ static API: PluginApi = PluginApi {
     device_name,
     create,
     destroy: exports::destroy::<HexagonBackend>,
+    capabilities: exports::capabilities::<HexagonBackend>,
     upload: exports::upload::<HexagonBackend>,
     free_weight: exports::free_weight,
     // Every op: those the DSP does not run go to the CPU backend inside the plugin.
-    supports_op: exports::supports_every_op,
+    supports: exports::supports::<HexagonBackend>,
     run_ops: exports::run_ops::<HexagonBackend>,
     // No on-disk cache yet: the DSP layouts are rebuilt from the checkpoint at upload.
     export_linear: exports::export_linear::<HexagonBackend>,
@@ -36,11 +37,7 @@ static API: PluginApi = PluginApi {
     import_linear: exports::import_linear::<HexagonBackend>,
 };
 
-/// The plugin's entry symbol.
-#[no_mangle]
-pub extern "C" fn kazeia_backend_plugin_v1() -> *const PluginApi {
-    &API
-}
+kazeia_backend_abi::plugin_entry!(&API);
 
 /// Above every CPU plugin build (≤ 30): a DSP session is the better place for the stages it takes.
 unsafe extern "C" fn score() -> i32 {

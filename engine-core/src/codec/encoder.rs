@@ -10,10 +10,11 @@
 
 use std::path::Path;
 
-use kazeia_backend_abi::{AttentionSpan, Backend, Heads, Weight, WeightFormat};
+use kazeia_backend_abi::{AttentionSpan, Backend, Combine, Heads, Strided, Weight, WeightFormat};
 use serde::Deserialize;
 
 use crate::error::{Error, Result};
+use crate::graph::{Graph, Tensor};
 use crate::host_conv::{pad, transpose, Conv1d, Pad};
 use crate::weights::{WeightFile, Weights};
 
@@ -565,7 +566,7 @@ impl CodecEncoder {
         // Transformer on `[len][hidden]` rows.
         let h = c.hidden_size;
         let mut rows = transpose(&x, h, len);
-        self.transformer_forward(backend, &mut rows, len);
+        self.transformer_forward(backend, &mut rows, len)?;
         let mut x = transpose(&rows, len, h);
         if let Some(s) = stages.as_deref_mut() {
             s.transformer = x.clone();
@@ -577,33 +578,33 @@ impl CodecEncoder {
             s.downsample = x.clone();
         }
         let rows = transpose(&x, h, len);
-        let semantic = self.semantic.encode(backend, &rows, len, c.codebook_dim);
-        let acoustic = self.acoustic.encode(backend, &rows, len, c.codebook_dim);
+        let semantic = self.semantic.encode(backend, &rows, len, c.codebook_dim)?;
+        let acoustic = self.acoustic.encode(backend, &rows, len, c.codebook_dim)?;
         let frames = wav.len().div_ceil(self.top.encode_downsample_rate).min(len);
         Ok((0..frames)
             .map(|t| semantic[t].iter().chain(&acoustic[t]).copied().collect())
             .collect())
     }
 
-    fn transformer_forward(&self, backend: &dyn Backend, x: &mut [f32], len: usize) {
+    /// The transformer on `x[len][hidden]`, in place, as one graph on `backend`.
+    fn transformer_forward(&self, backend: &dyn Backend, x: &mut [f32], len: usize) -> Result<()> {
         let c = &self.config;
         let h = c.hidden_size;
         let hd = c.head_dim();
         let (qh, kvh) = (c.num_attention_heads, c.num_key_value_heads);
         let eps = c.norm_eps as f32;
         let theta = c.rope_theta as f32;
+        let mut g = Graph::new(backend);
+        let xs = g.input(x.to_vec());
         for layer in &self.transformer {
-            let mut n = x.to_vec();
-            backend.layer_norm(&mut n, h, &layer.norm1.0, &layer.norm1.1, eps);
-            let mut q = vec![0.0; len * qh * hd];
-            let mut k = vec![0.0; len * kvh * hd];
-            let mut v = vec![0.0; len * kvh * hd];
-            backend.linear(&layer.q, &n, len, &mut q);
-            backend.linear(&layer.k, &n, len, &mut k);
-            backend.linear(&layer.v, &n, len, &mut v);
-            backend.rope(&mut q, qh, hd, 0, theta);
-            backend.rope(&mut k, kvh, hd, 0, theta);
-            let mut att = vec![0.0; len * qh * hd];
+            let n = g.duplicate(xs);
+            g.layer_norm(n, h, &layer.norm1.0, &layer.norm1.1, eps);
+            let q = g.linear(&layer.q, n, len, qh * hd);
+            let k = g.linear(&layer.k, n, len, kvh * hd);
+            let v = g.linear(&layer.v, n, len, kvh * hd);
+            g.release(n);
+            g.rope(q, qh, hd, 0, theta);
+            g.rope(k, kvh, hd, 0, theta);
             let span = AttentionSpan {
                 queries: len,
                 query_start: 0,
@@ -616,42 +617,50 @@ impl CodecEncoder {
                 kv_heads: kvh,
                 head_dim: hd,
             };
-            backend.attention(&q, &k, &v, heads, span, 1.0 / (hd as f32).sqrt(), &mut att);
-            let mut o = vec![0.0; len * h];
-            backend.linear(&layer.o, &att, len, &mut o);
-            add_scaled(x, &o, &layer.attn_scale);
-            let mut n = x.to_vec();
-            backend.layer_norm(&mut n, h, &layer.norm2.0, &layer.norm2.1, eps);
-            let mut m = vec![0.0; len * c.intermediate_size];
-            backend.linear(&layer.fc1, &n, len, &mut m);
-            backend.gelu(&mut m);
-            let mut o = vec![0.0; len * h];
-            backend.linear(&layer.fc2, &m, len, &mut o);
-            add_scaled(x, &o, &layer.mlp_scale);
+            let att = g.attention(q, k, v, heads, span, 1.0 / (hd as f32).sqrt());
+            for t in [q, k, v] {
+                g.release(t);
+            }
+            let o = g.linear(&layer.o, att, len, h);
+            g.release(att);
+            add_scaled(&mut g, xs, o, len, &layer.attn_scale);
+            let n = g.duplicate(xs);
+            g.layer_norm(n, h, &layer.norm2.0, &layer.norm2.1, eps);
+            let m = g.linear(&layer.fc1, n, len, c.intermediate_size);
+            g.release(n);
+            g.gelu(m);
+            let o = g.linear(&layer.fc2, m, len, h);
+            g.release(m);
+            add_scaled(&mut g, xs, o, len, &layer.mlp_scale);
         }
+        x.copy_from_slice(&g.take(xs)?);
+        g.finish()
     }
 }
 
-/// `x += scale ⊙ y` row by row (LayerScale residuals).
-fn add_scaled(x: &mut [f32], y: &[f32], scale: &[f32]) {
-    for (xr, yr) in x
-        .chunks_exact_mut(scale.len())
-        .zip(y.chunks_exact(scale.len()))
-    {
-        for ((a, b), s) in xr.iter_mut().zip(yr).zip(scale) {
-            *a += s * b;
-        }
-    }
+/// `x += scale ⊙ y` on `[rows][scale.len()]` (LayerScale residuals); `y` is released.
+fn add_scaled<'m>(g: &mut Graph<'m>, x: Tensor, y: Tensor, rows: usize, scale: &'m [f32]) {
+    g.scale_columns(y, rows, scale);
+    let len = g.len(y);
+    g.strided(Combine::Add, y, x, Strided::contiguous(len));
+    g.release(y);
 }
 
 impl ResidualQuantizer {
     /// Codes of `rows[len][hidden]`: projected, then each codebook takes the nearest entry of the residual.
-    fn encode(&self, backend: &dyn Backend, rows: &[f32], len: usize, dim: usize) -> Vec<Vec<u32>> {
+    fn encode(
+        &self,
+        backend: &dyn Backend,
+        rows: &[f32],
+        len: usize,
+        dim: usize,
+    ) -> Result<Vec<Vec<u32>>> {
         let mut residual = match &self.input_proj {
             Some(w) => {
-                let mut y = vec![0.0; len * dim];
-                backend.linear(w, rows, len, &mut y);
-                y
+                let mut g = Graph::new(backend);
+                let x = g.input(rows.to_vec());
+                let y = g.linear(w, x, len, dim);
+                g.take(y)?
             }
             None => rows.to_vec(),
         };
@@ -665,7 +674,7 @@ impl ResidualQuantizer {
                 }
             }
         }
-        codes
+        Ok(codes)
     }
 }
 

@@ -7,9 +7,8 @@
 use std::ffi::c_void;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use crate::plugin::{ErrorBuffer, OpKind, OpRecord, WeightDesc, WeightKind};
-use crate::records::{input, run_record};
-use crate::{Backend, Weight, WeightFormat};
+use crate::plugin::{ErrorBuffer, OpRecord, WeightDesc};
+use crate::{Backend, Capabilities, Weight, WeightFormat};
 
 /// Runs `f`, turning an error or a panic into a message in `err` (when given) and `fallback`. An entry passes its
 /// error pointer as `unsafe { err.as_mut() }`: null or valid, by the table's contract.
@@ -60,7 +59,7 @@ pub unsafe extern "C" fn destroy<B>(backend: *mut c_void) {
     }
 }
 
-/// `upload` through the [`Backend`] trait, the weight boxed.
+/// `upload` through [`Backend::upload`], the weight boxed.
 ///
 /// # Safety
 /// As the table's `upload`.
@@ -74,50 +73,9 @@ pub unsafe extern "C" fn upload<B: Backend>(
         // SAFETY: a live handle of this plugin's `create` (the table's contract).
         let backend = unsafe { backend_ref::<B>(backend)? };
         // SAFETY: null or a valid description (the table's contract).
-        let d = unsafe { desc.as_ref() }.ok_or("null weight description")?;
+        let desc = unsafe { desc.as_ref() }.ok_or("null weight description")?;
         // SAFETY: the description's buffers are valid for their lengths during the call (the table's contract).
-        let data = unsafe { input(d.data, d.data_len)? };
-        let bias = if d.bias.is_null() {
-            None
-        } else {
-            // SAFETY: as `data`.
-            Some(unsafe { input(d.bias, d.bias_len)? })
-        };
-        let n = d.dims.map(|v| v as usize);
-        let expected = match d.kind {
-            k if k == WeightKind::Linear as u32 || k == WeightKind::DepthwiseConv1d as u32 => {
-                n[0].checked_mul(n[1])
-            }
-            k if k == WeightKind::Conv1d as u32 || k == WeightKind::ConvTranspose1d as u32 => {
-                n[0].checked_mul(n[1]).and_then(|v| v.checked_mul(n[2]))
-            }
-            other => return Err(format!("unknown weight kind {other}")),
-        };
-        if expected != Some(data.len()) {
-            return Err(format!(
-                "the weight has {} values; its dimensions {:?} need another count",
-                data.len(),
-                d.dims
-            ));
-        }
-        let weight = match d.kind {
-            k if k == WeightKind::Linear as u32 => {
-                let format = WeightFormat::from_code(d.format).ok_or("unknown weight format")?;
-                backend.upload_linear(data, n[0], n[1], bias, format)
-            }
-            k if k == WeightKind::Conv1d as u32 => {
-                backend.upload_conv1d(data, n[0], n[1], n[2], bias)
-            }
-            k if k == WeightKind::DepthwiseConv1d as u32 => {
-                backend.upload_depthwise_conv1d(data, n[0], n[1], bias)
-            }
-            _ => {
-                if n[3] == 0 {
-                    return Err("a transposed convolution with stride 0".into());
-                }
-                backend.upload_conv_transpose1d(data, n[0], n[1], n[2], n[3])
-            }
-        };
+        let weight = backend.upload(unsafe { desc.data()? })?;
         Ok(Box::into_raw(Box::new(weight)) as *mut c_void)
     })
 }
@@ -134,16 +92,32 @@ pub unsafe extern "C" fn free_weight(_backend: *mut c_void, weight: *mut c_void)
     }
 }
 
-/// `supports_op` of a backend that runs every op kind (what its device does not, it runs on its CPU backend) and
-/// gains nothing from lists.
+/// `supports` through [`Backend::supports`] (false for a null handle or record, or a panic).
 ///
 /// # Safety
-/// As the table's `supports_op`.
-pub unsafe extern "C" fn supports_every_op(_backend: *mut c_void, kind: u32) -> bool {
-    OpKind::from_code(kind).is_some()
+/// As the table's `supports`.
+pub unsafe extern "C" fn supports<B: Backend>(backend: *mut c_void, op: *const OpRecord) -> bool {
+    guarded(None, false, || {
+        // SAFETY: a live handle of this plugin's `create` (the table's contract).
+        let backend = unsafe { backend_ref::<B>(backend)? };
+        // SAFETY: null or a valid record (the table's contract); only its plain fields are read.
+        let op = unsafe { op.as_ref() }.ok_or("null record")?;
+        Ok(backend.supports(op))
+    })
 }
 
-/// `run_ops`: each record through the [`Backend`] trait's methods.
+/// `capabilities` through [`Backend::capabilities`] (none when the handle is null or the backend panics).
+///
+/// # Safety
+/// As the table's `capabilities`.
+pub unsafe extern "C" fn capabilities<B: Backend>(backend: *mut c_void) -> Capabilities {
+    guarded(None, Capabilities::default(), || {
+        // SAFETY: a live handle of this plugin's `create` (the table's contract).
+        Ok(unsafe { backend_ref::<B>(backend)? }.capabilities())
+    })
+}
+
+/// `run_ops` through [`Backend::run_records`].
 ///
 /// # Safety
 /// As the table's `run_ops`.
@@ -165,11 +139,9 @@ pub unsafe extern "C" fn run_ops<B: Backend>(
         }
         // SAFETY: non-null, so valid for `count` records (the table's contract).
         let ops = unsafe { std::slice::from_raw_parts(ops, count) };
-        for (i, op) in ops.iter().enumerate() {
-            // SAFETY: the records follow `Backend::run_records`'s rules (the table's contract); their weights are
-            // this plugin's boxed `Weight`s.
-            unsafe { run_record(backend, op) }.map_err(|e| format!("op {i}: {e}"))?;
-        }
+        // SAFETY: the records follow `Backend::run_records`'s rules (the table's contract); their weights are this
+        // plugin's boxed `Weight`s.
+        unsafe { backend.run_records(ops)? };
         Ok(0)
     })
 }

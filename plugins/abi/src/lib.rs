@@ -6,8 +6,9 @@
 //!   batch 1).
 //!
 //! Weights are uploaded once in PyTorch's own layout (`Linear` `[out, in]`, `Conv1d` `[cout, cin, k]`,
-//! `ConvTranspose1d` `[cin, cout, k]`) and come back as opaque [`Weight`] handles in whatever layout the backend
-//! prefers.
+//! `ConvTranspose1d` `[cin, cout, k]`: [`WeightData`]) and come back as opaque [`Weight`] handles in whatever
+//! layout the backend prefers. Ops then reach a backend only as lists of [`plugin::OpRecord`]s
+//! ([`Backend::run_records`]); what each computes is documented on [`plugin::OpKind`].
 
 pub mod exports;
 pub mod plugin;
@@ -122,84 +123,180 @@ pub struct Heads {
     pub head_dim: usize,
 }
 
-/// A compute backend: uploads weights once, then runs ops on host activations.
-pub trait Backend: Send + Sync {
-    /// Short name shown to users ("cpu", "vulkan", …).
-    fn name(&self) -> &str;
+/// What a backend is beyond the ops it runs: typed, asked once when the engine takes the backend (C layout: it
+/// crosses the plugin table as [`plugin::PluginApi::capabilities`]'s result).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Capabilities {
+    /// [`Capabilities::LISTS`], …; bits the engine does not know are ignored.
+    pub flags: u64,
+}
 
-    /// `Linear`: `w[out][in]`, optional `bias[out]`, stored as `format`.
-    fn upload_linear(
-        &self,
-        w: &[f32],
-        out_features: usize,
-        in_features: usize,
-        bias: Option<&[f32]>,
+impl Capabilities {
+    /// The backend gains from receiving a whole stage as one list (a device: one submission, results kept on the
+    /// device between ops). The engine then holds ops back until a result is needed; otherwise it hands each op
+    /// over at once and frees intermediate results as soon as they are dead.
+    pub const LISTS: u64 = 1;
+
+    pub const fn new(flags: u64) -> Self {
+        Capabilities { flags }
+    }
+
+    /// [`Capabilities::LISTS`].
+    pub fn lists(self) -> bool {
+        self.flags & Self::LISTS != 0
+    }
+}
+
+/// A weight to upload, in PyTorch's layout (see the crate's conventions), borrowed for the call.
+#[derive(Clone, Copy, Debug)]
+pub enum WeightData<'a> {
+    /// `Linear`: `w[out][inp]`, optional `bias[out]`, stored as `format`.
+    Linear {
+        w: &'a [f32],
+        out: usize,
+        inp: usize,
+        bias: Option<&'a [f32]>,
         format: WeightFormat,
-    ) -> Weight;
+    },
     /// `Conv1d` (groups = 1): `w[cout][cin][k]`, optional `bias[cout]`.
-    fn upload_conv1d(
-        &self,
-        w: &[f32],
+    Conv1d {
+        w: &'a [f32],
         cout: usize,
         cin: usize,
         k: usize,
-        bias: Option<&[f32]>,
-    ) -> Weight;
-    /// Depthwise `Conv1d` (groups = channels): `w[c][1][k]`, optional `bias[c]`.
-    fn upload_depthwise_conv1d(
-        &self,
-        w: &[f32],
+        bias: Option<&'a [f32]>,
+    },
+    /// Depthwise `Conv1d` (groups = channels): `w[channels][1][k]`, optional `bias[channels]`.
+    DepthwiseConv1d {
+        w: &'a [f32],
         channels: usize,
         k: usize,
-        bias: Option<&[f32]>,
-    ) -> Weight;
-    /// `ConvTranspose1d`: `w[cin][cout][k]`, `stride`. The bias stays with the caller (see
-    /// [`Backend::conv_transpose1d`]).
-    fn upload_conv_transpose1d(
-        &self,
-        w: &[f32],
+        bias: Option<&'a [f32]>,
+    },
+    /// `ConvTranspose1d`: `w[cin][cout][k]`, `stride`. The bias stays with the caller: the op writes the full
+    /// transposed convolution without it, so the overlapping tail can be carried to the next chunk and summed.
+    ConvTranspose1d {
+        w: &'a [f32],
         cin: usize,
         cout: usize,
         k: usize,
         stride: usize,
-    ) -> Weight;
+    },
+}
 
-    /// `y[rows][out] = x[rows][in] · wᵀ + bias`.
-    fn linear(&self, w: &Weight, x: &[f32], rows: usize, y: &mut [f32]);
-    /// Valid (unpadded) dilated convolution: `x[cin][len]` → `y[cout][len - (k-1)·dilation]`, bias added.
-    /// Callers pad on the left (causal) or pass the previous chunk's tail (streaming).
-    fn conv1d(&self, w: &Weight, x: &[f32], len: usize, dilation: usize, y: &mut [f32]);
-    /// Valid depthwise convolution, dilation 1: `x[c][len]` → `y[c][len - (k-1)]`, bias added.
-    fn depthwise_conv1d(&self, w: &Weight, x: &[f32], len: usize, y: &mut [f32]);
-    /// Full transposed convolution without bias: `x[cin][len]` → `y[cout][(len-1)·stride + k]` (overwritten).
-    /// Without the bias the overlapping tail can be carried to the next chunk and summed.
-    fn conv_transpose1d(&self, w: &Weight, x: &[f32], len: usize, y: &mut [f32]);
+impl WeightData<'_> {
+    /// Whether the values agree with the dimensions, the bias (if any) with the outputs, and the stride is at
+    /// least 1.
+    pub fn check(&self) -> Result<(), String> {
+        let (w, count, bias, outputs) = match *self {
+            WeightData::Linear {
+                w, out, inp, bias, ..
+            } => (w, out.checked_mul(inp), bias, out),
+            WeightData::Conv1d {
+                w,
+                cout,
+                cin,
+                k,
+                bias,
+            } => (
+                w,
+                cout.checked_mul(cin).and_then(|v| v.checked_mul(k)),
+                bias,
+                cout,
+            ),
+            WeightData::DepthwiseConv1d {
+                w,
+                channels,
+                k,
+                bias,
+            } => (w, channels.checked_mul(k), bias, channels),
+            WeightData::ConvTranspose1d {
+                w,
+                cin,
+                cout,
+                k,
+                stride,
+            } => {
+                if stride == 0 {
+                    return Err("a transposed convolution with stride 0".into());
+                }
+                (
+                    w,
+                    cin.checked_mul(cout).and_then(|v| v.checked_mul(k)),
+                    None,
+                    cout,
+                )
+            }
+        };
+        if count != Some(w.len()) {
+            return Err(format!(
+                "the weight has {} values; its dimensions {:?} need another count",
+                w.len(),
+                self.dims()
+            ));
+        }
+        match bias {
+            Some(b) if b.len() != outputs => Err(format!(
+                "the bias has {} values; {outputs} expected",
+                b.len()
+            )),
+            _ => Ok(()),
+        }
+    }
 
-    /// In-place RMSNorm of each `dim`-wide row: `x · rsqrt(mean(x²) + eps) · weight`.
-    fn rms_norm(&self, x: &mut [f32], dim: usize, weight: &[f32], eps: f32);
-    /// In-place LayerNorm of each `dim`-wide row (biased variance), with affine `weight`, `bias`.
-    fn layer_norm(&self, x: &mut [f32], dim: usize, weight: &[f32], bias: &[f32], eps: f32);
-    /// In-place rotary embedding, split-half ("NeoX") pairing, on `x[rows][heads][head_dim]` where row `r` is at
-    /// position `start_pos + r`.
-    fn rope(&self, x: &mut [f32], heads: usize, head_dim: usize, start_pos: usize, theta: f32);
-    /// Causal softmax attention with scale `scale`; writes `out[queries][q_heads][head_dim]`.
-    #[allow(clippy::too_many_arguments)]
-    fn attention(
-        &self,
-        q: &[f32],
-        k: &[f32],
-        v: &[f32],
-        heads: Heads,
-        span: AttentionSpan,
-        scale: f32,
-        out: &mut [f32],
-    );
+    /// The dimensions as the plugin ABI orders them ([`plugin::WeightKind`]).
+    pub fn dims(&self) -> [usize; 4] {
+        match *self {
+            WeightData::Linear { out, inp, .. } => [out, inp, 0, 0],
+            WeightData::Conv1d { cout, cin, k, .. } => [cout, cin, k, 0],
+            WeightData::DepthwiseConv1d { channels, k, .. } => [channels, k, 0, 0],
+            WeightData::ConvTranspose1d {
+                cin,
+                cout,
+                k,
+                stride,
+                ..
+            } => [cin, cout, k, stride],
+        }
+    }
+}
 
-    /// In-place SnakeBeta on `x[channels][len]`: `x + inv_beta[c] · sin(alpha[c] · x)²`, with `alpha` and
-    /// `inv_beta` already exponentiated / inverted by the caller.
-    fn snake_beta(&self, x: &mut [f32], len: usize, alpha: &[f32], inv_beta: &[f32]);
-    /// In-place exact (erf) GELU.
-    fn gelu(&self, x: &mut [f32]);
+/// A compute backend, as the engine sees every one of them: it uploads weights once (into its own layout),
+/// says per op record — with its shapes and weight — whether it runs it, and runs lists of records on host
+/// buffers. What each op computes is documented on [`plugin::OpKind`]; the CPU crate (`kazeia-backend-cpu`) is
+/// its reference implementation and where the engine runs what a backend refuses.
+pub trait Backend: Send + Sync {
+    /// Short name shown to users ("cpu", "vulkan", …).
+    fn name(&self) -> &str;
+
+    /// What the backend is beyond its ops ([`Capabilities`]); none by default (a CPU backend).
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::default()
+    }
+
+    /// Uploads a weight into the backend's own layout ([`WeightData::check`]ed); an error when the data are
+    /// inconsistent or the backend cannot hold the weight.
+    fn upload(&self, weight: WeightData<'_>) -> Result<Weight, String>;
+
+    /// Whether this backend runs `op`, judged by what the record says about it: its kind, the lengths of its
+    /// buffers, its sizes (`n`), parameters (`f`) and weight (one this backend made, so its shape and format are
+    /// the backend's to read). The buffers themselves are not read (their pointers may be null). The engine asks
+    /// before it hands a record over and runs what is refused on its own CPU backend; a weighted op it cannot
+    /// move there (the weight is this backend's), so a backend answers for weighted kinds it runs at all. For a
+    /// hint ([`plugin::OpKind::is_hint`]), whether the backend wants it. By default every known kind (the CPU).
+    fn supports(&self, op: &plugin::OpRecord) -> bool {
+        plugin::OpKind::from_code(op.kind).is_some()
+    }
+
+    /// Runs a list of ops in order — a whole stage, so a device backend can submit it at once and keep the
+    /// results that later ops read on the device. Each record's weight is a `*const Weight` this backend made.
+    ///
+    /// # Safety
+    /// Every record's pointers must be valid for their lengths for the call, no op's output may overlap its own
+    /// inputs, and every weight must be null or a live `Weight` this backend made.
+    unsafe fn run_records(&self, ops: &[plugin::OpRecord]) -> Result<(), String>;
+
     /// The resident bytes of a linear weight this backend made, for an on-disk cache; `None` if the backend
     /// does not support caching.
     fn export_linear(&self, _w: &Weight) -> Option<Vec<u8>> {
@@ -218,37 +315,82 @@ pub trait Backend: Send + Sync {
         None
     }
 
-    /// In-place SiLU, `x · sigmoid(x)`.
-    fn silu(&self, x: &mut [f32]);
-    /// In-place `gate = silu(gate) · up` (the SwiGLU product).
-    fn silu_mul(&self, gate: &mut [f32], up: &[f32]);
-
-    /// `dst[view] = src[view]` (or `+=`, `×=`) element by element over `shape`: copies, transposes,
-    /// concatenation, residual adds, per-channel scales and biases (zero strides). `shape` must pass
-    /// [`Strided::check`].
-    fn strided(&self, combine: Combine, src: &[f32], dst: &mut [f32], shape: Strided) {
-        strided_on_host(combine, src, dst, shape);
+    /// [`Backend::upload`] of a `Linear` weight, for model code (backends implement `upload`, not this): a
+    /// refused weight panics, as a model cannot load without it.
+    fn upload_linear(
+        &self,
+        w: &[f32],
+        out: usize,
+        inp: usize,
+        bias: Option<&[f32]>,
+        format: WeightFormat,
+    ) -> Weight {
+        let data = WeightData::Linear {
+            w,
+            out,
+            inp,
+            bias,
+            format,
+        };
+        uploaded(self.name(), self.upload(data))
     }
 
-    /// Whether this backend gains from whole lists ([`plugin::CAPABILITY_LISTS`]): a device backend. Model
-    /// code then holds ops back until a result is needed; otherwise each op runs as soon as it is made.
-    fn prefers_lists(&self) -> bool {
-        false
+    /// [`Backend::upload`] of a `Conv1d` weight (as [`Backend::upload_linear`]).
+    fn upload_conv1d(
+        &self,
+        w: &[f32],
+        cout: usize,
+        cin: usize,
+        k: usize,
+        bias: Option<&[f32]>,
+    ) -> Weight {
+        let data = WeightData::Conv1d {
+            w,
+            cout,
+            cin,
+            k,
+            bias,
+        };
+        uploaded(self.name(), self.upload(data))
     }
 
-    /// Runs a list of ops in order — a whole stage, so a device backend can submit it at once and keep the
-    /// results that later ops read on the device. Each record's weight is a `*const Weight` this backend made.
-    /// The default runs them one by one through the methods above.
-    ///
-    /// # Safety
-    /// Every record's pointers must be valid for their lengths for the call, no op's output may overlap its own
-    /// inputs, and every weight must be null or a live `Weight` this backend made.
-    unsafe fn run_records(&self, ops: &[plugin::OpRecord]) -> Result<(), String> {
-        for (i, op) in ops.iter().enumerate() {
-            // SAFETY: the record's pointers are valid and its output is disjoint from its inputs (this method's
-            // contract); its weight is one this backend made.
-            unsafe { records::run_record(self, op) }.map_err(|e| format!("op {i}: {e}"))?;
-        }
-        Ok(())
+    /// [`Backend::upload`] of a depthwise `Conv1d` weight (as [`Backend::upload_linear`]).
+    fn upload_depthwise_conv1d(
+        &self,
+        w: &[f32],
+        channels: usize,
+        k: usize,
+        bias: Option<&[f32]>,
+    ) -> Weight {
+        let data = WeightData::DepthwiseConv1d {
+            w,
+            channels,
+            k,
+            bias,
+        };
+        uploaded(self.name(), self.upload(data))
     }
+
+    /// [`Backend::upload`] of a `ConvTranspose1d` weight (as [`Backend::upload_linear`]).
+    fn upload_conv_transpose1d(
+        &self,
+        w: &[f32],
+        cin: usize,
+        cout: usize,
+        k: usize,
+        stride: usize,
+    ) -> Weight {
+        let data = WeightData::ConvTranspose1d {
+            w,
+            cin,
+            cout,
+            k,
+            stride,
+        };
+        uploaded(self.name(), self.upload(data))
+    }
+}
+
+fn uploaded(backend: &str, weight: Result<Weight, String>) -> Weight {
+    weight.unwrap_or_else(|e| panic!("backend `{backend}` refused a weight: {e}"))
 }

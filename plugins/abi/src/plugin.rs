@@ -5,28 +5,46 @@
 //! calling anything else. Everything else crosses as plain C data: opaque handles for backends and uploaded
 //! weights, [`OpRecord`]s describing ops on host `f32` buffers, and an [`ErrorBuffer`] for messages. Ops are
 //! submitted as a list ([`PluginApi::run_ops`]), so a device backend can take a whole stage at once; a plugin
-//! says per op kind what it supports ([`PluginApi::supports_op`]) and the engine keeps the rest on the CPU.
+//! says what it is ([`PluginApi::capabilities`]) and per op record, with its shapes, whether it takes it
+//! ([`PluginApi::supports`]); the engine runs the rest on its own CPU backend.
 //! Plugins catch their panics at this boundary and are never unloaded.
 
 use std::ffi::{c_char, c_void};
 
-use crate::{AttentionSpan, Combine, Heads, Strided, View, Weight, WeightFormat};
+use crate::records::input;
+use crate::{
+    AttentionSpan, Capabilities, Combine, Heads, Strided, View, Weight, WeightData, WeightFormat,
+};
 
 /// `"KZBP"`.
 pub const PLUGIN_MAGIC: u32 = 0x4b5a_4250;
-/// Bumped on any incompatible change of the structures below.
-pub const PLUGIN_ABI_VERSION: u32 = 1;
-/// The one symbol a plugin exports: `extern "C" fn() -> *const PluginApi`.
-pub const ENTRY_SYMBOL: &[u8] = b"kazeia_backend_plugin_v1\0";
+/// Bumped on any incompatible change of the structures below, together with [`ENTRY_SYMBOL`]'s version (so a
+/// plugin of another version is told apart before its table is read). 2: typed [`crate::Capabilities`] instead
+/// of capability codes in `supports_op`. 3: `supports` sees the whole record (shapes, formats, weight), not only
+/// its kind.
+pub const PLUGIN_ABI_VERSION: u32 = 3;
+/// The one symbol a plugin exports: `extern "C" fn() -> *const PluginApi`. Define it with [`crate::plugin_entry!`].
+pub const ENTRY_SYMBOL: &[u8] = b"kazeia_backend_plugin_v3\0";
+
+/// The entry symbol of ABI version `version` (to name the version of a plugin built for another one).
+pub fn entry_symbol(version: u32) -> String {
+    format!("kazeia_backend_plugin_v{version}")
+}
+
+/// Defines the plugin's entry symbol ([`ENTRY_SYMBOL`]) returning `$table` (a `&'static PluginApi`); one
+/// crate of a plugin's binary uses it once.
+#[macro_export]
+macro_rules! plugin_entry {
+    ($table:expr) => {
+        /// The plugin's entry symbol (`kazeia_backend_abi::plugin::ENTRY_SYMBOL`).
+        #[no_mangle]
+        pub extern "C" fn kazeia_backend_plugin_v3() -> *const $crate::plugin::PluginApi {
+            $table
+        }
+    };
+}
 
 pub type EntryFn = unsafe extern "C" fn() -> *const PluginApi;
-
-/// `supports_op` codes from here on are capability questions, not op kinds.
-pub const CAPABILITY_BASE: u32 = 0x1000;
-/// Capability: the backend gains from receiving a whole stage as one list (a device: one submission, results
-/// kept on the device between ops). The engine then holds ops back until a result is needed; otherwise it hands
-/// each op over at once and frees intermediate results as soon as they are dead.
-pub const CAPABILITY_LISTS: u32 = CAPABILITY_BASE;
 
 /// A message from the plugin, NUL-terminated, truncated to fit.
 #[repr(C)]
@@ -83,113 +101,122 @@ pub struct WeightDesc {
     pub bias_len: usize,
 }
 
-impl WeightDesc {
-    /// A description of `data` (and `bias`), valid while they are borrowed.
-    pub fn new(
-        kind: WeightKind,
-        format: WeightFormat,
-        dims: [usize; 4],
-        data: &[f32],
-        bias: Option<&[f32]>,
-    ) -> WeightDesc {
+impl WeightData<'_> {
+    /// The weight as the C table describes it, valid while `self`'s slices are borrowed.
+    pub fn desc(&self) -> WeightDesc {
+        let (kind, format, data, bias) = match *self {
+            WeightData::Linear {
+                w, bias, format, ..
+            } => (WeightKind::Linear, format, w, bias),
+            WeightData::Conv1d { w, bias, .. } => (WeightKind::Conv1d, WeightFormat::F32, w, bias),
+            WeightData::DepthwiseConv1d { w, bias, .. } => {
+                (WeightKind::DepthwiseConv1d, WeightFormat::F32, w, bias)
+            }
+            WeightData::ConvTranspose1d { w, .. } => {
+                (WeightKind::ConvTranspose1d, WeightFormat::F32, w, None)
+            }
+        };
         WeightDesc {
             kind: kind as u32,
             format: format.code(),
-            dims: dims.map(|d| d as u64),
+            dims: self.dims().map(|d| d as u64),
             data: data.as_ptr(),
             data_len: data.len(),
             bias: bias.map_or(std::ptr::null(), <[f32]>::as_ptr),
             bias_len: bias.map_or(0, <[f32]>::len),
         }
     }
+}
 
-    /// [`crate::Backend::upload_linear`]'s weight.
-    pub fn linear(
-        w: &[f32],
-        out: usize,
-        inp: usize,
-        bias: Option<&[f32]>,
-        format: WeightFormat,
-    ) -> WeightDesc {
-        WeightDesc::new(WeightKind::Linear, format, [out, inp, 0, 0], w, bias)
-    }
-
-    /// [`crate::Backend::upload_conv1d`]'s weight.
-    pub fn conv1d(
-        w: &[f32],
-        cout: usize,
-        cin: usize,
-        k: usize,
-        bias: Option<&[f32]>,
-    ) -> WeightDesc {
-        let dims = [cout, cin, k, 0];
-        WeightDesc::new(WeightKind::Conv1d, WeightFormat::F32, dims, w, bias)
-    }
-
-    /// [`crate::Backend::upload_depthwise_conv1d`]'s weight.
-    pub fn depthwise_conv1d(
-        w: &[f32],
-        channels: usize,
-        k: usize,
-        bias: Option<&[f32]>,
-    ) -> WeightDesc {
-        let dims = [channels, k, 0, 0];
-        WeightDesc::new(
-            WeightKind::DepthwiseConv1d,
-            WeightFormat::F32,
-            dims,
-            w,
-            bias,
-        )
-    }
-
-    /// [`crate::Backend::upload_conv_transpose1d`]'s weight.
-    pub fn conv_transpose1d(
-        w: &[f32],
-        cin: usize,
-        cout: usize,
-        k: usize,
-        stride: usize,
-    ) -> WeightDesc {
-        let dims = [cin, cout, k, stride];
-        WeightDesc::new(
-            WeightKind::ConvTranspose1d,
-            WeightFormat::F32,
-            dims,
-            w,
-            None,
-        )
+impl WeightDesc {
+    /// The weight this describes, checked ([`WeightData::check`]).
+    ///
+    /// # Safety
+    /// `data` and `bias` (when not null) must be valid for their lengths for `'a`.
+    pub unsafe fn data<'a>(&self) -> Result<WeightData<'a>, String> {
+        // SAFETY: valid for their lengths for `'a` (this function's contract).
+        let w = unsafe { input(self.data, self.data_len)? };
+        let bias = if self.bias.is_null() {
+            None
+        } else {
+            // SAFETY: as `w`.
+            Some(unsafe { input(self.bias, self.bias_len)? })
+        };
+        let n = self.dims.map(|v| usize::try_from(v).unwrap_or(usize::MAX));
+        let data = match self.kind {
+            k if k == WeightKind::Linear as u32 => WeightData::Linear {
+                w,
+                out: n[0],
+                inp: n[1],
+                bias,
+                format: WeightFormat::from_code(self.format)
+                    .ok_or_else(|| format!("unknown weight format {}", self.format))?,
+            },
+            k if k == WeightKind::Conv1d as u32 => WeightData::Conv1d {
+                w,
+                cout: n[0],
+                cin: n[1],
+                k: n[2],
+                bias,
+            },
+            k if k == WeightKind::DepthwiseConv1d as u32 => WeightData::DepthwiseConv1d {
+                w,
+                channels: n[0],
+                k: n[1],
+                bias,
+            },
+            k if k == WeightKind::ConvTranspose1d as u32 => WeightData::ConvTranspose1d {
+                w,
+                cin: n[0],
+                cout: n[1],
+                k: n[2],
+                stride: n[3],
+            },
+            other => return Err(format!("unknown weight kind {other}")),
+        };
+        data.check()?;
+        Ok(data)
     }
 }
 
-/// Op kinds, with the meaning of an [`OpRecord`]'s fields for each (see [`crate::Backend`] for the math).
+/// Op kinds: what each computes, and the meaning of an [`OpRecord`]'s fields for it. Sequences are row-major
+/// `x[rows][features]`, signals channel-major `x[channels][len]` (the crate's conventions); `kazeia-backend-cpu`
+/// is the reference implementation of each.
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum OpKind {
-    /// weight, a = x, out = y, `n[0]` = rows.
+    /// `y[rows][out] = x[rows][in] · wᵀ + bias`: weight, a = x, out = y, `n[0]` = rows.
     Linear = 1,
-    /// weight, a = x, out = y, `n[0]` = len, `n[1]` = dilation.
+    /// Valid (unpadded) dilated convolution, `x[cin][len]` → `y[cout][len - (k-1)·dilation]`, bias added (callers
+    /// pad on the left or pass the previous chunk's tail): weight, a = x, out = y, `n[0]` = len, `n[1]` = dilation.
     Conv1d = 2,
-    /// weight, a = x, out = y, `n[0]` = len.
+    /// Valid depthwise convolution, dilation 1, `x[c][len]` → `y[c][len - (k-1)]`, bias added: weight, a = x,
+    /// out = y, `n[0]` = len.
     DepthwiseConv1d = 3,
-    /// weight, a = x, out = y, `n[0]` = len.
+    /// Full transposed convolution without bias, `x[cin][len]` → `y[cout][(len-1)·stride + k]` (overwritten; the
+    /// overlapping tail can be carried to the next chunk and summed): weight, a = x, out = y, `n[0]` = len.
     ConvTranspose1d = 4,
-    /// out = x (in place), a = weight, `n[0]` = dim, `f[0]` = eps.
+    /// RMSNorm of each `dim`-wide row, `x · rsqrt(mean(x²) + eps) · weight`: out = x (in place), a = weight,
+    /// `n[0]` = dim, `f[0]` = eps.
     RmsNorm = 5,
-    /// out = x (in place), a = weight, b = bias, `n[0]` = dim, `f[0]` = eps.
+    /// LayerNorm of each `dim`-wide row (biased variance) with affine weight and bias: out = x (in place),
+    /// a = weight, b = bias, `n[0]` = dim, `f[0]` = eps.
     LayerNorm = 6,
-    /// out = x (in place), n = [heads, head_dim, start_pos], `f[0]` = theta.
+    /// Rotary embedding, split-half ("NeoX") pairing, on `x[rows][heads][head_dim]`, row `r` at position
+    /// `start_pos + r`: out = x (in place), n = [heads, head_dim, start_pos], `f[0]` = theta.
     Rope = 7,
-    /// a = q, b = k, c = v, out, n = [q_heads, kv_heads, head_dim, queries, query_start, keys, key_start,
-    /// window (0 = none)], `f[0]` = scale.
+    /// Causal softmax attention ([`Heads`], [`AttentionSpan`]) writing `out[queries][q_heads][head_dim]`: a = q,
+    /// b = k, c = v, out, n = [q_heads, kv_heads, head_dim, queries, query_start, keys, key_start, window
+    /// (0 = none)], `f[0]` = scale.
     Attention = 8,
-    /// out = x (in place), a = alpha, b = inv_beta, `n[0]` = len.
+    /// SnakeBeta on `x[channels][len]`, `x + inv_beta[c] · sin(alpha[c] · x)²` (alpha exponentiated, beta inverted
+    /// by the caller): out = x (in place), a = alpha, b = inv_beta, `n[0]` = len.
     SnakeBeta = 9,
-    /// out = x (in place).
+    /// Exact (erf) GELU: out = x (in place).
     Gelu = 10,
-    /// out = x (in place).
+    /// SiLU, `x · sigmoid(x)`: out = x (in place).
     Silu = 11,
-    /// out = gate (in place), a = up.
+    /// The SwiGLU product `gate = silu(gate) · up`: out = gate (in place), a = up.
     SiluMul = 12,
     /// `out[dst view] = a[src view]` ([`crate::Strided`]): n = [rows, cols, src offset, src row stride, src column
     /// stride, dst offset, dst row stride, dst column stride]; `a` and `out` are different buffers.
@@ -391,7 +418,7 @@ impl OpRecord {
         op
     }
 
-    /// [`crate::Backend::attention`] as a record.
+    /// An [`OpKind::Attention`] record.
     #[allow(clippy::too_many_arguments)]
     pub fn attention(
         q: &[f32],
@@ -478,6 +505,8 @@ pub struct PluginApi {
     pub create:
         unsafe extern "C" fn(device: u32, threads: u32, err: *mut ErrorBuffer) -> *mut c_void,
     pub destroy: unsafe extern "C" fn(backend: *mut c_void),
+    /// What the backend is beyond its ops, asked once after `create`.
+    pub capabilities: unsafe extern "C" fn(backend: *mut c_void) -> Capabilities,
     /// Uploads a weight; null on failure.
     pub upload: unsafe extern "C" fn(
         backend: *mut c_void,
@@ -485,9 +514,10 @@ pub struct PluginApi {
         err: *mut ErrorBuffer,
     ) -> *mut c_void,
     pub free_weight: unsafe extern "C" fn(backend: *mut c_void, weight: *mut c_void),
-    /// Whether ops of this kind run on this backend; codes from [`CAPABILITY_BASE`] ask about capabilities
-    /// instead (false when the plugin does not know the code).
-    pub supports_op: unsafe extern "C" fn(backend: *mut c_void, kind: u32) -> bool,
+    /// Whether this backend runs the op `op` describes ([`crate::Backend::supports`]; false for a kind the plugin
+    /// does not know). It reads the record's kind, lengths, `n`, `f` and weight, never its buffers. For a hint
+    /// kind ([`OpKind::is_hint`]) it says whether the plugin wants the hint.
+    pub supports: unsafe extern "C" fn(backend: *mut c_void, op: *const OpRecord) -> bool,
     /// Runs `count` ops in order.
     pub run_ops: unsafe extern "C" fn(
         backend: *mut c_void,

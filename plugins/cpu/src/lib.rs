@@ -1,4 +1,5 @@
-//! Kazeia's CPU backend: the reference implementation of every op in `kazeia-backend-abi`.
+//! Kazeia's CPU backend: the reference implementation of every op in `kazeia-backend-abi` (the per-op methods
+//! of [`CpuBackend`]), and what the engine and the device plugins run the ops on that a device does not take.
 
 mod activations;
 #[cfg(target_arch = "aarch64")]
@@ -16,8 +17,13 @@ mod linear_x86;
 mod norms;
 mod par;
 pub mod plugin;
+pub mod records;
 
-use kazeia_backend_abi::{AttentionSpan, Backend, Heads, Weight, WeightFormat};
+use kazeia_backend_abi::plugin::OpRecord;
+use kazeia_backend_abi::{
+    strided_on_host, AttentionSpan, Backend, Combine, Heads, Strided, Weight, WeightData,
+    WeightFormat,
+};
 
 pub use conv::{ConvTransposeWeight, ConvWeight, DepthwiseWeight};
 pub use linear::LinearWeight;
@@ -77,139 +83,47 @@ impl Backend for CpuBackend {
         "cpu"
     }
 
-    fn upload_linear(
-        &self,
-        w: &[f32],
-        out_features: usize,
-        in_features: usize,
-        bias: Option<&[f32]>,
-        format: WeightFormat,
-    ) -> Weight {
-        Weight::new(LinearWeight::new(
-            w,
-            out_features,
-            in_features,
-            bias,
-            format,
-        ))
+    fn upload(&self, weight: WeightData<'_>) -> Result<Weight, String> {
+        weight.check()?;
+        Ok(match weight {
+            WeightData::Linear {
+                w,
+                out,
+                inp,
+                bias,
+                format,
+            } => Weight::new(LinearWeight::new(w, out, inp, bias, format)),
+            WeightData::Conv1d {
+                w,
+                cout,
+                cin,
+                k,
+                bias,
+            } => Weight::new(ConvWeight::new(w, cout, cin, k, bias)),
+            WeightData::DepthwiseConv1d {
+                w,
+                channels,
+                k,
+                bias,
+            } => Weight::new(DepthwiseWeight::new(w, channels, k, bias)),
+            WeightData::ConvTranspose1d {
+                w,
+                cin,
+                cout,
+                k,
+                stride,
+            } => Weight::new(ConvTransposeWeight::new(w, cin, cout, k, stride)),
+        })
     }
 
-    fn upload_conv1d(
-        &self,
-        w: &[f32],
-        cout: usize,
-        cin: usize,
-        k: usize,
-        bias: Option<&[f32]>,
-    ) -> Weight {
-        Weight::new(ConvWeight::new(w, cout, cin, k, bias))
-    }
-
-    fn upload_depthwise_conv1d(
-        &self,
-        w: &[f32],
-        channels: usize,
-        k: usize,
-        bias: Option<&[f32]>,
-    ) -> Weight {
-        Weight::new(DepthwiseWeight::new(w, channels, k, bias))
-    }
-
-    fn upload_conv_transpose1d(
-        &self,
-        w: &[f32],
-        cin: usize,
-        cout: usize,
-        k: usize,
-        stride: usize,
-    ) -> Weight {
-        Weight::new(ConvTransposeWeight::new(w, cin, cout, k, stride))
-    }
-
-    fn linear(&self, w: &Weight, x: &[f32], rows: usize, y: &mut [f32]) {
-        let w = expect::<LinearWeight>(w, "linear");
-        let par = self.parallelism();
-        self.run(w.macs(rows), |parallel| {
-            let par = if parallel {
-                par
-            } else {
-                gemm::Parallelism::None
-            };
-            w.forward(x, rows, y, par)
-        });
-    }
-
-    fn conv1d(&self, w: &Weight, x: &[f32], len: usize, dilation: usize, y: &mut [f32]) {
-        let w = expect::<ConvWeight>(w, "conv1d");
-        let par = self.parallelism();
-        self.run(y.len() * 64, |parallel| {
-            let par = if parallel {
-                par
-            } else {
-                gemm::Parallelism::None
-            };
-            w.forward(x, len, dilation, y, par)
-        });
-    }
-
-    fn depthwise_conv1d(&self, w: &Weight, x: &[f32], len: usize, y: &mut [f32]) {
-        let w = expect::<DepthwiseWeight>(w, "depthwise conv1d");
-        self.run(y.len() * 8, |parallel| w.forward(parallel, x, len, y));
-    }
-
-    fn conv_transpose1d(&self, w: &Weight, x: &[f32], len: usize, y: &mut [f32]) {
-        let w = expect::<ConvTransposeWeight>(w, "transposed conv1d");
-        let par = self.parallelism();
-        self.run(y.len() * 64, |parallel| {
-            let par = if parallel {
-                par
-            } else {
-                gemm::Parallelism::None
-            };
-            w.forward(x, len, y, par)
-        });
-    }
-
-    fn rms_norm(&self, x: &mut [f32], dim: usize, weight: &[f32], eps: f32) {
-        self.run(x.len(), |parallel| {
-            norms::rms_norm(parallel, x, dim, weight, eps)
-        });
-    }
-
-    fn layer_norm(&self, x: &mut [f32], dim: usize, weight: &[f32], bias: &[f32], eps: f32) {
-        self.run(x.len(), |parallel| {
-            norms::layer_norm(parallel, x, dim, weight, bias, eps)
-        });
-    }
-
-    fn rope(&self, x: &mut [f32], heads: usize, head_dim: usize, start_pos: usize, theta: f32) {
-        attention::rope(x, heads, head_dim, start_pos, theta);
-    }
-
-    fn attention(
-        &self,
-        q: &[f32],
-        k: &[f32],
-        v: &[f32],
-        heads: Heads,
-        span: AttentionSpan,
-        scale: f32,
-        out: &mut [f32],
-    ) {
-        let work = span.queries * span.keys * heads.q_heads * heads.head_dim;
-        self.run(work, |parallel| {
-            attention::attention(parallel, q, k, v, heads, span, scale, out)
-        });
-    }
-
-    fn snake_beta(&self, x: &mut [f32], len: usize, alpha: &[f32], inv_beta: &[f32]) {
-        self.run(x.len() * 8, |parallel| {
-            activations::snake_beta(parallel, x, len, alpha, inv_beta)
-        });
-    }
-
-    fn gelu(&self, x: &mut [f32]) {
-        self.run(x.len() * 8, |parallel| activations::gelu(parallel, x));
+    /// Each record in turn through [`records::run_record`].
+    unsafe fn run_records(&self, ops: &[OpRecord]) -> Result<(), String> {
+        for (i, op) in ops.iter().enumerate() {
+            // SAFETY: the record's pointers are valid and its output is disjoint from its inputs, its weight null
+            // or one of this backend's (this method's contract).
+            unsafe { records::run_record(self, op) }.map_err(|e| format!("op {i}: {e}"))?;
+        }
+        Ok(())
     }
 
     fn export_linear(&self, w: &Weight) -> Option<Vec<u8>> {
@@ -225,14 +139,127 @@ impl Backend for CpuBackend {
     ) -> Option<Weight> {
         LinearWeight::import(bytes, out, inp, format).map(Weight::new)
     }
+}
 
-    fn silu(&self, x: &mut [f32]) {
+/// The ops, on host slices: what [`plugin::OpKind`](kazeia_backend_abi::plugin::OpKind) documents for each record
+/// kind. The engine reaches them through records ([`Backend::run_records`]); the Vulkan and Hexagon plugins call
+/// them for what their devices do not run.
+impl CpuBackend {
+    /// `y[rows][out] = x[rows][in] · wᵀ + bias`.
+    pub fn linear(&self, w: &Weight, x: &[f32], rows: usize, y: &mut [f32]) {
+        let w = expect::<LinearWeight>(w, "linear");
+        let par = self.parallelism();
+        self.run(w.macs(rows), |parallel| {
+            let par = if parallel {
+                par
+            } else {
+                gemm::Parallelism::None
+            };
+            w.forward(x, rows, y, par)
+        });
+    }
+
+    /// Valid (unpadded) dilated convolution: `x[cin][len]` → `y[cout][len - (k-1)·dilation]`, bias added.
+    pub fn conv1d(&self, w: &Weight, x: &[f32], len: usize, dilation: usize, y: &mut [f32]) {
+        let w = expect::<ConvWeight>(w, "conv1d");
+        let par = self.parallelism();
+        self.run(y.len() * 64, |parallel| {
+            let par = if parallel {
+                par
+            } else {
+                gemm::Parallelism::None
+            };
+            w.forward(x, len, dilation, y, par)
+        });
+    }
+
+    /// Valid depthwise convolution, dilation 1: `x[c][len]` → `y[c][len - (k-1)]`, bias added.
+    pub fn depthwise_conv1d(&self, w: &Weight, x: &[f32], len: usize, y: &mut [f32]) {
+        let w = expect::<DepthwiseWeight>(w, "depthwise conv1d");
+        self.run(y.len() * 8, |parallel| w.forward(parallel, x, len, y));
+    }
+
+    /// Full transposed convolution without bias: `x[cin][len]` → `y[cout][(len-1)·stride + k]` (overwritten).
+    pub fn conv_transpose1d(&self, w: &Weight, x: &[f32], len: usize, y: &mut [f32]) {
+        let w = expect::<ConvTransposeWeight>(w, "transposed conv1d");
+        let par = self.parallelism();
+        self.run(y.len() * 64, |parallel| {
+            let par = if parallel {
+                par
+            } else {
+                gemm::Parallelism::None
+            };
+            w.forward(x, len, y, par)
+        });
+    }
+
+    /// In-place RMSNorm of each `dim`-wide row: `x · rsqrt(mean(x²) + eps) · weight`.
+    pub fn rms_norm(&self, x: &mut [f32], dim: usize, weight: &[f32], eps: f32) {
+        self.run(x.len(), |parallel| {
+            norms::rms_norm(parallel, x, dim, weight, eps)
+        });
+    }
+
+    /// In-place LayerNorm of each `dim`-wide row (biased variance), with affine `weight`, `bias`.
+    pub fn layer_norm(&self, x: &mut [f32], dim: usize, weight: &[f32], bias: &[f32], eps: f32) {
+        self.run(x.len(), |parallel| {
+            norms::layer_norm(parallel, x, dim, weight, bias, eps)
+        });
+    }
+
+    /// In-place rotary embedding, split-half ("NeoX") pairing, on `x[rows][heads][head_dim]` where row `r` is at
+    /// position `start_pos + r`.
+    pub fn rope(&self, x: &mut [f32], heads: usize, head_dim: usize, start_pos: usize, theta: f32) {
+        attention::rope(x, heads, head_dim, start_pos, theta);
+    }
+
+    /// Causal softmax attention with scale `scale`; writes `out[queries][q_heads][head_dim]`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn attention(
+        &self,
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        heads: Heads,
+        span: AttentionSpan,
+        scale: f32,
+        out: &mut [f32],
+    ) {
+        let work = span.queries * span.keys * heads.q_heads * heads.head_dim;
+        self.run(work, |parallel| {
+            attention::attention(parallel, q, k, v, heads, span, scale, out)
+        });
+    }
+
+    /// In-place SnakeBeta on `x[channels][len]`: `x + inv_beta[c] · sin(alpha[c] · x)²`, with `alpha` and
+    /// `inv_beta` already exponentiated / inverted by the caller.
+    pub fn snake_beta(&self, x: &mut [f32], len: usize, alpha: &[f32], inv_beta: &[f32]) {
+        self.run(x.len() * 8, |parallel| {
+            activations::snake_beta(parallel, x, len, alpha, inv_beta)
+        });
+    }
+
+    /// In-place exact (erf) GELU.
+    pub fn gelu(&self, x: &mut [f32]) {
+        self.run(x.len() * 8, |parallel| activations::gelu(parallel, x));
+    }
+
+    /// In-place SiLU, `x · sigmoid(x)`.
+    pub fn silu(&self, x: &mut [f32]) {
         self.run(x.len() * 4, |parallel| activations::silu(parallel, x));
     }
 
-    fn silu_mul(&self, gate: &mut [f32], up: &[f32]) {
+    /// In-place `gate = silu(gate) · up` (the SwiGLU product).
+    pub fn silu_mul(&self, gate: &mut [f32], up: &[f32]) {
         self.run(gate.len() * 4, |parallel| {
             activations::silu_mul(parallel, gate, up)
         });
+    }
+
+    /// `dst[view] = src[view]` (or `+=`, `×=`) element by element over `shape`: copies, transposes,
+    /// concatenation, residual adds, per-channel scales and biases (zero strides). `shape` must pass
+    /// [`Strided::check`](kazeia_backend_abi::Strided::check).
+    pub fn strided(&self, combine: Combine, src: &[f32], dst: &mut [f32], shape: Strided) {
+        strided_on_host(combine, src, dst, shape);
     }
 }

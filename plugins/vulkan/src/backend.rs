@@ -4,13 +4,13 @@
 use std::collections::HashSet;
 use std::sync::{Arc, OnceLock};
 
-use kazeia_backend_abi::plugin::{OpKind, OpRecord, WeightDesc, WeightKind, CAPABILITY_LISTS};
+use kazeia_backend_abi::plugin::{OpKind, OpRecord, WeightDesc, WeightKind};
 use kazeia_backend_abi::{Backend, Combine, WeightFormat};
 use kazeia_backend_cpu::CpuBackend;
 
 use crate::context::Gpu;
 use crate::exec::{Executor, Stats};
-use crate::ops::{Dispatch, Hint, Math, Op};
+use crate::ops::{fits, Dispatch, Hint, Math, Op};
 use crate::pipelines::{Activation, Format, GemmMode, Kernel, NormKind, Pipelines};
 use crate::probe::vulkan;
 use crate::selftest;
@@ -184,12 +184,32 @@ impl VulkanBackend {
         self.cpu.get_or_init(|| CpuBackend::new(self.threads))
     }
 
-    /// Whether ops of this ABI kind run on the device (for some weight format, where the op has weights); for
-    /// [`CAPABILITY_LISTS`], yes: lists become single submissions.
-    pub fn supports(&self, kind: u32) -> bool {
-        if kind == CAPABILITY_LISTS {
+    /// Whether the op a record describes runs here ([`kazeia_backend_abi::Backend::supports`]): its kind on the
+    /// device ([`VulkanBackend::supports_kind`]) and, for a weightless op, its sizes within the kernel's limits
+    /// ([`crate::ops::fits`]). A weighted op of a kind the device runs is taken whatever its sizes: the weight is
+    /// this backend's, kept on the CPU when the device cannot hold it, and read back for an op past the
+    /// dispatch limits. Only the record's plain fields are read.
+    pub fn supports_record(&self, r: &OpRecord) -> bool {
+        let Some(kind) = OpKind::from_code(r.kind) else {
+            return false;
+        };
+        if !self.supports_kind(r.kind) {
+            return false;
+        }
+        if kind.has_weight() || kind.is_hint() {
             return true;
         }
+        Math::of(r).is_ok_and(|math| {
+            fits(
+                &math,
+                [r.a_len, r.b_len, r.c_len, r.out_len],
+                &self.gpu.limits,
+            )
+        })
+    }
+
+    /// Whether ops of this ABI kind run on the device (for some weight format, where the op has weights).
+    pub fn supports_kind(&self, kind: u32) -> bool {
         let any = |pred: &dyn Fn(&Kernel) -> bool| self.enabled.iter().any(pred);
         match kind {
             k if k == OpKind::Linear as u32 => {
@@ -433,7 +453,10 @@ impl VulkanBackend {
         drop(w);
     }
 
-    /// Runs op records in order: consecutive device ops as one submission each batch, the rest on the CPU.
+    /// Runs op records in order, consecutive device ops as one submission. A weighted op the device cannot run
+    /// (its weight kept on the CPU, or sizes past the dispatch limits) runs on the CPU on the weight's CPU copy;
+    /// a weightless one is an error: the engine asks [`VulkanBackend::supports_record`] first and runs what it
+    /// refuses itself.
     ///
     /// # Safety
     /// The records' pointers must be valid for their lengths and their weights made by this backend.
@@ -447,7 +470,7 @@ impl VulkanBackend {
         self.run(&ops, false)
     }
 
-    /// Runs checked ops; with `device_only`, an op the device cannot take is an error instead of a CPU run.
+    /// Runs checked ops; with `device_only`, a weighted op the device cannot take is an error too.
     pub fn run(&self, ops: &[Op<'_>], device_only: bool) -> Result<(), String> {
         let limits = self.gpu.limits;
         let mut pending: Vec<Dispatch<'_>> = Vec::new();
@@ -472,8 +495,11 @@ impl VulkanBackend {
                 .filter(|d| device_only || self.is_enabled(d.kernel));
             match dispatch {
                 Some(d) => pending.push(d),
-                None if device_only => {
-                    return Err(format!("op {i} ({:?}) does not fit the device", op.math))
+                None if device_only || op.weight.is_none() => {
+                    return Err(format!(
+                        "op {i} ({:?}) does not fit the device (`supports` refuses it)",
+                        op.math
+                    ))
                 }
                 None => {
                     self.exec.run(

@@ -1,7 +1,7 @@
 //! Op records from the ABI, checked, and turned into either one shader dispatch or a call on the CPU backend.
 
-use kazeia_backend_abi::plugin::{attention_of, OpKind, OpRecord};
-use kazeia_backend_abi::{AttentionSpan, Backend, Combine, Heads, Strided, Weight};
+use kazeia_backend_abi::plugin::{attention_of, strided_n, OpKind, OpRecord};
+use kazeia_backend_abi::{AttentionSpan, Combine, Heads, Strided, Weight};
 use kazeia_backend_cpu::CpuBackend;
 
 use crate::context::Limits;
@@ -104,17 +104,12 @@ fn check(ok: bool, what: impl FnOnce() -> String) -> Result<(), String> {
     }
 }
 
-impl<'a> Op<'a> {
-    /// Reads and checks a record: every size must agree with the op and its weight, so no shader ever reads or
-    /// writes outside its buffers.
-    ///
-    /// # Safety
-    /// The record's pointers must be valid for their lengths (the ABI's contract); `weight` must be null or a
-    /// weight of this plugin.
-    pub unsafe fn from_record(r: &'a OpRecord) -> Result<Op<'a>, String> {
+impl Math {
+    /// What a record computes, from its kind, `n` and `f` alone (no buffer or weight is read).
+    pub fn of(r: &OpRecord) -> Result<Math, String> {
         let n = r.n.map(|v| v as usize);
         let kind = r.kind;
-        let math = match kind {
+        Ok(match kind {
             k if k == OpKind::Linear as u32 => Math::Linear { rows: n[0] },
             k if k == OpKind::Conv1d as u32 => Math::Conv1d {
                 len: n[0],
@@ -158,7 +153,53 @@ impl<'a> Op<'a> {
                 },
                 None => return Err(format!("unknown op kind {k}")),
             },
-        };
+        })
+    }
+}
+
+/// Whether a weightless op fits its kernel's limits, from its sizes alone (what [`crate::VulkanBackend`]'s
+/// `supports` answers, and what [`Op::encode`] checks first): every buffer within one binding and 32-bit
+/// indices, attention heads of at most [`MAX_HEAD_DIM`] and within the workgroup counts, strided views with
+/// 32-bit offsets. Weighted ops are judged by their weight's shape when encoded.
+pub fn fits(math: &Math, lens: [usize; 4], limits: &Limits) -> bool {
+    let small = |v: usize| u32::try_from(v).is_ok();
+    if !lens
+        .iter()
+        .all(|&len| small(len) && (len as u64) * 4 <= limits.max_binding)
+    {
+        return false;
+    }
+    match *math {
+        Math::Attention { heads, span, .. } => {
+            heads.head_dim <= MAX_HEAD_DIM
+                && heads.q_heads <= limits.max_groups[0] as usize
+                && span.queries <= limits.max_groups[1] as usize
+                && [
+                    heads.kv_heads,
+                    span.query_start,
+                    span.keys,
+                    span.key_start,
+                    span.window.unwrap_or(0),
+                ]
+                .into_iter()
+                .all(small)
+        }
+        Math::Strided { shape, .. } => {
+            small(shape.len()) && strided_n(shape).iter().all(|&v| v <= u64::from(u32::MAX))
+        }
+        _ => true,
+    }
+}
+
+impl<'a> Op<'a> {
+    /// Reads and checks a record: every size must agree with the op and its weight, so no shader ever reads or
+    /// writes outside its buffers.
+    ///
+    /// # Safety
+    /// The record's pointers must be valid for their lengths (the ABI's contract); `weight` must be null or a
+    /// weight of this plugin.
+    pub unsafe fn from_record(r: &'a OpRecord) -> Result<Op<'a>, String> {
+        let math = Math::of(r)?;
         if r.out.is_null() && r.out_len > 0 {
             return Err("null output buffer".into());
         }
@@ -343,7 +384,13 @@ impl<'a> Op<'a> {
         let gpu_weight = match self.weight {
             Some(VkWeight::Gpu(w)) => Some(w),
             Some(VkWeight::Cpu { .. }) => return None,
-            None => None,
+            None => {
+                let lens = [self.a.len(), self.b.len(), self.c.len(), self.out_len];
+                if !fits(&self.math, lens, limits) {
+                    return None;
+                }
+                None
+            }
         };
         let d = self.dispatch(gpu_weight)?;
         let fits = d
@@ -504,9 +551,6 @@ impl<'a> Op<'a> {
                 d.groups = grid((rows * heads * head_dim / 2).div_ceil(256));
             }
             Math::Attention { heads, span, scale } => {
-                if heads.head_dim > MAX_HEAD_DIM {
-                    return None;
-                }
                 d.kernel = Kernel::Attention;
                 let q = d.read(self.a);
                 let k = d.read(self.b);

@@ -27,18 +27,20 @@ static API: PluginApi = PluginApi {
     device_name,
     create,
     destroy: exports::destroy::<VulkanBackend>,
+    capabilities: exports::capabilities::<VulkanBackend>,
     upload,
     free_weight,
-    supports_op,
+    supports,
     run_ops,
     export_linear,
     free_bytes: exports::free_bytes,
     import_linear,
 };
 
-/// The plugin's entry symbol.
-#[no_mangle]
-pub extern "C" fn kazeia_backend_plugin_v1() -> *const PluginApi {
+kazeia_backend_abi::plugin_entry!(&API);
+
+/// The plugin table, for tests in-process.
+pub fn table() -> &'static PluginApi {
     &API
 }
 
@@ -127,10 +129,13 @@ unsafe extern "C" fn free_weight(backend: *mut c_void, weight: *mut c_void) {
     })
 }
 
-unsafe extern "C" fn supports_op(backend: *mut c_void, kind: u32) -> bool {
+unsafe extern "C" fn supports(backend: *mut c_void, op: *const OpRecord) -> bool {
     guarded(None, false, || {
         // SAFETY: a live handle of this plugin's `create` (the table's contract).
-        Ok(unsafe { backend_ref::<VulkanBackend>(backend)? }.supports(kind))
+        let backend = unsafe { backend_ref::<VulkanBackend>(backend)? };
+        // SAFETY: null or a valid record (the table's contract); only its plain fields are read.
+        let op = unsafe { op.as_ref() }.ok_or("null record")?;
+        Ok(backend.supports_record(op))
     })
 }
 

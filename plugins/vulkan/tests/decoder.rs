@@ -357,28 +357,13 @@ fn each_token_step_is_one_submission_with_its_kv_cache_resident() {
 
 #[test]
 fn through_the_plugin_table_vulkan_takes_lists_and_the_cpu_plugin_single_ops() {
-    // The engine asks `supports_op(CAPABILITY_LISTS)`: ops are held back into lists for the Vulkan plugin
+    // The engine asks the plugin's `capabilities`: ops are held back into lists for the Vulkan plugin
     // (one submission per stage), and handed one by one to the CPU plugin (memory freed as results die).
-    assert!(vulkan_plugin_backend().prefers_lists());
+    assert!(vulkan_plugin_backend().capabilities().lists());
     let cpu = inspect(&kazeia_tests::cpu_plugin());
     assert!(cpu.is_available(), "{:?}", cpu.unavailable);
-    assert!(!PluginBackend::create(&cpu, 0, 1).unwrap().prefers_lists());
-}
-
-#[test]
-fn resident_kv_caches_stay_right_when_the_cpu_writes_them() {
-    // With the strided kernels off, the plugin runs the KV appends on the CPU, on the host copies: it must then
-    // upload the resident caches again before the device reads them. The official greedy codes tell.
-    let vulkan = Arc::new(
-        VulkanBackend::new(
-            0,
-            1,
-            Options {
-                disabled: vec!["strided".into()],
-                ..Options::default()
-            },
-        )
-        .unwrap(),
-    );
-    greedy_on(&vulkan);
+    assert!(!PluginBackend::create(&cpu, 0, 1)
+        .unwrap()
+        .capabilities()
+        .lists());
 }

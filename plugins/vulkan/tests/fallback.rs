@@ -1,4 +1,4 @@
-//! Ops the plugin does not take, through the plugin table: the engine asks `supports_op`, hands the plugin the
+//! Ops the plugin does not take, through the plugin table: the engine asks `supports`, hands the plugin the
 //! lists around such ops, and runs them on its own CPU backend in between. Its own process, since the plugin
 //! reads `KAZEIA_VULKAN_DISABLE` when it creates a backend.
 
@@ -21,10 +21,10 @@ fn ops_the_plugin_does_not_take_run_on_the_cpu_between_its_lists() {
     assert!(info.is_available(), "{:?}", info.unavailable);
     let vulkan = PluginBackend::create(&info, 0, 1).unwrap();
     for kind in [OpKind::Copy, OpKind::Add, OpKind::Mul, OpKind::Rope] {
-        assert!(!vulkan.supports(kind), "{kind:?}");
+        assert!(!vulkan.supports_kind(kind), "{kind:?}");
     }
     for kind in [OpKind::Linear, OpKind::Conv1d, OpKind::Attention] {
-        assert!(vulkan.supports(kind), "{kind:?}");
+        assert!(vulkan.supports_kind(kind), "{kind:?}");
     }
 
     let dir = common::fixtures().join("codec/window");

@@ -4,6 +4,7 @@
 
 use std::sync::OnceLock;
 
+use kazeia_backend_abi::plugin::{OpKind, OpRecord};
 use kazeia_backend_abi::{AttentionSpan, Backend, Heads, WeightFormat};
 use kazeia_backend_cpu::CpuBackend;
 use kazeia_backend_vulkan::{Format, GemmMode, Kernel, Options, VulkanBackend};
@@ -27,6 +28,12 @@ fn backend(subgroups: bool) -> &'static VulkanBackend {
     } else {
         WITHOUT.get_or_init(|| backend_with(false))
     }
+}
+
+/// Runs one record in-process, as the plugin table would (weights are `*const Weight`s of `b`).
+fn run(b: &VulkanBackend, op: OpRecord) {
+    // SAFETY: the record's buffers are the caller's live slices, its output disjoint from its inputs.
+    unsafe { Backend::run_records(b, &[op]) }.unwrap_or_else(|e| panic!("op {}: {e}", op.kind));
 }
 
 fn cpu() -> &'static CpuBackend {
@@ -98,7 +105,10 @@ fn linear_layers_in_every_format_and_row_count_match_the_cpu() {
                 let x = values(rows * inp, 3 + rows as u64, 1.0);
                 let mut got = vec![f32::NAN; rows * out];
                 let mut want = vec![0.0; rows * out];
-                backend(true).linear(&gpu_w, &x, rows, &mut got);
+                run(
+                    backend(true),
+                    OpRecord::weighted(OpKind::Linear, &gpu_w, &x, &mut got, [rows, 0]),
+                );
                 cpu().linear(&cpu_w, &x, rows, &mut want);
                 assert_close(
                     &format!("{format} {out}×{inp}, {rows} rows"),
@@ -150,12 +160,15 @@ fn convolutions_of_the_decoder_shapes_match_the_cpu() {
         let lout = len - (k - 1) * dilation;
         let mut got = vec![f32::NAN; cout * lout];
         let mut want = vec![0.0; cout * lout];
-        b.conv1d(
-            &b.upload_conv1d(&w, cout, cin, k, Some(&bias)),
-            &x,
-            len,
-            dilation,
-            &mut got,
+        run(
+            b,
+            OpRecord::weighted(
+                OpKind::Conv1d,
+                &b.upload_conv1d(&w, cout, cin, k, Some(&bias)),
+                &x,
+                &mut got,
+                [len, dilation],
+            ),
         );
         let cw = cpu().upload_conv1d(&w, cout, cin, k, Some(&bias));
         cpu().conv1d(&cw, &x, len, dilation, &mut want);
@@ -178,11 +191,15 @@ fn convolutions_of_the_decoder_shapes_match_the_cpu() {
         let full = (len - 1) * stride + k;
         let mut got = vec![f32::NAN; cout * full];
         let mut want = vec![0.0; cout * full];
-        b.conv_transpose1d(
-            &b.upload_conv_transpose1d(&w, cin, cout, k, stride),
-            &x,
-            len,
-            &mut got,
+        run(
+            b,
+            OpRecord::weighted(
+                OpKind::ConvTranspose1d,
+                &b.upload_conv_transpose1d(&w, cin, cout, k, stride),
+                &x,
+                &mut got,
+                [len, 0],
+            ),
         );
         let cw = cpu().upload_conv_transpose1d(&w, cin, cout, k, stride);
         cpu().conv_transpose1d(&cw, &x, len, &mut want);
@@ -199,11 +216,15 @@ fn convolutions_of_the_decoder_shapes_match_the_cpu() {
     let x = values(channels * len, 17, 1.0);
     let mut got = vec![f32::NAN; channels * (len + 1 - k)];
     let mut want = vec![0.0; got.len()];
-    b.depthwise_conv1d(
-        &b.upload_depthwise_conv1d(&w, channels, k, Some(&bias)),
-        &x,
-        len,
-        &mut got,
+    run(
+        b,
+        OpRecord::weighted(
+            OpKind::DepthwiseConv1d,
+            &b.upload_depthwise_conv1d(&w, channels, k, Some(&bias)),
+            &x,
+            &mut got,
+            [len, 0],
+        ),
     );
     let cw = cpu().upload_depthwise_conv1d(&w, channels, k, Some(&bias));
     cpu().depthwise_conv1d(&cw, &x, len, &mut want);
@@ -224,25 +245,40 @@ fn norms_activations_rope_and_attention_match_the_cpu_with_either_reduction() {
         let g = values(dim, 21, 1.0);
         let sh = values(dim, 22, 1.0);
         let (mut got, mut want) = (x.clone(), x.clone());
-        b.rms_norm(&mut got, dim, &g, 1e-6);
+        run(
+            b,
+            OpRecord::in_place(OpKind::RmsNorm, &mut got, &g, &[], [dim, 0, 0], 1e-6),
+        );
         cpu().rms_norm(&mut want, dim, &g, 1e-6);
         assert_close(&format!("rms_norm ({tag})"), &got, &want, 1e-5);
         let (mut got, mut want) = (x.clone(), x.clone());
-        b.layer_norm(&mut got, dim, &g, &sh, 1e-6);
+        run(
+            b,
+            OpRecord::in_place(OpKind::LayerNorm, &mut got, &g, &sh, [dim, 0, 0], 1e-6),
+        );
         cpu().layer_norm(&mut want, dim, &g, &sh, 1e-6);
         assert_close(&format!("layer_norm ({tag})"), &got, &want, 1e-5);
 
         let (mut got, mut want) = (x.clone(), x.clone());
-        b.gelu(&mut got);
+        run(
+            b,
+            OpRecord::in_place(OpKind::Gelu, &mut got, &[], &[], [0; 3], 0.0),
+        );
         cpu().gelu(&mut want);
         assert_close("gelu", &got, &want, 1e-6);
         let (mut got, mut want) = (x.clone(), x.clone());
-        b.silu(&mut got);
+        run(
+            b,
+            OpRecord::in_place(OpKind::Silu, &mut got, &[], &[], [0; 3], 0.0),
+        );
         cpu().silu(&mut want);
         assert_close("silu", &got, &want, 1e-6);
         let up = values(x.len(), 23, 2.0);
         let (mut got, mut want) = (x.clone(), x.clone());
-        b.silu_mul(&mut got, &up);
+        run(
+            b,
+            OpRecord::in_place(OpKind::SiluMul, &mut got, &up, &[], [0; 3], 0.0),
+        );
         cpu().silu_mul(&mut want, &up);
         assert_close("silu_mul", &got, &want, 1e-6);
         // SnakeBeta with the large arguments a trained alpha gives.
@@ -254,7 +290,17 @@ fn norms_activations_rope_and_attention_match_the_cpu_with_either_reduction() {
             .collect();
         let x = values(channels * len, 26, 30.0);
         let (mut got, mut want) = (x.clone(), x.clone());
-        b.snake_beta(&mut got, len, &alpha, &inv_beta);
+        run(
+            b,
+            OpRecord::in_place(
+                OpKind::SnakeBeta,
+                &mut got,
+                &alpha,
+                &inv_beta,
+                [len, 0, 0],
+                0.0,
+            ),
+        );
         cpu().snake_beta(&mut want, len, &alpha, &inv_beta);
         assert_close("snake_beta", &got, &want, 1e-6);
 
@@ -262,7 +308,17 @@ fn norms_activations_rope_and_attention_match_the_cpu_with_either_reduction() {
         let (heads, head_dim) = (16, 128);
         let x = values(3 * heads * head_dim, 27, 2.0);
         let (mut got, mut want) = (x.clone(), x.clone());
-        b.rope(&mut got, heads, head_dim, 1500, 1_000_000.0);
+        run(
+            b,
+            OpRecord::in_place(
+                OpKind::Rope,
+                &mut got,
+                &[],
+                &[],
+                [heads, head_dim, 1500],
+                1_000_000.0,
+            ),
+        );
         cpu().rope(&mut want, heads, head_dim, 1500, 1_000_000.0);
         assert_close("rope", &got, &want, 1e-6);
 
@@ -319,7 +375,10 @@ fn norms_activations_rope_and_attention_match_the_cpu_with_either_reduction() {
             let scale = 1.0 / (d as f32).sqrt();
             let mut got = vec![f32::NAN; q.len()];
             let mut want = vec![0.0; q.len()];
-            b.attention(&q, &k, &v, heads, span, scale, &mut got);
+            run(
+                b,
+                OpRecord::attention(&q, &k, &v, heads, span, scale, &mut got),
+            );
             cpu().attention(&q, &k, &v, heads, span, scale, &mut want);
             assert_close(&format!("attention {span:?} ({tag})"), &got, &want, 1e-5);
         }
@@ -327,15 +386,10 @@ fn norms_activations_rope_and_attention_match_the_cpu_with_either_reduction() {
 }
 
 #[test]
-fn ops_the_device_cannot_take_run_on_the_cpu() {
-    // Heads wider than the attention kernel's 256: the CPU runs it, transparently. (An own backend: the
-    // dispatch counter must not see the other tests.)
+fn ops_the_device_cannot_take_are_refused_by_shape() {
+    // Heads wider than the attention kernel's 256: `supports` says no from the record's sizes, and running it is
+    // an error (the engine runs it on its CPU: tests/plugin.rs). Nothing is dispatched.
     let b = &backend_with(true);
-    let heads = Heads {
-        q_heads: 2,
-        kv_heads: 1,
-        head_dim: 320,
-    };
     let span = AttentionSpan {
         queries: 3,
         query_start: 5,
@@ -343,15 +397,31 @@ fn ops_the_device_cannot_take_run_on_the_cpu() {
         key_start: 0,
         window: None,
     };
-    let q = values(3 * 2 * 320, 40, 1.0);
-    let k = values(8 * 320, 41, 1.0);
-    let v = values(8 * 320, 42, 1.0);
-    let before = b.stats();
+    for head_dim in [256, 320] {
+        let heads = Heads {
+            q_heads: 2,
+            kv_heads: 1,
+            head_dim,
+        };
+        let q = values(3 * 2 * head_dim, 40, 1.0);
+        let k = values(8 * head_dim, 41, 1.0);
+        let v = values(8 * head_dim, 42, 1.0);
+        let mut got = vec![f32::NAN; q.len()];
+        let record = OpRecord::attention(&q, &k, &v, heads, span, 0.05, &mut got);
+        assert_eq!(b.supports(&record), head_dim <= 256, "head_dim {head_dim}");
+    }
+    let heads = Heads {
+        q_heads: 2,
+        kv_heads: 1,
+        head_dim: 320,
+    };
+    let (q, k, v) = (vec![0.5; 3 * 640], vec![0.5; 8 * 320], vec![0.5; 8 * 320]);
     let mut got = vec![f32::NAN; q.len()];
-    let mut want = vec![0.0; q.len()];
-    b.attention(&q, &k, &v, heads, span, 0.05, &mut got);
-    cpu().attention(&q, &k, &v, heads, span, 0.05, &mut want);
-    assert_eq!(got, want, "the CPU's own result");
+    let before = b.stats();
+    let record = OpRecord::attention(&q, &k, &v, heads, span, 0.05, &mut got);
+    // SAFETY: a record over live buffers.
+    let err = unsafe { Backend::run_records(b, &[record]) }.unwrap_err();
+    assert!(err.contains("does not fit"), "{err}");
     assert_eq!(
         b.stats().dispatches,
         before.dispatches,
@@ -371,12 +441,15 @@ fn device_weights_are_read_back_for_ops_past_the_dispatch_limits() {
     let bias = values(3, 52, 1.0);
     let mut got = vec![f32::NAN; 3 * (len - 1)];
     let mut want = vec![0.0; got.len()];
-    b.conv1d(
-        &b.upload_conv1d(&w, 3, 2, 2, Some(&bias)),
-        &x,
-        len,
-        1,
-        &mut got,
+    run(
+        b,
+        OpRecord::weighted(
+            OpKind::Conv1d,
+            &b.upload_conv1d(&w, 3, 2, 2, Some(&bias)),
+            &x,
+            &mut got,
+            [len, 1],
+        ),
     );
     cpu().conv1d(
         &cpu().upload_conv1d(&w, 3, 2, 2, Some(&bias)),
@@ -388,11 +461,15 @@ fn device_weights_are_read_back_for_ops_past_the_dispatch_limits() {
     assert_eq!(got, want);
     let mut got = vec![f32::NAN; 3 * (len + 1)];
     let mut want = vec![0.0; got.len()];
-    b.conv_transpose1d(
-        &b.upload_conv_transpose1d(&w, 2, 3, 2, 1),
-        &x,
-        len,
-        &mut got,
+    run(
+        b,
+        OpRecord::weighted(
+            OpKind::ConvTranspose1d,
+            &b.upload_conv_transpose1d(&w, 2, 3, 2, 1),
+            &x,
+            &mut got,
+            [len, 0],
+        ),
     );
     cpu().conv_transpose1d(
         &cpu().upload_conv_transpose1d(&w, 2, 3, 2, 1),

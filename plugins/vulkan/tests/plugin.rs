@@ -9,9 +9,10 @@ use std::process::Command;
 use kazeia_backend_abi::plugin::{
     ErrorBuffer, OpKind, OpRecord, PluginApi, WeightDesc, WeightKind,
 };
+use kazeia_backend_abi::{AttentionSpan, Heads};
 use kazeia_backend_abi::{Backend, WeightFormat};
 use kazeia_backend_cpu::CpuBackend;
-use kazeia_engine::plugins::{backend_named, discover, inspect};
+use kazeia_engine::plugins::{backend_named, discover, inspect, PluginBackend};
 
 fn plugin() -> PathBuf {
     kazeia_tests::vulkan_plugin()
@@ -82,8 +83,7 @@ fn report_unavailable() {
 
 /// The plugin's table, in-process (the same functions `dlopen` reaches).
 fn api() -> &'static PluginApi {
-    // SAFETY: the entry returns a static table.
-    unsafe { &*kazeia_backend_vulkan::plugin::kazeia_backend_plugin_v1() }
+    kazeia_backend_vulkan::plugin::table()
 }
 
 struct Plugin {
@@ -381,11 +381,70 @@ fn bad_records_and_weights_are_refused_with_a_reason() {
     assert!(p.run(&[unknown]).unwrap_err().contains("unknown op kind"));
     p.run(&[record(OpKind::Conv1d, conv, &x, &[], &mut y, [20, 1])])
         .unwrap();
-    // SAFETY: the ABI's supports_op.
+    // SAFETY: the ABI's supports: records without buffers.
     unsafe {
-        assert!((p.api.supports_op)(p.backend, OpKind::Attention as u32));
-        assert!((p.api.supports_op)(p.backend, OpKind::SiluMul as u32));
-        assert!(!(p.api.supports_op)(p.backend, 99));
+        assert!((p.api.supports)(
+            p.backend,
+            &OpRecord::new(OpKind::Attention)
+        ));
+        assert!((p.api.supports)(p.backend, &OpRecord::new(OpKind::SiluMul)));
+        assert!(!(p.api.supports)(p.backend, &unknown));
+        assert!(!(p.api.supports)(p.backend, std::ptr::null()));
         (p.api.free_weight)(p.backend, conv);
+    }
+}
+
+#[test]
+fn a_record_the_plugin_refuses_by_shape_runs_on_the_engines_cpu_with_the_same_result() {
+    // Attention heads wider than the kernel's 256: the plugin's `supports` refuses the record (it would refuse to
+    // run it too), and the engine runs it on its own CPU backend: the CPU's result to the bit. Narrower heads run
+    // on the device.
+    let info = inspect(&plugin());
+    assert!(info.is_available(), "{:?}", info.unavailable);
+    let vulkan = PluginBackend::create(&info, 0, 1).unwrap();
+    let cpu = CpuBackend::new(1);
+    let p = Plugin::new();
+    for head_dim in [64, 256, 320] {
+        let heads = Heads {
+            q_heads: 2,
+            kv_heads: 1,
+            head_dim,
+        };
+        let span = AttentionSpan {
+            queries: 3,
+            query_start: 5,
+            keys: 8,
+            key_start: 0,
+            window: None,
+        };
+        let q = values(3 * 2 * head_dim, 40);
+        let k = values(8 * head_dim, 41);
+        let v = values(8 * head_dim, 42);
+        let mut got = vec![f32::NAN; q.len()];
+        let mut want = vec![0.0; q.len()];
+        let record = OpRecord::attention(&q, &k, &v, heads, span, 0.05, &mut got);
+        let fits = head_dim <= 256;
+        assert_eq!(vulkan.supports(&record), fits, "head_dim {head_dim}");
+        // SAFETY: the ABI's supports and run_ops on a record over live buffers.
+        unsafe {
+            assert_eq!((p.api.supports)(p.backend, &record), fits);
+            if !fits {
+                let mut err = ErrorBuffer::default();
+                assert_ne!((p.api.run_ops)(p.backend, &record, 1, &mut err), 0);
+                assert!(err.text().contains("does not fit"), "{}", err.text());
+            }
+            vulkan.run_records(&[record]).unwrap();
+        }
+        cpu.attention(&q, &k, &v, heads, span, 0.05, &mut want);
+        if fits {
+            let err = got
+                .iter()
+                .zip(&want)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0f32, f32::max);
+            assert!(err < 1e-4, "head_dim {head_dim}: {err:e}");
+        } else {
+            assert_eq!(got, want, "the CPU's own result");
+        }
     }
 }

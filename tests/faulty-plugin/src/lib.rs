@@ -11,8 +11,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use kazeia_backend_abi::exports;
 use kazeia_backend_abi::plugin::{
-    ErrorBuffer, OpRecord, PluginApi, CAPABILITY_LISTS, PLUGIN_ABI_VERSION, PLUGIN_MAGIC,
+    ErrorBuffer, OpRecord, PluginApi, PLUGIN_ABI_VERSION, PLUGIN_MAGIC,
 };
+use kazeia_backend_abi::Capabilities;
 use kazeia_backend_cpu::CpuBackend;
 
 /// Lists left before the failures start, and lists run: one count for the process (tests make one backend).
@@ -30,20 +31,17 @@ static API: PluginApi = PluginApi {
     device_name,
     create,
     destroy: exports::destroy::<CpuBackend>,
+    capabilities,
     upload: exports::upload::<CpuBackend>,
     free_weight: exports::free_weight,
-    supports_op,
+    supports: exports::supports::<CpuBackend>,
     run_ops,
     export_linear: exports::export_linear::<CpuBackend>,
     free_bytes: exports::free_bytes,
     import_linear: exports::import_linear::<CpuBackend>,
 };
 
-/// The plugin's entry symbol.
-#[no_mangle]
-pub extern "C" fn kazeia_backend_plugin_v1() -> *const PluginApi {
-    &API
-}
+kazeia_backend_abi::plugin_entry!(&API);
 
 unsafe extern "C" fn score() -> i32 {
     1
@@ -84,10 +82,9 @@ unsafe extern "C" fn create(device: u32, threads: u32, err: *mut ErrorBuffer) ->
     unsafe { (kazeia_backend_cpu::plugin::table().create)(device, threads, err) }
 }
 
-/// Every op kind, and lists (so ops reach it as a device backend's do: whole stages at a time).
-unsafe extern "C" fn supports_op(backend: *mut c_void, kind: u32) -> bool {
-    // SAFETY: forwarded as received.
-    kind == CAPABILITY_LISTS || unsafe { exports::supports_every_op(backend, kind) }
+/// Lists: ops reach it as a device backend's do, whole stages at a time.
+unsafe extern "C" fn capabilities(_backend: *mut c_void) -> Capabilities {
+    Capabilities::new(Capabilities::LISTS)
 }
 
 unsafe extern "C" fn run_ops(

@@ -2,10 +2,4 @@
 //! table and the backend live in the `kazeia-backend-cpu` rlib, which the engine and the Vulkan and Hexagon
 //! plugins link as their CPU fallback; keeping the symbol out of it means no other binary defines it twice.
 
-use kazeia_backend_abi::plugin::PluginApi;
-
-/// The plugin's entry symbol.
-#[no_mangle]
-pub extern "C" fn kazeia_backend_plugin_v1() -> *const PluginApi {
-    kazeia_backend_cpu::plugin::table()
-}
+kazeia_backend_abi::plugin_entry!(kazeia_backend_cpu::plugin::table());
