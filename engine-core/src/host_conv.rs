@@ -2,10 +2,11 @@
 //! as an im2col product on a backend's linear op, over already padded input. They run once per reference
 //! recording, not per utterance, so clarity wins over streaming state.
 
-use kazeia_backend_abi::{Backend, Weight, WeightFormat};
+use kazeia_backend_abi::{Backend, Weight};
 
 use crate::error::{Error, Result};
 use crate::graph::Graph;
+use crate::linear::upload_f32_linear;
 use crate::weights::Weights;
 
 /// Output rows of im2col built at once: bounds the patch buffer whatever the input length.
@@ -39,7 +40,7 @@ impl Conv1d {
             None
         };
         // `[cout][cin][k]` is the `[cout][cin·k]` matrix of an im2col row laid out as (channel, tap).
-        let weight = backend.upload_linear(&w, cout, cin * k, b.as_deref(), WeightFormat::F32);
+        let weight = upload_f32_linear(backend, &w, cout, cin * k, b.as_deref())?;
         Ok(Conv1d {
             weight,
             cin,

@@ -1,8 +1,9 @@
-//! Loading a `Linear` layer (`{name}.weight`, optional `{name}.bias`) into a backend.
+//! Loading weights into a backend: any weight ([`upload`]), and a `Linear` layer (`{name}.weight`, optional
+//! `{name}.bias`) with its resident format and the on-disk cache of converted weights ([`load_linear`]).
 
-use kazeia_backend_abi::{Backend, Weight, WeightFormat};
+use kazeia_backend_abi::{Backend, Weight, WeightData, WeightFormat};
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::weights::Weights;
 
 /// How linear weights stay resident: in the checkpoint's own precision (lossless: BF16 for the released
@@ -33,6 +34,36 @@ impl std::fmt::Display for WeightStorage {
     }
 }
 
+/// Uploads a weight; a backend that refuses it (out of device memory, a shape it cannot hold) is an
+/// [`Error::Backend`] the loader can act on (fall back to the CPU, report the model as not loaded).
+pub fn upload(backend: &dyn Backend, weight: WeightData<'_>) -> Result<Weight> {
+    backend.upload(weight).map_err(|message| Error::Backend {
+        backend: backend.name().to_owned(),
+        message: format!("cannot hold a weight: {message}"),
+    })
+}
+
+/// [`upload`] of an f32 `Linear` weight `w[out][inp]`.
+pub fn upload_f32_linear(
+    backend: &dyn Backend,
+    w: &[f32],
+    out: usize,
+    inp: usize,
+    bias: Option<&[f32]>,
+) -> Result<Weight> {
+    let format = WeightFormat::F32;
+    upload(
+        backend,
+        WeightData::Linear {
+            w,
+            out,
+            inp,
+            bias,
+            format,
+        },
+    )
+}
+
 pub fn load_linear(
     backend: &dyn Backend,
     weights: &dyn Weights,
@@ -59,7 +90,16 @@ pub fn load_linear(
     } else {
         None
     };
-    let weight = backend.upload_linear(&w, out, inp, b.as_deref(), format);
+    let weight = upload(
+        backend,
+        WeightData::Linear {
+            w: &w,
+            out,
+            inp,
+            bias: b.as_deref(),
+            format,
+        },
+    )?;
     if format != WeightFormat::F32 {
         if let Some(bytes) = backend.export_linear(&weight) {
             weights.store_linear(&weight_name, bytes);

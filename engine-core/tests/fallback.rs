@@ -5,9 +5,10 @@
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
+use kazeia_engine::codec::CodecDecoder;
 use kazeia_engine::fallback::Stage;
 use kazeia_engine::graph::Graph;
-use kazeia_engine::lm::LmBackends;
+use kazeia_engine::lm::{LmBackends, TtsModel};
 use kazeia_engine::plugins::{inspect, PluginBackend};
 use kazeia_engine::stream::{SessionControl, StreamConfig};
 use kazeia_engine::synth::{SynthOptions, Synthesizer, Voice};
@@ -170,4 +171,37 @@ fn a_failing_backend_is_an_error_value_of_the_graph_and_nothing_runs_after_it() 
     assert!(matches!(g.take(x), Err(Error::Backend { .. })));
     assert_eq!(g.flushes(), 2);
     assert!(matches!(g.finish(), Err(Error::Backend { .. })));
+}
+
+#[test]
+fn a_backend_that_refuses_a_weight_is_an_error_value_of_the_load() {
+    let _one = PLUGIN.lock().unwrap_or_else(|e| e.into_inner());
+    std::env::set_var("KAZEIA_FAULTY_AFTER", "1000");
+    std::env::set_var("KAZEIA_FAULTY_REFUSE_WEIGHTS", "1");
+    let info = inspect(&kazeia_tests::faulty_plugin());
+    let faulty: Arc<dyn Backend> = Arc::new(PluginBackend::create(&info, 0, 1).unwrap());
+    let talker = TtsModel::load_on(
+        &fixture(),
+        LmBackends::same(faulty.clone()),
+        WeightStorage::AsStored,
+    );
+    let decoder = CodecDecoder::load(&fixture(), faulty);
+    std::env::remove_var("KAZEIA_FAULTY_REFUSE_WEIGHTS");
+    for (what, result) in [
+        ("talker", talker.map(|_| ())),
+        ("decoder", decoder.map(|_| ())),
+    ] {
+        match result {
+            Err(Error::Backend { backend, message }) => {
+                assert_eq!(backend, "faulty", "{what}");
+                assert!(
+                    message.contains("cannot hold a weight")
+                        && message.contains("out of device memory"),
+                    "{what}: {message}"
+                );
+            }
+            Err(other) => panic!("{what}: {other}"),
+            Ok(()) => panic!("{what}: loaded on a backend that refuses every weight"),
+        }
+    }
 }

@@ -7,10 +7,11 @@
 //! the `k − stride` output columns that later input still adds to. A one-shot decode is one chunk from a fresh
 //! state, so chunked and one-shot decodes run the same code.
 
-use kazeia_backend_abi::{Backend, Combine, Strided, View, Weight};
+use kazeia_backend_abi::{Backend, Combine, Strided, View, Weight, WeightData};
 
 use crate::error::Result;
 use crate::graph::{Graph, Tensor};
+use crate::linear::upload;
 use crate::weights::Weights;
 
 /// The last `pad` input columns of a causal convolution, `[channels][pad]`; zeros before the first chunk.
@@ -89,7 +90,16 @@ impl CausalConv1d {
         let w = file.tensor_shaped(&format!("{prefix}.conv.weight"), &[cout, cin, k])?;
         let b = file.tensor_shaped(&format!("{prefix}.conv.bias"), &[cout])?;
         Ok(CausalConv1d {
-            weight: backend.upload_conv1d(&w, cout, cin, k, Some(&b)),
+            weight: upload(
+                backend,
+                WeightData::Conv1d {
+                    w: &w,
+                    cout,
+                    cin,
+                    k,
+                    bias: Some(&b),
+                },
+            )?,
             cin,
             cout,
             k,
@@ -154,7 +164,15 @@ impl CausalDepthwiseConv1d {
         let w = file.tensor_shaped(&format!("{prefix}.conv.weight"), &[channels, 1, k])?;
         let b = file.tensor_shaped(&format!("{prefix}.conv.bias"), &[channels])?;
         Ok(CausalDepthwiseConv1d {
-            weight: backend.upload_depthwise_conv1d(&w, channels, k, Some(&b)),
+            weight: upload(
+                backend,
+                WeightData::DepthwiseConv1d {
+                    w: &w,
+                    channels,
+                    k,
+                    bias: Some(&b),
+                },
+            )?,
             channels,
             k,
         })
@@ -204,7 +222,16 @@ impl CausalConvTranspose1d {
         let w = file.tensor_shaped(&format!("{prefix}.conv.weight"), &[cin, cout, k])?;
         let bias = file.tensor_shaped(&format!("{prefix}.conv.bias"), &[cout])?;
         Ok(CausalConvTranspose1d {
-            weight: backend.upload_conv_transpose1d(&w, cin, cout, k, stride),
+            weight: upload(
+                backend,
+                WeightData::ConvTranspose1d {
+                    w: &w,
+                    cin,
+                    cout,
+                    k,
+                    stride,
+                },
+            )?,
             bias,
             cout,
             k,

@@ -10,12 +10,13 @@
 
 use std::path::Path;
 
-use kazeia_backend_abi::{AttentionSpan, Backend, Combine, Heads, Strided, Weight, WeightFormat};
+use kazeia_backend_abi::{AttentionSpan, Backend, Combine, Heads, Strided, Weight};
 use serde::Deserialize;
 
 use crate::error::{Error, Result};
 use crate::graph::{Graph, Tensor};
 use crate::host_conv::{pad, transpose, Conv1d, Pad};
+use crate::linear::upload_f32_linear;
 use crate::weights::{WeightFile, Weights};
 
 /// The top-level `speech_tokenizer/config.json` keys the encoder needs.
@@ -402,7 +403,7 @@ impl CodecEncoder {
         let (qh, kvh) = (c.num_attention_heads, c.num_key_value_heads);
         let linear = |name: &str, out: usize, inp: usize| -> Result<Weight> {
             let w = file.tensor_shaped(name, &[out, inp])?;
-            Ok(backend.upload_linear(&w, out, inp, None, WeightFormat::F32))
+            upload_f32_linear(backend, &w, out, inp, None)
         };
         let vec = |name: &str| file.tensor_shaped(name, &[h]);
         let transformer = (0..c.num_hidden_layers)
@@ -462,7 +463,7 @@ impl CodecEncoder {
             }
             let input_proj = if vq != h {
                 let w = file.tensor_shaped(&format!("{q}.input_proj.weight"), &[vq, h, 1])?;
-                Some(backend.upload_linear(&w, vq, h, None, WeightFormat::F32))
+                Some(upload_f32_linear(backend, &w, vq, h, None)?)
             } else {
                 None
             };

@@ -1,11 +1,12 @@
 //! RVQ dequantisation (`SplitResidualVectorQuantizer.decode`): one semantic codebook and the acoustic rest, each
 //! group summed and projected by its own bias-free 1×1 conv.
 
-use kazeia_backend_abi::{Backend, Combine, Strided, Weight, WeightFormat};
+use kazeia_backend_abi::{Backend, Combine, Strided, Weight};
 
 use super::config::DecoderConfig;
 use crate::error::Result;
 use crate::graph::{Graph, Tensor};
+use crate::linear::upload_f32_linear;
 use crate::weights::Weights;
 
 struct Group {
@@ -51,7 +52,7 @@ impl Group {
             file.tensor_shaped(&format!("{prefix}.output_proj.weight"), &[out_dim, dim, 1])?;
         Ok(Group {
             codebooks,
-            output_proj: backend.upload_linear(&proj, out_dim, dim, None, WeightFormat::F32),
+            output_proj: upload_f32_linear(backend, &proj, out_dim, dim, None)?,
         })
     }
 }

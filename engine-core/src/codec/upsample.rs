@@ -1,11 +1,12 @@
 //! The two ×ratio upsampling stages between the pre-transformer and the vocoder: a transposed convolution
 //! (kernel = stride) followed by a ConvNeXt block.
 
-use kazeia_backend_abi::{Backend, Combine, Strided, View, Weight, WeightFormat};
+use kazeia_backend_abi::{Backend, Combine, Strided, View, Weight};
 
 use super::conv::{CausalConvTranspose1d, CausalDepthwiseConv1d, ConvState};
 use crate::error::Result;
 use crate::graph::{Graph, Tensor};
+use crate::linear::upload_f32_linear;
 use crate::weights::Weights;
 
 /// ConvNeXt block: depthwise causal conv k7 → LayerNorm over channels → Linear ×4 → GELU → Linear → ×γ →
@@ -38,8 +39,8 @@ impl ConvNeXt {
             )?,
             norm_weight: t("norm.weight", &[dim])?,
             norm_bias: t("norm.bias", &[dim])?,
-            pwconv1: backend.upload_linear(&w1, 4 * dim, dim, Some(&b1), WeightFormat::F32),
-            pwconv2: backend.upload_linear(&w2, dim, 4 * dim, Some(&b2), WeightFormat::F32),
+            pwconv1: upload_f32_linear(backend, &w1, 4 * dim, dim, Some(&b1))?,
+            pwconv2: upload_f32_linear(backend, &w2, dim, 4 * dim, Some(&b2))?,
             gamma: t("gamma", &[dim])?,
             dim,
         })

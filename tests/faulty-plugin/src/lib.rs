@@ -1,7 +1,8 @@
 //! A backend plugin that fails on purpose, for the fault tests: `libkazeia_backend_faulty.so`, the CPU backend
 //! under the name `faulty`, taking op lists as a device backend does. Each backend it creates runs
 //! `KAZEIA_FAULTY_AFTER` lists (0 if unset) and then fails every later one with an error, as a lost device or a
-//! driver fault would. A new backend (the daemon's reload) counts again from zero.
+//! driver fault would. A new backend (the daemon's reload) counts again from zero. With
+//! `KAZEIA_FAULTY_REFUSE_WEIGHTS=1` it also refuses every weight upload, as a device out of memory would.
 //!
 //! The `unsafe extern "C"` entries rely on the caller's contract documented on [`PluginApi`] (their
 //! `# Safety`).
@@ -11,7 +12,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use kazeia_backend_abi::exports;
 use kazeia_backend_abi::plugin::{
-    ErrorBuffer, OpRecord, PluginApi, PLUGIN_ABI_VERSION, PLUGIN_MAGIC,
+    ErrorBuffer, OpRecord, PluginApi, WeightDesc, PLUGIN_ABI_VERSION, PLUGIN_MAGIC,
 };
 use kazeia_backend_abi::Capabilities;
 use kazeia_backend_cpu::CpuBackend;
@@ -32,7 +33,7 @@ static API: PluginApi = PluginApi {
     create,
     destroy: exports::destroy::<CpuBackend>,
     capabilities,
-    upload: exports::upload::<CpuBackend>,
+    upload,
     free_weight: exports::free_weight,
     supports: exports::supports::<CpuBackend>,
     run_ops,
@@ -80,6 +81,22 @@ unsafe extern "C" fn create(device: u32, threads: u32, err: *mut ErrorBuffer) ->
     RUN.store(0, Ordering::SeqCst);
     // SAFETY: forwarded as received.
     unsafe { (kazeia_backend_cpu::plugin::table().create)(device, threads, err) }
+}
+
+unsafe extern "C" fn upload(
+    backend: *mut c_void,
+    desc: *const WeightDesc,
+    err: *mut ErrorBuffer,
+) -> *mut c_void {
+    if std::env::var_os("KAZEIA_FAULTY_REFUSE_WEIGHTS").is_some_and(|v| v == "1") {
+        // SAFETY: the caller passes a valid buffer or null.
+        if let Some(err) = unsafe { err.as_mut() } {
+            err.set("injected fault: out of device memory");
+        }
+        return std::ptr::null_mut();
+    }
+    // SAFETY: forwarded as received.
+    unsafe { exports::upload::<CpuBackend>(backend, desc, err) }
 }
 
 /// Lists: ops reach it as a device backend's do, whole stages at a time.
