@@ -186,7 +186,7 @@ impl VulkanBackend {
 
     /// Whether the op a record describes runs here ([`kazeia_backend_abi::Backend::supports`]): its kind on the
     /// device ([`VulkanBackend::supports_kind`]) and, for a weightless op, its sizes within the kernel's limits
-    /// ([`crate::ops::fits`]). A weighted op of a kind the device runs is taken whatever its sizes: the weight is
+    /// (`ops::fits`). A weighted op of a kind the device runs is taken whatever its sizes: the weight is
     /// this backend's, kept on the CPU when the device cannot hold it, and read back for an op past the
     /// dispatch limits. Only the record's plain fields are read.
     pub fn supports_record(&self, r: &OpRecord) -> bool {
