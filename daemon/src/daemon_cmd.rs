@@ -59,6 +59,11 @@ fn file_stamp(path: &Option<PathBuf>) -> Option<(SystemTime, u64)> {
 }
 
 async fn serve(args: DaemonArgs) -> Result<()> {
+    // Before the names are taken: a client (or systemd) may signal the daemon as soon as it is seen on the bus,
+    // and a signal without a handler would end it at once, with no clean shutdown.
+    let mut terminate = signal(SignalKind::terminate())?;
+    let mut interrupt = signal(SignalKind::interrupt())?;
+    let mut hangup = signal(SignalKind::hangup())?;
     let (config, in_use) = config::load(args.config.as_deref())?;
     match &in_use {
         Some(p) => tracing::info!("configuration {}", p.display()),
@@ -137,9 +142,6 @@ async fn serve(args: DaemonArgs) -> Result<()> {
     let mut announced = (String::new(), String::new());
     let mut announce = tokio::time::interval(Duration::from_millis(250));
 
-    let mut terminate = signal(SignalKind::terminate())?;
-    let mut interrupt = signal(SignalKind::interrupt())?;
-    let mut hangup = signal(SignalKind::hangup())?;
     let mut poll = tokio::time::interval(Duration::from_secs(1));
     let mut stamp = file_stamp(&watched);
     let voices_dir = crate::voice_store::voices_dir().ok();

@@ -862,8 +862,14 @@ async fn pause_resume_and_priorities_on_pipewire() {
     let mut started = proxy.receive_started().await.unwrap();
     let recorder = Recorder::start(&pw);
 
+    // The tiny model samples its end of speech (a random seed per utterance), so a sentence may last well
+    // under the 1.3 s heard before the important message comes: a break keeps the utterance going.
+    let ssml = HashMap::from([("ssml", Variant::from(true))]);
     let text = proxy
-        .speak("A long text read aloud.", HashMap::new())
+        .speak(
+            "<speak>A long text read aloud.<break time=\"3s\"/>And a second sentence.</speak>",
+            ssml,
+        )
         .await
         .unwrap();
     tokio::time::timeout(Duration::from_secs(30), started.next())
