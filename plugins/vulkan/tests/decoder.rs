@@ -314,9 +314,10 @@ fn each_token_step_is_one_submission_with_its_kv_cache_resident() {
         after.recorded - before.recorded,
         after.replayed - before.replayed
     );
-    // The prefill (the first frame's talker step) and one talker step per later frame (the step after the last
+    // The prefill (the first frame's talker step: on a fresh model two lists, the voice's fixed prompt rows,
+    // kept for later prompts, then the text's rows) and one talker step per later frame (the step after the last
     // frame runs too unless the frame budget ends generation), one code-predictor step per further codebook.
-    let talker = submits - (frames * steps) as u64;
+    let talker = submits - (frames * steps) as u64 - 1;
     assert!(
         talker == frames as u64 || talker == frames as u64 + 1,
         "{submits} submissions for {frames} frames of {steps} code-predictor steps"
