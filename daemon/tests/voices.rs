@@ -671,14 +671,17 @@ async fn cloned_voice_first_audio() {
 /// Median over five Spiel `Synthesize` calls (after one to warm up) of the time to the first audio.
 async fn first_audio_median(d: &Daemon, voice: &str, text: &str) -> Duration {
     let c = d.connect().await;
-    // ListVoices answers once the model is loaded (and cloned voices prepared).
-    let listed = SpeechProxy::new(&c)
-        .await
-        .unwrap()
-        .list_voices()
-        .await
-        .unwrap();
-    assert!(listed.iter().any(|v| v.0 == voice), "{voice}: {listed:?}");
+    // The voice is listed once the model is loaded and its voices prepared (a real-size model takes seconds).
+    let api = SpeechProxy::new(&c).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(300);
+    loop {
+        let listed = api.list_voices().await.unwrap_or_default();
+        if listed.iter().any(|v| v.0 == voice) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{voice}: {listed:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     let proxy = spiel_proxy(&c).await;
     let mut times = Vec::new();
     for _ in 0..6 {
