@@ -258,24 +258,28 @@ fn measure_latency(
         first_chunk_frames,
         ..StreamConfig::default()
     };
-    // First audio: one whole session, timed from the request (prompt building included); the voice's prefix
-    // kept (as the daemon has it after its warm-up), then forgotten.
+    // One whole session of the benchmark prompt, timed from the request (prompt building included).
+    let session =
+        |control: &SessionControl,
+         on_audio: &mut (dyn FnMut(&[f32]) -> kazeia_engine::Result<()> + Send)| {
+            let mut prompts = std::iter::once(()).map(|()| model.prompt(request));
+            stream_speech(
+                model,
+                &loaded.decoder,
+                &mut prompts,
+                &options,
+                1,
+                config,
+                control,
+                on_audio,
+            )
+        };
+    // First audio with the voice's prefix kept (as the daemon has it after its warm-up), then forgotten.
     let first_audio = |forget: bool| -> Result<f64> {
         if forget {
             model.talker.clear_prefixes();
         }
-        let control = SessionControl::new();
-        let mut prompts = std::iter::once(()).map(|()| model.prompt(request));
-        let report = stream_speech(
-            model,
-            &loaded.decoder,
-            &mut prompts,
-            &options,
-            1,
-            config,
-            &control,
-            &mut |_| Ok(()),
-        )?;
+        let report = session(&SessionControl::new(), &mut |_| Ok(()))?;
         Ok(report
             .first_audio
             .map_or(f64::NAN, |d| d.as_secs_f64() * 1e3))
@@ -295,20 +299,10 @@ fn measure_latency(
             control.stop();
             (t, t.elapsed())
         });
-        let mut prompts = std::iter::once(()).map(|()| model.prompt(request));
-        stream_speech(
-            model,
-            &loaded.decoder,
-            &mut prompts,
-            &options,
-            1,
-            config,
-            &control,
-            &mut |_| {
-                delivered.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                Ok(())
-            },
-        )?;
+        session(&control, &mut |_| {
+            delivered.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Ok(())
+        })?;
         let ended = Instant::now();
         let (stop_began, stop_call) = stopper.join().expect("stopper thread");
         Ok((

@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
+use kazeia_engine::synth::Voice;
 use kazeia_text::ssml::{parse_ssml, plain_text, Piece};
 use kazeia_text::text::{split_for_synthesis, DEFAULT_CHUNK_CHARS};
 
@@ -17,7 +18,6 @@ use crate::queue::{Id, Priority, QueueError};
 use crate::request::{Output, Request, RequestProsody, VoiceChoice};
 use crate::voice_store;
 use crate::voices::{check_instruct, resolve_voice, Catalog};
-use kazeia_engine::synth::Voice;
 
 /// A request's options, from `Speak`'s `a{sv}` or Spiel's arguments.
 #[derive(Clone, Debug)]
@@ -292,7 +292,6 @@ impl Service {
     }
 }
 
-/// Decodes the reference of each cloned voice not prepared yet (once per voice).
 /// Clients usually send the session's language (Orca does): the default voice in that language gets its
 /// fixed prompt rows run too, when it differs from the warmed-up one.
 fn prepare_locale_voice(engine: &Engine, config: &DaemonConfig, catalog: &Catalog, warm: &Voice) {
@@ -317,6 +316,7 @@ fn prepare_locale_voice(engine: &Engine, config: &DaemonConfig, catalog: &Catalo
     }
 }
 
+/// Decodes the reference of each cloned voice not prepared yet (once per voice).
 fn prepare_clones(engine: &Engine, catalog: &Catalog) {
     for clone in catalog.clone_prompts() {
         if let Err(e) = engine.synth.prepare_clone(&clone) {

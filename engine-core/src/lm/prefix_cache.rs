@@ -44,15 +44,14 @@ impl PrefixCache {
     }
 
     /// Keeps `kv` for these prefix rows, dropping the least recently used entries beyond the bounds.
-    pub fn insert(&self, rows: &[f32], kv: KvPrefix) -> Arc<KvPrefix> {
-        let kv = Arc::new(kv);
+    pub fn insert(&self, rows: &[f32], kv: KvPrefix) {
         let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
         entries.retain(|e| !same_bits(&e.rows, rows));
         entries.insert(
             0,
             Entry {
                 rows: rows.to_vec(),
-                kv: kv.clone(),
+                kv: Arc::new(kv),
             },
         );
         let mut bytes = 0;
@@ -66,7 +65,6 @@ impl PrefixCache {
             keep += 1;
         }
         entries.truncate(keep);
-        kv
     }
 
     /// Entries held.

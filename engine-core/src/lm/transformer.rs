@@ -103,6 +103,9 @@ impl KvCache {
         for (dst, src) in self.keys.iter_mut().zip(&prefix.keys) {
             dst[..used].copy_from_slice(src);
         }
+        // Written outside any list: under a new id, a device that keeps this cache resident takes it as a new
+        // buffer and uploads it, rather than trusting its copy of the old contents (see `Graph::resident`).
+        self.id = NEXT_CACHE_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         for (dst, src) in self.values.iter_mut().zip(&prefix.values) {
             dst[..used].copy_from_slice(src);
         }
