@@ -1,5 +1,5 @@
 //! Times one linear layer per weight format: `cargo run --release -p kazeia-backend-cpu --example gemv_speed
-//! [out] [in] [rows] [threads]`. Weights of 12 MB and more come from L3/DRAM as in the real model.
+//! [out] [in] [rows] [threads] [format]`. Weights of 12 MB and more come from L3/DRAM as in the real model.
 
 use std::time::Instant;
 
@@ -7,8 +7,11 @@ use kazeia_backend_abi::{Backend, WeightFormat};
 use kazeia_backend_cpu::CpuBackend;
 
 fn main() {
-    let args: Vec<usize> = std::env::args()
-        .skip(1)
+    let all: Vec<String> = std::env::args().skip(1).collect();
+    let only = all.get(4).cloned();
+    let args: Vec<usize> = all
+        .iter()
+        .take(4)
         .map(|a| a.parse().expect("numbers"))
         .collect();
     let (out, inp, rows, threads) = (
@@ -25,19 +28,25 @@ fn main() {
         .map(|i| ((i * 31) % 100) as f32 / 100.0)
         .collect();
     // Several copies so the working set exceeds the caches, as 28 layers do.
-    let copies = (256 << 20) / (out * inp * 2).max(1) + 1;
+    let copies = std::env::var("GEMV_COPIES")
+        .ok()
+        .and_then(|c| c.parse().ok())
+        .unwrap_or((256 << 20) / (out * inp * 2).max(1) + 1);
     for format in [
         WeightFormat::F32,
         WeightFormat::BF16,
         WeightFormat::F16,
         WeightFormat::Q8_0,
         WeightFormat::Q4_0,
-    ] {
+    ]
+    .into_iter()
+    .filter(|f| only.as_ref().is_none_or(|o| f.to_string() == *o))
+    {
         let layers: Vec<_> = (0..copies.min(64))
             .map(|_| backend.upload_linear(&w, out, inp, None, format))
             .collect();
         let mut y = vec![0.0; rows * out];
-        let iters = 200;
+        let iters = (400_000_000 / (out * inp * rows)).clamp(200, 20_000);
         let start = Instant::now();
         for i in 0..iters {
             backend.linear(&layers[i % layers.len()], &x, rows, &mut y);

@@ -16,9 +16,20 @@ pub(crate) fn quantize_block(block: &[f32], quants: &mut [i8]) -> f32 {
     let d = amax / 127.0;
     let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
     for (q, v) in quants.iter_mut().zip(block) {
-        *q = (v * inv).round().clamp(-127.0, 127.0) as i8;
+        *q = round_to_i8(v * inv);
     }
     d
+}
+
+/// `v.round().clamp(-127.0, 127.0) as i8` (half away from zero; NaN → 0) without a call to libm's `roundf`,
+/// which x86-64's baseline has no instruction for: truncation and the exact remainder decide the rounding.
+#[inline(always)]
+fn round_to_i8(v: f32) -> i8 {
+    let v = v.clamp(-128.0, 128.0); // past ±127.5 the result is ±127 either way; NaN stays NaN
+    let t = v as i32; // NaN → 0
+    let rest = v - t as f32; // exact: |v| ≤ 128
+    let rounded = t + i32::from(rest >= 0.5) - i32::from(rest <= -0.5);
+    rounded.clamp(-127, 127) as i8
 }
 
 /// `rows` rows of `k` activations (`k` a multiple of 32) as int8 blocks with one scale each; also, for the
@@ -93,6 +104,34 @@ fn weight_q(w: &LinearWeight, o: usize, i: usize) -> i32 {
             nibble as i32 - 8
         }
         _ => unreachable!("integer dot products are for Q8_0/Q4_0 weights"),
+    }
+}
+
+#[cfg(test)]
+#[test]
+fn rounding_without_libm_equals_round_then_clamp() {
+    let specials = [
+        0.5f32,
+        -0.5,
+        1.5,
+        -1.5,
+        2.5,
+        0.49999997,
+        -0.49999997,
+        126.5,
+        127.49,
+        127.5,
+        -127.5,
+        300.0,
+        -1e9,
+    ];
+    let sweep = (-140_000..=140_000).map(|i| i as f32 / 997.0);
+    for v in specials
+        .into_iter()
+        .chain(sweep)
+        .chain([f32::NAN, f32::INFINITY, f32::NEG_INFINITY])
+    {
+        assert_eq!(round_to_i8(v), v.round().clamp(-127.0, 127.0) as i8, "{v}");
     }
 }
 

@@ -13,6 +13,8 @@ mod linear;
 #[cfg(target_arch = "aarch64")]
 pub mod linear_arm;
 #[cfg(target_arch = "x86_64")]
+mod linear_vnni;
+#[cfg(target_arch = "x86_64")]
 mod linear_x86;
 mod norms;
 mod par;

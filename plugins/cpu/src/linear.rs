@@ -4,7 +4,9 @@
 //! steps of the talker and code predictor) run a fused decode-and-dot kernel that streams each weight once
 //! for up to four rows; many rows (a prefill) decode output tiles to f32 and hand them to `gemm`. The kernels
 //! are plain Rust compiled three times (AVX-512, AVX2+FMA, baseline) and picked at run time; on aarch64 the
-//! baseline build is NEON-vectorised.
+//! baseline build is NEON-vectorised. Q8_0/Q4_0 weights run integer kernels where the CPU has them: x86
+//! AVX512-VNNI on weights repacked at upload (`linear_vnni.rs`, every row count), aarch64 NEON/SDOT/SMMLA
+//! (`linear_arm.rs`, few rows).
 
 use kazeia_backend_abi::WeightFormat;
 use rayon::prelude::*;
@@ -24,8 +26,17 @@ pub(crate) enum Storage {
     F32(Vec<f32>),
     F16(Vec<u16>),
     BF16(Vec<u16>),
-    Q8_0 { scales: Vec<f32>, quants: Vec<i8> },
-    Q4_0 { scales: Vec<f32>, nibbles: Vec<u8> },
+    Q8_0 {
+        scales: Vec<f32>,
+        quants: Vec<i8>,
+    },
+    Q4_0 {
+        scales: Vec<f32>,
+        nibbles: Vec<u8>,
+    },
+    /// Q4_0 or Q8_0 repacked for the AVX512-VNNI kernel (`linear_vnni.rs`), on CPUs that run it.
+    #[cfg(target_arch = "x86_64")]
+    Vnni(crate::linear_vnni::Packed),
 }
 
 /// A linear layer resident in the CPU backend.
@@ -97,6 +108,17 @@ impl LinearWeight {
         bias: Option<&[f32]>,
         format: WeightFormat,
     ) -> Self {
+        Self::new_plain(w, out_features, in_features, bias, format).for_this_cpu()
+    }
+
+    /// The weight in the plain layout of its format (what `export` writes), whatever this CPU's kernels want.
+    pub(crate) fn new_plain(
+        w: &[f32],
+        out_features: usize,
+        in_features: usize,
+        bias: Option<&[f32]>,
+        format: WeightFormat,
+    ) -> Self {
         assert_eq!(w.len(), out_features * in_features, "linear weight size");
         if let Some(b) = bias {
             assert_eq!(b.len(), out_features, "linear bias size");
@@ -143,8 +165,49 @@ impl LinearWeight {
         }
     }
 
-    /// The weight as bytes (`export`/`import` round-trip it; the on-disk cache stores them).
+    /// Repacks Q4_0/Q8_0 for the AVX512-VNNI kernel where the CPU has it; other weights stay as they are.
+    fn for_this_cpu(self) -> Self {
+        #[cfg(target_arch = "x86_64")]
+        if crate::linear_vnni::usable() {
+            use crate::linear_vnni::Packed;
+            let (out, k) = (self.out_features, self.padded_in);
+            let storage = match self.storage {
+                Storage::Q4_0 { scales, nibbles } => {
+                    Storage::Vnni(Packed::from_q4_0(&scales, &nibbles, out, k))
+                }
+                Storage::Q8_0 { scales, quants } => {
+                    Storage::Vnni(Packed::from_q8_0(&scales, &quants, out, k))
+                }
+                other => other,
+            };
+            return LinearWeight { storage, ..self };
+        }
+        self
+    }
+
+    /// The weight as bytes (`export`/`import` round-trip it; the on-disk cache stores them), always in the
+    /// plain layout of its format, so a cache is the same on every CPU.
     pub fn export(&self) -> Vec<u8> {
+        #[cfg(target_arch = "x86_64")]
+        if let Storage::Vnni(packed) = &self.storage {
+            let (scales, data) = packed.to_plain();
+            let storage = match packed.kind {
+                crate::linear_vnni::Kind::Q4_0 => Storage::Q4_0 {
+                    scales,
+                    nibbles: data,
+                },
+                crate::linear_vnni::Kind::Q8_0 => Storage::Q8_0 {
+                    scales,
+                    quants: data.into_iter().map(|b| b as i8).collect(),
+                },
+            };
+            let plain = LinearWeight {
+                storage,
+                bias: self.bias.clone(),
+                ..*self
+            };
+            return plain.export();
+        }
         let mut out = Vec::with_capacity(self.bytes() + 64);
         let format = match &self.storage {
             Storage::F32(_) => WeightFormat::F32,
@@ -152,6 +215,8 @@ impl LinearWeight {
             Storage::BF16(_) => WeightFormat::BF16,
             Storage::Q8_0 { .. } => WeightFormat::Q8_0,
             Storage::Q4_0 { .. } => WeightFormat::Q4_0,
+            #[cfg(target_arch = "x86_64")]
+            Storage::Vnni(_) => unreachable!("exported in the plain layout above"),
         };
         out.extend_from_slice(EXPORT_MAGIC);
         out.extend_from_slice(&format.code().to_le_bytes());
@@ -176,6 +241,8 @@ impl LinearWeight {
                 f32s(&mut out, scales);
                 out.extend_from_slice(nibbles);
             }
+            #[cfg(target_arch = "x86_64")]
+            Storage::Vnni(_) => unreachable!("exported in the plain layout above"),
         }
         if let Some(b) = &self.bias {
             f32s(&mut out, b);
@@ -213,13 +280,16 @@ impl LinearWeight {
         if !r.0.is_empty() {
             return None;
         }
-        Some(LinearWeight {
-            storage,
-            bias,
-            out_features,
-            in_features,
-            padded_in,
-        })
+        Some(
+            LinearWeight {
+                storage,
+                bias,
+                out_features,
+                in_features,
+                padded_in,
+            }
+            .for_this_cpu(),
+        )
     }
 
     /// Multiply-adds for `rows` rows (the size of the op, to decide on parallelism).
@@ -234,6 +304,8 @@ impl LinearWeight {
             Storage::F16(w) | Storage::BF16(w) => w.len() * 2,
             Storage::Q8_0 { scales, quants } => scales.len() * 4 + quants.len(),
             Storage::Q4_0 { scales, nibbles } => scales.len() * 4 + nibbles.len(),
+            #[cfg(target_arch = "x86_64")]
+            Storage::Vnni(packed) => packed.bytes(),
         }
     }
 
@@ -256,7 +328,12 @@ impl LinearWeight {
             gemm::Parallelism::Rayon(t) => t,
             _ => 1,
         };
-        if rows >= GEMM_ROWS {
+        #[cfg(target_arch = "x86_64")]
+        let integer_kernel = matches!(self.storage, Storage::Vnni(_));
+        #[cfg(not(target_arch = "x86_64"))]
+        let integer_kernel = false;
+        // The VNNI kernel runs integer products at the compute rate for any number of rows.
+        if rows >= GEMM_ROWS && !integer_kernel {
             self.forward_tiles(x, rows, y, threads);
         } else {
             self.forward_kernel(x, rows, y, threads);
@@ -280,17 +357,22 @@ impl LinearWeight {
         let n = self.out_features;
         let out = SharedOut::new(y);
         #[cfg(target_arch = "x86_64")]
-        let quantized = crate::linear_x86::vnni_q4_usable(self)
-            .then(|| crate::linear_x86::QuantizedRows::new(x, rows, self.padded_in));
+        let quantized = match &self.storage {
+            Storage::Vnni(packed) => Some((
+                packed,
+                crate::linear_vnni::PackedActs::new(x, rows, self.padded_in, packed.kind),
+            )),
+            _ => None,
+        };
         #[cfg(target_arch = "aarch64")]
         let quantized = crate::linear_arm::quantize_for(self, x, rows);
         let run = |o0: usize, o1: usize| {
             let mut partial = vec![0.0f32; rows * (o1 - o0)];
             #[cfg(target_arch = "x86_64")]
             match &quantized {
-                // SAFETY: `vnni_q4_usable` checked the CPU features and the layout.
-                Some(q) => unsafe {
-                    crate::linear_x86::dot_q4_vnni(self, q, rows, o0, o1, &mut partial)
+                // SAFETY: weights are packed only where `linear_vnni::usable` found the CPU features.
+                Some((packed, acts)) => unsafe {
+                    crate::linear_vnni::dot(packed, acts, o0, o1, &mut partial)
                 },
                 None => dispatch_dot(self, x, rows, o0, o1, &mut partial),
             }
@@ -465,6 +547,13 @@ fn decode_block(w: &LinearWeight, o: usize, b: usize, out: &mut [f32; BLOCK]) {
                 out[j + BLOCK / 2] = ((bytes[j] >> 4) as i32 - 8) as f32 * s;
             }
         }
+        #[cfg(target_arch = "x86_64")]
+        Storage::Vnni(packed) => {
+            let s = packed.scale(o, b);
+            for (v, d) in out.iter_mut().enumerate() {
+                *d = packed.value(o, b, v) as f32 * s;
+            }
+        }
     }
 }
 
@@ -487,6 +576,10 @@ fn dispatch_dot(
 ) {
     #[cfg(target_arch = "x86_64")]
     {
+        if matches!(w.storage, Storage::Vnni(_)) {
+            // Reached only by tests comparing with float activations: the portable loop decodes any layout.
+            return dot_rows::<false>(w, x, rows, o0, o1, partial);
+        }
         if std::arch::is_x86_feature_detected!("avx512f")
             && std::arch::is_x86_feature_detected!("avx512bw")
         {

@@ -162,7 +162,13 @@ unsafe extern "C" fn device_name(index: u32, out: *mut ErrorBuffer) -> i32 {
     let threads = std::thread::available_parallelism().map_or(1, usize::from);
     #[cfg(target_arch = "aarch64")]
     let kernels = format!(", int8 kernels: {}", crate::linear_arm::selected().name());
-    #[cfg(not(target_arch = "aarch64"))]
+    #[cfg(target_arch = "x86_64")]
+    let kernels = if crate::linear_vnni::usable() {
+        ", int8 kernels: avx512-vnni"
+    } else {
+        ""
+    };
+    #[cfg(not(any(target_arch = "aarch64", target_arch = "x86_64")))]
     let kernels = "";
     out.set(&format!("host CPU ({threads} hardware threads{kernels})"));
     0

@@ -1,0 +1,672 @@
+//! Q4_0 and Q8_0 linear layers on x86 CPUs with AVX512-VNNI, for any number of activation rows.
+//!
+//! The weights are repacked once, at upload, so that one 32-bit lane of a `vpdpbusd` always belongs to one
+//! 32-weight block: a *group* of 16 blocks (512 inputs) of an output row is stored as vectors whose lane `b`
+//! holds four values of block `b`. Eight `vpdpbusd` then sum each block exactly in `i32`, with no scale in
+//! between, and only then is the group converted to f32 and scaled: one convert, one multiply and one fused
+//! multiply-add per 512 weights and row, where a kernel on the plain layout needs them per 64. The activations
+//! are quantised per 32-value block (`int8::quantize_block`, as on every integer path) and laid out the same way.
+//!
+//! `vpdpbusd` multiplies unsigned by signed bytes, so one side is offset and corrected exactly in `i32`:
+//! - Q4_0: the unsigned nibbles `w + 8` times the signed activations; each block's sum starts at `−8 · Σx`.
+//! - Q8_0: the activations offset to `x + 128` (a flipped sign bit) times the signed weights; each block's sum
+//!   starts at `−128 · Σw`, kept with the weight.
+//!
+//! What a row's output is, exactly (the tests' scalar reference computes it the same way and compares bits):
+//! lane `b` sums `(dot of block 16g + b) · (w scale · x scale)` over the groups `g` with fused multiply-adds,
+//! and the 16 lanes end in the fixed tree of [`reduce`] (lanes 8 apart, then 4, 2, 1).
+//!
+//! Tiles: two output rows × up to four activation rows share every load (16 `i32` and 8 f32 accumulators), and
+//! output rows are taken 16 at a time so that a tile's activations stay in L1 while those weights pass.
+
+use std::arch::x86_64::*;
+
+use crate::int8::quantize_block;
+use crate::linear::BLOCK;
+
+/// Blocks in a group: one per 32-bit lane of a 512-bit vector.
+const GROUP: usize = 16;
+/// Inputs in a group.
+const GROUP_IN: usize = GROUP * BLOCK;
+/// Bytes of one vector.
+const LANES_BYTES: usize = 64;
+/// Output rows whose weights one pass over a row tile reads (their groups stay in cache between tiles).
+const OUTPUT_BLOCK: usize = 16;
+/// How far ahead of the weight stream a one-row tile prefetches.
+const PREFETCH_BYTES: usize = 4096;
+
+/// Bytes in whole, aligned cache lines, so that no vector load straddles two lines.
+struct Lines(Vec<Line>);
+
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct Line([u8; LANES_BYTES]);
+
+impl Lines {
+    fn new(len: usize, fill: u8) -> Self {
+        Lines(vec![Line([fill; LANES_BYTES]); len.div_ceil(LANES_BYTES)])
+    }
+
+    fn bytes(&self) -> &[u8] {
+        // SAFETY: `Line` is 64 plain bytes with no padding (repr C, size = alignment = 64).
+        unsafe { std::slice::from_raw_parts(self.0.as_ptr().cast(), self.0.len() * LANES_BYTES) }
+    }
+
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as in `bytes`; the borrow is unique.
+        unsafe {
+            std::slice::from_raw_parts_mut(self.0.as_mut_ptr().cast(), self.0.len() * LANES_BYTES)
+        }
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Kind {
+    Q4_0,
+    Q8_0,
+}
+
+impl Kind {
+    /// Weight vectors per group: Q4_0 packs two vectors' values into one (low and high nibbles).
+    fn vectors(self) -> usize {
+        match self {
+            Kind::Q4_0 => 4,
+            Kind::Q8_0 => 8,
+        }
+    }
+}
+
+/// Whether this CPU runs the kernel (`KAZEIA_NO_VNNI=1` turns it off, to compare).
+pub(crate) fn usable() -> bool {
+    static CPU: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *CPU.get_or_init(|| {
+        std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512bw")
+            && std::arch::is_x86_feature_detected!("avx512vnni")
+            && std::env::var_os("KAZEIA_NO_VNNI").is_none()
+    })
+}
+
+/// A Q4_0 or Q8_0 weight `[out][in]` in the group layout.
+pub(crate) struct Packed {
+    pub kind: Kind,
+    out: usize,
+    /// Groups per output row.
+    groups: usize,
+    /// Blocks per output row in the plain layout (`padded_in / 32`); the rest of the last group is zeros.
+    blocks: usize,
+    /// `[out][groups][16]`: block scales, 0 past the row.
+    scales: Vec<f32>,
+    /// `[out][groups][vectors][64]`. Q8_0: byte `4b + t` of vector `j` is value `4j + t` of block `b`. Q4_0:
+    /// vector `p` holds value `8p + t` of block `b` in the low nibble of byte `4b + t`, value `8p + 4 + t` in
+    /// the high nibble (nibbles are `w + 8`).
+    data: Lines,
+    /// Q8_0: `[out][groups][16]`, `−128 · Σ` of each block's weights. Empty for Q4_0.
+    corrections: Vec<i32>,
+}
+
+impl Packed {
+    /// Repacks plain Q4_0 blocks (`nibbles[o][padded_in / 2]`, byte `j` of a block holding values `j` and
+    /// `j + 16`).
+    pub fn from_q4_0(scales: &[f32], nibbles: &[u8], out: usize, padded_in: usize) -> Self {
+        let mut packed = Packed::empty(Kind::Q4_0, scales, out, padded_in);
+        let row_bytes = padded_in / 2;
+        for o in 0..out {
+            for blk in 0..packed.blocks {
+                let src = &nibbles[o * row_bytes + blk * BLOCK / 2..][..BLOCK / 2];
+                let nibble = |v: usize| {
+                    let byte = src[v % (BLOCK / 2)];
+                    if v < BLOCK / 2 {
+                        byte & 0x0f
+                    } else {
+                        byte >> 4
+                    }
+                };
+                let (g, b) = (blk / GROUP, blk % GROUP);
+                for p in 0..4 {
+                    let vector = packed.vector_offset(o, g, p);
+                    for t in 0..4 {
+                        packed.data.bytes_mut()[vector + 4 * b + t] =
+                            nibble(8 * p + t) | (nibble(8 * p + 4 + t) << 4);
+                    }
+                }
+            }
+        }
+        packed
+    }
+
+    /// Repacks plain Q8_0 blocks (`quants[o][padded_in]`).
+    pub fn from_q8_0(scales: &[f32], quants: &[i8], out: usize, padded_in: usize) -> Self {
+        let mut packed = Packed::empty(Kind::Q8_0, scales, out, padded_in);
+        packed.corrections = vec![0; out.div_ceil(2) * 2 * packed.groups * GROUP];
+        for o in 0..out {
+            for blk in 0..packed.blocks {
+                let src = &quants[o * padded_in + blk * BLOCK..][..BLOCK];
+                let (g, b) = (blk / GROUP, blk % GROUP);
+                for j in 0..8 {
+                    let vector = packed.vector_offset(o, g, j);
+                    for t in 0..4 {
+                        packed.data.bytes_mut()[vector + 4 * b + t] = src[4 * j + t] as u8;
+                    }
+                }
+                let lane = packed.lanes_offset(o, g) + b;
+                packed.corrections[lane] = -128 * src.iter().map(|&q| q as i32).sum::<i32>();
+            }
+        }
+        packed
+    }
+
+    fn empty(kind: Kind, plain_scales: &[f32], out: usize, padded_in: usize) -> Self {
+        let blocks = padded_in / BLOCK;
+        let groups = padded_in.div_ceil(GROUP_IN);
+        // Rows are stored in pairs: an odd last row has a zero partner.
+        let rows = out.div_ceil(2) * 2;
+        let mut scales = vec![0.0; rows * groups * GROUP];
+        for o in 0..out {
+            for blk in 0..blocks {
+                scales[lanes_offset(groups, o, blk / GROUP) + blk % GROUP] =
+                    plain_scales[o * blocks + blk];
+            }
+        }
+        // Q4_0 padding nibbles are 8 (weight 0), Q8_0 padding bytes 0.
+        let fill = if kind == Kind::Q4_0 { 0x88 } else { 0 };
+        Packed {
+            kind,
+            out,
+            groups,
+            blocks,
+            scales,
+            data: Lines::new(rows * groups * kind.vectors() * LANES_BYTES, fill),
+            corrections: Vec::new(),
+        }
+    }
+
+    /// Where vector `v` of group `g` of output row `o` starts: the two rows of a pair alternate vector by
+    /// vector, so a tile of two rows reads one sequential stream.
+    fn vector_offset(&self, o: usize, g: usize, v: usize) -> usize {
+        (((o / 2 * self.groups + g) * self.kind.vectors() + v) * 2 + o % 2) * LANES_BYTES
+    }
+
+    /// Where the 16 lanes (scales, corrections) of group `g` of output row `o` start.
+    fn lanes_offset(&self, o: usize, g: usize) -> usize {
+        lanes_offset(self.groups, o, g)
+    }
+
+    /// The plain layout back: `(scales[o][blocks], Q4_0 nibbles or Q8_0 bytes)`, as `LinearWeight` stores them
+    /// on other CPUs and exports them.
+    pub fn to_plain(&self) -> (Vec<f32>, Vec<u8>) {
+        let mut scales = vec![0.0; self.out * self.blocks];
+        for o in 0..self.out {
+            scales[o * self.blocks..][..self.blocks]
+                .iter_mut()
+                .enumerate()
+                .for_each(|(blk, s)| *s = self.scale(o, blk));
+        }
+        let per_block = match self.kind {
+            Kind::Q4_0 => BLOCK / 2,
+            Kind::Q8_0 => BLOCK,
+        };
+        let mut data = vec![0u8; self.out * self.blocks * per_block];
+        let bytes = self.data.bytes();
+        for o in 0..self.out {
+            for blk in 0..self.blocks {
+                let (g, b) = (blk / GROUP, blk % GROUP);
+                let dst = &mut data[(o * self.blocks + blk) * per_block..][..per_block];
+                match self.kind {
+                    Kind::Q4_0 => {
+                        let mut values = [0u8; BLOCK];
+                        for p in 0..4 {
+                            let src = &bytes[self.vector_offset(o, g, p) + 4 * b..][..4];
+                            for (t, &byte) in src.iter().enumerate() {
+                                values[8 * p + t] = byte & 0x0f;
+                                values[8 * p + 4 + t] = byte >> 4;
+                            }
+                        }
+                        for j in 0..BLOCK / 2 {
+                            dst[j] = values[j] | (values[j + BLOCK / 2] << 4);
+                        }
+                    }
+                    Kind::Q8_0 => {
+                        for (j, chunk) in dst.chunks_exact_mut(4).enumerate() {
+                            chunk.copy_from_slice(
+                                &bytes[self.vector_offset(o, g, j) + 4 * b..][..4],
+                            );
+                        }
+                    }
+                }
+            }
+        }
+        (scales, data)
+    }
+
+    /// Value `v` (0..32) of block `blk` of output row `o`, as a signed integer (Q4_0: nibble − 8).
+    pub fn value(&self, o: usize, blk: usize, v: usize) -> i32 {
+        let (g, b) = (blk / GROUP, blk % GROUP);
+        match self.kind {
+            Kind::Q4_0 => {
+                let (p, high, t) = (v / 8, v % 8 >= 4, v % 4);
+                let byte = self.data.bytes()[self.vector_offset(o, g, p) + 4 * b + t];
+                let nibble = if high { byte >> 4 } else { byte & 0x0f };
+                nibble as i32 - 8
+            }
+            Kind::Q8_0 => {
+                self.data.bytes()[self.vector_offset(o, g, v / 4) + 4 * b + v % 4] as i8 as i32
+            }
+        }
+    }
+
+    /// The scale of block `blk` of output row `o`.
+    pub fn scale(&self, o: usize, blk: usize) -> f32 {
+        self.scales[self.lanes_offset(o, blk / GROUP) + blk % GROUP]
+    }
+
+    /// Resident bytes.
+    pub fn bytes(&self) -> usize {
+        self.data.bytes().len() + self.scales.len() * 4 + self.corrections.len() * 4
+    }
+}
+
+/// Lanes of group `g` of output row `o` in `[o / 2][groups][o % 2][16]`.
+fn lanes_offset(groups: usize, o: usize, g: usize) -> usize {
+    ((o / 2 * groups + g) * 2 + o % 2) * GROUP
+}
+
+/// Activations quantised for a [`Packed`] weight: `[rows][groups]` of 8 vectors, laid out as Q8_0 weights are.
+pub(crate) struct PackedActs {
+    rows: usize,
+    groups: usize,
+    /// `[rows][groups][8][64]`; for Q8_0 weights offset by 128 (sign bit flipped).
+    quants: Lines,
+    /// `[rows][groups][16]`: block scales, 0 past the row.
+    scales: Vec<f32>,
+    /// Q4_0 weights: `[rows][groups][16]`, `−8 · Σ` of each block's quantised values. Empty for Q8_0.
+    corrections: Vec<i32>,
+}
+
+impl PackedActs {
+    /// Quantises `rows` rows of `k` values (`k` a multiple of 32, the weight's padded input) for `kind`.
+    pub fn new(x: &[f32], rows: usize, k: usize, kind: Kind) -> Self {
+        assert!(k.is_multiple_of(BLOCK) && x.len() >= rows * k);
+        let groups = k.div_ceil(GROUP_IN);
+        let offset = if kind == Kind::Q8_0 { 0x80 } else { 0 };
+        let mut lines = Lines::new(rows * groups * 8 * LANES_BYTES, offset);
+        let quants = lines.bytes_mut();
+        let mut scales = vec![0.0; rows * groups * GROUP];
+        let mut corrections = if kind == Kind::Q4_0 {
+            vec![0; rows * groups * GROUP]
+        } else {
+            Vec::new()
+        };
+        let mut block = [0i8; BLOCK];
+        for r in 0..rows {
+            for (blk, xb) in x[r * k..(r + 1) * k].chunks_exact(BLOCK).enumerate() {
+                let (g, b) = (blk / GROUP, blk % GROUP);
+                let lane = (r * groups + g) * GROUP + b;
+                scales[lane] = quantize_block(xb, &mut block);
+                if kind == Kind::Q4_0 {
+                    corrections[lane] = -8 * block.iter().map(|&q| q as i32).sum::<i32>();
+                }
+                for j in 0..8 {
+                    let vector = ((r * groups + g) * 8 + j) * LANES_BYTES;
+                    for t in 0..4 {
+                        quants[vector + 4 * b + t] = (block[4 * j + t] as u8) ^ offset;
+                    }
+                }
+            }
+        }
+        PackedActs {
+            rows,
+            groups,
+            quants: lines,
+            scales,
+            corrections,
+        }
+    }
+}
+
+/// The 16 lanes of a row's result summed in a fixed tree: halves, quarters, eighths, then the pair (what
+/// [`reduce`] does in registers).
+#[cfg(test)]
+fn sum_lanes(l: &[f32; 16]) -> f32 {
+    let mut v = *l;
+    for width in [8, 4, 2, 1] {
+        for i in 0..width {
+            v[i] += v[i + width];
+        }
+    }
+    v[0]
+}
+
+/// `partial[r][o − o0] = Σ_i x[r][i] · w[o][i]` for every activation row and `o` in `o0..o1`.
+///
+/// # Safety
+/// The CPU must support AVX-512F/BW and AVX512-VNNI ([`usable`]).
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+pub(crate) unsafe fn dot(w: &Packed, x: &PackedActs, o0: usize, o1: usize, partial: &mut [f32]) {
+    assert_eq!(
+        w.groups, x.groups,
+        "activations quantised for another weight"
+    );
+    assert!(o0 <= o1 && o1 <= w.out && partial.len() >= x.rows * (o1 - o0));
+    assert_eq!(x.corrections.is_empty(), w.kind == Kind::Q8_0);
+    assert_eq!(w.corrections.is_empty(), w.kind == Kind::Q4_0);
+    let width = o1 - o0;
+    let mut store = |o: usize, r: usize, v: f32| partial[r * width + (o - o0)] = v;
+    for ob in (o0..o1).step_by(OUTPUT_BLOCK) {
+        let ob_end = (ob + OUTPUT_BLOCK).min(o1);
+        for r0 in (0..x.rows).step_by(4) {
+            let rows = (x.rows - r0).min(4);
+            let mut o = ob;
+            while o < ob_end {
+                // Two rows where a stored pair starts (an even row), else one.
+                let outs = if o % 2 == 0 { (ob_end - o).min(2) } else { 1 };
+                // SAFETY: the features are enabled here; `o + outs ≤ out` and `r0 + rows ≤ x.rows` (asserted and
+                // by the loop bounds), which is what `tile` reads.
+                unsafe {
+                    match (outs, rows) {
+                        (2, 4) => tile::<2, 4>(w, x, o, r0, &mut store),
+                        (2, 3) => tile::<2, 3>(w, x, o, r0, &mut store),
+                        (2, 2) => tile::<2, 2>(w, x, o, r0, &mut store),
+                        (2, _) => tile::<2, 1>(w, x, o, r0, &mut store),
+                        (_, 4) => tile::<1, 4>(w, x, o, r0, &mut store),
+                        (_, 3) => tile::<1, 3>(w, x, o, r0, &mut store),
+                        (_, 2) => tile::<1, 2>(w, x, o, r0, &mut store),
+                        _ => tile::<1, 1>(w, x, o, r0, &mut store),
+                    }
+                }
+                o += outs;
+            }
+        }
+    }
+}
+
+/// Output rows `o..o+O` × activation rows `r0..r0+R`.
+///
+/// # Safety
+/// AVX-512F/BW and AVX512-VNNI enabled; `o + O ≤ w.out`, `r0 + R ≤ x.rows`, `w` and `x` of the same groups
+/// and the corrections of `w.kind` present; `o` even when `O` is 2 (one stored pair).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn tile<const O: usize, const R: usize>(
+    w: &Packed,
+    x: &PackedActs,
+    o: usize,
+    r0: usize,
+    store: &mut impl FnMut(usize, usize, f32),
+) {
+    let groups = w.groups;
+    let vectors = w.kind.vectors();
+    // Strides in the pair layout: the rows of a pair alternate vector by vector and lane set by lane set.
+    let (w_vector, w_group) = (2 * LANES_BYTES, 2 * vectors * LANES_BYTES);
+    let (w_lanes_group, x_vector, x_group) = (2 * GROUP, LANES_BYTES, 8 * LANES_BYTES);
+    // The offsets below stay inside the pair of row `o` and the rows `r0..r0+R` of `groups` groups, which the
+    // buffers hold (this function's contract; `Packed` stores whole pairs). Q4_0 weights have no corrections:
+    // that pointer is never read then, hence `wrapping_add`.
+    let w_data = w
+        .data
+        .bytes()
+        .as_ptr()
+        .wrapping_add(w.vector_offset(o, 0, 0));
+    let w_scales = w.scales.as_ptr().wrapping_add(w.lanes_offset(o, 0));
+    let w_corr = w.corrections.as_ptr().wrapping_add(w.lanes_offset(o, 0));
+    let x_rows = |ri: usize| (r0 + ri) * groups;
+    let x_data = x.quants.bytes().as_ptr();
+    let nibble_mask = _mm512_set1_epi8(0x0f);
+    let mut acc = [[_mm512_setzero_ps(); R]; O];
+    for g in 0..groups {
+        // Each block's exact integer sum starts at its correction.
+        let mut sums = [[_mm512_setzero_si512(); R]; O];
+        for (oi, row) in sums.iter_mut().enumerate() {
+            for (ri, s) in row.iter_mut().enumerate() {
+                // SAFETY: 16 i32 lanes of group `g` (see above).
+                *s = unsafe {
+                    match w.kind {
+                        Kind::Q4_0 => _mm512_loadu_si512(
+                            x.corrections.as_ptr().add((x_rows(ri) + g) * GROUP).cast(),
+                        ),
+                        Kind::Q8_0 => {
+                            _mm512_loadu_si512(w_corr.add(g * w_lanes_group + oi * GROUP).cast())
+                        }
+                    }
+                };
+            }
+        }
+        // SAFETY: one 64-byte vector of group `g` (see above).
+        let act = |ri: usize, j: usize| unsafe {
+            _mm512_loadu_si512(x_data.add((x_rows(ri) + g) * x_group + j * x_vector).cast())
+        };
+        // SAFETY: as `act`.
+        let weights = |oi: usize, v: usize| unsafe {
+            _mm512_loadu_si512(
+                w_data
+                    .add(g * w_group + v * w_vector + oi * LANES_BYTES)
+                    .cast(),
+            )
+        };
+        match w.kind {
+            Kind::Q4_0 => {
+                for p in 0..4 {
+                    if R == 1 {
+                        let ahead =
+                            w_data.wrapping_add(g * w_group + p * w_vector + PREFETCH_BYTES);
+                        // A prefetch reads nothing the program sees, wherever it points (a safe intrinsic).
+                        _mm_prefetch::<_MM_HINT_T0>(ahead.cast());
+                        _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64).cast());
+                    }
+                    let mut low = [_mm512_setzero_si512(); O];
+                    let mut high = [_mm512_setzero_si512(); O];
+                    for oi in 0..O {
+                        let v = weights(oi, p);
+                        low[oi] = _mm512_and_si512(v, nibble_mask);
+                        high[oi] = _mm512_and_si512(_mm512_srli_epi16::<4>(v), nibble_mask);
+                    }
+                    for ri in 0..R {
+                        let (x0, x1) = (act(ri, 2 * p), act(ri, 2 * p + 1));
+                        for (oi, row) in sums.iter_mut().enumerate() {
+                            let s = _mm512_dpbusd_epi32(row[ri], low[oi], x0);
+                            row[ri] = _mm512_dpbusd_epi32(s, high[oi], x1);
+                        }
+                    }
+                }
+            }
+            Kind::Q8_0 => {
+                for j in 0..8 {
+                    let mut wv = [_mm512_setzero_si512(); O];
+                    for (oi, v) in wv.iter_mut().enumerate() {
+                        *v = weights(oi, j);
+                    }
+                    for ri in 0..R {
+                        let xv = act(ri, j);
+                        for (row, v) in sums.iter_mut().zip(&wv) {
+                            row[ri] = _mm512_dpbusd_epi32(row[ri], xv, *v);
+                        }
+                    }
+                }
+            }
+        }
+        for (oi, (acc_row, sum_row)) in acc.iter_mut().zip(&sums).enumerate() {
+            // SAFETY: 16 f32 lanes of group `g` (see above).
+            let sw = unsafe { _mm512_loadu_ps(w_scales.add(g * w_lanes_group + oi * GROUP)) };
+            for (ri, (a, s)) in acc_row.iter_mut().zip(sum_row).enumerate() {
+                // SAFETY: as above.
+                let sx =
+                    unsafe { _mm512_loadu_ps(x.scales.as_ptr().add((x_rows(ri) + g) * GROUP)) };
+                *a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(*s), _mm512_mul_ps(sw, sx), *a);
+            }
+        }
+    }
+    for (oi, row) in acc.iter().enumerate() {
+        for (ri, a) in row.iter().enumerate() {
+            store(o + oi, r0 + ri, reduce(*a));
+        }
+    }
+}
+
+/// [`sum_lanes`] in registers: each step adds the lanes `width` apart (halves, then 128-bit quarters, then
+/// 64-bit pairs, then neighbours), so the tree and the rounding are the same.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn reduce(v: __m512) -> f32 {
+    let v = _mm512_add_ps(v, _mm512_shuffle_f32x4::<0b01_00_11_10>(v, v));
+    let v = _mm512_add_ps(v, _mm512_shuffle_f32x4::<0b10_11_00_01>(v, v));
+    let v = _mm512_add_ps(v, _mm512_permute_ps::<0b01_00_11_10>(v));
+    let v = _mm512_add_ps(v, _mm512_permute_ps::<0b10_11_00_01>(v));
+    _mm512_cvtss_f32(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::linear::{LinearWeight, Storage};
+    use kazeia_backend_abi::WeightFormat;
+
+    fn values(n: usize, seed: u64) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+        (0..n)
+            .map(|_| {
+                s ^= s >> 12;
+                s ^= s << 25;
+                s ^= s >> 27;
+                ((s.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 40) as f32 / (1u64 << 24) as f32) * 2.0
+                    - 1.0
+            })
+            .collect()
+    }
+
+    /// The plain-layout weight, as every other CPU stores it.
+    fn plain(
+        w: &[f32],
+        out: usize,
+        inp: usize,
+        format: WeightFormat,
+    ) -> (Vec<f32>, Vec<u8>, usize) {
+        let lw = LinearWeight::new_plain(w, out, inp, None, format);
+        let padded = lw.padded_in;
+        match lw.storage {
+            Storage::Q4_0 { scales, nibbles } => (scales, nibbles, padded),
+            Storage::Q8_0 { scales, quants } => {
+                (scales, quants.iter().map(|&q| q as u8).collect(), padded)
+            }
+            _ => unreachable!(),
+        }
+    }
+
+    fn pack(w: &[f32], out: usize, inp: usize, format: WeightFormat) -> (Packed, usize) {
+        let (scales, data, padded) = plain(w, out, inp, format);
+        let packed = match format {
+            WeightFormat::Q4_0 => Packed::from_q4_0(&scales, &data, out, padded),
+            _ => {
+                let quants: Vec<i8> = data.iter().map(|&b| b as i8).collect();
+                Packed::from_q8_0(&scales, &quants, out, padded)
+            }
+        };
+        (packed, padded)
+    }
+
+    /// What the kernel computes, from the plain layout and the plain quantisation: exact block sums, scaled
+    /// and summed per lane (`block mod 16`) with fused multiply-adds, then [`sum_lanes`].
+    pub(super) fn reference(
+        w: &[f32],
+        out: usize,
+        inp: usize,
+        format: WeightFormat,
+        x: &[f32],
+        rows: usize,
+    ) -> Vec<f32> {
+        let (scales, data, k) = plain(w, out, inp, format);
+        let nb = k / BLOCK;
+        let weight = |o: usize, i: usize| -> i32 {
+            match format {
+                WeightFormat::Q4_0 => {
+                    let (b, j) = (i / BLOCK, i % BLOCK);
+                    let byte = data[(o * k + b * BLOCK) / 2 + j % (BLOCK / 2)];
+                    let n = if j < BLOCK / 2 {
+                        byte & 0x0f
+                    } else {
+                        byte >> 4
+                    };
+                    n as i32 - 8
+                }
+                _ => data[o * k + i] as i8 as i32,
+            }
+        };
+        let mut padded = vec![0.0; rows * k];
+        for r in 0..rows {
+            padded[r * k..r * k + inp].copy_from_slice(&x[r * inp..(r + 1) * inp]);
+        }
+        let mut y = vec![0.0; rows * out];
+        for r in 0..rows {
+            let mut xq = vec![0i8; k];
+            let xs: Vec<f32> = padded[r * k..(r + 1) * k]
+                .chunks_exact(BLOCK)
+                .zip(xq.chunks_exact_mut(BLOCK))
+                .map(|(b, q)| quantize_block(b, q))
+                .collect();
+            for o in 0..out {
+                let mut lanes = [0.0f32; 16];
+                for b in 0..nb {
+                    let dot: i32 = (b * BLOCK..(b + 1) * BLOCK)
+                        .map(|i| weight(o, i) * xq[i] as i32)
+                        .sum();
+                    let scale = scales[o * nb + b] * xs[b];
+                    lanes[b % GROUP] = (dot as f32).mul_add(scale, lanes[b % GROUP]);
+                }
+                y[r * out + o] = sum_lanes(&lanes);
+            }
+        }
+        y
+    }
+
+    #[test]
+    fn the_kernel_equals_its_scalar_definition_bit_for_bit() {
+        if !usable() {
+            eprintln!("skipped: this CPU has no AVX512-VNNI");
+            return;
+        }
+        // Inputs: under a block, partial groups, one group, groups and a partial one; outputs odd and past a
+        // 16-row output block; rows past a 4-row tile; values with outliers that hit the int8 clamp.
+        for &(out, inp) in &[(3, 20), (5, 32), (17, 96), (33, 512), (6, 1056), (2, 1536)] {
+            for format in [WeightFormat::Q4_0, WeightFormat::Q8_0] {
+                let mut w = values(out * inp, (out * inp) as u64);
+                w[inp / 2] = 40.0;
+                let (packed, k) = pack(&w, out, inp, format);
+                for rows in [1, 2, 3, 4, 5, 7, 9, 17] {
+                    let mut x = values(rows * inp, 7 + rows as u64);
+                    x[0] = -25.0;
+                    let want = reference(&w, out, inp, format, &x, rows);
+                    let mut xp = vec![0.0; rows * k];
+                    for r in 0..rows {
+                        xp[r * k..r * k + inp].copy_from_slice(&x[r * inp..(r + 1) * inp]);
+                    }
+                    let acts = PackedActs::new(&xp, rows, k, packed.kind);
+                    for (o0, o1) in [(0, out), (1, out), (0, out / 2 + 1)] {
+                        let mut got = vec![0.0; rows * (o1 - o0)];
+                        // SAFETY: `usable()` checked the CPU.
+                        unsafe { dot(&packed, &acts, o0, o1, &mut got) };
+                        for r in 0..rows {
+                            for o in o0..o1 {
+                                assert_eq!(
+                                    got[r * (o1 - o0) + o - o0].to_bits(),
+                                    want[r * out + o].to_bits(),
+                                    "{format} {out}×{inp}, {rows} rows, outputs {o0}..{o1}: row {r} output {o}"
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn repacking_round_trips_to_the_plain_layout() {
+        for &(out, inp) in &[(3, 20), (4, 544), (2, 1024)] {
+            for format in [WeightFormat::Q4_0, WeightFormat::Q8_0] {
+                let w = values(out * inp, 3);
+                let (scales, data, _) = plain(&w, out, inp, format);
+                let (packed, _) = pack(&w, out, inp, format);
+                assert_eq!(packed.to_plain(), (scales, data), "{format} {out}×{inp}");
+            }
+        }
+    }
+}
