@@ -95,8 +95,12 @@ fn load(args: &BenchArgs) -> Result<Loaded> {
     match (&args.random, &args.model) {
         (Some(size), None) => {
             let weights = RandomWeights::new(0x5eed);
-            let decoder =
-                CodecDecoder::from_parts(CodecConfig::released(), &weights, decoder_backend)?;
+            let decoder = CodecDecoder::from_parts_as(
+                CodecConfig::released(),
+                &weights,
+                decoder_backend,
+                args.weights.decoder_format(),
+            )?;
             let (model, request) = if args.decoder_only {
                 (None, None)
             } else {
@@ -135,7 +139,8 @@ fn load(args: &BenchArgs) -> Result<Loaded> {
         }
         (None, Some(spec)) => {
             let dir: PathBuf = resolve_model(spec)?;
-            let decoder = CodecDecoder::load(&dir, decoder_backend)?;
+            let decoder =
+                CodecDecoder::load_as(&dir, decoder_backend, args.weights.decoder_format())?;
             let (model, request) = if args.decoder_only {
                 (None, None)
             } else {

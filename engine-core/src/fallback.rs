@@ -225,9 +225,13 @@ impl CpuFallback {
                 .map(|c| {
                     let _ = self.code_predictor.set((cpu.clone(), c));
                 }),
-            Stage::Decoder => CodecDecoder::load(&self.dir, cpu.clone()).map(|d| {
-                let _ = self.decoder.set(d);
-            }),
+            Stage::Decoder => {
+                CodecDecoder::load_as(&self.dir, cpu.clone(), self.storage.decoder_format()).map(
+                    |d| {
+                        let _ = self.decoder.set(d);
+                    },
+                )
+            }
         };
         loaded.map_err(|e| Error::Backend {
             backend: "cpu".into(),

@@ -15,6 +15,18 @@ pub enum WeightStorage {
     Convert(WeightFormat),
 }
 
+impl WeightStorage {
+    /// How the codec decoder's weights (F32 in the release, 114 M of them) are held alongside an LM stored as
+    /// `self`: F16 under the lossy formats (q8_0, q4_0), which trade precision for memory already — half the
+    /// decoder's memory, at a waveform SNR the codec parity test bounds — and F32 otherwise (lossless).
+    pub fn decoder_format(self) -> WeightFormat {
+        match self {
+            WeightStorage::Convert(WeightFormat::Q8_0 | WeightFormat::Q4_0) => WeightFormat::F16,
+            _ => WeightFormat::F32,
+        }
+    }
+}
+
 impl std::str::FromStr for WeightStorage {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {

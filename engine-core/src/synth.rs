@@ -133,7 +133,7 @@ impl Synthesizer {
     ) -> Result<Self> {
         let model = TtsModel::load_on(dir, lm, storage)?;
         let tokenizer = TextTokenizer::load(dir)?;
-        let codec = CodecDecoder::load(dir, decoder)?;
+        let codec = CodecDecoder::load_as(dir, decoder, storage.decoder_format())?;
         let cb0_range = model.config.talker_config.vocab_size - 1024;
         if cb0_range > codec.config().decoder_config.codebook_size {
             return Err(Error::Input(format!(

@@ -207,7 +207,8 @@ fn chunked_decoding_equals_one_shot_for_every_chunk_size() {
 }
 
 /// Weights that reach the decoder rounded to a lower precision, to measure what F16 or BF16 storage would do
-/// to the waveform (the CPU decoder itself keeps f32: it is compute-bound, and f16 GEMM is slower on x86).
+/// to the waveform (under the lossy LM formats the decoder is held in f16 and widened to f32 for its GEMMs:
+/// `decoder_held_in_f16`).
 struct Rounded<'a> {
     inner: &'a WeightFile,
     to: fn(f32) -> f32,
@@ -270,5 +271,68 @@ fn decoder_snr_with_f16_and_bf16_weights() {
             }
         }
         eprintln!("{case}: decoder SNR vs f32: {}", results.join(", "));
+    }
+}
+
+/// The decoder held in f16 (what the lossy LM formats load, `WeightStorage::decoder_format`): within the f16
+/// bound above of the official waveform, and within 1e-5 of the f32 decoder on the same weights rounded to f16
+/// (the convolutions' and linear layers' matrices; biases, norms, depthwise kernels and codebooks stay f32),
+/// so the smaller storage changes nothing but the rounding.
+#[test]
+fn decoder_held_in_f16() {
+    fn held_in_f16(name: &str) -> bool {
+        name.ends_with(".weight")
+            && !name.contains("dwconv")
+            && !name.contains("norm")
+            && !name.contains("quantizer")
+            && (name.ends_with(".conv.weight")
+                || name.contains("pre_transformer")
+                || name.contains("pwconv"))
+    }
+    struct Selective<'a>(&'a WeightFile);
+    impl kazeia_engine::weights::Weights for Selective<'_> {
+        fn tensor_shaped(&self, name: &str, shape: &[usize]) -> kazeia_engine::Result<Vec<f32>> {
+            let mut data = self.0.tensor_shaped(name, shape)?;
+            if held_in_f16(name) {
+                data.iter_mut()
+                    .for_each(|v| *v = half::f16::from_f32(*v).to_f32());
+            }
+            Ok(data)
+        }
+    }
+    for case in ["window", "rates"] {
+        let dir = fixture(case);
+        let file = WeightFile::open(&dir.join("speech_tokenizer/model.safetensors")).unwrap();
+        let config =
+            kazeia_engine::codec::CodecConfig::load(&dir.join("speech_tokenizer/config.json"))
+                .unwrap();
+        let codes = load_codes(&dir);
+        let golden = WeightFile::open(&dir.join("golden.safetensors"))
+            .unwrap()
+            .tensor("wav")
+            .unwrap()
+            .data;
+        let backend = || Arc::new(CpuBackend::new(2));
+        let f16 = CodecDecoder::load_as(&dir, backend(), kazeia_engine::WeightFormat::F16)
+            .unwrap()
+            .decode(&codes)
+            .unwrap();
+        let rounded = CodecDecoder::from_parts(config, &Selective(&file), backend())
+            .unwrap()
+            .decode(&codes)
+            .unwrap();
+        let f32 = CodecDecoder::load(&dir, backend())
+            .unwrap()
+            .decode(&codes)
+            .unwrap();
+        let err = max_abs_diff(&f16, &rounded);
+        let snr = snr_db(&golden, &f16);
+        eprintln!(
+            "{case}: f16-held decoder SNR {snr:.1} dB, {err:e} from f32 on rounded weights, {:e} from f32",
+            max_abs_diff(&f16, &f32)
+        );
+        assert!(err <= 1e-5, "{case}: {err:e} from f32 on rounded weights");
+        assert!(snr >= 30.0, "{case}: decoder SNR held in f16 {snr:.1} dB");
+        assert!(f16 != f32, "{case}: the f16 decoder computed in f32");
     }
 }

@@ -8,8 +8,8 @@
 //! distributions are the raw model's over the codebook (the talker's control-token window left out, as the
 //! sampler suppresses it; no repetition penalty: the metric is about the weights, not the sampling rules).
 //!
-//! The codec decoder stays f32 in every format today, so the codes are the whole loss; a lossy decoder would add
-//! a waveform SNR here.
+//! Under these formats the codec decoder is held in f16 (`WeightStorage::decoder_format`); its waveform is
+//! bounded separately, by SNR against the official one (`codec_parity.rs`, `decoder_held_in_f16`).
 //!
 //! `tiny_fixtures` runs in CI on the committed fixtures. The real-size check is ignored (2.6 GB peak, 2.5 min of
 //! CPU time):

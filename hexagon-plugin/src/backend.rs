@@ -431,12 +431,14 @@ impl Backend for HexagonBackend {
                     }
                 }
             }
+            // The DSP holds f32 convolutions; an f16 one stays on the CPU, which holds it in f16.
             WeightData::Conv1d {
                 w,
                 cout,
                 cin,
                 k,
                 bias,
+                format: WeightFormat::F32,
             } if hmx => match self.upload_dsp_conv(w, (cout, cin, k), bias) {
                 Ok(conv) => Ok(Weight::new(conv)),
                 Err(e) => {
@@ -450,6 +452,7 @@ impl Backend for HexagonBackend {
                 cout,
                 k,
                 stride,
+                format: WeightFormat::F32,
             } if hmx => match self.upload_dsp_conv_transpose(w, (cin, cout, k), stride) {
                 Ok(conv) => Ok(Weight::new(conv)),
                 Err(e) => {

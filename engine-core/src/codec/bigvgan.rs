@@ -1,7 +1,7 @@
 //! The vocoder after the upsamplers (`decoder.decoder.*`): conv k7 → SnakeBeta decoder blocks (SnakeBeta →
 //! transposed conv ×rate → three residual units with dilations 1, 3, 9) → SnakeBeta → conv k7 to one channel.
 
-use kazeia_backend_abi::{Backend, Combine, Strided};
+use kazeia_backend_abi::{Backend, Combine, Strided, WeightFormat};
 
 use super::config::DecoderConfig;
 use super::conv::{CausalConv1d, CausalConvTranspose1d, ConvState, SnakeBeta};
@@ -25,6 +25,7 @@ impl ResidualUnit {
         prefix: &str,
         dim: usize,
         dilation: usize,
+        format: WeightFormat,
     ) -> Result<Self> {
         Ok(ResidualUnit {
             act1: SnakeBeta::load(file, &format!("{prefix}.act1"), dim)?,
@@ -34,9 +35,17 @@ impl ResidualUnit {
                 &format!("{prefix}.conv1"),
                 (dim, dim, 7),
                 dilation,
+                format,
             )?,
             act2: SnakeBeta::load(file, &format!("{prefix}.act2"), dim)?,
-            conv2: CausalConv1d::load(backend, file, &format!("{prefix}.conv2"), (dim, dim, 1), 1)?,
+            conv2: CausalConv1d::load(
+                backend,
+                file,
+                &format!("{prefix}.conv2"),
+                (dim, dim, 1),
+                1,
+                format,
+            )?,
         })
     }
 
@@ -68,12 +77,20 @@ impl DecoderBlock {
         prefix: &str,
         (cin, cout): (usize, usize),
         rate: usize,
+        format: WeightFormat,
     ) -> Result<Self> {
         let units = [1, 3, 9]
             .iter()
             .enumerate()
             .map(|(i, &d)| {
-                ResidualUnit::load(backend, file, &format!("{prefix}.block.{}", i + 2), cout, d)
+                ResidualUnit::load(
+                    backend,
+                    file,
+                    &format!("{prefix}.block.{}", i + 2),
+                    cout,
+                    d,
+                    format,
+                )
             })
             .collect::<Result<_>>()?;
         Ok(DecoderBlock {
@@ -84,6 +101,7 @@ impl DecoderBlock {
                 &format!("{prefix}.block.1"),
                 (cin, cout, 2 * rate),
                 rate,
+                format,
             )?,
             units,
         })
@@ -142,6 +160,7 @@ impl Vocoder {
         file: &dyn Weights,
         prefix: &str,
         cfg: &DecoderConfig,
+        format: WeightFormat,
     ) -> Result<Self> {
         let n = cfg.upsample_rates.len();
         let mut blocks = Vec::with_capacity(n);
@@ -153,6 +172,7 @@ impl Vocoder {
                 &format!("{prefix}.{}", i + 1),
                 (cin, cout),
                 rate,
+                format,
             )?);
         }
         let out_dim = cfg.block_channels(n - 1);
@@ -163,6 +183,7 @@ impl Vocoder {
                 &format!("{prefix}.0"),
                 (cfg.latent_dim, cfg.decoder_dim, 7),
                 1,
+                format,
             )?,
             blocks,
             final_snake: SnakeBeta::load(file, &format!("{prefix}.{}", n + 1), out_dim)?,
@@ -172,6 +193,7 @@ impl Vocoder {
                 &format!("{prefix}.{}", n + 2),
                 (out_dim, 1, 7),
                 1,
+                format,
             )?,
         })
     }

@@ -7,7 +7,7 @@
 //! the `k − stride` output columns that later input still adds to. A one-shot decode is one chunk from a fresh
 //! state, so chunked and one-shot decodes run the same code.
 
-use kazeia_backend_abi::{Backend, Combine, Strided, View, Weight, WeightData};
+use kazeia_backend_abi::{Backend, Combine, Strided, View, Weight, WeightData, WeightFormat};
 
 use crate::error::Result;
 use crate::graph::{Graph, Tensor};
@@ -86,6 +86,7 @@ impl CausalConv1d {
         prefix: &str,
         (cin, cout, k): (usize, usize, usize),
         dilation: usize,
+        format: WeightFormat,
     ) -> Result<Self> {
         let w = file.tensor_shaped(&format!("{prefix}.conv.weight"), &[cout, cin, k])?;
         let b = file.tensor_shaped(&format!("{prefix}.conv.bias"), &[cout])?;
@@ -98,6 +99,7 @@ impl CausalConv1d {
                     cin,
                     k,
                     bias: Some(&b),
+                    format,
                 },
             )?,
             cin,
@@ -218,6 +220,7 @@ impl CausalConvTranspose1d {
         prefix: &str,
         (cin, cout, k): (usize, usize, usize),
         stride: usize,
+        format: WeightFormat,
     ) -> Result<Self> {
         let w = file.tensor_shaped(&format!("{prefix}.conv.weight"), &[cin, cout, k])?;
         let bias = file.tensor_shaped(&format!("{prefix}.conv.bias"), &[cout])?;
@@ -230,6 +233,7 @@ impl CausalConvTranspose1d {
                     cout,
                     k,
                     stride,
+                    format,
                 },
             )?,
             bias,

@@ -18,7 +18,7 @@ mod upsample;
 use std::path::Path;
 use std::sync::Arc;
 
-use kazeia_backend_abi::Backend;
+use kazeia_backend_abi::{Backend, WeightFormat};
 
 pub use config::{CodecConfig, DecoderConfig};
 use conv::{CausalConv1d, ConvState};
@@ -114,6 +114,11 @@ pub struct CodecDecoder {
 impl CodecDecoder {
     /// Loads `speech_tokenizer/` of a model directory (or a `speech_tokenizer` directory itself).
     pub fn load(dir: &Path, backend: Arc<dyn Backend>) -> Result<Self> {
+        Self::load_as(dir, backend, WeightFormat::F32)
+    }
+
+    /// [`CodecDecoder::load`] with the weights held as `format` (see [`CodecDecoder::from_parts_as`]).
+    pub fn load_as(dir: &Path, backend: Arc<dyn Backend>, format: WeightFormat) -> Result<Self> {
         let dir = if dir.join("speech_tokenizer").is_dir() {
             dir.join("speech_tokenizer")
         } else if dir.join("config.json").is_file() && dir.join("model.safetensors").is_file() {
@@ -126,13 +131,27 @@ impl CodecDecoder {
         };
         let config = CodecConfig::load(&dir.join("config.json"))?;
         let file = WeightFile::open(&dir.join("model.safetensors"))?;
-        Self::from_parts(config, &file, backend)
+        Self::from_parts_as(config, &file, backend, format)
     }
 
     pub fn from_parts(
         config: CodecConfig,
         file: &dyn Weights,
         backend: Arc<dyn Backend>,
+    ) -> Result<Self> {
+        Self::from_parts_as(config, file, backend, WeightFormat::F32)
+    }
+
+    /// [`CodecDecoder::from_parts`] with the convolutions' and linear layers' weights held as `format`: F32
+    /// (the checkpoint's own), or F16 (half the memory, lossy: what [`WeightStorage::decoder_format`] gives the
+    /// lossy formats of the LM).
+    ///
+    /// [`WeightStorage::decoder_format`]: crate::WeightStorage::decoder_format
+    pub fn from_parts_as(
+        config: CodecConfig,
+        file: &dyn Weights,
+        backend: Arc<dyn Backend>,
+        format: WeightFormat,
     ) -> Result<Self> {
         let cfg = &config.decoder_config;
         let b = backend.as_ref();
@@ -143,9 +162,10 @@ impl CodecDecoder {
             "decoder.pre_conv",
             (cfg.codebook_dim, cfg.latent_dim, 3),
             1,
+            format,
         )?;
         let pre_transformer =
-            pre_transformer::PreTransformer::load(b, file, "decoder.pre_transformer", cfg)?;
+            pre_transformer::PreTransformer::load(b, file, "decoder.pre_transformer", cfg, format)?;
         let upsample = cfg
             .upsampling_ratios
             .iter()
@@ -157,10 +177,11 @@ impl CodecDecoder {
                     &format!("decoder.upsample.{i}"),
                     cfg.latent_dim,
                     f,
+                    format,
                 )
             })
             .collect::<Result<_>>()?;
-        let vocoder = bigvgan::Vocoder::load(b, file, "decoder.decoder", cfg)?;
+        let vocoder = bigvgan::Vocoder::load(b, file, "decoder.decoder", cfg, format)?;
         Ok(CodecDecoder {
             backend,
             config,

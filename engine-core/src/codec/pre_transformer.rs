@@ -59,15 +59,15 @@ fn linear(
     name: &str,
     dims: (usize, usize),
     bias: bool,
+    format: WeightFormat,
 ) -> Result<Weight> {
-    // The codec decoder is compute-bound; it keeps f32 weights.
     load_linear(
         backend,
         file,
         name,
         dims,
         bias,
-        WeightStorage::Convert(WeightFormat::F32),
+        WeightStorage::Convert(format),
     )
 }
 
@@ -77,7 +77,10 @@ impl PreTransformer {
         file: &dyn Weights,
         prefix: &str,
         cfg: &DecoderConfig,
+        format: WeightFormat,
     ) -> Result<Self> {
+        let linear =
+            |backend, file, name: &str, dims, bias| linear(backend, file, name, dims, bias, format);
         let (h, lat, inter) = (cfg.hidden_size, cfg.latent_dim, cfg.intermediate_size);
         let heads = Heads {
             q_heads: cfg.num_attention_heads,

@@ -1,12 +1,12 @@
 //! The two ×ratio upsampling stages between the pre-transformer and the vocoder: a transposed convolution
 //! (kernel = stride) followed by a ConvNeXt block.
 
-use kazeia_backend_abi::{Backend, Combine, Strided, View, Weight};
+use kazeia_backend_abi::{Backend, Combine, Strided, View, Weight, WeightFormat};
 
 use super::conv::{CausalConvTranspose1d, CausalDepthwiseConv1d, ConvState};
 use crate::error::Result;
 use crate::graph::{Graph, Tensor};
-use crate::linear::upload_f32_linear;
+use crate::linear::upload;
 use crate::weights::Weights;
 
 /// ConvNeXt block: depthwise causal conv k7 → LayerNorm over channels → Linear ×4 → GELU → Linear → ×γ →
@@ -22,7 +22,25 @@ struct ConvNeXt {
 }
 
 impl ConvNeXt {
-    fn load(backend: &dyn Backend, file: &dyn Weights, prefix: &str, dim: usize) -> Result<Self> {
+    fn load(
+        backend: &dyn Backend,
+        file: &dyn Weights,
+        prefix: &str,
+        dim: usize,
+        format: WeightFormat,
+    ) -> Result<Self> {
+        let linear = |w: &[f32], out, inp, bias: &[f32]| {
+            upload(
+                backend,
+                kazeia_backend_abi::WeightData::Linear {
+                    w,
+                    out,
+                    inp,
+                    bias: Some(bias),
+                    format,
+                },
+            )
+        };
         let t =
             |name: &str, shape: &[usize]| file.tensor_shaped(&format!("{prefix}.{name}"), shape);
         let w1 = t("pwconv1.weight", &[4 * dim, dim])?;
@@ -39,8 +57,8 @@ impl ConvNeXt {
             )?,
             norm_weight: t("norm.weight", &[dim])?,
             norm_bias: t("norm.bias", &[dim])?,
-            pwconv1: upload_f32_linear(backend, &w1, 4 * dim, dim, Some(&b1))?,
-            pwconv2: upload_f32_linear(backend, &w2, dim, 4 * dim, Some(&b2))?,
+            pwconv1: linear(&w1, 4 * dim, dim, &b1)?,
+            pwconv2: linear(&w2, dim, 4 * dim, &b2)?,
             gamma: t("gamma", &[dim])?,
             dim,
         })
@@ -94,6 +112,7 @@ impl UpsampleStage {
         prefix: &str,
         dim: usize,
         factor: usize,
+        format: WeightFormat,
     ) -> Result<Self> {
         Ok(UpsampleStage {
             transconv: CausalConvTranspose1d::load(
@@ -102,8 +121,9 @@ impl UpsampleStage {
                 &format!("{prefix}.0"),
                 (dim, dim, factor),
                 factor,
+                format,
             )?,
-            convnext: ConvNeXt::load(backend, file, &format!("{prefix}.1"), dim)?,
+            convnext: ConvNeXt::load(backend, file, &format!("{prefix}.1"), dim, format)?,
         })
     }
 

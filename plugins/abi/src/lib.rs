@@ -159,13 +159,15 @@ pub enum WeightData<'a> {
         bias: Option<&'a [f32]>,
         format: WeightFormat,
     },
-    /// `Conv1d` (groups = 1): `w[cout][cin][k]`, optional `bias[cout]`.
+    /// `Conv1d` (groups = 1): `w[cout][cin][k]`, optional `bias[cout]`. `format` is F32, or F16: the backend
+    /// may then hold the weight at half precision (the CPU backend does; a device may keep it in f32).
     Conv1d {
         w: &'a [f32],
         cout: usize,
         cin: usize,
         k: usize,
         bias: Option<&'a [f32]>,
+        format: WeightFormat,
     },
     /// Depthwise `Conv1d` (groups = channels): `w[channels][1][k]`, optional `bias[channels]`.
     DepthwiseConv1d {
@@ -176,19 +178,29 @@ pub enum WeightData<'a> {
     },
     /// `ConvTranspose1d`: `w[cin][cout][k]`, `stride`. The bias stays with the caller: the op writes the full
     /// transposed convolution without it, so the overlapping tail can be carried to the next chunk and summed.
+    /// `format` as for [`WeightData::Conv1d`].
     ConvTranspose1d {
         w: &'a [f32],
         cin: usize,
         cout: usize,
         k: usize,
         stride: usize,
+        format: WeightFormat,
     },
 }
 
 impl WeightData<'_> {
-    /// Whether the values agree with the dimensions, the bias (if any) with the outputs, and the stride is at
-    /// least 1.
+    /// Whether the values agree with the dimensions, the bias (if any) with the outputs, the stride is at
+    /// least 1 and a convolution's format is F32 or F16.
     pub fn check(&self) -> Result<(), String> {
+        match *self {
+            WeightData::Conv1d { format, .. } | WeightData::ConvTranspose1d { format, .. }
+                if !matches!(format, WeightFormat::F32 | WeightFormat::F16) =>
+            {
+                return Err(format!("a convolution is held as f32 or f16, not {format}"));
+            }
+            _ => {}
+        }
         let (w, count, bias, outputs) = match *self {
             WeightData::Linear {
                 w, out, inp, bias, ..
@@ -199,6 +211,7 @@ impl WeightData<'_> {
                 cin,
                 k,
                 bias,
+                ..
             } => (
                 w,
                 cout.checked_mul(cin).and_then(|v| v.checked_mul(k)),
@@ -217,6 +230,7 @@ impl WeightData<'_> {
                 cout,
                 k,
                 stride,
+                ..
             } => {
                 if stride == 0 {
                     return Err("a transposed convolution with stride 0".into());
@@ -350,6 +364,7 @@ pub trait Backend: Send + Sync {
             cin,
             k,
             bias,
+            format: WeightFormat::F32,
         };
         uploaded(self.name(), self.upload(data))
     }
@@ -386,6 +401,7 @@ pub trait Backend: Send + Sync {
             cout,
             k,
             stride,
+            format: WeightFormat::F32,
         };
         uploaded(self.name(), self.upload(data))
     }

@@ -81,11 +81,11 @@ impl ErrorBuffer {
 pub enum WeightKind {
     /// `dims = [out, in]`, `format` = [`crate::WeightFormat`] as `u32`.
     Linear = 1,
-    /// `dims = [cout, cin, k]`.
+    /// `dims = [cout, cin, k]`, `format` F32 or F16 (a plugin may hold an F16 one in f32).
     Conv1d = 2,
     /// `dims = [channels, k]`.
     DepthwiseConv1d = 3,
-    /// `dims = [cin, cout, k, stride]`.
+    /// `dims = [cin, cout, k, stride]`, `format` as for `Conv1d`.
     ConvTranspose1d = 4,
 }
 
@@ -108,12 +108,14 @@ impl WeightData<'_> {
             WeightData::Linear {
                 w, bias, format, ..
             } => (WeightKind::Linear, format, w, bias),
-            WeightData::Conv1d { w, bias, .. } => (WeightKind::Conv1d, WeightFormat::F32, w, bias),
+            WeightData::Conv1d {
+                w, bias, format, ..
+            } => (WeightKind::Conv1d, format, w, bias),
             WeightData::DepthwiseConv1d { w, bias, .. } => {
                 (WeightKind::DepthwiseConv1d, WeightFormat::F32, w, bias)
             }
-            WeightData::ConvTranspose1d { w, .. } => {
-                (WeightKind::ConvTranspose1d, WeightFormat::F32, w, None)
+            WeightData::ConvTranspose1d { w, format, .. } => {
+                (WeightKind::ConvTranspose1d, format, w, None)
             }
         };
         WeightDesc {
@@ -143,14 +145,17 @@ impl WeightDesc {
             Some(unsafe { input(self.bias, self.bias_len)? })
         };
         let n = self.dims.map(|v| usize::try_from(v).unwrap_or(usize::MAX));
+        let format = || {
+            WeightFormat::from_code(self.format)
+                .ok_or_else(|| format!("unknown weight format {}", self.format))
+        };
         let data = match self.kind {
             k if k == WeightKind::Linear as u32 => WeightData::Linear {
                 w,
                 out: n[0],
                 inp: n[1],
                 bias,
-                format: WeightFormat::from_code(self.format)
-                    .ok_or_else(|| format!("unknown weight format {}", self.format))?,
+                format: format()?,
             },
             k if k == WeightKind::Conv1d as u32 => WeightData::Conv1d {
                 w,
@@ -158,6 +163,7 @@ impl WeightDesc {
                 cin: n[1],
                 k: n[2],
                 bias,
+                format: format()?,
             },
             k if k == WeightKind::DepthwiseConv1d as u32 => WeightData::DepthwiseConv1d {
                 w,
@@ -171,6 +177,7 @@ impl WeightDesc {
                 cout: n[1],
                 k: n[2],
                 stride: n[3],
+                format: format()?,
             },
             other => return Err(format!("unknown weight kind {other}")),
         };

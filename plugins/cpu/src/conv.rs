@@ -3,6 +3,18 @@
 //! A dilated convolution is a sum over kernel taps of GEMMs on column-shifted views of the input; a transposed
 //! convolution is split by output phase, so that every tap is again one GEMM whose output columns are strided by
 //! the stride. Both are tiled in time so the output tile stays in cache while the taps accumulate into it.
+//!
+//! The tap panels are kept as `f32`, or as `f16` (half the memory; the codec decoder's 114 M weights under the
+//! lossy formats) widened exactly to `f32` just before the GEMMs: the whole layer once per call when it is small
+//! (high-rate layers run many time tiles), else one tap at a time per time tile (the large layers run at the
+//! low rates, over few tiles). Either way the GEMMs see the same `f32` values, so an `f16` convolution computes
+//! exactly what the `f32` one does on weights rounded to `f16`.
+
+use std::cell::RefCell;
+
+use half::f16;
+use half::slice::HalfFloatSliceExt;
+use kazeia_backend_abi::WeightFormat;
 
 use crate::gemm_call::{for_column_tiles, matmul, MatMut, MatRef, SharedOut};
 use crate::par::chunks_mut;
@@ -10,27 +22,108 @@ use crate::par::chunks_mut;
 /// Output columns per time tile: the output tile stays in L2 across the taps.
 const TIME_TILE: usize = 256;
 
-/// Splits `w[cout][cin][k]` (or, transposed, `w[cin][cout][k]`) into per-tap `[cout][cin]` panels.
-fn tap_panels(w: &[f32], cout: usize, cin: usize, k: usize, transposed: bool) -> Vec<f32> {
-    let mut taps = vec![0.0; k * cout * cin];
-    for o in 0..cout {
-        for i in 0..cin {
-            for t in 0..k {
-                let src = if transposed {
-                    (i * cout + o) * k + t
-                } else {
-                    (o * cin + i) * k + t
-                };
-                taps[(t * cout + o) * cin + i] = w[src];
-            }
+/// `f16` layers of at most this many weights are widened whole once per call (16 MiB of `f32` scratch at most);
+/// larger ones a tap per time tile.
+const WIDEN_WHOLE_MAX: usize = 4 << 20;
+
+/// The index in `w[cout][cin][k]` (or, transposed, `w[cin][cout][k]`) of tap panel element `[t][o][i]`.
+fn source_index(
+    o: usize,
+    i: usize,
+    t: usize,
+    (cout, cin, k): (usize, usize, usize),
+    transposed: bool,
+) -> usize {
+    if transposed {
+        (i * cout + o) * k + t
+    } else {
+        (o * cin + i) * k + t
+    }
+}
+
+/// Per-tap `[cout][cin]` panels, `[k][cout][cin]`, at the precision asked for.
+enum Panels {
+    F32(Vec<f32>),
+    F16(Vec<f16>),
+}
+
+thread_local! {
+    /// Widened `f16` panels (reused: a fresh allocation of megabytes per call would fault its pages in each time).
+    static WIDENED: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+impl Panels {
+    /// Splits `w[cout][cin][k]` (or, transposed, `w[cin][cout][k]`) into tap panels stored as `format` (F32 or
+    /// F16).
+    fn new(
+        w: &[f32],
+        (cout, cin, k): (usize, usize, usize),
+        transposed: bool,
+        format: WeightFormat,
+    ) -> Self {
+        let dims = (cout, cin, k);
+        let at = |j: usize| {
+            let (t, rest) = (j / (cout * cin), j % (cout * cin));
+            w[source_index(rest / cin, rest % cin, t, dims, transposed)]
+        };
+        let n = k * cout * cin;
+        match format {
+            WeightFormat::F16 => Panels::F16((0..n).map(|j| f16::from_f32(at(j))).collect()),
+            WeightFormat::F32 => Panels::F32((0..n).map(at).collect()),
+            other => panic!("a convolution stored as {other} (the ABI's check admits f32 and f16)"),
         }
     }
-    taps
+
+    fn len(&self) -> usize {
+        match self {
+            Panels::F32(p) => p.len(),
+            Panels::F16(p) => p.len(),
+        }
+    }
+
+    /// Runs `f(panels, first)` with the panels of `taps` as `f32` (`panel` elements each), `first` the index in
+    /// the slice of the first tap's first element: the `f32` panels themselves, or the `f16` ones of `taps`
+    /// widened into this thread's scratch.
+    fn with_f32<R>(
+        &self,
+        taps: std::ops::Range<usize>,
+        panel: usize,
+        f: impl FnOnce(&[f32], usize) -> R,
+    ) -> R {
+        match self {
+            Panels::F32(p) => f(p, taps.start * panel),
+            Panels::F16(p) => WIDENED.with(|scratch| {
+                let src = &p[taps.start * panel..taps.end * panel];
+                let widen = |scratch: &mut Vec<f32>| {
+                    scratch.resize(src.len(), 0.0);
+                    src.convert_to_f32_slice(scratch);
+                };
+                // A thread that waits in a parallel GEMM may run another convolution's tile meanwhile: that one
+                // widens into a buffer of its own.
+                match scratch.try_borrow_mut() {
+                    Ok(mut scratch) => {
+                        widen(&mut scratch);
+                        f(&scratch, 0)
+                    }
+                    Err(_) => {
+                        let mut own = Vec::new();
+                        widen(&mut own);
+                        f(&own, 0)
+                    }
+                }
+            }),
+        }
+    }
+
+    /// Whether the whole layer is widened once per call (rather than a tap per tile).
+    fn widen_whole(&self) -> bool {
+        matches!(self, Panels::F16(_)) && self.len() <= WIDEN_WHOLE_MAX
+    }
 }
 
 /// A `Conv1d` weight, repacked as `k` tap panels `[cout][cin]`.
 pub struct ConvWeight {
-    taps: Vec<f32>,
+    taps: Panels,
     bias: Vec<f32>,
     cout: usize,
     cin: usize,
@@ -38,12 +131,20 @@ pub struct ConvWeight {
 }
 
 impl ConvWeight {
-    pub fn new(w: &[f32], cout: usize, cin: usize, k: usize, bias: Option<&[f32]>) -> Self {
+    /// `format`: F32, or F16 (lossy: half the memory).
+    pub fn new(
+        w: &[f32],
+        cout: usize,
+        cin: usize,
+        k: usize,
+        bias: Option<&[f32]>,
+        format: WeightFormat,
+    ) -> Self {
         assert_eq!(w.len(), cout * cin * k, "conv1d weight size");
         let bias = bias.map_or_else(|| vec![0.0; cout], <[f32]>::to_vec);
         assert_eq!(bias.len(), cout, "conv1d bias size");
         ConvWeight {
-            taps: tap_panels(w, cout, cin, k, false),
+            taps: Panels::new(w, (cout, cin, k), false, format),
             bias,
             cout,
             cin,
@@ -69,15 +170,32 @@ impl ConvWeight {
             row.fill(*b);
         }
         let out = SharedOut::new(y);
-        for_column_tiles(lout, TIME_TILE, par, |c0, c1, par| {
-            for tap in 0..k {
-                // SAFETY: tiles cover disjoint column ranges of `y`.
-                let dst = unsafe { MatMut::from_shared(out, c0, cout, c1 - c0, lout as isize, 1) };
-                let w = MatRef::new(&self.taps, tap * cout * cin, cout, cin, cin as isize, 1);
-                let xs = MatRef::new(x, c0 + tap * dilation, cin, c1 - c0, len as isize, 1);
-                matmul(dst, w, xs, true, par);
-            }
-        });
+        let panel = cout * cin;
+        // Tap `tap`'s GEMM into columns c0..c1, its panel at `w[first..]`.
+        let gemm_tap = |w: &[f32], first: usize, tap: usize, c0: usize, c1: usize, par| {
+            // SAFETY: tiles cover disjoint column ranges of `y`.
+            let dst = unsafe { MatMut::from_shared(out, c0, cout, c1 - c0, lout as isize, 1) };
+            let w = MatRef::new(w, first, cout, cin, cin as isize, 1);
+            let xs = MatRef::new(x, c0 + tap * dilation, cin, c1 - c0, len as isize, 1);
+            matmul(dst, w, xs, true, par);
+        };
+        if self.taps.widen_whole() || matches!(self.taps, Panels::F32(_)) {
+            self.taps.with_f32(0..k, panel, |w, first| {
+                for_column_tiles(lout, TIME_TILE, par, |c0, c1, par| {
+                    for tap in 0..k {
+                        gemm_tap(w, first + tap * panel, tap, c0, c1, par);
+                    }
+                });
+            });
+        } else {
+            for_column_tiles(lout, TIME_TILE, par, |c0, c1, par| {
+                for tap in 0..k {
+                    self.taps.with_f32(tap..tap + 1, panel, |w, first| {
+                        gemm_tap(w, first, tap, c0, c1, par)
+                    });
+                }
+            });
+        }
     }
 }
 
@@ -122,7 +240,7 @@ impl DepthwiseWeight {
 
 /// A `ConvTranspose1d` weight, repacked as `k` tap panels `[cout][cin]`.
 pub struct ConvTransposeWeight {
-    taps: Vec<f32>,
+    taps: Panels,
     cin: usize,
     cout: usize,
     k: usize,
@@ -130,11 +248,19 @@ pub struct ConvTransposeWeight {
 }
 
 impl ConvTransposeWeight {
-    pub fn new(w: &[f32], cin: usize, cout: usize, k: usize, stride: usize) -> Self {
+    /// `format`: F32, or F16 (lossy: half the memory).
+    pub fn new(
+        w: &[f32],
+        cin: usize,
+        cout: usize,
+        k: usize,
+        stride: usize,
+        format: WeightFormat,
+    ) -> Self {
         assert_eq!(w.len(), cin * cout * k, "transposed conv weight size");
         assert!(stride >= 1, "transposed conv stride");
         ConvTransposeWeight {
-            taps: tap_panels(w, cout, cin, k, true),
+            taps: Panels::new(w, (cout, cin, k), true, format),
             cin,
             cout,
             k,
@@ -154,24 +280,138 @@ impl ConvTransposeWeight {
         y.fill(0.0);
         let positions = lfull.div_ceil(s);
         let out = SharedOut::new(y);
-        for_column_tiles(positions, TIME_TILE, par, |m0, m1, par| {
-            for tap in 0..k {
-                let (r, j) = (tap % s, tap / s);
-                // input columns t = m − j for m in [m0, m1), clipped to [0, len)
-                let t0 = m0.saturating_sub(j);
-                let t1 = (m1.saturating_sub(j)).min(len);
-                if t0 >= t1 {
-                    continue;
-                }
-                let first_out = (t0 + j) * s + r;
-                // SAFETY: tiles cover disjoint ranges of m, hence disjoint output columns.
-                let dst = unsafe {
-                    MatMut::from_shared(out, first_out, cout, t1 - t0, lfull as isize, s as isize)
-                };
-                let w = MatRef::new(&self.taps, tap * cout * cin, cout, cin, cin as isize, 1);
-                let xs = MatRef::new(x, t0, cin, t1 - t0, len as isize, 1);
-                matmul(dst, w, xs, true, par);
+        let panel = cout * cin;
+        // Tap `tap`'s GEMM for positions m0..m1, its panel at `w[first..]`.
+        let gemm_tap = |w: &[f32], first: usize, tap: usize, m0: usize, m1: usize, par| {
+            let (r, j) = (tap % s, tap / s);
+            // input columns t = m − j for m in [m0, m1), clipped to [0, len)
+            let t0 = m0.saturating_sub(j);
+            let t1 = (m1.saturating_sub(j)).min(len);
+            if t0 >= t1 {
+                return;
             }
-        });
+            let first_out = (t0 + j) * s + r;
+            // SAFETY: tiles cover disjoint ranges of m, hence disjoint output columns.
+            let dst = unsafe {
+                MatMut::from_shared(out, first_out, cout, t1 - t0, lfull as isize, s as isize)
+            };
+            let w = MatRef::new(w, first, cout, cin, cin as isize, 1);
+            let xs = MatRef::new(x, t0, cin, t1 - t0, len as isize, 1);
+            matmul(dst, w, xs, true, par);
+        };
+        if self.taps.widen_whole() || matches!(self.taps, Panels::F32(_)) {
+            self.taps.with_f32(0..k, panel, |w, first| {
+                for_column_tiles(positions, TIME_TILE, par, |m0, m1, par| {
+                    for tap in 0..k {
+                        gemm_tap(w, first + tap * panel, tap, m0, m1, par);
+                    }
+                });
+            });
+        } else {
+            for_column_tiles(positions, TIME_TILE, par, |m0, m1, par| {
+                for tap in 0..k {
+                    self.taps.with_f32(tap..tap + 1, panel, |w, first| {
+                        gemm_tap(w, first, tap, m0, m1, par)
+                    });
+                }
+            });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Deterministic values in ±`scale`.
+    fn values(n: usize, seed: u64, scale: f32) -> Vec<f32> {
+        let mut s = seed | 1;
+        (0..n)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                ((s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
+            })
+            .collect()
+    }
+
+    fn rounded(w: &[f32]) -> Vec<f32> {
+        w.iter().map(|&v| f16::from_f32(v).to_f32()).collect()
+    }
+
+    fn parallelisms() -> [gemm::Parallelism; 2] {
+        [gemm::Parallelism::None, gemm::Parallelism::Rayon(2)]
+    }
+
+    /// An f16 convolution is the f32 one on the weights rounded to f16, bit for bit: for a layer widened whole
+    /// and for one widened a tap per tile (over `WIDEN_WHOLE_MAX` weights), over several time tiles.
+    #[test]
+    fn f16_conv1d_is_f32_on_rounded_weights() {
+        for (cout, cin, k, dilation, len) in [(24, 40, 7, 3, 700), (512, 520, 17, 1, 300)] {
+            let w = values(cout * cin * k, 1, 0.05);
+            let bias = values(cout, 2, 0.1);
+            let x = values(cin * len, 3, 1.0);
+            let half = ConvWeight::new(&w, cout, cin, k, Some(&bias), WeightFormat::F16);
+            assert_eq!(half.taps.widen_whole(), cout * cin * k <= WIDEN_WHOLE_MAX);
+            let reference =
+                ConvWeight::new(&rounded(&w), cout, cin, k, Some(&bias), WeightFormat::F32);
+            let lout = len - (k - 1) * dilation;
+            for par in parallelisms() {
+                let (mut a, mut b) = (vec![0.0; cout * lout], vec![0.0; cout * lout]);
+                half.forward(&x, len, dilation, &mut a, par);
+                reference.forward(&x, len, dilation, &mut b, par);
+                assert!(
+                    a == b,
+                    "conv1d {cout}×{cin}×{k}: f16 differs from f32 on rounded weights"
+                );
+                let mut full = vec![0.0; cout * lout];
+                ConvWeight::new(&w, cout, cin, k, Some(&bias), WeightFormat::F32)
+                    .forward(&x, len, dilation, &mut full, par);
+                assert!(a != full, "the f16 weights were not rounded");
+            }
+        }
+    }
+
+    #[test]
+    fn f16_conv_transpose1d_is_f32_on_rounded_weights() {
+        for (cin, cout, k, stride, len) in [(40, 24, 10, 5, 120), (520, 512, 17, 8, 40)] {
+            let w = values(cin * cout * k, 4, 0.05);
+            let x = values(cin * len, 5, 1.0);
+            let half = ConvTransposeWeight::new(&w, cin, cout, k, stride, WeightFormat::F16);
+            assert_eq!(half.taps.widen_whole(), cout * cin * k <= WIDEN_WHOLE_MAX);
+            let reference =
+                ConvTransposeWeight::new(&rounded(&w), cin, cout, k, stride, WeightFormat::F32);
+            let lfull = (len - 1) * stride + k;
+            for par in parallelisms() {
+                let (mut a, mut b) = (vec![0.0; cout * lfull], vec![0.0; cout * lfull]);
+                half.forward(&x, len, &mut a, par);
+                reference.forward(&x, len, &mut b, par);
+                assert!(a == b, "conv_transpose1d {cin}×{cout}×{k}: f16 differs");
+            }
+        }
+    }
+
+    #[test]
+    fn f32_panels_keep_the_weights() {
+        // w[cout][cin][k] → panel [t][o][i], and the transposed layout w[cin][cout][k].
+        let (cout, cin, k) = (3, 2, 4);
+        let w: Vec<f32> = (0..cout * cin * k).map(|v| v as f32).collect();
+        for transposed in [false, true] {
+            let Panels::F32(p) = Panels::new(&w, (cout, cin, k), transposed, WeightFormat::F32)
+            else {
+                unreachable!()
+            };
+            for (t, o, i) in
+                (0..k).flat_map(|t| (0..cout).flat_map(move |o| (0..cin).map(move |i| (t, o, i))))
+            {
+                let src = if transposed {
+                    (i * cout + o) * k + t
+                } else {
+                    (o * cin + i) * k + t
+                };
+                assert_eq!(p[(t * cout + o) * cin + i], w[src]);
+            }
+        }
     }
 }

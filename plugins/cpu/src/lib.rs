@@ -101,7 +101,8 @@ impl Backend for CpuBackend {
                 cin,
                 k,
                 bias,
-            } => Weight::new(ConvWeight::new(w, cout, cin, k, bias)),
+                format,
+            } => Weight::new(ConvWeight::new(w, cout, cin, k, bias, format)),
             WeightData::DepthwiseConv1d {
                 w,
                 channels,
@@ -114,7 +115,8 @@ impl Backend for CpuBackend {
                 cout,
                 k,
                 stride,
-            } => Weight::new(ConvTransposeWeight::new(w, cin, cout, k, stride)),
+                format,
+            } => Weight::new(ConvTransposeWeight::new(w, cin, cout, k, stride, format)),
         })
     }
 
