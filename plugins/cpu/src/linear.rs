@@ -4,9 +4,9 @@
 //! steps of the talker and code predictor) run a fused decode-and-dot kernel that streams each weight once
 //! for up to four rows; many rows (a prefill) decode output tiles to f32 and hand them to `gemm`. The kernels
 //! are plain Rust compiled three times (AVX-512, AVX2+FMA, baseline) and picked at run time; on aarch64 the
-//! baseline build is NEON-vectorised. Q8_0/Q4_0 weights run integer kernels where the CPU has them: x86
-//! AVX512-VNNI on weights repacked at upload (`linear_vnni.rs`, every row count), aarch64 NEON/SDOT/SMMLA
-//! (`linear_arm.rs`, few rows).
+//! baseline build is NEON-vectorised. Quantised weights run integer kernels where the CPU has them: x86
+//! AVX512-VNNI on Q4_0 weights repacked at upload (`linear_vnni.rs`, every row count; Q8_0 too with
+//! `KAZEIA_VNNI_Q8=1`), aarch64 NEON/SDOT/SMMLA on Q8_0/Q4_0 (`linear_arm.rs`, few rows).
 
 use kazeia_backend_abi::WeightFormat;
 use rayon::prelude::*;
@@ -165,7 +165,9 @@ impl LinearWeight {
         }
     }
 
-    /// Repacks Q4_0/Q8_0 for the AVX512-VNNI kernel where the CPU has it; other weights stay as they are.
+    /// Repacks Q4_0 (and, with `KAZEIA_VNNI_Q8=1`, Q8_0) for the AVX512-VNNI kernel where the CPU has it;
+    /// other weights stay as they are. Q8_0 stays on the float kernel by default: it keeps f32 activations,
+    /// which the Vulkan plugin's Q8_0 results are compared with exactly.
     fn for_this_cpu(self) -> Self {
         #[cfg(target_arch = "x86_64")]
         if crate::linear_vnni::usable() {
@@ -175,7 +177,7 @@ impl LinearWeight {
                 Storage::Q4_0 { scales, nibbles } => {
                     Storage::Vnni(Packed::from_q4_0(&scales, &nibbles, out, k))
                 }
-                Storage::Q8_0 { scales, quants } => {
+                Storage::Q8_0 { scales, quants } if crate::linear_vnni::q8_0_enabled() => {
                     Storage::Vnni(Packed::from_q8_0(&scales, &quants, out, k))
                 }
                 other => other,
