@@ -108,6 +108,7 @@ fn a_stage_whose_backend_fails_moves_to_the_cpu_and_the_utterance_is_still_the_o
         first_chunk_frames: 1,
         chunk_frames: 4,
         profile_decoder: false,
+        batch: 1,
     };
     // Lists each stage runs before its failure: the talker's prompt takes 5 and its prefill 1, so 8 fails
     // in the second frame; the code predictor runs 15 a frame; the decoder one per chunk. 0: the very first.
