@@ -18,7 +18,10 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use kazeia_engine::codec::{profile_stage, CodecConfig, CodecDecoder, PROFILE_STAGES};
 use kazeia_engine::lm::sampler::SeededRng;
-use kazeia_engine::lm::{generate, GenerationConfig, ModelConfig, PromptRequest, TtsModel};
+use kazeia_engine::lm::{
+    generate, generate_batch, BatchOptions, BatchSequence, GenerationConfig, ModelConfig, Prompt,
+    PromptRequest, TtsModel,
+};
 use kazeia_engine::random_weights::RandomWeights;
 use kazeia_engine::stream::{stream_speech, SessionControl, StreamConfig};
 use kazeia_engine::tokenizer::{assistant_text, TextTokenizer};
@@ -64,6 +67,11 @@ pub struct BenchArgs {
     /// Print one JSON object instead of the table.
     #[arg(long)]
     json: bool,
+    /// Batched generation instead: a 10-sentence text generated one sentence at a time and then with up to
+    /// N sentences per talker / code-predictor step, for each N given (e.g. `--batch 1,2,4`); `--frames` frames
+    /// per sentence, each sentence decoded after it is generated.
+    #[arg(long, value_delimiter = ',')]
+    batch: Option<Vec<usize>>,
 }
 
 #[derive(Clone, Copy, Default)]
@@ -330,6 +338,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let load_start = Instant::now();
     let loaded = load(&args)?;
     let load_s = load_start.elapsed().as_secs_f64();
+    if let Some(widths) = &args.batch {
+        return run_batches(&loaded, &args, widths);
+    }
     run_once(&loaded, args.frames.min(4))?; // warm-up: first touch of every weight and buffer
     let mut best: Option<Run> = None;
     for _ in 0..args.repeat {
@@ -529,4 +540,226 @@ fn peak_rss_mb() -> f64 {
                 .and_then(|kb| kb.parse::<f64>().ok())
         })
         .map_or(0.0, |kb| kb / 1024.0)
+}
+
+/// Sentences of the `--batch` text.
+const BATCH_SENTENCES: usize = 10;
+
+/// One pass over the `--batch` text: where the compute went.
+#[derive(Clone, Copy, Default)]
+struct TextRun {
+    prefill_s: f64,
+    talker_s: f64,
+    cp_s: f64,
+    decoder_s: f64,
+    /// From the start to the first sentence's first frame (its first audio follows one frame's decode later).
+    first_frame_s: f64,
+}
+
+impl TextRun {
+    fn total_s(&self) -> f64 {
+        self.prefill_s + self.talker_s + self.cp_s + self.decoder_s
+    }
+}
+
+/// The prompts of the `--batch` text: the benchmark prompt with its text cut or repeated to sentences of
+/// different lengths (8 to 17 text ids), the voice's fixed rows the same for all.
+fn text_prompts(loaded: &Loaded) -> Result<Vec<Prompt>> {
+    let (Some(model), Some(request)) = (&loaded.model, &loaded.request) else {
+        bail!("--batch needs the talker (not --decoder-only)");
+    };
+    // The template: 3 role ids, the text, 5 closing ids.
+    let ids = &request.input_ids;
+    let (head, text, tail) = (&ids[..3], &ids[3..ids.len() - 5], &ids[ids.len() - 5..]);
+    (0..BATCH_SENTENCES)
+        .map(|i| {
+            let len = 8 + (i * 7) % 10;
+            let mut input_ids = head.to_vec();
+            input_ids.extend(text.iter().cycle().skip(i).take(len));
+            input_ids.extend_from_slice(tail);
+            Ok(model.prompt(&PromptRequest {
+                input_ids,
+                ..request.clone()
+            })?)
+        })
+        .collect()
+}
+
+/// The text one sentence at a time (`width` None, as the daemon speaks it today) or batched.
+fn text_run(
+    loaded: &Loaded,
+    prompts: &[Prompt],
+    frames: usize,
+    width: Option<usize>,
+) -> Result<TextRun> {
+    let model = loaded.model.as_ref().expect("checked by text_prompts");
+    let mut options = model.default_options(false);
+    options.max_new_tokens = frames + 1;
+    options.ignore_eos = true;
+    let mut run = TextRun::default();
+    let start = Instant::now();
+    let mut first_frame = None;
+    let codes: Vec<Vec<Vec<u32>>> = match width {
+        None => {
+            let mut codes = Vec::new();
+            for (i, prompt) in prompts.iter().enumerate() {
+                let mut rng = SeededRng::new(1 + i as u64);
+                let generated =
+                    generate(model, prompt, &options, &mut || rng.uniform(), &mut |_| {
+                        first_frame.get_or_insert_with(|| start.elapsed());
+                        true
+                    })?;
+                let t = &generated.timings;
+                run.prefill_s += t.prefill.as_secs_f64();
+                run.talker_s += t.talker.as_secs_f64();
+                run.cp_s += t.code_predictor.as_secs_f64();
+                let decode = Instant::now();
+                loaded.decoder.decode(&generated.codes)?;
+                run.decoder_s += decode.elapsed().as_secs_f64();
+                codes.push(generated.codes);
+            }
+            codes
+        }
+        Some(width) => {
+            let first = std::cell::Cell::new(None);
+            let mut sequences = prompts.iter().enumerate().map(|(i, prompt)| {
+                let mut rng = SeededRng::new(1 + i as u64);
+                let sequence = BatchSequence::new(prompt.clone(), move || rng.uniform());
+                Ok(if i == 0 {
+                    let first = &first;
+                    sequence.on_frame(move |_| {
+                        if first.get().is_none() {
+                            first.set(Some(start.elapsed()));
+                        }
+                        true
+                    })
+                } else {
+                    sequence
+                })
+            });
+            let batch = BatchOptions {
+                width,
+                lead_frames: 1,
+            };
+            let generated = generate_batch(model, &mut sequences, &options, batch)
+                .map_err(kazeia_engine::Error::from)?;
+            first_frame = first.get();
+            let t = &generated.timings;
+            run.prefill_s = t.prefill.as_secs_f64();
+            run.talker_s = t.talker.as_secs_f64();
+            run.cp_s = t.code_predictor.as_secs_f64();
+            let mut codes = Vec::new();
+            for g in generated.sequences {
+                let decode = Instant::now();
+                loaded.decoder.decode(&g.codes)?;
+                run.decoder_s += decode.elapsed().as_secs_f64();
+                codes.push(g.codes);
+            }
+            codes
+        }
+    };
+    if codes.iter().any(|c| c.len() != frames) {
+        bail!("a sentence did not get its {frames} frames");
+    }
+    run.first_frame_s = first_frame.map_or(f64::NAN, |d| d.as_secs_f64());
+    Ok(run)
+}
+
+/// `kazeia bench --batch N,…`: the 10-sentence text sequentially and at each width; audio per second of
+/// compute (prefill + talker + code predictor + decoder, all on this thread) and its split.
+fn run_batches(loaded: &Loaded, args: &BenchArgs, widths: &[usize]) -> Result<()> {
+    if widths.contains(&0) {
+        bail!("--batch widths must be positive");
+    }
+    let prompts = text_prompts(loaded)?;
+    // Warm-up: first touch of every weight and buffer, and the voice's fixed rows kept (as after the
+    // daemon's warm-up).
+    text_run(loaded, &prompts[..2], args.frames.min(4), Some(2))?;
+    let best = |width: Option<usize>| -> Result<TextRun> {
+        let mut best: Option<TextRun> = None;
+        for _ in 0..args.repeat {
+            let r = text_run(loaded, &prompts, args.frames, width)?;
+            if best.is_none_or(|b| r.total_s() < b.total_s()) {
+                best = Some(r);
+            }
+        }
+        Ok(best.expect("at least one run"))
+    };
+    let sequential = best(None)?;
+    let mut rows = vec![("sequential".to_string(), sequential)];
+    for &width in widths {
+        rows.push((format!("batch {width}"), best(Some(width))?));
+    }
+    let frames = (BATCH_SENTENCES * args.frames) as f64;
+    let audio_s =
+        frames * loaded.decoder.samples_per_frame() as f64 / loaded.decoder.sample_rate() as f64;
+    let rate = |r: &TextRun| audio_s / r.total_s();
+    let lm_rate = |r: &TextRun| audio_s / (r.total_s() - r.decoder_s);
+    if args.json {
+        let entries: Vec<String> = rows
+            .iter()
+            .map(|(name, r)| {
+                format!(
+                    "{{\"mode\": \"{name}\", \"prefill_s\": {:.3}, \"talker_ms_per_frame\": {:.3}, \
+                     \"cp_ms_per_frame\": {:.3}, \"decoder_s\": {:.3}, \"total_s\": {:.3}, \
+                     \"audio_s_per_s\": {:.3}, \"ratio\": {:.3}, \"lm_ratio\": {:.3}, \"first_frame_ms\": {:.1}}}",
+                    r.prefill_s,
+                    r.talker_s * 1e3 / frames,
+                    r.cp_s * 1e3 / frames,
+                    r.decoder_s,
+                    r.total_s(),
+                    rate(r),
+                    rate(r) / rate(&sequential),
+                    lm_rate(r) / lm_rate(&sequential),
+                    r.first_frame_s * 1e3
+                )
+            })
+            .collect();
+        println!(
+            "{{\"source\": \"{}\", \"sentences\": {BATCH_SENTENCES}, \"frames_per_sentence\": {}, \"threads\": {}, \
+             \"audio_s\": {audio_s:.3}, \"runs\": [{}]}}",
+            loaded.source,
+            args.frames,
+            args.threads,
+            entries.join(", ")
+        );
+        return Ok(());
+    }
+    println!(
+        "kazeia bench --batch — {}, {BATCH_SENTENCES} sentences × {} frames ({audio_s:.1} s of audio), {} thread(s), \
+         best of {}",
+        loaded.source, args.frames, args.threads, args.repeat
+    );
+    println!(
+        "{:<12}{:>10}{:>12}{:>12}{:>11}{:>10}{:>12}{:>8}{:>10}{:>13}",
+        "mode",
+        "prefill s",
+        "talker ms/f",
+        "CP ms/f",
+        "decoder s",
+        "total s",
+        "audio s/s",
+        "ratio",
+        "LM ratio",
+        "1st frame ms"
+    );
+    for (name, r) in &rows {
+        println!(
+            "{name:<12}{:>10.2}{:>12.2}{:>12.2}{:>11.2}{:>10.2}{:>12.3}{:>8.2}{:>10.2}{:>13.0}",
+            r.prefill_s,
+            r.talker_s * 1e3 / frames,
+            r.cp_s * 1e3 / frames,
+            r.decoder_s,
+            r.total_s(),
+            rate(r),
+            rate(r) / rate(&sequential),
+            lm_rate(r) / lm_rate(&sequential),
+            r.first_frame_s * 1e3
+        );
+    }
+    println!(
+        "audio s/s: seconds of audio per second of compute (prefill + talker + code predictor + decoder); ratio: \
+         against sequential; LM ratio: the same without the decoder (which is not batched)"
+    );
+    Ok(())
 }

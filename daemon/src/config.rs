@@ -135,6 +135,10 @@ pub struct StreamSection {
     pub first_chunk_frames: usize,
     /// Frames in each later chunk.
     pub chunk_frames: usize,
+    /// Chunks of one text (sentences) generated together, one row each per talker and code-predictor step
+    /// (`StreamConfig::batch`); 1 = one after the other. Audio still comes in order, and the first chunk's
+    /// first sound waits for no other.
+    pub batch: usize,
 }
 
 impl Default for ModelSection {
@@ -193,6 +197,7 @@ impl Default for StreamSection {
         StreamSection {
             first_chunk_frames: 1,
             chunk_frames: 8,
+            batch: 4,
         }
     }
 }
@@ -243,7 +248,10 @@ impl DaemonConfig {
         {
             bail!("[queue] limits must be positive");
         }
-        if self.stream.first_chunk_frames == 0 || self.stream.chunk_frames == 0 {
+        if self.stream.first_chunk_frames == 0
+            || self.stream.chunk_frames == 0
+            || self.stream.batch == 0
+        {
             bail!("[stream] chunk sizes must be positive");
         }
         if self.voice.language.trim().is_empty() {

@@ -272,6 +272,7 @@ impl Player {
             first_chunk_frames: config.stream.first_chunk_frames,
             chunk_frames: config.stream.chunk_frames,
             profile_decoder: false,
+            batch: config.stream.batch,
         };
         let options = SynthOptions {
             greedy: config.generation.greedy,

@@ -57,6 +57,10 @@ pub struct SynthArgs {
     /// Frames in each later decoded chunk.
     #[arg(long, default_value_t = StreamConfig::default().chunk_frames)]
     chunk_frames: usize,
+    /// Text chunks (sentences) generated together, one row each per talker and code-predictor step; the
+    /// audio is the same order either way (greedy: the same audio).
+    #[arg(long, default_value_t = StreamConfig::default().batch)]
+    batch: usize,
     #[command(flatten)]
     sampling: SamplingArgs,
     #[command(flatten)]
@@ -128,6 +132,7 @@ pub fn run(args: SynthArgs) -> Result<()> {
         first_chunk_frames: args.first_chunk_frames.max(1),
         chunk_frames: args.chunk_frames.max(1),
         profile_decoder: profiling(),
+        batch: args.batch.max(1),
     };
     let mut wav = WavWriter::create(&args.out, synth.sample_rate(), format)
         .with_context(|| format!("cannot write {}", args.out.display()))?;

@@ -5,6 +5,7 @@
 //! A [`SessionControl`] stops or pauses a session from any thread: after [`SessionControl::stop`] returns no
 //! more audio is delivered, and generation ends within one frame.
 
+use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
@@ -16,7 +17,9 @@ use crate::error::{Error, Result};
 use crate::fallback::{FixedStages, Stage, Stages};
 use crate::lm::generate::generate_on;
 use crate::lm::sampler::SeededRng;
-use crate::lm::{GenerateOptions, GenerateTimings, Prompt, TtsModel};
+use crate::lm::{
+    generate_batch, BatchOptions, BatchSequence, GenerateOptions, GenerateTimings, Prompt, TtsModel,
+};
 use crate::marks::{MarkPlacer, MarkPlan, SpeakingRate};
 
 /// Chunking of the decoder's work.
@@ -29,6 +32,10 @@ pub struct StreamConfig {
     /// Time each decoder stage ([`StreamReport::decoder_stages`]). Each stage then ends its own list of ops
     /// on the backend, so a device backend submits five times per chunk instead of once: for profiles only.
     pub profile_decoder: bool,
+    /// Utterances (text chunks) generated together, one row each per talker and code-predictor step
+    /// ([`crate::lm::generate_batch`]); 1: one after the other. Audio is handed out in order all the same, and
+    /// the first utterance leads alone for its first chunk, so its first audio waits for no other prefill.
+    pub batch: usize,
 }
 
 impl Default for StreamConfig {
@@ -39,6 +46,7 @@ impl Default for StreamConfig {
             first_chunk_frames: 1,
             chunk_frames: 8,
             profile_decoder: false,
+            batch: 1,
         }
     }
 }
@@ -378,63 +386,79 @@ pub fn stream_utterances(
         });
 
         let mut target = config.first_chunk_frames.max(1);
-        let generation: Result<()> = (|| {
-            for (i, utterance) in utterances.enumerate() {
-                if control.is_stopped() || failed.load(Ordering::SeqCst) {
-                    break;
-                }
-                let Utterance { prompt, marks } = utterance?;
-                if i > 0 || prompt.decoder_start.is_some() {
-                    tx.send(Work::Restart(prompt.decoder_start.clone())).ok();
-                }
-                let weight = marks.weight;
-                let mut placer = MarkPlacer::new(marks, rate);
-                let send_marks = |placed: Vec<(usize, f64)>| {
-                    for (id, frame) in placed {
-                        let sample = (frame * samples_per_frame).round() as u64;
-                        tx.send(Work::Mark { id, sample }).ok();
+        let generation: Result<()> = if config.batch > 1 {
+            generate_batched(
+                stages,
+                utterances,
+                options,
+                &mut rng,
+                config,
+                control,
+                rate,
+                failed,
+                &tx,
+                samples_per_frame,
+                &mut report,
+            )
+        } else {
+            (|| {
+                for (i, utterance) in utterances.enumerate() {
+                    if control.is_stopped() || failed.load(Ordering::SeqCst) {
+                        break;
                     }
-                };
-                send_marks(placer.due(0));
-                let mut pending: Vec<Vec<u32>> = Vec::new();
-                let mut made = 0;
-                let t = Instant::now();
-                let generated = generate_on(
-                    stages,
-                    &prompt,
-                    options,
-                    &mut || rng.uniform(),
-                    &mut |frame| {
-                        made += 1;
-                        send_marks(placer.due(made));
-                        pending.push(frame.to_vec());
-                        if pending.len() >= target {
-                            tx.send(Work::Frames(std::mem::take(&mut pending))).ok();
-                            target = config.chunk_frames.max(1);
+                    let Utterance { prompt, marks } = utterance?;
+                    if i > 0 || prompt.decoder_start.is_some() {
+                        tx.send(Work::Restart(prompt.decoder_start.clone())).ok();
+                    }
+                    let weight = marks.weight;
+                    let mut placer = MarkPlacer::new(marks, rate);
+                    let send_marks = |placed: Vec<(usize, f64)>| {
+                        for (id, frame) in placed {
+                            let sample = (frame * samples_per_frame).round() as u64;
+                            tx.send(Work::Mark { id, sample }).ok();
                         }
-                        control.wait_while_paused();
-                        !(control.is_stopped() || failed.load(Ordering::SeqCst))
-                    },
-                )?;
-                report.generate_time += t.elapsed();
-                let g = &generated.timings;
-                report.timings.prefill += g.prefill;
-                report.timings.prompt_rows += g.prompt_rows;
-                report.timings.reused_rows += g.reused_rows;
-                report.timings.talker += g.talker;
-                report.timings.code_predictor += g.code_predictor;
-                report.utterances += 1;
-                report.frames += generated.codes.len();
-                if generated.eos {
-                    rate.learn(generated.codes.len(), weight);
+                    };
+                    send_marks(placer.due(0));
+                    let mut pending: Vec<Vec<u32>> = Vec::new();
+                    let mut made = 0;
+                    let t = Instant::now();
+                    let generated = generate_on(
+                        stages,
+                        &prompt,
+                        options,
+                        &mut || rng.uniform(),
+                        &mut |frame| {
+                            made += 1;
+                            send_marks(placer.due(made));
+                            pending.push(frame.to_vec());
+                            if pending.len() >= target {
+                                tx.send(Work::Frames(std::mem::take(&mut pending))).ok();
+                                target = config.chunk_frames.max(1);
+                            }
+                            control.wait_while_paused();
+                            !(control.is_stopped() || failed.load(Ordering::SeqCst))
+                        },
+                    )?;
+                    report.generate_time += t.elapsed();
+                    let g = &generated.timings;
+                    report.timings.prefill += g.prefill;
+                    report.timings.prompt_rows += g.prompt_rows;
+                    report.timings.reused_rows += g.reused_rows;
+                    report.timings.talker += g.talker;
+                    report.timings.code_predictor += g.code_predictor;
+                    report.utterances += 1;
+                    report.frames += generated.codes.len();
+                    if generated.eos {
+                        rate.learn(generated.codes.len(), weight);
+                    }
+                    send_marks(placer.finish(generated.codes.len()));
+                    if !pending.is_empty() {
+                        tx.send(Work::Frames(pending)).ok();
+                    }
                 }
-                send_marks(placer.finish(generated.codes.len()));
-                if !pending.is_empty() {
-                    tx.send(Work::Frames(pending)).ok();
-                }
-            }
-            Ok(())
-        })();
+                Ok(())
+            })()
+        };
         drop(tx);
         let decoded = decoder
             .join()
@@ -449,6 +473,210 @@ pub fn stream_utterances(
         report.stopped = control.is_stopped();
         Ok(report)
     })
+}
+
+/// An utterance of a batched session not yet (wholly) handed to the decoder.
+struct Queued {
+    /// Its marks, placed once it is the one being heard (the speaking rate learned from those before it).
+    marks: Option<MarkPlan>,
+    decoder_start: Option<Arc<DecoderState>>,
+    /// Frames made while an earlier utterance was still being heard.
+    held: Vec<Vec<u32>>,
+    /// Its frames and whether it ended by EOS, once it has ended.
+    ended: Option<(usize, bool)>,
+}
+
+/// The frames of a batched session handed to the decoder in the order they are heard: the utterance being
+/// heard's at once, chunked as a sequential session chunks them, and later ones' held until it has ended.
+struct InOrder<'t> {
+    tx: &'t mpsc::Sender<Work>,
+    rate: &'t SpeakingRate,
+    config: StreamConfig,
+    samples_per_frame: f64,
+    /// Frames of the next chunk sent.
+    target: usize,
+    /// The utterance being heard (an index into `queued`).
+    current: usize,
+    queued: Vec<Queued>,
+    placer: Option<MarkPlacer>,
+    weight: f64,
+    /// Frames of the current utterance handed on, and those not yet sent as a chunk.
+    made: usize,
+    pending: Vec<Vec<u32>>,
+}
+
+impl InOrder<'_> {
+    fn send_marks(&self, placed: Vec<(usize, f64)>) {
+        for (id, frame) in placed {
+            let sample = (frame * self.samples_per_frame).round() as u64;
+            self.tx.send(Work::Mark { id, sample }).ok();
+        }
+    }
+
+    /// A new utterance, after those added before.
+    fn add(&mut self, marks: MarkPlan, decoder_start: Option<Arc<DecoderState>>) {
+        self.queued.push(Queued {
+            marks: Some(marks),
+            decoder_start,
+            held: Vec::new(),
+            ended: None,
+        });
+        if self.queued.len() - 1 == self.current {
+            self.begin();
+        }
+    }
+
+    /// The current utterance starts to be heard: its frames so far go on, and it ends if it has.
+    fn begin(&mut self) {
+        let i = self.current;
+        let queued = &mut self.queued[i];
+        if i > 0 || queued.decoder_start.is_some() {
+            self.tx
+                .send(Work::Restart(queued.decoder_start.clone()))
+                .ok();
+        }
+        let plan = queued.marks.take().expect("an utterance begins once");
+        let held = std::mem::take(&mut queued.held);
+        let ended = queued.ended;
+        self.weight = plan.weight;
+        let mut placer = MarkPlacer::new(plan, self.rate);
+        self.send_marks(placer.due(0));
+        self.placer = Some(placer);
+        self.made = 0;
+        for frame in held {
+            self.forward(frame);
+        }
+        if let Some((frames, eos)) = ended {
+            self.finish(frames, eos);
+        }
+    }
+
+    fn forward(&mut self, frame: Vec<u32>) {
+        self.made += 1;
+        let due = self.placer.as_mut().expect("begun").due(self.made);
+        self.send_marks(due);
+        self.pending.push(frame);
+        if self.pending.len() >= self.target {
+            self.tx
+                .send(Work::Frames(std::mem::take(&mut self.pending)))
+                .ok();
+            self.target = self.config.chunk_frames.max(1);
+        }
+    }
+
+    fn frame(&mut self, i: usize, frame: &[u32]) {
+        if i == self.current {
+            self.forward(frame.to_vec());
+        } else {
+            self.queued[i].held.push(frame.to_vec());
+        }
+    }
+
+    fn end(&mut self, i: usize, frames: usize, eos: bool) {
+        if i == self.current {
+            self.finish(frames, eos);
+        } else {
+            self.queued[i].ended = Some((frames, eos));
+        }
+    }
+
+    /// The current utterance has ended: its last frames and marks go on, and the next one begins.
+    fn finish(&mut self, frames: usize, eos: bool) {
+        if eos {
+            self.rate.learn(frames, self.weight);
+        }
+        let last = self.placer.take().expect("begun").finish(frames);
+        self.send_marks(last);
+        if !self.pending.is_empty() {
+            self.tx
+                .send(Work::Frames(std::mem::take(&mut self.pending)))
+                .ok();
+        }
+        self.current += 1;
+        if self.current < self.queued.len() {
+            self.begin();
+        }
+    }
+}
+
+/// The generator's side of [`stream_utterances`] with `config.batch` > 1: the utterances generated up to
+/// `config.batch` at a time, their frames handed to the decoder in order ([`InOrder`]).
+#[allow(clippy::too_many_arguments)]
+fn generate_batched(
+    stages: &dyn Stages,
+    utterances: &mut dyn Iterator<Item = Result<Utterance>>,
+    options: &GenerateOptions,
+    rng: &mut SeededRng,
+    config: StreamConfig,
+    control: &SessionControl,
+    rate: &SpeakingRate,
+    failed: &AtomicBool,
+    tx: &mpsc::Sender<Work>,
+    samples_per_frame: f64,
+    report: &mut StreamReport,
+) -> Result<()> {
+    let order = RefCell::new(InOrder {
+        tx,
+        rate,
+        config,
+        samples_per_frame,
+        target: config.first_chunk_frames.max(1),
+        current: 0,
+        queued: Vec::new(),
+        placer: None,
+        weight: 0.0,
+        made: 0,
+        pending: Vec::new(),
+    });
+    let rng = RefCell::new(rng);
+    let go_on = || !(control.is_stopped() || failed.load(Ordering::SeqCst));
+    let mut index = 0;
+    // Each utterance's prompt is taken when the batch has room for it.
+    let mut sequences = std::iter::from_fn(|| {
+        if !go_on() {
+            return None;
+        }
+        let Utterance { prompt, marks } = match utterances.next()? {
+            Ok(utterance) => utterance,
+            Err(e) => return Some(Err(e)),
+        };
+        let i = index;
+        index += 1;
+        order.borrow_mut().add(marks, prompt.decoder_start.clone());
+        let (order, rng) = (&order, &rng);
+        Some(Ok(BatchSequence::new(prompt, move || {
+            rng.borrow_mut().uniform()
+        })
+        .on_frame(move |frame| {
+            order.borrow_mut().frame(i, frame);
+            control.wait_while_paused();
+            go_on()
+        })
+        .on_end(move |g| {
+            order.borrow_mut().end(i, g.codes.len(), g.eos)
+        })))
+    });
+    let batch = BatchOptions {
+        width: config.batch,
+        lead_frames: config.first_chunk_frames.max(1),
+    };
+    let t = Instant::now();
+    let generated = generate_batch(stages, &mut sequences, options, batch);
+    report.generate_time += t.elapsed();
+    let generated = generated?;
+    let g = &generated.timings;
+    report.timings.prefill += g.prefill;
+    report.timings.prompt_rows += g.prompt_rows;
+    report.timings.reused_rows += g.reused_rows;
+    report.timings.talker += g.talker;
+    report.timings.code_predictor += g.code_predictor;
+    report.utterances += generated.sequences.len();
+    report.frames += generated
+        .sequences
+        .iter()
+        .map(|s| s.codes.len())
+        .sum::<usize>();
+    Ok(())
 }
 
 /// Hands out `wav` (the next samples of the utterance, `done` handed out before it) with each mark in

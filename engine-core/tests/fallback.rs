@@ -108,6 +108,7 @@ fn a_stage_whose_backend_fails_moves_to_the_cpu_and_the_utterance_is_still_the_o
         first_chunk_frames: 1,
         chunk_frames: 4,
         profile_decoder: false,
+        batch: 1,
     };
     // Lists each stage runs before its failure: the talker's prompt takes 5 and its prefill 1, so 8 fails
     // in the second frame; the code predictor runs 15 a frame; the decoder one per chunk. 0: the very first.
@@ -203,5 +204,68 @@ fn a_backend_that_refuses_a_weight_is_an_error_value_of_the_load() {
             Err(other) => panic!("{what}: {other}"),
             Ok(()) => panic!("{what}: loaded on a backend that refuses every weight"),
         }
+    }
+}
+
+/// A batched session (`StreamConfig::batch`) whose talker or code predictor fails mid-batch: the stage moves
+/// to the CPU, every live chunk's work is redone there, and the text's audio is what a sequential session
+/// on the CPU gives (greedy), neither cut nor repeated.
+#[test]
+fn a_stage_failing_mid_batch_moves_to_the_cpu_and_no_chunk_is_lost() {
+    let _one = PLUGIN.lock().unwrap_or_else(|e| e.into_inner());
+    let cache = tempfile::tempdir().unwrap();
+    std::env::set_var("KAZEIA_CACHE_DIR", cache.path());
+    let text = "Hello world. Good morning, how are you today? Fine, thanks.";
+    let options = SynthOptions {
+        greedy: true,
+        seed: None,
+        max_new_tokens: Some(24),
+        chunk_chars: 16,
+    };
+    let speak = |synth: &Synthesizer, batch: usize| {
+        let config = StreamConfig {
+            first_chunk_frames: 1,
+            chunk_frames: 4,
+            profile_decoder: false,
+            batch,
+        };
+        let mut audio = Vec::new();
+        let (report, _) = synth.synthesize(
+            text,
+            &voice(),
+            &options,
+            config,
+            &SessionControl::new(),
+            &mut |chunk| {
+                audio.extend_from_slice(chunk);
+                Ok(())
+            },
+        )?;
+        Ok::<_, Error>((report.utterances, audio))
+    };
+    let cpu = Synthesizer::load(&fixture(), Arc::new(CpuBackend::new(2))).unwrap();
+    let (chunks, reference) = speak(&cpu, 1).unwrap();
+    assert!(chunks >= 3, "{chunks} chunks");
+    // Failing in a prefill, in a batched step, and later.
+    for (stage, after) in [
+        (Stage::Talker, 0),
+        (Stage::Talker, 12),
+        (Stage::Talker, 40),
+        (Stage::CodePredictor, 0),
+        (Stage::CodePredictor, 50),
+        (Stage::CodePredictor, 200),
+    ] {
+        let what = format!("{} failing after {after} lists", stage.name());
+        let (synth, warnings) = synthesizer(stage, after);
+        let (_, audio) = speak(&synth, 3).unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert_eq!(audio.len(), reference.len(), "{what}: length");
+        let err = audio
+            .iter()
+            .zip(&reference)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0, f32::max);
+        assert!(err <= 1e-4, "{what}: {err:e}");
+        assert_eq!(warnings.lock().unwrap().len(), 1, "{what}: one warning");
+        assert!(synth.fallback.has_moved(stage), "{what}: moved");
     }
 }

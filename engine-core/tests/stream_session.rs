@@ -50,6 +50,7 @@ fn streamed_audio_equals_the_official_one_shot_waveform_for_any_chunking() {
                 first_chunk_frames: first,
                 chunk_frames: later,
                 profile_decoder: false,
+                batch: 1,
             };
             let mut audio = Vec::new();
             let mut deliveries = 0;
@@ -97,6 +98,13 @@ fn long_text() -> String {
 
 #[test]
 fn stop_silences_at_once_and_ends_generation_within_a_frame() {
+    // One chunk at a time, and four at once (`StreamConfig::batch`).
+    for batch in [1, 4] {
+        stop_silences(batch);
+    }
+}
+
+fn stop_silences(batch: usize) {
     let synth = Synthesizer::load(&fixture("shape_0b6"), Arc::new(CpuBackend::new(2))).unwrap();
     let control = Arc::new(SessionControl::new());
     let delivered = Arc::new(AtomicUsize::new(0));
@@ -125,6 +133,7 @@ fn stop_silences_at_once_and_ends_generation_within_a_frame() {
         first_chunk_frames: 1,
         chunk_frames: 1,
         profile_decoder: false,
+        batch,
     };
     let (report, _) = synth
         .synthesize(
@@ -170,12 +179,20 @@ fn stop_silences_at_once_and_ends_generation_within_a_frame() {
 
 #[test]
 fn pause_holds_delivery_until_resume_and_loses_nothing() {
+    // One chunk at a time, and four at once (`StreamConfig::batch`).
+    for batch in [1, 4] {
+        pause_holds(batch);
+    }
+}
+
+fn pause_holds(batch: usize) {
     let synth = Synthesizer::load(&fixture("shape_0b6"), Arc::new(CpuBackend::new(2))).unwrap();
     let text = "Hello world. Good morning, how are you today?";
     let config = StreamConfig {
         first_chunk_frames: 1,
         chunk_frames: 2,
         profile_decoder: false,
+        batch,
     };
     let mut reference = Vec::new();
     synth
@@ -236,4 +253,78 @@ fn pause_holds_delivery_until_resume_and_loses_nothing() {
         "{} deliveries while paused",
         during.len()
     );
+}
+
+/// A batched session (`StreamConfig::batch`): a text of several chunks of different lengths, with marks,
+/// hands out exactly what the sequential session does (greedy): the same audio chunks, bit for bit, and the
+/// marks between the same samples, in order (the marks of a chunk placed with the speaking rate learned from
+/// the chunks before it, as in a sequential session).
+#[test]
+fn a_batched_session_hands_out_what_a_sequential_one_does() {
+    use kazeia_engine::stream::StreamEvent;
+    #[derive(Debug, PartialEq)]
+    enum Event {
+        Audio(Vec<u32>),
+        Mark(usize),
+    }
+    let text =
+        "Hello world. How are you today, my old friend? Fine. The weather is rather nice this \
+                morning, is it not? Yes.";
+    let marks: Vec<usize> = ["world", "today", "Fine", "weather", "morning", "Yes"]
+        .iter()
+        .map(|w| text.find(w).unwrap())
+        .collect();
+    let options = SynthOptions {
+        chunk_chars: 20,
+        ..greedy(30)
+    };
+    // A new synthesizer each time: the speaking rate that places marks is learned from every session.
+    let run = |batch: usize| {
+        let synth = Synthesizer::load(&fixture("shape_0b6"), Arc::new(CpuBackend::new(2))).unwrap();
+        let config = StreamConfig {
+            first_chunk_frames: 2,
+            chunk_frames: 3,
+            profile_decoder: false,
+            batch,
+        };
+        let mut events = Vec::new();
+        let (report, _) = synth
+            .synthesize_marked(
+                text,
+                &marks,
+                &voice(),
+                &options,
+                config,
+                &SessionControl::new(),
+                &mut |event| {
+                    events.push(match event {
+                        StreamEvent::Audio(samples) => {
+                            Event::Audio(samples.iter().map(|s| s.to_bits()).collect())
+                        }
+                        StreamEvent::Mark(id) => Event::Mark(id),
+                    });
+                    Ok(())
+                },
+            )
+            .unwrap();
+        (report, events)
+    };
+    let (sequential, expected) = run(1);
+    assert!(
+        sequential.utterances >= 4,
+        "{} chunks",
+        sequential.utterances
+    );
+    let marks_seen = expected
+        .iter()
+        .filter(|e| matches!(e, Event::Mark(_)))
+        .count();
+    assert_eq!(marks_seen, marks.len());
+    for batch in [2, 3, 4] {
+        let (report, events) = run(batch);
+        assert_eq!(report.utterances, sequential.utterances, "batch {batch}");
+        assert_eq!(report.frames, sequential.frames, "batch {batch}");
+        assert_eq!(events.len(), expected.len(), "batch {batch}");
+        assert!(events == expected, "batch {batch}: events differ");
+    }
 }

@@ -211,6 +211,7 @@ fn greedy_codes_and_audio_match_official_generate_voice_clone() {
             first_chunk_frames: 1,
             chunk_frames: 3,
             profile_decoder: false,
+            batch: 1,
         };
         synth
             .synthesize(

@@ -159,4 +159,87 @@ impl CodePredictor {
         }
         Ok(codes)
     }
+
+    /// [`CodePredictor::predict`] for several frames at once, one per sequence: `talker_hidden_states[b]` and
+    /// `cb0_embeddings[b]` (each `[b][talker_hidden]`) with `caches[b]`. Each step runs every sequence's row
+    /// through the projection, stack and head together; `choose(b, step, logits)` picks sequence `b`'s code.
+    /// Each sequence's codes are those [`CodePredictor::predict`] gives on it alone (see
+    /// [`DecoderStack::forward_batch_graph`]).
+    pub fn predict_batch(
+        &self,
+        backend: &dyn Backend,
+        talker_hidden_states: &[f32],
+        cb0_embeddings: &[f32],
+        caches: &mut [KvCache],
+        choose: &mut dyn FnMut(usize, usize, &mut [f32]) -> u32,
+    ) -> Result<Vec<Vec<u32>>> {
+        let (n, th) = (caches.len(), self.talker_hidden);
+        assert_eq!(
+            talker_hidden_states.len(),
+            n * th,
+            "one hidden state per sequence"
+        );
+        assert_eq!(cb0_embeddings.len(), n * th, "one embedding per sequence");
+        for cache in caches.iter_mut() {
+            cache.clear();
+        }
+        // The first step's rows: each sequence's hidden state and then its codebook-0 embedding.
+        let mut input = Vec::with_capacity(2 * n * th);
+        for (state, cb0) in talker_hidden_states
+            .chunks_exact(th)
+            .zip(cb0_embeddings.chunks_exact(th))
+        {
+            input.extend_from_slice(state);
+            input.extend_from_slice(cb0);
+        }
+        let mut rows_each = 2;
+        let mut codes = vec![Vec::with_capacity(self.heads.len()); n];
+        for (step, head) in self.heads.iter().enumerate() {
+            let mut g = Graph::new(backend);
+            let mut x = g.input(std::mem::take(&mut input));
+            let all = n * rows_each;
+            if let Some(projection) = &self.projection {
+                let projected = g.linear(projection, x, all, self.hidden);
+                g.release(x);
+                x = projected;
+            }
+            let rows = vec![rows_each; n];
+            let hidden =
+                self.stack
+                    .forward_batch_graph(&mut g, x, &rows, caches.iter_mut().collect());
+            // Each sequence's last row.
+            let last = if rows_each == 1 {
+                hidden
+            } else {
+                let last = g.zeros(n * self.hidden);
+                let shape = kazeia_backend_abi::Strided {
+                    rows: n,
+                    cols: self.hidden,
+                    src: kazeia_backend_abi::View::rows(
+                        (rows_each - 1) * self.hidden,
+                        rows_each * self.hidden,
+                    ),
+                    dst: kazeia_backend_abi::View::rows(0, self.hidden),
+                };
+                g.strided(kazeia_backend_abi::Combine::Copy, hidden, last, shape);
+                g.release(hidden);
+                last
+            };
+            let logits = g.linear(head, last, n, self.vocab);
+            g.release(last);
+            let mut logits = g.take(logits)?;
+            g.finish()?;
+            for (b, (row, seq)) in logits
+                .chunks_exact_mut(self.vocab)
+                .zip(codes.iter_mut())
+                .enumerate()
+            {
+                let code = choose(b, step, row);
+                seq.push(code);
+                self.push_embedding(step, code, &mut input);
+            }
+            rows_each = 1;
+        }
+        Ok(codes)
+    }
 }

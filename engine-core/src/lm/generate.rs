@@ -166,25 +166,25 @@ pub fn generate_on(
 }
 
 /// The talker's side of a generation: its cache and what rebuilds it.
-struct Step<'s> {
-    stages: &'s dyn LmStages,
+pub(super) struct Step<'s> {
+    pub(super) stages: &'s dyn LmStages,
     /// Whether the talker and the code predictor were recovered in this generation (once each).
-    recovered: [bool; 2],
-    cache: KvCache,
-    capacity: usize,
-    fed: Vec<f32>,
-    fed_rows: usize,
+    pub(super) recovered: [bool; 2],
+    pub(super) cache: KvCache,
+    pub(super) capacity: usize,
+    pub(super) fed: Vec<f32>,
+    pub(super) fed_rows: usize,
     /// The prompt's rows (the first of `fed`) and its fixed rows.
-    prompt_rows: usize,
-    fixed_rows: usize,
+    pub(super) prompt_rows: usize,
+    pub(super) fixed_rows: usize,
     /// Prompt rows the prefill took from the talker's kept prefixes.
-    reused_rows: usize,
+    pub(super) reused_rows: usize,
 }
 
 impl Step<'_> {
     /// Runs the prompt (its fixed rows kept by the talker, see [`super::talker::Talker::prefill`]); recovers
     /// like [`Step::forward`].
-    fn prefill(&mut self) -> Result<(Vec<f32>, Vec<f32>)> {
+    pub(super) fn prefill(&mut self) -> Result<(Vec<f32>, Vec<f32>)> {
         let (backend, talker) = self.stages.talker();
         match talker.prefill(
             backend,
@@ -219,6 +219,12 @@ impl Step<'_> {
         }
         self.recovered[0] = true;
         self.stages.recover(Stage::Talker, e)?;
+        self.rebuild()
+    }
+
+    /// Runs every row fed so far in a new cache on the talker's backend as it is now (after a recovery): the
+    /// prompt as a prefill and the frames fed back after it as one batch.
+    pub(super) fn rebuild(&mut self) -> Result<(Vec<f32>, Vec<f32>)> {
         let (backend, talker) = self.stages.talker();
         self.cache = talker.new_cache(self.capacity);
         let (prompt, frames) = self.fed.split_at(self.prompt_rows * talker.hidden());

@@ -1,6 +1,7 @@
 //! Text → codes: the talker, the code predictor, the sampler and the prompt layouts of Qwen3-TTS-12Hz, loaded
 //! from a released model directory.
 
+pub mod batch;
 pub mod code_predictor;
 pub mod config;
 pub mod frame_bytes;
@@ -16,6 +17,7 @@ use std::sync::Arc;
 
 use kazeia_backend_abi::Backend;
 
+pub use batch::{generate_batch, BatchFailure, BatchGenerated, BatchOptions, BatchSequence};
 pub use config::{GenerationConfig, ModelConfig};
 pub use frame_bytes::FrameBytes;
 pub use generate::{generate, GenerateOptions, GenerateTimings, Generated};

@@ -27,6 +27,7 @@ pub struct PromptRequest {
     pub non_streaming_mode: bool,
 }
 
+#[derive(Clone)]
 pub struct Prompt {
     /// `[rows][hidden]`.
     pub embeds: Vec<f32>,

@@ -161,6 +161,29 @@ impl Talker {
         Ok((last, logits))
     }
 
+    /// One step of several sequences at once: `x[b]` (one input vector per sequence, `[caches.len()][hidden]`)
+    /// continues the sequence of `caches[b]`. Returns every sequence's normed hidden state and codec logits,
+    /// `[b][hidden]` and `[b][vocab]`, each what [`Talker::forward`] gives on that sequence alone (see
+    /// [`DecoderStack::forward_batch_graph`]). On a backend's failure the caches hold partial rows: the caller
+    /// rebuilds them.
+    pub fn forward_batch(
+        &self,
+        backend: &dyn Backend,
+        x: &[f32],
+        caches: Vec<&mut KvCache>,
+    ) -> Result<(Vec<f32>, Vec<f32>)> {
+        let n = caches.len();
+        let rows = vec![1; n];
+        let mut g = Graph::new(backend);
+        let x = g.input(x.to_vec());
+        let hidden = self.stack.forward_batch_graph(&mut g, x, &rows, caches);
+        let logits = g.linear(&self.codec_head, hidden, n, self.vocab);
+        let logits = g.take(logits)?;
+        let hidden = g.take(hidden)?;
+        g.finish()?;
+        Ok((hidden, logits))
+    }
+
     /// Runs a prompt into an empty cache, like [`Talker::forward`] on all `rows`, but its first `fixed_rows`
     /// (the rows that do not depend on the text: role, tags, speaker; see [`super::Prompt::fixed_rows`]) as a
     /// batch of their own whose keys and values are kept and, the next time a prompt starts with the same rows,

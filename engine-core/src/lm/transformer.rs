@@ -236,6 +236,162 @@ impl DecoderStack {
         Ok(&cache.out)
     }
 
+    /// The ops of one step of several sequences at once: `x` holds `rows[b]` new positions of sequence `b` after
+    /// those of the sequences before it, and `caches[b]` is sequence `b`'s cache. The linear layers, norms and
+    /// the MLP run on all the rows together (each weight read once for every row); RoPE, the cache appends and
+    /// attention run per sequence at its own positions. Each row's result is what [`DecoderStack::forward_graph`]
+    /// gives on that sequence alone, wherever the backend computes every row of an op independently of the
+    /// others (the CPU backend below its GEMM threshold of rows). Returns the final-normed hidden states in the
+    /// order of `x`.
+    pub fn forward_batch_graph<'m>(
+        &'m self,
+        g: &mut Graph<'m>,
+        x: Tensor,
+        rows: &[usize],
+        caches: Vec<&'m mut KvCache>,
+    ) -> Tensor {
+        let s = &self.shape;
+        let (h, hd) = (s.hidden, s.heads.head_dim);
+        let (q_out, kv_out) = (s.heads.q_heads * hd, s.heads.kv_heads * hd);
+        assert_eq!(rows.len(), caches.len(), "one cache per sequence");
+        let all: usize = rows.iter().sum();
+        assert_eq!(g.len(x), all * h, "stack input size");
+        // Per sequence: its first row in `x`, its rows, its cache's positions before and after, its layers'
+        // buffers.
+        struct Seq<'m> {
+            offset: usize,
+            rows: usize,
+            start: usize,
+            total: usize,
+            id: u64,
+            keys: std::slice::IterMut<'m, Vec<f32>>,
+            values: std::slice::IterMut<'m, Vec<f32>>,
+        }
+        let mut offset = 0;
+        let mut seqs: Vec<Seq<'m>> = caches
+            .into_iter()
+            .zip(rows)
+            .map(|(cache, &r)| {
+                let start = cache.len;
+                let total = start + r;
+                assert!(
+                    total <= cache.capacity,
+                    "KV cache capacity {} exceeded",
+                    cache.capacity
+                );
+                assert_eq!(cache.row, kv_out, "cache of another stack");
+                cache.len = total;
+                let KvCache {
+                    id, keys, values, ..
+                } = cache;
+                let seq = Seq {
+                    offset,
+                    rows: r,
+                    start,
+                    total,
+                    id: *id << 16,
+                    keys: keys.iter_mut(),
+                    values: values.iter_mut(),
+                };
+                offset += r;
+                seq
+            })
+            .collect();
+        let scale = 1.0 / (hd as f32).sqrt();
+        // Rows `seq` of a tensor `width` wide, copied from `src` into `dst` at the same or at no offset.
+        let part = |seq: &Seq<'_>, width: usize, from: bool| {
+            let n = seq.rows * width;
+            let (src, dst) = if from {
+                (seq.offset * width, 0)
+            } else {
+                (0, seq.offset * width)
+            };
+            Strided {
+                rows: 1,
+                cols: n,
+                src: View::rows(src, n),
+                dst: View::rows(dst, n),
+            }
+        };
+        let hidden = x;
+        for (i, layer) in self.layers.iter().enumerate() {
+            let normed = g.duplicate(hidden);
+            g.rms_norm(normed, h, &layer.input_norm, s.eps);
+            let q = g.linear(&layer.q_proj, normed, all, q_out);
+            g.rms_norm(q, hd, &layer.q_norm, s.eps);
+            let k = g.linear(&layer.k_proj, normed, all, kv_out);
+            g.rms_norm(k, hd, &layer.k_norm, s.eps);
+            let v = g.linear(&layer.v_proj, normed, all, kv_out);
+            g.release(normed);
+            let attn = g.zeros(all * q_out);
+            for seq in &mut seqs {
+                let (layer_keys, layer_values) = (
+                    seq.keys.next().expect("a cache of this stack"),
+                    seq.values.next().expect("a cache of this stack"),
+                );
+                let q_seq = g.zeros(seq.rows * q_out);
+                g.strided(Combine::Copy, q, q_seq, part(seq, q_out, true));
+                g.rope(q_seq, s.heads.q_heads, hd, seq.start, s.rope_theta);
+                let k_seq = g.zeros(seq.rows * kv_out);
+                g.strided(Combine::Copy, k, k_seq, part(seq, kv_out, true));
+                g.rope(k_seq, s.heads.kv_heads, hd, seq.start, s.rope_theta);
+                // SAFETY: the cache outlives the graph ('m), and its buffers change only through the appends below.
+                unsafe {
+                    g.resident(layer_keys.as_ptr(), layer_keys.len(), seq.id + 2 * i as u64);
+                    g.resident(
+                        layer_values.as_ptr(),
+                        layer_values.len(),
+                        seq.id + 2 * i as u64 + 1,
+                    );
+                }
+                let cached_keys = g.state(&mut layer_keys[..seq.total * kv_out]);
+                let cached_values = g.state(&mut layer_values[..seq.total * kv_out]);
+                let n = seq.rows * kv_out;
+                let append = |src| Strided {
+                    rows: 1,
+                    cols: n,
+                    src: View::rows(src, n),
+                    dst: View::rows(seq.start * kv_out, n),
+                };
+                g.strided(Combine::Copy, k_seq, cached_keys, append(0));
+                g.strided(Combine::Copy, v, cached_values, append(seq.offset * kv_out));
+                g.release(k_seq);
+                let span = AttentionSpan {
+                    queries: seq.rows,
+                    query_start: seq.start,
+                    keys: seq.total,
+                    key_start: 0,
+                    window: s.windows[i],
+                };
+                let attn_seq = g.attention(q_seq, cached_keys, cached_values, s.heads, span, scale);
+                g.release(q_seq);
+                g.strided(Combine::Copy, attn_seq, attn, part(seq, q_out, false));
+                g.release(attn_seq);
+            }
+            g.release(q);
+            g.release(k);
+            g.release(v);
+            let branch = g.linear(&layer.o_proj, attn, all, h);
+            g.release(attn);
+            g.strided(Combine::Add, branch, hidden, Strided::contiguous(all * h));
+            g.release(branch);
+
+            let normed = g.duplicate(hidden);
+            g.rms_norm(normed, h, &layer.post_attention_norm, s.eps);
+            let gate = g.linear(&layer.gate_proj, normed, all, s.intermediate);
+            let up = g.linear(&layer.up_proj, normed, all, s.intermediate);
+            g.release(normed);
+            g.silu_mul(gate, up);
+            g.release(up);
+            let branch = g.linear(&layer.down_proj, gate, all, h);
+            g.release(gate);
+            g.strided(Combine::Add, branch, hidden, Strided::contiguous(all * h));
+            g.release(branch);
+        }
+        g.rms_norm(hidden, h, &self.norm, s.eps);
+        hidden
+    }
+
     /// [`DecoderStack::forward`]'s ops on `g`: `x[rows][hidden]` (changed in place) → the final-normed hidden
     /// states; the new keys and values go to `cache` when the graph runs.
     pub fn forward_graph<'m>(

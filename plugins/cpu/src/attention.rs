@@ -34,6 +34,37 @@ pub fn rope(x: &mut [f32], heads: usize, head_dim: usize, start_pos: usize, thet
     }
 }
 
+/// Keys scored side by side: this many dot products advance together.
+const KEY_BLOCK: usize = 16;
+
+/// `q · k[j]` for the keys `lo..hi` of kv head `kvh` (`k[keys][kv_heads][d]`), each summed in order from
+/// `-0.0` exactly as `Iterator::sum` does (so the scores are bit for bit those of one dot product at a time),
+/// but [`KEY_BLOCK`] keys at once: independent additions instead of one chain, which a decode step's
+/// attention (one query, every cached key) is bound by.
+fn scores_of(q: &[f32], k: &[f32], kvh: usize, kv_heads: usize, lo: usize, hi: usize) -> Vec<f32> {
+    let d = q.len();
+    let mut scores = Vec::with_capacity(hi - lo);
+    // A block of keys transposed, `[d][KEY_BLOCK]` (lanes past the last key stay zero and are dropped).
+    let mut block = vec![0.0f32; d * KEY_BLOCK];
+    for first in (lo..hi).step_by(KEY_BLOCK) {
+        let n = KEY_BLOCK.min(hi - first);
+        for l in 0..n {
+            let key = &k[((first + l) * kv_heads + kvh) * d..][..d];
+            for (i, &x) in key.iter().enumerate() {
+                block[i * KEY_BLOCK + l] = x;
+            }
+        }
+        let mut acc = [-0.0f32; KEY_BLOCK];
+        for (&qi, column) in q.iter().zip(block.chunks_exact(KEY_BLOCK)) {
+            for (a, &x) in acc.iter_mut().zip(column) {
+                *a += qi * x;
+            }
+        }
+        scores.extend_from_slice(&acc[..n]);
+    }
+    scores
+}
+
 #[allow(clippy::too_many_arguments)]
 pub fn attention(
     parallel: bool,
@@ -75,12 +106,10 @@ pub fn attention(
             return;
         }
         let qv = &q[idx * d..(idx + 1) * d];
-        let mut scores: Vec<f32> = (lo..hi)
-            .map(|j| {
-                let kv = &k[(j * kv_heads + kvh) * d..][..d];
-                qv.iter().zip(kv).map(|(a, b)| a * b).sum::<f32>() * scale
-            })
-            .collect();
+        let mut scores = scores_of(qv, k, kvh, kv_heads, lo, hi);
+        for s in &mut scores {
+            *s *= scale;
+        }
         let max = scores.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
         let mut total = 0.0f32;
         for s in &mut scores {
@@ -95,4 +124,41 @@ pub fn attention(
             }
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The blocked scores are bit for bit one dot product at a time (`Iterator::sum`), for any key range.
+    #[test]
+    fn blocked_scores_are_sequential_dot_products() {
+        let (d, kv_heads, keys) = (72, 3, 41);
+        let mut seed = 0x2545_f491u32;
+        let mut next = || {
+            seed ^= seed << 13;
+            seed ^= seed >> 17;
+            seed ^= seed << 5;
+            (seed as f32 / u32::MAX as f32 - 0.5) * 3.0
+        };
+        let k: Vec<f32> = (0..keys * kv_heads * d).map(|_| next()).collect();
+        let q: Vec<f32> = (0..d).map(|_| next()).collect();
+        for kvh in 0..kv_heads {
+            for (lo, hi) in [(0, keys), (5, 22), (3, 4), (7, 7)] {
+                let blocked = scores_of(&q, &k, kvh, kv_heads, lo, hi);
+                let sequential: Vec<f32> = (lo..hi)
+                    .map(|j| {
+                        let kv = &k[(j * kv_heads + kvh) * d..][..d];
+                        q.iter().zip(kv).map(|(a, b)| a * b).sum::<f32>()
+                    })
+                    .collect();
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(
+                    bits(&blocked),
+                    bits(&sequential),
+                    "kv head {kvh}, keys {lo}..{hi}"
+                );
+            }
+        }
+    }
 }
