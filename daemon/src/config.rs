@@ -252,7 +252,7 @@ impl DaemonConfig {
             || self.stream.chunk_frames == 0
             || self.stream.batch == 0
         {
-            bail!("[stream] chunk sizes must be positive");
+            bail!("[stream] first_chunk_frames, chunk_frames and batch must be positive");
         }
         if self.voice.language.trim().is_empty() {
             bail!("[voice] language is empty (use \"auto\")");

@@ -2,11 +2,11 @@
 //! sequence, so the weights (what those steps cost: they are memory-bound) are read once for all of them.
 //!
 //! Everything that is per sequence stays so: the prompt's prefill (with the voice's kept prefix, as in
-//! [`super::generate`]), the talker's KV cache and its positions, attention, the code predictor's cache, the
+//! [`super::generate()`]), the talker's KV cache and its positions, attention, the code predictor's cache, the
 //! repetition penalty, EOS and `max_new_tokens`, the random draws and the `on_frame` callback. A sequence that
 //! ends leaves the batch, and the next prompt waiting takes its place. On a backend whose ops compute each row
 //! independently of the others (the CPU backend: its linear kernels below 64 rows, norms, element-wise ops),
-//! a sequence's frames are bit for bit those [`super::generate`] gives on its prompt alone (tested in
+//! a sequence's frames are bit for bit those [`super::generate()`] gives on its prompt alone (tested in
 //! `tests/batch_generate.rs`).
 //!
 //! Sequences start in order, one per step, at most [`BatchOptions::width`] at once; the first one generates
@@ -59,7 +59,7 @@ impl<'a> BatchSequence<'a> {
 /// How the sequences of a [`generate_batch`] share the steps.
 #[derive(Clone, Copy, Debug)]
 pub struct BatchOptions {
-    /// Sequences generated together at most (1: one after the other, as [`super::generate`] would).
+    /// Sequences generated together at most (1: one after the other, as [`super::generate()`] would).
     pub width: usize,
     /// Frames the first sequence generates alone before the next one is started.
     pub lead_frames: usize,
