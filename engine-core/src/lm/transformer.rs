@@ -371,22 +371,7 @@ impl DecoderStack {
             g.release(q);
             g.release(k);
             g.release(v);
-            let branch = g.linear(&layer.o_proj, attn, all, h);
-            g.release(attn);
-            g.strided(Combine::Add, branch, hidden, Strided::contiguous(all * h));
-            g.release(branch);
-
-            let normed = g.duplicate(hidden);
-            g.rms_norm(normed, h, &layer.post_attention_norm, s.eps);
-            let gate = g.linear(&layer.gate_proj, normed, all, s.intermediate);
-            let up = g.linear(&layer.up_proj, normed, all, s.intermediate);
-            g.release(normed);
-            g.silu_mul(gate, up);
-            g.release(up);
-            let branch = g.linear(&layer.down_proj, gate, all, h);
-            g.release(gate);
-            g.strided(Combine::Add, branch, hidden, Strided::contiguous(all * h));
-            g.release(branch);
+            output_and_mlp(g, layer, s, attn, hidden, all);
         }
         g.rms_norm(hidden, h, &self.norm, s.eps);
         hidden
@@ -473,24 +458,38 @@ impl DecoderStack {
             };
             let attn = g.attention(q, cached_keys, cached_values, s.heads, span, scale);
             g.release(q);
-            let branch = g.linear(&layer.o_proj, attn, rows, h);
-            g.release(attn);
-            g.strided(Combine::Add, branch, hidden, Strided::contiguous(rows * h));
-            g.release(branch);
-
-            let normed = g.duplicate(hidden);
-            g.rms_norm(normed, h, &layer.post_attention_norm, s.eps);
-            let gate = g.linear(&layer.gate_proj, normed, rows, s.intermediate);
-            let up = g.linear(&layer.up_proj, normed, rows, s.intermediate);
-            g.release(normed);
-            g.silu_mul(gate, up);
-            g.release(up);
-            let branch = g.linear(&layer.down_proj, gate, rows, h);
-            g.release(gate);
-            g.strided(Combine::Add, branch, hidden, Strided::contiguous(rows * h));
-            g.release(branch);
+            output_and_mlp(g, layer, s, attn, hidden, rows);
         }
         g.rms_norm(hidden, h, &self.norm, s.eps);
         hidden
     }
+}
+
+/// What follows attention in every layer, on `rows` rows: the output projection of `attn` (released) and the
+/// MLP on the post-attention norm, each added to `hidden`.
+fn output_and_mlp<'m>(
+    g: &mut Graph<'m>,
+    layer: &'m Layer,
+    s: &StackShape,
+    attn: Tensor,
+    hidden: Tensor,
+    rows: usize,
+) {
+    let h = s.hidden;
+    let branch = g.linear(&layer.o_proj, attn, rows, h);
+    g.release(attn);
+    g.strided(Combine::Add, branch, hidden, Strided::contiguous(rows * h));
+    g.release(branch);
+
+    let normed = g.duplicate(hidden);
+    g.rms_norm(normed, h, &layer.post_attention_norm, s.eps);
+    let gate = g.linear(&layer.gate_proj, normed, rows, s.intermediate);
+    let up = g.linear(&layer.up_proj, normed, rows, s.intermediate);
+    g.release(normed);
+    g.silu_mul(gate, up);
+    g.release(up);
+    let branch = g.linear(&layer.down_proj, gate, rows, h);
+    g.release(gate);
+    g.strided(Combine::Add, branch, hidden, Strided::contiguous(rows * h));
+    g.release(branch);
 }
