@@ -14,9 +14,10 @@
 
 use std::time::{Duration, Instant};
 
+use super::generate::talker_rules;
 use super::generate::{GenerateOptions, GenerateTimings, Generated, Step};
 use super::prompt::Prompt;
-use super::sampler::{choose, TalkerRules};
+use super::sampler::choose;
 use super::transformer::KvCache;
 use crate::error::{Error, Result};
 use crate::fallback::{LmStages, Stage};
@@ -154,15 +155,9 @@ fn run<'a>(
     totals: &mut BatchGenerated,
 ) -> Result<()> {
     let model = stages.model();
-    let t = &model.config.talker_config;
     let vocab = model.talker.vocab();
     let h = model.talker.hidden();
-    let rules = TalkerRules {
-        repetition_penalty: options.repetition_penalty,
-        min_new_tokens: 2,
-        eos: t.codec_eos_token_id,
-        suppress: (vocab - 1024, vocab),
-    };
+    let rules = talker_rules(model, options);
     let width = batch.width.max(1);
     // Whether the talker and the code predictor were recovered in this batch (once each).
     let mut recovered = [false; 2];

@@ -45,6 +45,18 @@ pub struct Generated {
     pub eos: bool,
 }
 
+/// The official rules of codebook-0 sampling for `model`: repetition penalty, at least two tokens, EOS, and
+/// the control ids above the codebook suppressed.
+pub(super) fn talker_rules(model: &TtsModel, options: &GenerateOptions) -> TalkerRules {
+    let vocab = model.talker.vocab();
+    TalkerRules {
+        repetition_penalty: options.repetition_penalty,
+        min_new_tokens: 2,
+        eos: model.config.talker_config.codec_eos_token_id,
+        suppress: (vocab - 1024, vocab),
+    }
+}
+
 /// Generates frames of codes (`[frame][codebook]`), calling `on_frame` as each frame completes; `uniform`
 /// supplies the random draws when sampling. Stops early when `on_frame` returns `false`.
 pub fn generate(
@@ -67,15 +79,8 @@ pub fn generate_on(
     on_frame: &mut dyn FnMut(&[u32]) -> bool,
 ) -> Result<Generated> {
     let model = stages.model();
-    let t = &model.config.talker_config;
-    let vocab = model.talker.vocab();
     let h = model.talker.hidden();
-    let rules = TalkerRules {
-        repetition_penalty: options.repetition_penalty,
-        min_new_tokens: 2,
-        eos: t.codec_eos_token_id,
-        suppress: (vocab - 1024, vocab),
-    };
+    let rules = talker_rules(model, options);
 
     let capacity = prompt.rows + options.max_new_tokens;
     let mut talker = Step {
