@@ -180,18 +180,7 @@ fn run<'a>(
                 let index = finished.len();
                 finished.push(None);
                 let prompt = &sequence.prompt;
-                let capacity = prompt.rows + options.max_new_tokens;
-                let mut talker = Step {
-                    stages,
-                    recovered,
-                    cache: stages.talker().1.new_cache(capacity),
-                    capacity,
-                    fed: prompt.embeds.clone(),
-                    fed_rows: prompt.rows,
-                    prompt_rows: prompt.rows,
-                    fixed_rows: prompt.fixed_rows,
-                    reused_rows: 0,
-                };
+                let mut talker = Step::new(stages, prompt, options.max_new_tokens, recovered);
                 let start = Instant::now();
                 let (hidden, logits) = talker.prefill()?;
                 let prefill = start.elapsed();

@@ -82,19 +82,7 @@ pub fn generate_on(
     let h = model.talker.hidden();
     let rules = talker_rules(model, options);
 
-    let capacity = prompt.rows + options.max_new_tokens;
-    let mut talker = Step {
-        stages,
-        recovered: [false; 2],
-        cache: stages.talker().1.new_cache(capacity),
-        capacity,
-        // Every row the talker has been given, to rebuild its cache on another backend.
-        fed: prompt.embeds.clone(),
-        fed_rows: prompt.rows,
-        prompt_rows: prompt.rows,
-        fixed_rows: prompt.fixed_rows,
-        reused_rows: 0,
-    };
+    let mut talker = Step::new(stages, prompt, options.max_new_tokens, [false; 2]);
     let mut cp_cache = stages.code_predictor().1.new_cache();
     let mut timings = GenerateTimings {
         prompt_rows: prompt.rows,
@@ -186,7 +174,29 @@ pub(super) struct Step<'s> {
     pub(super) reused_rows: usize,
 }
 
-impl Step<'_> {
+impl<'s> Step<'s> {
+    /// The talker's state for `prompt`, before its prefill: a cache for the prompt and `max_new_tokens` frames.
+    pub(super) fn new(
+        stages: &'s dyn LmStages,
+        prompt: &Prompt,
+        max_new_tokens: usize,
+        recovered: [bool; 2],
+    ) -> Self {
+        let capacity = prompt.rows + max_new_tokens;
+        Step {
+            stages,
+            recovered,
+            cache: stages.talker().1.new_cache(capacity),
+            capacity,
+            // Every row the talker has been given, to rebuild its cache on another backend.
+            fed: prompt.embeds.clone(),
+            fed_rows: prompt.rows,
+            prompt_rows: prompt.rows,
+            fixed_rows: prompt.fixed_rows,
+            reused_rows: 0,
+        }
+    }
+
     /// Runs the prompt (its fixed rows kept by the talker, see [`super::talker::Talker::prefill`]); recovers
     /// like [`Step::forward`].
     pub(super) fn prefill(&mut self) -> Result<(Vec<f32>, Vec<f32>)> {

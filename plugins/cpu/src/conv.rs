@@ -115,6 +115,36 @@ impl Panels {
         }
     }
 
+    /// Calls `gemm_tap(panels, first, tap, c0, c1, par)` for each of the `k` taps of every time tile `c0..c1` of
+    /// `cols` columns, `first` the index of the tap's panel in `panels`: the whole layer widened once per call,
+    /// or (large f16 layers) one tap per tile.
+    fn for_each_tap(
+        &self,
+        k: usize,
+        panel: usize,
+        cols: usize,
+        par: gemm::Parallelism,
+        gemm_tap: impl Fn(&[f32], usize, usize, usize, usize, gemm::Parallelism) + Sync,
+    ) {
+        if self.widen_whole() || matches!(self, Panels::F32(_)) {
+            self.with_f32(0..k, panel, |w, first| {
+                for_column_tiles(cols, TIME_TILE, par, |c0, c1, par| {
+                    for tap in 0..k {
+                        gemm_tap(w, first + tap * panel, tap, c0, c1, par);
+                    }
+                });
+            });
+        } else {
+            for_column_tiles(cols, TIME_TILE, par, |c0, c1, par| {
+                for tap in 0..k {
+                    self.with_f32(tap..tap + 1, panel, |w, first| {
+                        gemm_tap(w, first, tap, c0, c1, par)
+                    });
+                }
+            });
+        }
+    }
+
     /// Whether the whole layer is widened once per call (rather than a tap per tile).
     fn widen_whole(&self) -> bool {
         matches!(self, Panels::F16(_)) && self.len() <= WIDEN_WHOLE_MAX
@@ -179,23 +209,7 @@ impl ConvWeight {
             let xs = MatRef::new(x, c0 + tap * dilation, cin, c1 - c0, len as isize, 1);
             matmul(dst, w, xs, true, par);
         };
-        if self.taps.widen_whole() || matches!(self.taps, Panels::F32(_)) {
-            self.taps.with_f32(0..k, panel, |w, first| {
-                for_column_tiles(lout, TIME_TILE, par, |c0, c1, par| {
-                    for tap in 0..k {
-                        gemm_tap(w, first + tap * panel, tap, c0, c1, par);
-                    }
-                });
-            });
-        } else {
-            for_column_tiles(lout, TIME_TILE, par, |c0, c1, par| {
-                for tap in 0..k {
-                    self.taps.with_f32(tap..tap + 1, panel, |w, first| {
-                        gemm_tap(w, first, tap, c0, c1, par)
-                    });
-                }
-            });
-        }
+        self.taps.for_each_tap(k, panel, lout, par, gemm_tap);
     }
 }
 
@@ -299,23 +313,7 @@ impl ConvTransposeWeight {
             let xs = MatRef::new(x, t0, cin, t1 - t0, len as isize, 1);
             matmul(dst, w, xs, true, par);
         };
-        if self.taps.widen_whole() || matches!(self.taps, Panels::F32(_)) {
-            self.taps.with_f32(0..k, panel, |w, first| {
-                for_column_tiles(positions, TIME_TILE, par, |m0, m1, par| {
-                    for tap in 0..k {
-                        gemm_tap(w, first + tap * panel, tap, m0, m1, par);
-                    }
-                });
-            });
-        } else {
-            for_column_tiles(positions, TIME_TILE, par, |m0, m1, par| {
-                for tap in 0..k {
-                    self.taps.with_f32(tap..tap + 1, panel, |w, first| {
-                        gemm_tap(w, first, tap, m0, m1, par)
-                    });
-                }
-            });
-        }
+        self.taps.for_each_tap(k, panel, positions, par, gemm_tap);
     }
 }
 
