@@ -91,9 +91,9 @@ impl Conv1d {
                 }
             }
             let x = g.input(std::mem::take(&mut patches));
-            let y = g.linear(&self.weight, x, n, self.cout);
-            rows_out[start * self.cout..(start + n) * self.cout].copy_from_slice(g.read(y)?);
-            g.release(y);
+            let y = g.linear(&self.weight, &x, n, self.cout);
+            rows_out[start * self.cout..(start + n) * self.cout].copy_from_slice(g.read(&y)?);
+            drop(y);
             patches = g.take(x)?;
             patches.clear();
         }

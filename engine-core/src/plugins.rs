@@ -14,8 +14,9 @@ use std::ffi::{c_void, CStr};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use kazeia_backend_abi::list::{List, OpRecord};
 use kazeia_backend_abi::plugin::{
-    entry_symbol, EntryFn, ErrorBuffer, OpKind, OpRecord, PluginApi, ENTRY_SYMBOL,
+    entry_symbol, DeviceInfo, DeviceKind, EntryFn, ErrorBuffer, OpKind, PluginApi, ENTRY_SYMBOL,
     PLUGIN_ABI_VERSION, PLUGIN_MAGIC,
 };
 use kazeia_backend_abi::{Backend, Capabilities, Weight, WeightData, WeightFormat};
@@ -29,6 +30,7 @@ pub struct PluginInfo {
     /// The plugin's own name (empty if it could not be asked).
     pub name: String,
     pub score: i32,
+    /// Each device's name, with its kind and memory where the plugin tells them.
     pub devices: Vec<String>,
     /// `None` when usable, else why not.
     pub unavailable: Option<String>,
@@ -164,9 +166,9 @@ pub fn inspect(path: &Path) -> PluginInfo {
         let score = (api.score)();
         let mut devices = Vec::new();
         for i in 0..(api.device_count)() {
-            let mut out = ErrorBuffer::default();
-            if (api.device_name)(i, &mut out) == 0 {
-                devices.push(out.text());
+            let mut info = DeviceInfo::default();
+            if (api.device_info)(i, &mut info) == 0 {
+                devices.push(describe(&info));
             }
         }
         let unavailable = if score <= 0 {
@@ -184,6 +186,23 @@ pub fn inspect(path: &Path) -> PluginInfo {
             unavailable,
             api: Some(api),
         }
+    }
+}
+
+/// A device as `kazeia backends` lists it: its name, then its kind and memory when known.
+fn describe(info: &DeviceInfo) -> String {
+    let kind = match DeviceKind::from_code(info.kind) {
+        DeviceKind::Gpu => Some("GPU"),
+        DeviceKind::Accelerator => Some("accelerator"),
+        DeviceKind::Cpu | DeviceKind::Other => None,
+    };
+    let memory =
+        (info.memory > 0).then(|| format!("{:.1} GiB", info.memory as f64 / (1u64 << 30) as f64));
+    let details: Vec<&str> = kind.into_iter().chain(memory.as_deref()).collect();
+    if details.is_empty() {
+        info.name()
+    } else {
+        format!("{} [{}]", info.name(), details.join(", "))
     }
 }
 
@@ -295,20 +314,24 @@ impl Drop for Handle {
     }
 }
 
-/// A plugin's backend behind the [`Backend`] trait.
+/// A plugin's backend behind the [`Backend`] trait, with the engine's one fallback: a weight the plugin cannot
+/// hold stays on the built-in CPU backend, and an op the plugin refuses (by kind or size, or one on such a
+/// weight) runs there, between the plugin's lists.
 pub struct PluginBackend {
     handle: Arc<Handle>,
     name: String,
     /// Per op kind (indexed by code), whether the plugin takes it at all: its `supports` of the kind's record
-    /// with no sizes. Records of a kind it takes are still asked one by one.
+    /// with no sizes. Ops of a kind it takes are still asked one by one.
     supported: [bool; OpKind::ALL.len() + 1],
     /// What the plugin said it is, once.
     capabilities: Capabilities,
-    /// It runs every weightless op kind (so no host op of ours changes a buffer it keeps resident).
+    /// It runs every weightless op kind (so no op of ours changes a buffer it keeps resident).
     all_ops_supported: bool,
-    /// Runs the weightless ops the plugin does not take.
+    /// Runs what the plugin does not, on weights it could not hold and on the list's host memory.
     host: std::sync::OnceLock<CpuBackend>,
     threads: usize,
+    /// Weights the plugin refused and the CPU holds instead.
+    host_weights: std::sync::atomic::AtomicUsize,
 }
 
 /// A weight uploaded to a plugin; it keeps the plugin backend alive and frees itself there.
@@ -330,6 +353,16 @@ impl Drop for PluginWeight {
     }
 }
 
+/// A weight the plugin refused, held by the built-in CPU backend instead.
+struct HostWeight(Weight);
+
+/// Where an op of a list runs.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Side {
+    Plugin,
+    Host,
+}
+
 impl PluginBackend {
     pub fn create(plugin: &PluginInfo, device: u32, threads: usize) -> Result<Self, String> {
         let api = plugin.api.ok_or("the plugin is not loaded")?;
@@ -341,14 +374,15 @@ impl PluginBackend {
         }
         let mut supported = [false; OpKind::ALL.len() + 1];
         for kind in OpKind::ALL {
-            // SAFETY: a live backend of this table; a record with no buffers or weight.
-            supported[kind as usize] = unsafe { (api.supports)(backend, &OpRecord::new(kind)) };
+            // SAFETY: a live backend of this table; a record with no operands or weight.
+            supported[kind as usize] =
+                unsafe { (api.supports)(backend, &OpRecord::new(kind), &[0; 4]) };
         }
         // SAFETY: as above.
         let capabilities = unsafe { (api.capabilities)(backend) };
         let all_ops_supported = OpKind::ALL
             .iter()
-            .all(|&k| k.has_weight() || k.is_hint() || supported[k as usize]);
+            .all(|&k| k.has_weight() || supported[k as usize]);
         Ok(PluginBackend {
             handle: Arc::new(Handle { api, backend }),
             name: plugin.name.clone(),
@@ -357,47 +391,79 @@ impl PluginBackend {
             all_ops_supported,
             host: std::sync::OnceLock::new(),
             threads,
+            host_weights: Default::default(),
         })
     }
 
-    /// Whether the plugin takes ops of `kind` at all (some records of such a kind it may still refuse by
-    /// shape: [`Backend::supports`]).
+    /// Whether the plugin takes ops of `kind` at all (some of them it may still refuse by size:
+    /// [`Backend::supports`]).
     pub fn supports_kind(&self, kind: OpKind) -> bool {
         self.supported[kind as usize]
     }
 
-    /// The plugin's `supports` of a record whose weight is already the plugin's handle.
-    fn takes(&self, record: &OpRecord) -> bool {
+    /// Weights the plugin could not hold, kept on the CPU instead.
+    pub fn host_weights(&self) -> usize {
+        self.host_weights.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn host(&self) -> &CpuBackend {
+        self.host.get_or_init(|| CpuBackend::new(self.threads))
+    }
+
+    /// The plugin's `supports` of an op whose weight is already the plugin's handle.
+    fn takes(&self, record: &OpRecord, lens: [usize; 4]) -> bool {
         let kind = OpKind::from_code(record.kind);
+        let lens = lens.map(|v| v as u64);
         // SAFETY: a live backend of this table; the plugin reads only the record's plain fields and its weight,
         // a handle of this backend.
         kind.is_some_and(|k| self.supported[k as usize])
-            && unsafe { (self.handle.api.supports)(self.handle.backend, record) }
+            && unsafe { (self.handle.api.supports)(self.handle.backend, record, &lens) }
     }
 
-    /// `op` with its weight (a `*const Weight` of this backend, or null) replaced by the plugin's handle.
+    /// Where `op` runs, and the record the plugin gets for it (its weight the plugin's handle).
     ///
     /// # Safety
-    /// The weight must be null or a live `Weight`.
-    unsafe fn to_plugin(&self, op: &OpRecord) -> Result<OpRecord, String> {
-        let mut record = *op;
+    /// The op's weight must be null or a live `Weight`.
+    unsafe fn place(&self, op: &OpRecord, lens: [usize; 4]) -> Result<(Side, OpRecord), String> {
         // SAFETY: null or a live `Weight` (this function's contract).
-        if let Some(weight) = unsafe { (op.weight as *const Weight).as_ref() } {
-            record.weight = self.weight_ptr(weight)?;
+        let weight = unsafe { (op.weight as *const Weight).as_ref() };
+        let mut record = *op;
+        match weight {
+            None => Ok((
+                if self.takes(op, lens) {
+                    Side::Plugin
+                } else {
+                    Side::Host
+                },
+                record,
+            )),
+            Some(w) if w.downcast::<HostWeight>().is_some() => Ok((Side::Host, record)),
+            Some(w) => {
+                let plugin = w.downcast::<PluginWeight>().ok_or_else(|| {
+                    format!(
+                        "backend `{}` was handed a weight made by another backend",
+                        self.name
+                    )
+                })?;
+                record.weight = plugin.weight as *const c_void;
+                if self.takes(&record, lens) {
+                    Ok((Side::Plugin, record))
+                } else {
+                    Err("the plugin does not run this op on its own weight".into())
+                }
+            }
         }
-        Ok(record)
     }
 
-    /// Hands `ops` (weights already the plugin's handles) to the plugin as one list.
-    fn submit(&self, ops: &[OpRecord]) -> Result<(), String> {
-        if ops.is_empty() {
+    /// Hands a list (weights already the plugin's handles) to the plugin.
+    fn submit(&self, list: List<'_>) -> Result<(), String> {
+        if list.ops.is_empty() {
             return Ok(());
         }
+        let raw = list.raw();
         let mut err = ErrorBuffer::default();
-        // SAFETY: the records point at live buffers for the duration of the call (the caller's contract).
-        let status = unsafe {
-            (self.handle.api.run_ops)(self.handle.backend, ops.as_ptr(), ops.len(), &mut err)
-        };
+        // SAFETY: the list's memory is valid for the call (the caller's contract).
+        let status = unsafe { (self.handle.api.run_list)(self.handle.backend, &raw, &mut err) };
         if status == 0 {
             Ok(())
         } else {
@@ -405,16 +471,180 @@ impl PluginBackend {
         }
     }
 
-    fn weight_ptr(&self, w: &Weight) -> Result<*const c_void, String> {
-        w.downcast::<PluginWeight>()
-            .map(|w| w.weight as *const c_void)
-            .ok_or_else(|| {
-                format!(
-                    "backend `{}` was handed a weight made by another backend",
-                    self.name
-                )
-            })
+    /// Runs `list` in segments of consecutive ops on the same side: the plugin's as lists, the host's here on
+    /// the CPU. A tensor without host memory that crosses from one side to the other gets host memory for the
+    /// call; each plugin segment is told which of its tensors hold values from before (host data, or what an
+    /// earlier segment wrote) and which a later segment or the caller reads.
+    fn run_split(&self, list: List<'_>, placed: &[(Side, OpRecord)]) -> Result<(), String> {
+        let count = list.tensors.len();
+        // Segments: [start, end) of ops on one side.
+        let mut segments: Vec<(Side, usize, usize)> = Vec::new();
+        for (i, &(side, _)) in placed.iter().enumerate() {
+            match segments.last_mut() {
+                Some((s, _, end)) if *s == side => *end = i + 1,
+                _ => segments.push((side, i, i + 1)),
+            }
+        }
+        // Per tensor: the segments that use it.
+        let mut users: Vec<Vec<usize>> = vec![Vec::new(); count];
+        for (si, &(_, start, end)) in segments.iter().enumerate() {
+            for (_, op) in &placed[start..end] {
+                for t in op.operands() {
+                    if let Some(u) = users.get_mut(t as usize) {
+                        if u.last() != Some(&si) {
+                            u.push(si);
+                        }
+                    }
+                }
+            }
+        }
+        // Host memory for intermediate results that cross sides or that the host computes on.
+        let mut own: Vec<Option<Vec<f32>>> = (0..count).map(|_| None).collect();
+        for (t, record) in list.tensors.iter().enumerate() {
+            let crosses =
+                users[t].len() > 1 || users[t].iter().any(|&s| segments[s].0 == Side::Host);
+            if record.is_scratch() && crosses {
+                own[t] = Some(vec![0.0; record.len]);
+            }
+        }
+        let place = |t: usize, own: &mut Vec<Option<Vec<f32>>>| -> *mut f32 {
+            own[t]
+                .as_mut()
+                .map_or(list.tensors[t].host, |v| v.as_mut_ptr())
+        };
+        // Per tensor: written by a segment run so far; first used already.
+        let mut written = vec![false; count];
+        let mut started = vec![false; count];
+        for (si, &(side, start, end)) in segments.iter().enumerate() {
+            let ops = &placed[start..end];
+            let mut used: Vec<usize> = Vec::new();
+            for (_, op) in ops {
+                for t in op.operands() {
+                    if (t as usize) < count && !used.contains(&(t as usize)) {
+                        used.push(t as usize);
+                    }
+                }
+            }
+            match side {
+                Side::Plugin => {
+                    let mut tensors = Vec::with_capacity(used.len());
+                    for &t in &used {
+                        let original = list.tensors[t];
+                        let host = place(t, &mut own);
+                        let zero_first = original.zeroed() && !started[t];
+                        let later = users[t].iter().any(|&s| s > si);
+                        let has_values = !zero_first && (original.host_in() || written[t]);
+                        let record = if host.is_null() {
+                            original
+                        } else {
+                            let mut flags = 0;
+                            if has_values {
+                                flags |= kazeia_backend_abi::list::TensorRecord::HOST_IN;
+                            }
+                            if original.host_out() || later {
+                                flags |= kazeia_backend_abi::list::TensorRecord::HOST_OUT;
+                            }
+                            if zero_first {
+                                flags |= kazeia_backend_abi::list::TensorRecord::ZEROED;
+                            }
+                            let mut r = kazeia_backend_abi::list::TensorRecord::host(
+                                host,
+                                original.len,
+                                flags,
+                            );
+                            r.capacity = original.capacity.max(original.len);
+                            r
+                        };
+                        tensors.push(record);
+                    }
+                    let remap = |t: u32| -> u32 {
+                        used.iter()
+                            .position(|&u| u == t as usize)
+                            .map_or(kazeia_backend_abi::list::NO_TENSOR, |i| i as u32)
+                    };
+                    let records: Vec<OpRecord> = ops
+                        .iter()
+                        .map(|(_, op)| {
+                            let mut r = *op;
+                            r.inputs = op.inputs.map(remap);
+                            r.out = remap(op.out);
+                            r
+                        })
+                        .collect();
+                    self.submit(List {
+                        tensors: &tensors,
+                        ops: &records,
+                    })?;
+                }
+                Side::Host => {
+                    for &t in &used {
+                        if list.tensors[t].zeroed() && !started[t] {
+                            let host = place(t, &mut own);
+                            // SAFETY: host memory valid for the tensor's length and unshared for the call (the
+                            // caller's contract, or our own buffer).
+                            unsafe { std::slice::from_raw_parts_mut(host, list.tensors[t].len) }
+                                .fill(0.0);
+                        }
+                    }
+                    for (i, (_, op)) in ops.iter().enumerate() {
+                        let view = |t: u32, own: &mut Vec<Option<Vec<f32>>>| -> (*mut f32, usize) {
+                            if t as usize >= count {
+                                (std::ptr::null_mut(), 0)
+                            } else {
+                                (place(t as usize, own), list.tensors[t as usize].len)
+                            }
+                        };
+                        let operands = op.inputs.map(|t| view(t, &mut own));
+                        let (out_ptr, out_len) = view(op.out, &mut own);
+                        let slice = |(p, len): (*mut f32, usize)| -> &[f32] {
+                            if len == 0 {
+                                &[]
+                            } else {
+                                // SAFETY: a tensor's memory (the caller's or ours), valid for its length; an op's
+                                // inputs are other tensors than its output (the list is well formed).
+                                unsafe { std::slice::from_raw_parts(p, len) }
+                            }
+                        };
+                        let out: &mut [f32] = if out_len == 0 {
+                            &mut []
+                        } else {
+                            // SAFETY: as above; the one mutable view of the output during the op.
+                            unsafe { std::slice::from_raw_parts_mut(out_ptr, out_len) }
+                        };
+                        // SAFETY: the weight is null or a live CPU `Weight` (a host-held one, unwrapped below).
+                        unsafe {
+                            kazeia_backend_cpu::records::run_op(
+                                self.host(),
+                                &host_record(op),
+                                operands.map(slice),
+                                out,
+                            )
+                        }
+                        .map_err(|e| format!("op {} on the CPU: {e}", start + i))?;
+                    }
+                }
+            }
+            for (_, op) in ops {
+                written[op.out as usize] = true;
+            }
+            for t in used {
+                started[t] = true;
+            }
+        }
+        Ok(())
     }
+}
+
+/// `op` with a host-held weight (a [`HostWeight`]) replaced by the CPU backend's own.
+fn host_record(op: &OpRecord) -> OpRecord {
+    let mut r = *op;
+    // SAFETY: null or a live `Weight` (the list's contract).
+    if let Some(w) = unsafe { (op.weight as *const Weight).as_ref() } {
+        if let Some(HostWeight(inner)) = w.downcast::<HostWeight>() {
+            r.weight = inner as *const Weight as *const c_void;
+        }
+    }
+    r
 }
 
 impl Backend for PluginBackend {
@@ -422,21 +652,42 @@ impl Backend for PluginBackend {
         &self.name
     }
 
+    /// The plugin's upload; a weight it refuses (out of device memory, a format its kernels lack) is held by
+    /// the built-in CPU backend instead, and the ops on it run there (warned once per backend).
     fn upload(&self, weight: WeightData<'_>) -> Result<Weight, String> {
         let desc = weight.desc();
         let mut err = ErrorBuffer::default();
         // SAFETY: `desc` points at `weight`'s slices, live for the call.
         let handle = unsafe { (self.handle.api.upload)(self.handle.backend, &desc, &mut err) };
-        if handle.is_null() {
-            return Err(err.text());
+        if !handle.is_null() {
+            return Ok(Weight::new(PluginWeight {
+                handle: self.handle.clone(),
+                weight: handle,
+            }));
         }
-        Ok(Weight::new(PluginWeight {
-            handle: self.handle.clone(),
-            weight: handle,
-        }))
+        let refused = err.text();
+        let held = self
+            .host()
+            .upload(weight)
+            .map_err(|e| format!("{refused} (nor could the CPU hold it: {e})"))?;
+        if self
+            .host_weights
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            == 0
+        {
+            tracing::warn!(
+                "backend `{}` cannot hold a weight ({refused}); such weights stay on the CPU and their ops run there",
+                self.name
+            );
+        }
+        Ok(Weight::new(HostWeight(held)))
     }
 
     fn export_linear(&self, w: &Weight) -> Option<Vec<u8>> {
+        if w.downcast::<HostWeight>().is_some() {
+            // The CPU's bytes are not the plugin's: a cache entry would not load into the plugin.
+            return None;
+        }
         let weight = w.downcast::<PluginWeight>()?.weight;
         let (mut bytes, mut len) = (std::ptr::null_mut(), 0usize);
         // SAFETY: a weight of this backend; the plugin hands over a buffer we copy and give back.
@@ -483,48 +734,42 @@ impl Backend for PluginBackend {
         self.capabilities
     }
 
-    /// What the plugin itself runs; of the rest, [`Backend::run_records`] runs the weightless records on the
-    /// built-in CPU backend.
-    fn supports(&self, op: &OpRecord) -> bool {
-        // SAFETY: a record's weight is null or a live `Weight` (the trait's contract for records).
-        unsafe { self.to_plugin(op) }.is_ok_and(|record| self.takes(&record))
+    /// What the plugin itself runs; of the rest, [`Backend::run_list`] runs the weightless ops and those on
+    /// weights held on the CPU on the built-in CPU backend.
+    fn supports(&self, op: &OpRecord, lens: [usize; 4]) -> bool {
+        // SAFETY: an op's weight is null or a live `Weight` (the trait's contract for ops).
+        unsafe { self.place(op, lens) }.is_ok_and(|(side, _)| side == Side::Plugin)
     }
 
-    /// The one fallback of the engine: each record is offered to the plugin ([`Backend::supports`], with its
-    /// shapes); consecutive records it takes go to it as one list (one submission on a device), a weightless
-    /// record it refuses runs here on the built-in CPU backend, between two lists. A weighted record it refuses is
-    /// an error (its weight lives in the plugin).
-    unsafe fn run_records(&self, ops: &[OpRecord]) -> Result<(), String> {
-        let mut list: Vec<OpRecord> = Vec::with_capacity(ops.len());
-        for (i, op) in ops.iter().enumerate() {
-            let kind = OpKind::from_code(op.kind)
-                .ok_or_else(|| format!("op {i}: unknown kind {}", op.kind))?;
-            if kind == OpKind::Resident && !self.all_ops_supported {
-                // Ops it does not take run here, on host copies the plugin would not see change.
-                continue;
+    /// The one fallback of the engine: each op is offered to the plugin ([`Backend::supports`], with its
+    /// sizes); a list it takes whole goes to it as is (one submission on a device); otherwise the ops it
+    /// refuses, and those on weights held on the CPU, run on the built-in CPU backend between segments of
+    /// the list that it runs.
+    unsafe fn run_list(&self, list: List<'_>) -> Result<(), String> {
+        list.check()?;
+        let placed = list
+            .ops
+            .iter()
+            .enumerate()
+            .map(|(i, op)| {
+                // SAFETY: null or a live `Weight` (`run_list`'s contract).
+                unsafe { self.place(op, list.lens(op)) }.map_err(|e| format!("op {i}: {e}"))
+            })
+            .collect::<Result<Vec<_>, String>>()?;
+        let resident_safe = self.all_ops_supported && self.host_weights() == 0;
+        if placed.iter().all(|(side, _)| *side == Side::Plugin) {
+            let ops: Vec<OpRecord> = placed.iter().map(|(_, r)| *r).collect();
+            let mut tensors = list.tensors.to_vec();
+            if !resident_safe {
+                // Some op of ours may write a buffer behind the plugin's back: nothing stays on its device.
+                tensors.iter_mut().for_each(|t| t.resident = 0);
             }
-            if kind.has_weight() && op.weight.is_null() {
-                return Err(format!("op {i}: a {kind:?} op without a weight"));
-            }
-            // SAFETY: null or a live `Weight` of this backend (`run_records`'s contract).
-            let record = unsafe { self.to_plugin(op) }.map_err(|e| format!("op {i}: {e}"))?;
-            if self.takes(&record) {
-                list.push(record);
-            } else if kind.is_hint() {
-                // A hint the plugin does not take: nothing to do.
-            } else if kind.has_weight() {
-                return Err(format!("op {i}: the plugin does not run this {kind:?} op"));
-            } else {
-                self.submit(&list)?;
-                list.clear();
-                let host = self.host.get_or_init(|| CpuBackend::new(self.threads));
-                // SAFETY: the record's pointers are valid and its output disjoint from its inputs
-                // (`run_records`'s contract); it has no weight (weighted kinds are refused above).
-                unsafe { kazeia_backend_cpu::records::run_record(host, op) }
-                    .map_err(|e| format!("op {i} on the CPU: {e}"))?;
-            }
+            return self.submit(List {
+                tensors: &tensors,
+                ops: &ops,
+            });
         }
-        self.submit(&list)
+        self.run_split(list, &placed)
     }
 }
 

@@ -10,8 +10,8 @@
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Mutex;
 
-use kazeia_backend_abi::plugin::{OpKind, OpRecord};
-use kazeia_backend_abi::records::{input, output};
+use kazeia_backend_abi::list::{List, OpRecord, NO_TENSOR};
+use kazeia_backend_abi::plugin::OpKind;
 use kazeia_backend_abi::{Backend, Weight, WeightData, WeightFormat};
 use kazeia_backend_cpu::CpuBackend;
 
@@ -375,35 +375,30 @@ impl HexagonBackend {
         }
     }
 
-    /// One record: a linear layer or convolution whose weight is on the DSP here, every other op on the CPU
-    /// backend (whose weights the others carry).
+    /// One op on a weight this backend holds: on the DSP (a linear layer of a few rows, a convolution while HMX
+    /// runs), else on the weight's CPU copy.
     ///
     /// # Safety
-    /// As [`Backend::run_records`] for one record.
-    unsafe fn run_record(&self, op: &OpRecord) -> Result<(), String> {
-        // SAFETY: null or a live `Weight` this backend made (this function's contract).
-        let weight = unsafe { (op.weight as *const Weight).as_ref() };
-        let on_dsp = weight.filter(|w| {
-            w.downcast::<DspLinear>().is_some()
-                || w.downcast::<DspConv>().is_some()
-                || w.downcast::<DspConvTranspose>().is_some()
-        });
-        let Some(w) = on_dsp else {
-            // SAFETY: as this function's contract; the weight, if any, is the CPU backend's.
-            return unsafe { kazeia_backend_cpu::records::run_record(&self.cpu, op) };
-        };
-        // SAFETY: the input and the output are valid for their lengths and disjoint (this function's contract).
-        let (x, y) = unsafe { (input(op.a, op.a_len)?, output(op.out, op.out_len)?) };
-        let y = y.ok_or("a weighted op without an output")?;
+    /// The op's weight must be a live `Weight` this backend made.
+    unsafe fn run_op(&self, op: &OpRecord, x: &[f32], y: &mut [f32]) -> Result<(), String> {
+        // SAFETY: a live `Weight` this backend made (this function's contract).
+        let w = unsafe { (op.weight as *const Weight).as_ref() }.ok_or("an op without a weight")?;
         let n = op.n.map(|v| v as usize);
         match OpKind::from_code(op.kind) {
             Some(OpKind::Linear) => self.linear(w, x, n[0], y),
             Some(OpKind::Conv1d) => self.conv1d(w, x, n[0], n[1], y),
             Some(OpKind::ConvTranspose1d) => self.conv_transpose1d(w, x, n[0], y),
-            _ => return Err(format!("a DSP weight on an op of kind {}", op.kind)),
+            _ => return Err(format!("an op of kind {} on a DSP weight", op.kind)),
         }
         Ok(())
     }
+}
+
+/// Whether `w` is one of the weights this backend makes.
+fn is_dsp_weight(w: &Weight) -> bool {
+    w.downcast::<DspLinear>().is_some()
+        || w.downcast::<DspConv>().is_some()
+        || w.downcast::<DspConvTranspose>().is_some()
 }
 
 impl Backend for HexagonBackend {
@@ -411,8 +406,8 @@ impl Backend for HexagonBackend {
         "hexagon"
     }
 
-    /// Q8_0/Q4_0 linear layers and (while the DSP has HMX) convolutions go to the DSP's shared memory with a CPU
-    /// copy; every other weight, and one the DSP cannot take, to the CPU backend.
+    /// Q8_0/Q4_0 linear layers and (while the DSP has HMX) f32 convolutions go to the DSP's shared memory with a
+    /// CPU copy; every other weight is refused, and the engine holds it on its CPU with the ops on it.
     fn upload(&self, weight: WeightData<'_>) -> Result<Weight, String> {
         weight.check()?;
         let hmx = self.hmx.load(Ordering::Relaxed) != HMX_NO;
@@ -420,18 +415,10 @@ impl Backend for HexagonBackend {
             WeightData::Linear {
                 format: WeightFormat::Q8_0 | WeightFormat::Q4_0,
                 ..
-            } => {
-                let cpu = self.cpu.upload(weight)?;
-                // Weights that cannot go to the DSP (shared memory exhausted) stay on the CPU.
-                match self.upload_dsp_linear(cpu) {
-                    Ok(dsp) => Ok(Weight::new(dsp)),
-                    Err(e) => {
-                        eprintln!("kazeia-backend-hexagon: {e}; this layer runs on the CPU");
-                        self.cpu.upload(weight)
-                    }
-                }
-            }
-            // The DSP holds f32 convolutions; an f16 one stays on the CPU, which holds it in f16.
+            } => Ok(Weight::new(
+                self.upload_dsp_linear(self.cpu.upload(weight)?)?,
+            )),
+            // The DSP holds f32 convolutions; an f16 one stays on the engine's CPU, which holds it in f16.
             WeightData::Conv1d {
                 w,
                 cout,
@@ -439,13 +426,11 @@ impl Backend for HexagonBackend {
                 k,
                 bias,
                 format: WeightFormat::F32,
-            } if hmx => match self.upload_dsp_conv(w, (cout, cin, k), bias) {
-                Ok(conv) => Ok(Weight::new(conv)),
-                Err(e) => {
-                    eprintln!("kazeia-backend-hexagon: {e}; this convolution runs on the CPU");
-                    self.cpu.upload(weight)
-                }
-            },
+            } if hmx => Ok(Weight::new(self.upload_dsp_conv(
+                w,
+                (cout, cin, k),
+                bias,
+            )?)),
             WeightData::ConvTranspose1d {
                 w,
                 cin,
@@ -453,24 +438,38 @@ impl Backend for HexagonBackend {
                 k,
                 stride,
                 format: WeightFormat::F32,
-            } if hmx => match self.upload_dsp_conv_transpose(w, (cin, cout, k), stride) {
-                Ok(conv) => Ok(Weight::new(conv)),
-                Err(e) => {
-                    eprintln!(
-                        "kazeia-backend-hexagon: {e}; this transposed convolution runs on the CPU"
-                    );
-                    self.cpu.upload(weight)
-                }
-            },
-            _ => self.cpu.upload(weight),
+            } if hmx => Ok(Weight::new(self.upload_dsp_conv_transpose(
+                w,
+                (cin, cout, k),
+                stride,
+            )?)),
+            _ => Err(
+                "the DSP holds Q8_0/Q4_0 linear layers and, with HMX, f32 convolutions only".into(),
+            ),
         }
     }
 
-    unsafe fn run_records(&self, ops: &[OpRecord]) -> Result<(), String> {
-        for (i, op) in ops.iter().enumerate() {
-            // SAFETY: each record follows this method's contract.
-            unsafe { self.run_record(op) }.map_err(|e| format!("op {i}: {e}"))?;
+    /// The ops on its own weights; the engine runs the rest on its CPU.
+    fn supports(&self, op: &OpRecord, _lens: [usize; 4]) -> bool {
+        let kind = OpKind::from_code(op.kind);
+        if op.out == NO_TENSOR {
+            // Asked about the kind: the weighted ones the DSP runs.
+            return matches!(
+                kind,
+                Some(OpKind::Linear | OpKind::Conv1d | OpKind::ConvTranspose1d)
+            );
         }
-        Ok(())
+        // SAFETY: an op's weight is null or a live `Weight` (the trait's contract for ops).
+        let weight = unsafe { (op.weight as *const Weight).as_ref() };
+        weight.is_some_and(is_dsp_weight)
+    }
+
+    unsafe fn run_list(&self, list: List<'_>) -> Result<(), String> {
+        let run = |op: &OpRecord, [x, _, _]: [&[f32]; 3], y: &mut [f32]| {
+            // SAFETY: the weight is this backend's (`run_list`'s contract; `supports` takes no other op).
+            unsafe { self.run_op(op, x, y) }
+        };
+        // SAFETY: the list's memory follows `run_list`'s contract.
+        unsafe { kazeia_backend_cpu::records::each_op(list, run) }
     }
 }

@@ -9,7 +9,9 @@
 use std::ffi::{c_char, c_void};
 
 use kazeia_backend_abi::exports::{self, guarded};
-use kazeia_backend_abi::plugin::{ErrorBuffer, PluginApi, PLUGIN_ABI_VERSION, PLUGIN_MAGIC};
+use kazeia_backend_abi::plugin::{
+    DeviceInfo, DeviceKind, ErrorBuffer, PluginApi, PLUGIN_ABI_VERSION, PLUGIN_MAGIC,
+};
 
 use crate::backend::HexagonBackend;
 use crate::probe::dsp;
@@ -22,15 +24,15 @@ static API: PluginApi = PluginApi {
     score,
     unavailable_reason,
     device_count,
-    device_name,
+    device_info,
     create,
     destroy: exports::destroy::<HexagonBackend>,
     capabilities: exports::capabilities::<HexagonBackend>,
     upload: exports::upload::<HexagonBackend>,
     free_weight: exports::free_weight,
-    // Every op: those the DSP does not run go to the CPU backend inside the plugin.
+    // The ops on its own weights; the engine runs the others on its CPU between the plugin's lists.
     supports: exports::supports::<HexagonBackend>,
-    run_ops: exports::run_ops::<HexagonBackend>,
+    run_list: exports::run_list::<HexagonBackend>,
     // No on-disk cache yet: the DSP layouts are rebuilt from the checkpoint at upload.
     export_linear: exports::export_linear::<HexagonBackend>,
     free_bytes: exports::free_bytes,
@@ -55,23 +57,16 @@ unsafe extern "C" fn device_count() -> u32 {
     guarded(None, 0, || Ok(u32::from(dsp().is_ok())))
 }
 
-unsafe extern "C" fn device_name(index: u32, out: *mut ErrorBuffer) -> i32 {
-    // SAFETY: null or a valid buffer (the table's contract).
-    let Some(out) = (unsafe { out.as_mut() }) else {
-        return 1;
-    };
+unsafe extern "C" fn device_info(index: u32, out: *mut DeviceInfo) -> i32 {
     match dsp() {
         Ok(d) if index == 0 => {
-            out.set(&format!(
-                "Hexagon compute DSP (FastRPC through {})",
-                d.library
-            ));
-            0
+            let name = format!("Hexagon compute DSP (FastRPC through {})", d.library);
+            // SAFETY: null or valid for a write (the table's contract).
+            unsafe {
+                exports::write_device_info(out, DeviceInfo::new(&name, DeviceKind::Accelerator, 0))
+            }
         }
-        _ => {
-            out.set("no such device");
-            1
-        }
+        _ => 1,
     }
 }
 

@@ -50,17 +50,17 @@ impl ResidualUnit {
     }
 
     /// In place on `x[dim][len]`.
-    fn forward<'m>(&'m self, g: &mut Graph<'m>, state: &'m mut ConvState, x: Tensor, len: usize) {
+    fn forward<'m>(&'m self, g: &mut Graph<'m>, state: &'m mut ConvState, x: &Tensor, len: usize) {
         let h = g.duplicate(x);
-        self.act1.forward(g, h, len);
-        let h2 = self.conv1.forward(g, state, h, len);
-        g.release(h);
-        self.act2.forward(g, h2, len);
-        let h3 = self.conv2.forward_pointwise(g, h2, len);
-        g.release(h2);
+        self.act1.forward(g, &h, len);
+        let h2 = self.conv1.forward(g, state, &h, len);
+        drop(h);
+        self.act2.forward(g, &h2, len);
+        let h3 = self.conv2.forward_pointwise(g, &h2, len);
+        drop(h2);
         let n = g.len(x);
-        g.strided(Combine::Add, h3, x, Strided::contiguous(n));
-        g.release(h3);
+        g.strided(Combine::Add, &h3, x, Strided::contiguous(n));
+        drop(h3);
     }
 }
 
@@ -119,7 +119,7 @@ impl DecoderBlock {
         &'m self,
         g: &mut Graph<'m>,
         state: &'m mut BlockState,
-        x: Tensor,
+        x: &Tensor,
         len: usize,
     ) -> (Tensor, usize) {
         let BlockState { carry, units } = state;
@@ -127,7 +127,7 @@ impl DecoderBlock {
         let y = self.upsample.forward(g, carry, x, len);
         let out_len = self.upsample.out_len(len);
         for (unit, unit_state) in self.units.iter().zip(units.iter_mut()) {
-            unit.forward(g, unit_state, y, out_len);
+            unit.forward(g, unit_state, &y, out_len);
         }
         (y, out_len)
     }
@@ -212,7 +212,7 @@ impl Vocoder {
         &'m self,
         g: &mut Graph<'m>,
         state: &'m mut VocoderState,
-        x: Tensor,
+        x: &Tensor,
         len: usize,
         trace: &mut Trace<'_>,
     ) -> Tensor {
@@ -222,20 +222,20 @@ impl Vocoder {
             output_conv,
         } = state;
         let mut h = self.input_conv.forward(g, input_conv, x, len);
-        trace.show(g, "decoder.0", h);
+        trace.show(g, "decoder.0", &h);
         let mut len = len;
         for (i, (block, block_state)) in self.blocks.iter().zip(blocks.iter_mut()).enumerate() {
-            let (y, y_len) = block.forward(g, block_state, h, len);
-            g.release(h);
+            let (y, y_len) = block.forward(g, block_state, &h, len);
+            drop(h);
             (h, len) = (y, y_len);
-            trace.show(g, &format!("decoder.{}", i + 1), h);
+            trace.show(g, &format!("decoder.{}", i + 1), &h);
         }
         let n = self.blocks.len();
-        self.final_snake.forward(g, h, len);
-        trace.show(g, &format!("decoder.{}", n + 1), h);
-        let wav = self.output_conv.forward(g, output_conv, h, len);
-        g.release(h);
-        trace.show(g, &format!("decoder.{}", n + 2), wav);
+        self.final_snake.forward(g, &h, len);
+        trace.show(g, &format!("decoder.{}", n + 1), &h);
+        let wav = self.output_conv.forward(g, output_conv, &h, len);
+        drop(h);
+        trace.show(g, &format!("decoder.{}", n + 2), &wav);
         wav
     }
 }

@@ -34,7 +34,7 @@ impl ConvState {
     fn extend<'m>(
         &'m mut self,
         g: &mut Graph<'m>,
-        x: Tensor,
+        x: &Tensor,
         channels: usize,
         len: usize,
     ) -> Tensor {
@@ -50,20 +50,20 @@ impl ConvState {
         };
         g.strided(
             Combine::Copy,
-            tail,
-            out,
+            &tail,
+            &out,
             columns(pad, View::rows(0, pad), View::rows(0, width)),
         );
         g.strided(
             Combine::Copy,
             x,
-            out,
+            &out,
             columns(len, View::rows(0, len), View::rows(pad, width)),
         );
         g.strided(
             Combine::Copy,
-            out,
-            tail,
+            &out,
+            &tail,
             columns(pad, View::rows(len, width), View::rows(0, pad)),
         );
         out
@@ -118,7 +118,7 @@ impl CausalConv1d {
         &'m self,
         g: &mut Graph<'m>,
         state: &'m mut ConvState,
-        x: Tensor,
+        x: &Tensor,
         len: usize,
     ) -> Tensor {
         if state.pad == 0 {
@@ -128,17 +128,17 @@ impl CausalConv1d {
         let extended = state.extend(g, x, self.cin, len);
         let y = g.conv1d(
             &self.weight,
-            extended,
+            &extended,
             len + pad,
             self.dilation,
             self.cout * len,
         );
-        g.release(extended);
+        drop(extended);
         y
     }
 
     /// A convolution that looks at no earlier column (kernel 1): no state.
-    pub fn forward_pointwise<'m>(&'m self, g: &mut Graph<'m>, x: Tensor, len: usize) -> Tensor {
+    pub fn forward_pointwise<'m>(&'m self, g: &mut Graph<'m>, x: &Tensor, len: usize) -> Tensor {
         assert_eq!(
             (self.k - 1) * self.dilation,
             0,
@@ -188,17 +188,17 @@ impl CausalDepthwiseConv1d {
         &'m self,
         g: &mut Graph<'m>,
         state: &'m mut ConvState,
-        x: Tensor,
+        x: &Tensor,
         len: usize,
     ) -> Tensor {
         let extended = state.extend(g, x, self.channels, len);
         let y = g.depthwise_conv1d(
             &self.weight,
-            extended,
+            &extended,
             len + self.k - 1,
             self.channels * len,
         );
-        g.release(extended);
+        drop(extended);
         y
     }
 }
@@ -259,7 +259,7 @@ impl CausalConvTranspose1d {
         &'m self,
         g: &mut Graph<'m>,
         carry: &'m mut [f32],
-        x: Tensor,
+        x: &Tensor,
         len: usize,
     ) -> Tensor {
         assert!(
@@ -280,29 +280,29 @@ impl CausalConvTranspose1d {
         let rows = |offset, width| View::rows(offset, width);
         g.strided(
             Combine::Add,
-            carry,
-            y_full,
+            &carry,
+            &y_full,
             columns(overlap, rows(0, overlap), rows(0, full)),
         );
         g.strided(
             Combine::Copy,
-            y_full,
-            carry,
+            &y_full,
+            &carry,
             columns(overlap, rows(out_len, full), rows(0, overlap)),
         );
         let y = g.zeros(self.cout * out_len);
         g.strided(
             Combine::Copy,
-            y_full,
-            y,
+            &y_full,
+            &y,
             columns(out_len, rows(0, full), rows(0, out_len)),
         );
-        g.release(y_full);
+        drop(y_full);
         let bias = g.constant(&self.bias);
         g.strided(
             Combine::Add,
-            bias,
-            y,
+            &bias,
+            &y,
             columns(out_len, View::per_row(), rows(0, out_len)),
         );
         y
@@ -326,7 +326,7 @@ impl SnakeBeta {
     }
 
     /// In place on `x[channels][len]`.
-    pub fn forward<'m>(&'m self, g: &mut Graph<'m>, x: Tensor, len: usize) {
+    pub fn forward<'m>(&'m self, g: &mut Graph<'m>, x: &Tensor, len: usize) {
         g.snake_beta(x, len, &self.alpha, &self.inv_beta);
     }
 }

@@ -598,14 +598,14 @@ impl CodecEncoder {
         let mut g = Graph::new(backend);
         let xs = g.input(x.to_vec());
         for layer in &self.transformer {
-            let n = g.duplicate(xs);
-            g.layer_norm(n, h, &layer.norm1.0, &layer.norm1.1, eps);
-            let q = g.linear(&layer.q, n, len, qh * hd);
-            let k = g.linear(&layer.k, n, len, kvh * hd);
-            let v = g.linear(&layer.v, n, len, kvh * hd);
-            g.release(n);
-            g.rope(q, qh, hd, 0, theta);
-            g.rope(k, kvh, hd, 0, theta);
+            let n = g.duplicate(&xs);
+            g.layer_norm(&n, h, &layer.norm1.0, &layer.norm1.1, eps);
+            let q = g.linear(&layer.q, &n, len, qh * hd);
+            let k = g.linear(&layer.k, &n, len, kvh * hd);
+            let v = g.linear(&layer.v, &n, len, kvh * hd);
+            drop(n);
+            g.rope(&q, qh, hd, 0, theta);
+            g.rope(&k, kvh, hd, 0, theta);
             let span = AttentionSpan {
                 queries: len,
                 query_start: 0,
@@ -618,21 +618,21 @@ impl CodecEncoder {
                 kv_heads: kvh,
                 head_dim: hd,
             };
-            let att = g.attention(q, k, v, heads, span, 1.0 / (hd as f32).sqrt());
+            let att = g.attention(&q, &k, &v, heads, span, 1.0 / (hd as f32).sqrt());
             for t in [q, k, v] {
-                g.release(t);
+                drop(t);
             }
-            let o = g.linear(&layer.o, att, len, h);
-            g.release(att);
-            add_scaled(&mut g, xs, o, len, &layer.attn_scale);
-            let n = g.duplicate(xs);
-            g.layer_norm(n, h, &layer.norm2.0, &layer.norm2.1, eps);
-            let m = g.linear(&layer.fc1, n, len, c.intermediate_size);
-            g.release(n);
-            g.gelu(m);
-            let o = g.linear(&layer.fc2, m, len, h);
-            g.release(m);
-            add_scaled(&mut g, xs, o, len, &layer.mlp_scale);
+            let o = g.linear(&layer.o, &att, len, h);
+            drop(att);
+            add_scaled(&mut g, &xs, o, len, &layer.attn_scale);
+            let n = g.duplicate(&xs);
+            g.layer_norm(&n, h, &layer.norm2.0, &layer.norm2.1, eps);
+            let m = g.linear(&layer.fc1, &n, len, c.intermediate_size);
+            drop(n);
+            g.gelu(&m);
+            let o = g.linear(&layer.fc2, &m, len, h);
+            drop(m);
+            add_scaled(&mut g, &xs, o, len, &layer.mlp_scale);
         }
         x.copy_from_slice(&g.take(xs)?);
         g.finish()
@@ -640,11 +640,11 @@ impl CodecEncoder {
 }
 
 /// `x += scale ⊙ y` on `[rows][scale.len()]` (LayerScale residuals); `y` is released.
-fn add_scaled<'m>(g: &mut Graph<'m>, x: Tensor, y: Tensor, rows: usize, scale: &'m [f32]) {
-    g.scale_columns(y, rows, scale);
-    let len = g.len(y);
-    g.strided(Combine::Add, y, x, Strided::contiguous(len));
-    g.release(y);
+fn add_scaled<'m>(g: &mut Graph<'m>, x: &Tensor, y: Tensor, rows: usize, scale: &'m [f32]) {
+    g.scale_columns(&y, rows, scale);
+    let len = g.len(&y);
+    g.strided(Combine::Add, &y, x, Strided::contiguous(len));
+    drop(y);
 }
 
 impl ResidualQuantizer {
@@ -660,7 +660,7 @@ impl ResidualQuantizer {
             Some(w) => {
                 let mut g = Graph::new(backend);
                 let x = g.input(rows.to_vec());
-                let y = g.linear(w, x, len, dim);
+                let y = g.linear(w, &x, len, dim);
                 g.take(y)?
             }
             None => rows.to_vec(),

@@ -64,7 +64,7 @@ impl<'t> Trace<'t> {
     }
 
     /// Shows `t` if the graph ran; a backend's failure is returned by the decode's end instead.
-    fn show(&mut self, g: &mut Graph<'_>, name: &str, t: Tensor) {
+    fn show(&mut self, g: &mut Graph<'_>, name: &str, t: &Tensor) {
         if let Some(f) = &mut self.0 {
             if let Ok(values) = g.read(t) {
                 f(name, values);
@@ -293,30 +293,30 @@ impl CodecDecoder {
         let mut g = Graph::new(self.backend.as_ref());
 
         let z = self.quantizer.decode(&mut g, codes);
-        let z_cols = g.transpose(z, frames, cfg.codebook_dim);
-        g.release(z);
-        trace.show(&mut g, "quantizer", z_cols);
-        let x = self.pre_conv.forward(&mut g, pre_conv, z_cols, frames);
-        g.release(z_cols);
-        trace.show(&mut g, "pre_conv", x);
-        let rows = g.transpose(x, cfg.latent_dim, frames);
-        g.release(x);
+        let z_cols = g.transpose(&z, frames, cfg.codebook_dim);
+        drop(z);
+        trace.show(&mut g, "quantizer", &z_cols);
+        let x = self.pre_conv.forward(&mut g, pre_conv, &z_cols, frames);
+        drop(z_cols);
+        trace.show(&mut g, "pre_conv", &x);
+        let rows = g.transpose(&x, cfg.latent_dim, frames);
+        drop(x);
         let rows_out = self
             .pre_transformer
-            .forward(&mut g, pre_transformer, rows, frames);
-        g.release(rows);
-        let mut h = g.transpose(rows_out, frames, cfg.latent_dim);
-        g.release(rows_out);
-        trace.show(&mut g, "pre_transformer", h);
+            .forward(&mut g, pre_transformer, &rows, frames);
+        drop(rows);
+        let mut h = g.transpose(&rows_out, frames, cfg.latent_dim);
+        drop(rows_out);
+        trace.show(&mut g, "pre_transformer", &h);
         let mut len = frames;
         for (i, (stage, stage_state)) in self.upsample.iter().zip(upsample.iter_mut()).enumerate() {
-            let (y, y_len) = stage.forward(&mut g, stage_state, h, len);
-            g.release(h);
+            let (y, y_len) = stage.forward(&mut g, stage_state, &h, len);
+            drop(h);
             (h, len) = (y, y_len);
-            trace.show(&mut g, &format!("upsample.{i}"), h);
+            trace.show(&mut g, &format!("upsample.{i}"), &h);
         }
-        let wav = self.vocoder.forward(&mut g, vocoder, h, len, &mut trace);
-        g.release(h);
+        let wav = self.vocoder.forward(&mut g, vocoder, &h, len, &mut trace);
+        drop(h);
         let mut wav = g.take(wav)?;
         g.finish()?;
         for s in &mut wav {

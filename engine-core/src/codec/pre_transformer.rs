@@ -194,7 +194,7 @@ impl PreTransformer {
         &'m self,
         g: &mut Graph<'m>,
         state: &'m mut PreTransformerState,
-        x: Tensor,
+        x: &Tensor,
         frames: usize,
     ) -> Tensor {
         let (h, heads) = (self.hidden, self.heads);
@@ -237,14 +237,14 @@ impl PreTransformer {
             .zip(keys.iter_mut())
             .zip(values.iter_mut())
         {
-            let normed = g.duplicate(hidden);
-            g.rms_norm(normed, h, &layer.input_norm, self.eps);
-            let q = g.linear(&layer.q_proj, normed, frames, q_out);
-            let k = g.linear(&layer.k_proj, normed, frames, kv_out);
-            let v = g.linear(&layer.v_proj, normed, frames, kv_out);
-            g.release(normed);
-            g.rope(q, heads.q_heads, heads.head_dim, start, self.rope_theta);
-            g.rope(k, heads.kv_heads, heads.head_dim, start, self.rope_theta);
+            let normed = g.duplicate(&hidden);
+            g.rms_norm(&normed, h, &layer.input_norm, self.eps);
+            let q = g.linear(&layer.q_proj, &normed, frames, q_out);
+            let k = g.linear(&layer.k_proj, &normed, frames, kv_out);
+            let v = g.linear(&layer.v_proj, &normed, frames, kv_out);
+            drop(normed);
+            g.rope(&q, heads.q_heads, heads.head_dim, start, self.rope_theta);
+            g.rope(&k, heads.kv_heads, heads.head_dim, start, self.rope_theta);
             // The kept window then the new keys; the window's new tail goes back to the state.
             let mut window_of = |cache: &'m mut Vec<f32>, new: Tensor| {
                 let rows_needed = kept.max(keep) * kv_out;
@@ -253,38 +253,38 @@ impl PreTransformer {
                 }
                 let cache = g.state(cache);
                 let all = g.zeros(seen * kv_out);
-                g.strided(Combine::Copy, cache, all, rows(0, kept));
+                g.strided(Combine::Copy, &cache, &all, rows(0, kept));
                 let mut tail = rows(0, frames);
                 tail.dst.offset = kept * kv_out;
-                g.strided(Combine::Copy, new, all, tail);
-                g.release(new);
-                g.strided(Combine::Copy, all, cache, rows(seen - keep, keep));
+                g.strided(Combine::Copy, &new, &all, tail);
+                drop(new);
+                g.strided(Combine::Copy, &all, &cache, rows(seen - keep, keep));
                 all
             };
             let all_keys = window_of(layer_keys, k);
             let all_values = window_of(layer_values, v);
-            let attn = g.attention(q, all_keys, all_values, heads, span, scale);
-            g.release(q);
-            g.release(all_keys);
-            g.release(all_values);
-            let branch = g.linear(&layer.o_proj, attn, frames, h);
-            g.release(attn);
-            add_scaled(g, hidden, branch, &layer.attn_scale, frames);
+            let attn = g.attention(&q, &all_keys, &all_values, heads, span, scale);
+            drop(q);
+            drop(all_keys);
+            drop(all_values);
+            let branch = g.linear(&layer.o_proj, &attn, frames, h);
+            drop(attn);
+            add_scaled(g, &hidden, branch, &layer.attn_scale, frames);
 
-            let normed = g.duplicate(hidden);
-            g.rms_norm(normed, h, &layer.post_attention_norm, self.eps);
-            let gate = g.linear(&layer.gate_proj, normed, frames, self.intermediate);
-            let up = g.linear(&layer.up_proj, normed, frames, self.intermediate);
-            g.release(normed);
-            g.silu_mul(gate, up);
-            g.release(up);
-            let branch = g.linear(&layer.down_proj, gate, frames, h);
-            g.release(gate);
-            add_scaled(g, hidden, branch, &layer.mlp_scale, frames);
+            let normed = g.duplicate(&hidden);
+            g.rms_norm(&normed, h, &layer.post_attention_norm, self.eps);
+            let gate = g.linear(&layer.gate_proj, &normed, frames, self.intermediate);
+            let up = g.linear(&layer.up_proj, &normed, frames, self.intermediate);
+            drop(normed);
+            g.silu_mul(&gate, &up);
+            drop(up);
+            let branch = g.linear(&layer.down_proj, &gate, frames, h);
+            drop(gate);
+            add_scaled(g, &hidden, branch, &layer.mlp_scale, frames);
         }
-        g.rms_norm(hidden, h, &self.norm, self.eps);
-        let out = g.linear(&self.output_proj, hidden, frames, self.latent);
-        g.release(hidden);
+        g.rms_norm(&hidden, h, &self.norm, self.eps);
+        let out = g.linear(&self.output_proj, &hidden, frames, self.latent);
+        drop(hidden);
         out
     }
 }
@@ -292,18 +292,18 @@ impl PreTransformer {
 /// `hidden += scale ⊙ branch`, row by row (LayerScale on a residual branch); `branch` is consumed.
 fn add_scaled<'m>(
     g: &mut Graph<'m>,
-    hidden: Tensor,
+    hidden: &Tensor,
     branch: Tensor,
     scale: &'m [f32],
     frames: usize,
 ) {
     let dim = scale.len();
-    g.scale_columns(branch, frames, scale);
+    g.scale_columns(&branch, frames, scale);
     g.strided(
         Combine::Add,
-        branch,
+        &branch,
         hidden,
         Strided::contiguous(frames * dim),
     );
-    g.release(branch);
+    drop(branch);
 }

@@ -95,17 +95,17 @@ impl Quantizer {
             }
         }
         let (sum_first, sum_rest) = (g.input(sum_first), g.input(sum_rest));
-        let z = g.linear(&self.first.output_proj, sum_first, frames, self.out_dim);
-        let rest_z = g.linear(&self.rest.output_proj, sum_rest, frames, self.out_dim);
-        g.release(sum_first);
-        g.release(sum_rest);
+        let z = g.linear(&self.first.output_proj, &sum_first, frames, self.out_dim);
+        let rest_z = g.linear(&self.rest.output_proj, &sum_rest, frames, self.out_dim);
+        drop(sum_first);
+        drop(sum_rest);
         g.strided(
             Combine::Add,
-            rest_z,
-            z,
+            &rest_z,
+            &z,
             Strided::contiguous(frames * self.out_dim),
         );
-        g.release(rest_z);
+        drop(rest_z);
         z
     }
 

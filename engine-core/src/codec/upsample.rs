@@ -65,22 +65,22 @@ impl ConvNeXt {
     }
 
     /// In place on `x[dim][len]`.
-    fn forward<'m>(&'m self, g: &mut Graph<'m>, state: &'m mut ConvState, x: Tensor, len: usize) {
+    fn forward<'m>(&'m self, g: &mut Graph<'m>, state: &'m mut ConvState, x: &Tensor, len: usize) {
         let dim = self.dim;
         let dw = self.dwconv.forward(g, state, x, len);
-        let rows = g.transpose(dw, dim, len);
-        g.release(dw);
-        g.layer_norm(rows, dim, &self.norm_weight, &self.norm_bias, 1e-6);
-        let wide = g.linear(&self.pwconv1, rows, len, 4 * dim);
-        g.release(rows);
-        g.gelu(wide);
-        let branch = g.linear(&self.pwconv2, wide, len, dim);
-        g.release(wide);
+        let rows = g.transpose(&dw, dim, len);
+        drop(dw);
+        g.layer_norm(&rows, dim, &self.norm_weight, &self.norm_bias, 1e-6);
+        let wide = g.linear(&self.pwconv1, &rows, len, 4 * dim);
+        drop(rows);
+        g.gelu(&wide);
+        let branch = g.linear(&self.pwconv2, &wide, len, dim);
+        drop(wide);
         // x[c][t] += γ[c] · branch[t][c]
-        g.scale_columns(branch, len, &self.gamma);
+        g.scale_columns(&branch, len, &self.gamma);
         g.strided(
             Combine::Add,
-            branch,
+            &branch,
             x,
             Strided {
                 rows: dim,
@@ -89,7 +89,7 @@ impl ConvNeXt {
                 dst: View::rows(0, len),
             },
         );
-        g.release(branch);
+        drop(branch);
     }
 }
 
@@ -139,13 +139,13 @@ impl UpsampleStage {
         &'m self,
         g: &mut Graph<'m>,
         state: &'m mut UpsampleState,
-        x: Tensor,
+        x: &Tensor,
         len: usize,
     ) -> (Tensor, usize) {
         let UpsampleState { carry, dwconv } = state;
         let y = self.transconv.forward(g, carry, x, len);
         let out_len = self.transconv.out_len(len);
-        self.convnext.forward(g, dwconv, y, out_len);
+        self.convnext.forward(g, dwconv, &y, out_len);
         (y, out_len)
     }
 }

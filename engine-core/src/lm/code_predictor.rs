@@ -141,14 +141,15 @@ impl CodePredictor {
             let mut g = Graph::new(backend);
             let mut x = g.input(input.clone());
             if let Some(projection) = &self.projection {
-                let projected = g.linear(projection, x, rows, self.hidden);
-                g.release(x);
+                let projected = g.linear(projection, &x, rows, self.hidden);
+                drop(x);
                 x = projected;
             }
             let hidden = self.stack.forward_graph(&mut g, x, rows, cache);
-            let last = g.row(hidden, rows - 1, self.hidden);
-            g.release(hidden);
-            let logits = g.linear(head, last, 1, self.vocab);
+            let last = g.row(&hidden, rows - 1, self.hidden);
+            drop(hidden);
+            let logits = g.linear(head, &last, 1, self.vocab);
+            drop(last);
             let mut logits = g.take(logits)?;
             g.finish()?;
             let code = choose(step, &mut logits);
@@ -199,8 +200,8 @@ impl CodePredictor {
             let mut x = g.input(std::mem::take(&mut input));
             let all = n * rows_each;
             if let Some(projection) = &self.projection {
-                let projected = g.linear(projection, x, all, self.hidden);
-                g.release(x);
+                let projected = g.linear(projection, &x, all, self.hidden);
+                drop(x);
                 x = projected;
             }
             let rows = vec![rows_each; n];
@@ -221,12 +222,12 @@ impl CodePredictor {
                     ),
                     dst: kazeia_backend_abi::View::rows(0, self.hidden),
                 };
-                g.strided(kazeia_backend_abi::Combine::Copy, hidden, last, shape);
-                g.release(hidden);
+                g.strided(kazeia_backend_abi::Combine::Copy, &hidden, &last, shape);
+                drop(hidden);
                 last
             };
-            let logits = g.linear(head, last, n, self.vocab);
-            g.release(last);
+            let logits = g.linear(head, &last, n, self.vocab);
+            drop(last);
             let mut logits = g.take(logits)?;
             g.finish()?;
             for (b, (row, seq)) in logits

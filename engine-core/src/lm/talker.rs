@@ -122,9 +122,9 @@ impl Talker {
         }
         let mut g = Graph::new(backend);
         let rows = g.input(rows);
-        let mid = g.linear(&self.text_fc1, rows, n, self.text_hidden);
-        g.silu(mid);
-        let out = g.linear(&self.text_fc2, mid, n, self.hidden);
+        let mid = g.linear(&self.text_fc1, &rows, n, self.text_hidden);
+        g.silu(&mid);
+        let out = g.linear(&self.text_fc2, &mid, n, self.hidden);
         let out = g.take(out)?;
         g.finish()?;
         Ok(out)
@@ -152,9 +152,9 @@ impl Talker {
         let mut g = Graph::new(backend);
         let x = g.input(x.to_vec());
         let hidden = self.stack.forward_graph(&mut g, x, rows, cache);
-        let last = g.row(hidden, rows - 1, self.hidden);
-        g.release(hidden);
-        let logits = g.linear(&self.codec_head, last, 1, self.vocab);
+        let last = g.row(&hidden, rows - 1, self.hidden);
+        drop(hidden);
+        let logits = g.linear(&self.codec_head, &last, 1, self.vocab);
         let logits = g.take(logits)?;
         let last = g.take(last)?;
         g.finish()?;
@@ -177,7 +177,7 @@ impl Talker {
         let mut g = Graph::new(backend);
         let x = g.input(x.to_vec());
         let hidden = self.stack.forward_batch_graph(&mut g, x, &rows, caches);
-        let logits = g.linear(&self.codec_head, hidden, n, self.vocab);
+        let logits = g.linear(&self.codec_head, &hidden, n, self.vocab);
         let logits = g.take(logits)?;
         let hidden = g.take(hidden)?;
         g.finish()?;

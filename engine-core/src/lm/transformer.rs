@@ -44,7 +44,7 @@ pub struct DecoderStack {
     norm: Vec<f32>,
 }
 
-/// Ids that name each cache's buffers on a device for the cache's life ([`Graph::resident`]).
+/// Ids that name each cache's buffers on a device for the cache's life ([`Graph::resident_state`]).
 static NEXT_CACHE_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 /// Keys and values of every layer for positions `0..len`, allocated once for `capacity` positions.
@@ -104,7 +104,7 @@ impl KvCache {
             dst[..used].copy_from_slice(src);
         }
         // Written outside any list: under a new id, a device that keeps this cache resident takes it as a new
-        // buffer and uploads it, rather than trusting its copy of the old contents (see `Graph::resident`).
+        // buffer and uploads it, rather than trusting its copy of the old contents (see `Graph::resident_state`).
         self.id = NEXT_CACHE_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         for (dst, src) in self.values.iter_mut().zip(&prefix.values) {
             dst[..used].copy_from_slice(src);
@@ -255,7 +255,7 @@ impl DecoderStack {
         let (q_out, kv_out) = (s.heads.q_heads * hd, s.heads.kv_heads * hd);
         assert_eq!(rows.len(), caches.len(), "one cache per sequence");
         let all: usize = rows.iter().sum();
-        assert_eq!(g.len(x), all * h, "stack input size");
+        assert_eq!(g.len(&x), all * h, "stack input size");
         // Per sequence: its first row in `x`, its rows, its cache's positions before and after, its layers'
         // buffers.
         struct Seq<'m> {
@@ -315,14 +315,14 @@ impl DecoderStack {
         };
         let hidden = x;
         for (i, layer) in self.layers.iter().enumerate() {
-            let normed = g.duplicate(hidden);
-            g.rms_norm(normed, h, &layer.input_norm, s.eps);
-            let q = g.linear(&layer.q_proj, normed, all, q_out);
-            g.rms_norm(q, hd, &layer.q_norm, s.eps);
-            let k = g.linear(&layer.k_proj, normed, all, kv_out);
-            g.rms_norm(k, hd, &layer.k_norm, s.eps);
-            let v = g.linear(&layer.v_proj, normed, all, kv_out);
-            g.release(normed);
+            let normed = g.duplicate(&hidden);
+            g.rms_norm(&normed, h, &layer.input_norm, s.eps);
+            let q = g.linear(&layer.q_proj, &normed, all, q_out);
+            g.rms_norm(&q, hd, &layer.q_norm, s.eps);
+            let k = g.linear(&layer.k_proj, &normed, all, kv_out);
+            g.rms_norm(&k, hd, &layer.k_norm, s.eps);
+            let v = g.linear(&layer.v_proj, &normed, all, kv_out);
+            drop(normed);
             let attn = g.zeros(all * q_out);
             for seq in &mut seqs {
                 let (layer_keys, layer_values) = (
@@ -330,22 +330,15 @@ impl DecoderStack {
                     seq.values.next().expect("a cache of this stack"),
                 );
                 let q_seq = g.zeros(seq.rows * q_out);
-                g.strided(Combine::Copy, q, q_seq, part(seq, q_out, true));
-                g.rope(q_seq, s.heads.q_heads, hd, seq.start, s.rope_theta);
+                g.strided(Combine::Copy, &q, &q_seq, part(seq, q_out, true));
+                g.rope(&q_seq, s.heads.q_heads, hd, seq.start, s.rope_theta);
                 let k_seq = g.zeros(seq.rows * kv_out);
-                g.strided(Combine::Copy, k, k_seq, part(seq, kv_out, true));
-                g.rope(k_seq, s.heads.kv_heads, hd, seq.start, s.rope_theta);
-                // SAFETY: the cache outlives the graph ('m), and its buffers change only through the appends below.
-                unsafe {
-                    g.resident(layer_keys.as_ptr(), layer_keys.len(), seq.id + 2 * i as u64);
-                    g.resident(
-                        layer_values.as_ptr(),
-                        layer_values.len(),
-                        seq.id + 2 * i as u64 + 1,
-                    );
-                }
-                let cached_keys = g.state(&mut layer_keys[..seq.total * kv_out]);
-                let cached_values = g.state(&mut layer_values[..seq.total * kv_out]);
+                g.strided(Combine::Copy, &k, &k_seq, part(seq, kv_out, true));
+                g.rope(&k_seq, s.heads.kv_heads, hd, seq.start, s.rope_theta);
+                // The cache outlives the graph ('m), and its buffers change only through the appends below.
+                let used = seq.total * kv_out;
+                let cached_keys = g.resident_state(layer_keys, used, seq.id + 2 * i as u64);
+                let cached_values = g.resident_state(layer_values, used, seq.id + 2 * i as u64 + 1);
                 let n = seq.rows * kv_out;
                 let append = |src| Strided {
                     rows: 1,
@@ -353,9 +346,13 @@ impl DecoderStack {
                     src: View::rows(src, n),
                     dst: View::rows(seq.start * kv_out, n),
                 };
-                g.strided(Combine::Copy, k_seq, cached_keys, append(0));
-                g.strided(Combine::Copy, v, cached_values, append(seq.offset * kv_out));
-                g.release(k_seq);
+                g.strided(Combine::Copy, &k_seq, &cached_keys, append(0));
+                g.strided(
+                    Combine::Copy,
+                    &v,
+                    &cached_values,
+                    append(seq.offset * kv_out),
+                );
                 let span = AttentionSpan {
                     queries: seq.rows,
                     query_start: seq.start,
@@ -363,17 +360,14 @@ impl DecoderStack {
                     key_start: 0,
                     window: s.windows[i],
                 };
-                let attn_seq = g.attention(q_seq, cached_keys, cached_values, s.heads, span, scale);
-                g.release(q_seq);
-                g.strided(Combine::Copy, attn_seq, attn, part(seq, q_out, false));
-                g.release(attn_seq);
+                let attn_seq =
+                    g.attention(&q_seq, &cached_keys, &cached_values, s.heads, span, scale);
+                g.strided(Combine::Copy, &attn_seq, &attn, part(seq, q_out, false));
             }
-            g.release(q);
-            g.release(k);
-            g.release(v);
-            output_and_mlp(g, layer, s, attn, hidden, all);
+            drop((q, k, v));
+            output_and_mlp(g, layer, s, attn, &hidden, all);
         }
-        g.rms_norm(hidden, h, &self.norm, s.eps);
+        g.rms_norm(&hidden, h, &self.norm, s.eps);
         hidden
     }
 
@@ -396,7 +390,7 @@ impl DecoderStack {
             "KV cache capacity {} exceeded",
             cache.capacity
         );
-        assert_eq!(g.len(x), rows * h, "stack input size");
+        assert_eq!(g.len(&x), rows * h, "stack input size");
         cache.len = total;
         let KvCache {
             id,
@@ -423,31 +417,22 @@ impl DecoderStack {
             .zip(values.iter_mut())
             .enumerate()
         {
-            let normed = g.duplicate(hidden);
-            g.rms_norm(normed, h, &layer.input_norm, s.eps);
-            let q = g.linear(&layer.q_proj, normed, rows, q_out);
-            g.rms_norm(q, hd, &layer.q_norm, s.eps);
-            g.rope(q, s.heads.q_heads, hd, start, s.rope_theta);
-            let k = g.linear(&layer.k_proj, normed, rows, kv_out);
-            g.rms_norm(k, hd, &layer.k_norm, s.eps);
-            g.rope(k, s.heads.kv_heads, hd, start, s.rope_theta);
-            let v = g.linear(&layer.v_proj, normed, rows, kv_out);
-            g.release(normed);
-            // SAFETY: the cache outlives the graph ('m), and its buffers change only through the appends below.
-            unsafe {
-                g.resident(layer_keys.as_ptr(), layer_keys.len(), id + 2 * i as u64);
-                g.resident(
-                    layer_values.as_ptr(),
-                    layer_values.len(),
-                    id + 2 * i as u64 + 1,
-                );
-            }
-            let cached_keys = g.state(&mut layer_keys[..total * row]);
-            let cached_values = g.state(&mut layer_values[..total * row]);
-            g.strided(Combine::Copy, k, cached_keys, append);
-            g.strided(Combine::Copy, v, cached_values, append);
-            g.release(k);
-            g.release(v);
+            let normed = g.duplicate(&hidden);
+            g.rms_norm(&normed, h, &layer.input_norm, s.eps);
+            let q = g.linear(&layer.q_proj, &normed, rows, q_out);
+            g.rms_norm(&q, hd, &layer.q_norm, s.eps);
+            g.rope(&q, s.heads.q_heads, hd, start, s.rope_theta);
+            let k = g.linear(&layer.k_proj, &normed, rows, kv_out);
+            g.rms_norm(&k, hd, &layer.k_norm, s.eps);
+            g.rope(&k, s.heads.kv_heads, hd, start, s.rope_theta);
+            let v = g.linear(&layer.v_proj, &normed, rows, kv_out);
+            drop(normed);
+            // The cache outlives the graph ('m), and its buffers change only through the appends below.
+            let cached_keys = g.resident_state(layer_keys, total * row, id + 2 * i as u64);
+            let cached_values = g.resident_state(layer_values, total * row, id + 2 * i as u64 + 1);
+            g.strided(Combine::Copy, &k, &cached_keys, append);
+            g.strided(Combine::Copy, &v, &cached_values, append);
+            drop((k, v));
 
             let span = AttentionSpan {
                 queries: rows,
@@ -456,40 +441,39 @@ impl DecoderStack {
                 key_start: 0,
                 window: s.windows[i],
             };
-            let attn = g.attention(q, cached_keys, cached_values, s.heads, span, scale);
-            g.release(q);
-            output_and_mlp(g, layer, s, attn, hidden, rows);
+            let attn = g.attention(&q, &cached_keys, &cached_values, s.heads, span, scale);
+            drop(q);
+            output_and_mlp(g, layer, s, attn, &hidden, rows);
         }
-        g.rms_norm(hidden, h, &self.norm, s.eps);
+        g.rms_norm(&hidden, h, &self.norm, s.eps);
         hidden
     }
 }
 
-/// What follows attention in every layer, on `rows` rows: the output projection of `attn` (released) and the
+/// What follows attention in every layer, on `rows` rows: the output projection of `attn` (consumed) and the
 /// MLP on the post-attention norm, each added to `hidden`.
 fn output_and_mlp<'m>(
     g: &mut Graph<'m>,
     layer: &'m Layer,
     s: &StackShape,
     attn: Tensor,
-    hidden: Tensor,
+    hidden: &Tensor,
     rows: usize,
 ) {
     let h = s.hidden;
-    let branch = g.linear(&layer.o_proj, attn, rows, h);
-    g.release(attn);
-    g.strided(Combine::Add, branch, hidden, Strided::contiguous(rows * h));
-    g.release(branch);
+    let branch = g.linear(&layer.o_proj, &attn, rows, h);
+    drop(attn);
+    g.strided(Combine::Add, &branch, hidden, Strided::contiguous(rows * h));
+    drop(branch);
 
     let normed = g.duplicate(hidden);
-    g.rms_norm(normed, h, &layer.post_attention_norm, s.eps);
-    let gate = g.linear(&layer.gate_proj, normed, rows, s.intermediate);
-    let up = g.linear(&layer.up_proj, normed, rows, s.intermediate);
-    g.release(normed);
-    g.silu_mul(gate, up);
-    g.release(up);
-    let branch = g.linear(&layer.down_proj, gate, rows, h);
-    g.release(gate);
-    g.strided(Combine::Add, branch, hidden, Strided::contiguous(rows * h));
-    g.release(branch);
+    g.rms_norm(&normed, h, &layer.post_attention_norm, s.eps);
+    let gate = g.linear(&layer.gate_proj, &normed, rows, s.intermediate);
+    let up = g.linear(&layer.up_proj, &normed, rows, s.intermediate);
+    drop(normed);
+    g.silu_mul(&gate, &up);
+    drop(up);
+    let branch = g.linear(&layer.down_proj, &gate, rows, h);
+    drop(gate);
+    g.strided(Combine::Add, &branch, hidden, Strided::contiguous(rows * h));
 }

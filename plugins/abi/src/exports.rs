@@ -7,7 +7,7 @@
 use std::ffi::c_void;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use crate::plugin::{ErrorBuffer, OpRecord, WeightDesc};
+use crate::plugin::{DeviceInfo, ErrorBuffer, OpList, OpRecord, WeightDesc};
 use crate::{Backend, Capabilities, Weight, WeightFormat};
 
 /// Runs `f`, turning an error or a panic into a message in `err` (when given) and `fallback`. An entry passes its
@@ -96,13 +96,18 @@ pub unsafe extern "C" fn free_weight(_backend: *mut c_void, weight: *mut c_void)
 ///
 /// # Safety
 /// As the table's `supports`.
-pub unsafe extern "C" fn supports<B: Backend>(backend: *mut c_void, op: *const OpRecord) -> bool {
+pub unsafe extern "C" fn supports<B: Backend>(
+    backend: *mut c_void,
+    op: *const OpRecord,
+    lens: *const [u64; 4],
+) -> bool {
     guarded(None, false, || {
         // SAFETY: a live handle of this plugin's `create` (the table's contract).
         let backend = unsafe { backend_ref::<B>(backend)? };
-        // SAFETY: null or a valid record (the table's contract); only its plain fields are read.
-        let op = unsafe { op.as_ref() }.ok_or("null record")?;
-        Ok(backend.supports(op))
+        // SAFETY: null or a valid record and lengths (the table's contract); only plain fields are read.
+        let (op, lens) = unsafe { (op.as_ref(), lens.as_ref()) };
+        let (op, lens) = (op.ok_or("null record")?, lens.ok_or("null lengths")?);
+        Ok(backend.supports(op, lens.map(|v| usize::try_from(v).unwrap_or(usize::MAX))))
     })
 }
 
@@ -117,33 +122,42 @@ pub unsafe extern "C" fn capabilities<B: Backend>(backend: *mut c_void) -> Capab
     })
 }
 
-/// `run_ops` through [`Backend::run_records`].
+/// `run_list` through [`Backend::run_list`], after checking the list's form ([`crate::list::List::check`]).
 ///
 /// # Safety
-/// As the table's `run_ops`.
-pub unsafe extern "C" fn run_ops<B: Backend>(
+/// As the table's `run_list`.
+pub unsafe extern "C" fn run_list<B: Backend>(
     backend: *mut c_void,
-    ops: *const OpRecord,
-    count: usize,
+    list: *const OpList,
     err: *mut ErrorBuffer,
 ) -> i32 {
     // SAFETY: `err` is null or valid (the table's contract).
     guarded(unsafe { err.as_mut() }, 1, || {
         // SAFETY: a live handle of this plugin's `create` (the table's contract).
         let backend = unsafe { backend_ref::<B>(backend)? };
-        if count == 0 {
-            return Ok(0);
-        }
-        if ops.is_null() {
-            return Err("null op list".into());
-        }
-        // SAFETY: non-null, so valid for `count` records (the table's contract).
-        let ops = unsafe { std::slice::from_raw_parts(ops, count) };
-        // SAFETY: the records follow `Backend::run_records`'s rules (the table's contract); their weights are this
+        // SAFETY: null or a valid list whose arrays are valid for their counts (the table's contract).
+        let list = unsafe { list.as_ref().ok_or("null op list")?.list()? };
+        list.check()?;
+        // SAFETY: the list follows `Backend::run_list`'s rules (the table's contract); its weights are this
         // plugin's boxed `Weight`s.
-        unsafe { backend.run_records(ops)? };
+        unsafe { backend.run_list(list)? };
         Ok(0)
     })
+}
+
+/// Writes `info` into a `device_info` entry's out-parameter: 0, or 1 when it is null.
+///
+/// # Safety
+/// `out` must be null or valid for one write (the table's contract).
+pub unsafe fn write_device_info(out: *mut DeviceInfo, info: DeviceInfo) -> i32 {
+    // SAFETY: null or valid for a write (this function's contract).
+    match unsafe { out.as_mut() } {
+        Some(out) => {
+            *out = info;
+            0
+        }
+        None => 1,
+    }
 }
 
 /// `export_linear` through [`Backend::export_linear`] (non-zero when the backend does not cache).

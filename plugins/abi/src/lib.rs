@@ -7,10 +7,12 @@
 //!
 //! Weights are uploaded once in PyTorch's own layout (`Linear` `[out, in]`, `Conv1d` `[cout, cin, k]`,
 //! `ConvTranspose1d` `[cin, cout, k]`: [`WeightData`]) and come back as opaque [`Weight`] handles in whatever
-//! layout the backend prefers. Ops then reach a backend only as lists of [`plugin::OpRecord`]s
-//! ([`Backend::run_records`]); what each computes is documented on [`plugin::OpKind`].
+//! layout the backend prefers. Ops then reach a backend only as lists ([`list::List`]: [`list::OpRecord`]s over a
+//! table of [`list::TensorRecord`]s, [`Backend::run_list`]); what each op computes is documented on
+//! [`plugin::OpKind`].
 
 pub mod exports;
+pub mod list;
 pub mod plugin;
 pub mod records;
 mod strided;
@@ -277,9 +279,9 @@ impl WeightData<'_> {
 }
 
 /// A compute backend, as the engine sees every one of them: it uploads weights once (into its own layout),
-/// says per op record — with its shapes and weight — whether it runs it, and runs lists of records on host
-/// buffers. What each op computes is documented on [`plugin::OpKind`]; the CPU crate (`kazeia-backend-cpu`) is
-/// its reference implementation and where the engine runs what a backend refuses.
+/// says per op — with its sizes and weight — whether it runs it, and runs lists of ops over a table of tensors
+/// ([`list::List`]). What each op computes is documented on [`plugin::OpKind`]; the CPU crate
+/// (`kazeia-backend-cpu`) is its reference implementation and where the engine runs what a backend refuses.
 pub trait Backend: Send + Sync {
     /// Short name shown to users ("cpu", "vulkan", …).
     fn name(&self) -> &str;
@@ -293,23 +295,26 @@ pub trait Backend: Send + Sync {
     /// inconsistent or the backend cannot hold the weight.
     fn upload(&self, weight: WeightData<'_>) -> Result<Weight, String>;
 
-    /// Whether this backend runs `op`, judged by what the record says about it: its kind, the lengths of its
-    /// buffers, its sizes (`n`), parameters (`f`) and weight (one this backend made, so its shape and format are
-    /// the backend's to read). The buffers themselves are not read (their pointers may be null). The engine asks
-    /// before it hands a record over and runs what is refused on its own CPU backend; a weighted op it cannot
-    /// move there (the weight is this backend's), so a backend answers for weighted kinds it runs at all. For a
-    /// hint ([`plugin::OpKind::is_hint`]), whether the backend wants it. By default every known kind (the CPU).
-    fn supports(&self, op: &plugin::OpRecord) -> bool {
+    /// Whether this backend runs `op` with operands of `lens` values (`a`, `b`, `c`, output; 0 where absent),
+    /// judged by its kind, sizes (`n`), parameters (`f`) and weight (one this backend made, so its shape and
+    /// format are the backend's to read). The engine asks before it hands an op over and runs what is refused
+    /// on its own CPU backend; a weighted op it can move there only when the weight is held there, so a backend
+    /// answers for the weighted ops it runs at all. An op whose output is [`list::NO_TENSOR`] asks about its kind
+    /// alone (the engine asks once per kind). By default every known kind (the CPU).
+    fn supports(&self, op: &list::OpRecord, _lens: [usize; 4]) -> bool {
         plugin::OpKind::from_code(op.kind).is_some()
     }
 
-    /// Runs a list of ops in order — a whole stage, so a device backend can submit it at once and keep the
-    /// results that later ops read on the device. Each record's weight is a `*const Weight` this backend made.
+    /// Runs a list of ops in order — a whole stage, so a device backend can submit it at once, keep its
+    /// intermediate results (tensors without host memory) to itself, and replay what it recorded for a list of
+    /// the same structure. Each op's weight is a `*const Weight` this backend made. A host backend allocates the
+    /// list's intermediate results for the call.
     ///
     /// # Safety
-    /// Every record's pointers must be valid for their lengths for the call, no op's output may overlap its own
-    /// inputs, and every weight must be null or a live `Weight` this backend made.
-    unsafe fn run_records(&self, ops: &[plugin::OpRecord]) -> Result<(), String>;
+    /// The list must be well formed ([`list::List::check`]); every tensor's host memory must be valid for its
+    /// `capacity` for the call, used by nothing else meanwhile, and distinct tensors' memory must not overlap;
+    /// every weight must be a live `Weight` this backend made.
+    unsafe fn run_list(&self, list: list::List<'_>) -> Result<(), String>;
 
     /// The resident bytes of a linear weight this backend made, for an on-disk cache; `None` if the backend
     /// does not support caching.
@@ -329,8 +334,9 @@ pub trait Backend: Send + Sync {
         None
     }
 
-    /// [`Backend::upload`] of a `Linear` weight, for model code (backends implement `upload`, not this): a
-    /// refused weight panics, as a model cannot load without it.
+    /// [`Backend::upload`] of a `Linear` weight, for tests and tools (backends implement `upload`, not this; the
+    /// engine's model code uploads through its own `linear::upload`, which returns the error): a refused weight
+    /// panics.
     fn upload_linear(
         &self,
         w: &[f32],

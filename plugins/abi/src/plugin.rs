@@ -3,28 +3,29 @@
 //! A plugin exports one symbol, [`ENTRY_SYMBOL`], returning a pointer to a static [`PluginApi`] table that
 //! starts with a magic, the ABI version and the table's size, so a loader can refuse a mismatched plugin before
 //! calling anything else. Everything else crosses as plain C data: opaque handles for backends and uploaded
-//! weights, [`OpRecord`]s describing ops on host `f32` buffers, and an [`ErrorBuffer`] for messages. Ops are
-//! submitted as a list ([`PluginApi::run_ops`]), so a device backend can take a whole stage at once; a plugin
-//! says what it is ([`PluginApi::capabilities`]) and per op record, with its shapes, whether it takes it
+//! weights, op lists ([`OpList`]: [`OpRecord`]s naming their operands by index into a table of
+//! [`TensorRecord`]s, see [`crate::list`]), and an [`ErrorBuffer`] for messages. A whole stage is one list
+//! ([`PluginApi::run_list`]), so a device backend can submit it at once; a plugin says what it is
+//! ([`PluginApi::capabilities`], [`PluginApi::device_info`]) and per op, with its sizes, whether it takes it
 //! ([`PluginApi::supports`]); the engine runs the rest on its own CPU backend.
 //! Plugins catch their panics at this boundary and are never unloaded.
 
 use std::ffi::{c_char, c_void};
 
+pub use crate::list::{OpList, OpRecord, TensorRecord, NO_TENSOR};
 use crate::records::input;
-use crate::{
-    AttentionSpan, Capabilities, Combine, Heads, Strided, View, Weight, WeightData, WeightFormat,
-};
+use crate::{AttentionSpan, Capabilities, Combine, Heads, Strided, View, WeightData, WeightFormat};
 
 /// `"KZBP"`.
 pub const PLUGIN_MAGIC: u32 = 0x4b5a_4250;
 /// Bumped on any incompatible change of the structures below, together with [`ENTRY_SYMBOL`]'s version (so a
 /// plugin of another version is told apart before its table is read). 2: typed [`crate::Capabilities`] instead
 /// of capability codes in `supports_op`. 3: `supports` sees the whole record (shapes, formats, weight), not only
-/// its kind.
-pub const PLUGIN_ABI_VERSION: u32 = 3;
+/// its kind. 4: op lists over a tensor table (operands by index, intermediates without host memory, resident
+/// and zeroed tensors as tensor attributes instead of hint ops), `device_info`.
+pub const PLUGIN_ABI_VERSION: u32 = 4;
 /// The one symbol a plugin exports: `extern "C" fn() -> *const PluginApi`. Define it with [`crate::plugin_entry!`].
-pub const ENTRY_SYMBOL: &[u8] = b"kazeia_backend_plugin_v3\0";
+pub const ENTRY_SYMBOL: &[u8] = b"kazeia_backend_plugin_v4\0";
 
 /// The entry symbol of ABI version `version` (to name the version of a plugin built for another one).
 pub fn entry_symbol(version: u32) -> String {
@@ -38,7 +39,7 @@ macro_rules! plugin_entry {
     ($table:expr) => {
         /// The plugin's entry symbol (`kazeia_backend_abi::plugin::ENTRY_SYMBOL`).
         #[no_mangle]
-        pub extern "C" fn kazeia_backend_plugin_v3() -> *const $crate::plugin::PluginApi {
+        pub extern "C" fn kazeia_backend_plugin_v4() -> *const $crate::plugin::PluginApi {
             $table
         }
     };
@@ -186,22 +187,24 @@ impl WeightDesc {
     }
 }
 
-/// Op kinds: what each computes, and the meaning of an [`OpRecord`]'s fields for it. Sequences are row-major
-/// `x[rows][features]`, signals channel-major `x[channels][len]` (the crate's conventions); `kazeia-backend-cpu`
-/// is the reference implementation of each.
+/// Op kinds: what each computes, and the meaning of an [`OpRecord`]'s fields for it. `a`, `b`, `c` are the
+/// record's inputs and `out` its output, tensors of the list; an op reads and writes whole tensors (offsets and
+/// strides are its parameters). Sequences are row-major `x[rows][features]`, signals channel-major
+/// `x[channels][len]` (the crate's conventions); `kazeia-backend-cpu` is the reference implementation of each.
 #[repr(u32)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum OpKind {
-    /// `y[rows][out] = x[rows][in] · wᵀ + bias`: weight, a = x, out = y, `n[0]` = rows.
+    /// `y[rows][out] = x[rows][in] · wᵀ + bias`: weight, a = x, out = y (written whole), `n[0]` = rows.
     Linear = 1,
     /// Valid (unpadded) dilated convolution, `x[cin][len]` → `y[cout][len - (k-1)·dilation]`, bias added (callers
-    /// pad on the left or pass the previous chunk's tail): weight, a = x, out = y, `n[0]` = len, `n[1]` = dilation.
+    /// pad on the left or pass the previous chunk's tail): weight, a = x, out = y (written whole), `n[0]` = len,
+    /// `n[1]` = dilation.
     Conv1d = 2,
     /// Valid depthwise convolution, dilation 1, `x[c][len]` → `y[c][len - (k-1)]`, bias added: weight, a = x,
-    /// out = y, `n[0]` = len.
+    /// out = y (written whole), `n[0]` = len.
     DepthwiseConv1d = 3,
-    /// Full transposed convolution without bias, `x[cin][len]` → `y[cout][(len-1)·stride + k]` (overwritten; the
-    /// overlapping tail can be carried to the next chunk and summed): weight, a = x, out = y, `n[0]` = len.
+    /// Full transposed convolution without bias, `x[cin][len]` → `y[cout][(len-1)·stride + k]` (written whole;
+    /// the overlapping tail can be carried to the next chunk and summed): weight, a = x, out = y, `n[0]` = len.
     ConvTranspose1d = 4,
     /// RMSNorm of each `dim`-wide row, `x · rsqrt(mean(x²) + eps) · weight`: out = x (in place), a = weight,
     /// `n[0]` = dim, `f[0]` = eps.
@@ -212,8 +215,8 @@ pub enum OpKind {
     /// Rotary embedding, split-half ("NeoX") pairing, on `x[rows][heads][head_dim]`, row `r` at position
     /// `start_pos + r`: out = x (in place), n = [heads, head_dim, start_pos], `f[0]` = theta.
     Rope = 7,
-    /// Causal softmax attention ([`Heads`], [`AttentionSpan`]) writing `out[queries][q_heads][head_dim]`: a = q,
-    /// b = k, c = v, out, n = [q_heads, kv_heads, head_dim, queries, query_start, keys, key_start, window
+    /// Causal softmax attention ([`Heads`], [`AttentionSpan`]) writing `out[queries][q_heads][head_dim]` (whole):
+    /// a = q, b = k, c = v, out, n = [q_heads, kv_heads, head_dim, queries, query_start, keys, key_start, window
     /// (0 = none)], `f[0]` = scale.
     Attention = 8,
     /// SnakeBeta on `x[channels][len]`, `x + inv_beta[c] · sin(alpha[c] · x)²` (alpha exponentiated, beta inverted
@@ -226,28 +229,17 @@ pub enum OpKind {
     /// The SwiGLU product `gate = silu(gate) · up`: out = gate (in place), a = up.
     SiluMul = 12,
     /// `out[dst view] = a[src view]` ([`crate::Strided`]): n = [rows, cols, src offset, src row stride, src column
-    /// stride, dst offset, dst row stride, dst column stride]; `a` and `out` are different buffers.
+    /// stride, dst offset, dst row stride, dst column stride]; the rest of `out` keeps its values.
     Copy = 13,
     /// `out[dst view] += a[src view]`, n as for [`OpKind::Copy`].
     Add = 14,
     /// `out[dst view] *= a[src view]`, n as for [`OpKind::Copy`].
     Mul = 15,
-    /// A hint, no work: nobody reads buffer `a` after this list, so a device backend need not copy its device
-    /// copy back (the engine's dead intermediate results). `out` is null.
-    Discard = 16,
-    /// `out[..] = f[0]`: every element set (a fresh buffer that later ops write only in part, so a device backend
-    /// sets it on the device instead of uploading the host's zeros).
-    Fill = 17,
-    /// A hint, no work: buffer `a` (all of it) stays on the device between lists under id `n[0]`. Until that id
-    /// names another buffer, the host copy changes only through ops of lists given to this backend (each list
-    /// still copies back what its ops wrote), so a device backend may keep its own copy and stop uploading it.
-    /// The engine sends it for KV caches. `out` is null.
-    Resident = 18,
 }
 
 impl OpKind {
     /// Every kind, in code order.
-    pub const ALL: [OpKind; 18] = [
+    pub const ALL: [OpKind; 15] = [
         OpKind::Linear,
         OpKind::Conv1d,
         OpKind::DepthwiseConv1d,
@@ -263,18 +255,10 @@ impl OpKind {
         OpKind::Copy,
         OpKind::Add,
         OpKind::Mul,
-        OpKind::Discard,
-        OpKind::Fill,
-        OpKind::Resident,
     ];
 
     pub fn from_code(code: u32) -> Option<OpKind> {
         OpKind::ALL.get((code as usize).checked_sub(1)?).copied()
-    }
-
-    /// Whether the kind is a hint (no work; a backend that does not take it loses nothing).
-    pub fn is_hint(self) -> bool {
-        matches!(self, OpKind::Discard | OpKind::Resident)
     }
 
     /// Whether ops of this kind carry a weight handle.
@@ -282,6 +266,19 @@ impl OpKind {
         matches!(
             self,
             OpKind::Linear | OpKind::Conv1d | OpKind::DepthwiseConv1d | OpKind::ConvTranspose1d
+        )
+    }
+
+    /// Whether an op of this kind reads its output's old values (in place), so a fresh output must hold zeros
+    /// first. A strided op reads them unless it covers the whole output ([`Strided::covers_dst`]).
+    pub fn reads_output(self) -> bool {
+        !matches!(
+            self,
+            OpKind::Linear
+                | OpKind::Conv1d
+                | OpKind::DepthwiseConv1d
+                | OpKind::ConvTranspose1d
+                | OpKind::Attention
         )
     }
 
@@ -378,109 +375,68 @@ pub fn attention_of(n: [u64; 8]) -> (Heads, AttentionSpan) {
     )
 }
 
-/// One op on host buffers.
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct OpRecord {
-    pub kind: u32,
-    pub weight: *const c_void,
-    pub a: *const f32,
-    pub a_len: usize,
-    pub b: *const f32,
-    pub b_len: usize,
-    pub c: *const f32,
-    pub c_len: usize,
-    pub out: *mut f32,
-    pub out_len: usize,
-    pub n: [u64; 8],
-    pub f: [f32; 2],
+/// What kind of device a backend runs on.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeviceKind {
+    Other = 0,
+    Cpu = 1,
+    Gpu = 2,
+    /// A DSP or NPU beside the CPU (Hexagon).
+    Accelerator = 3,
 }
 
-impl OpRecord {
-    /// An op with weight `w` (`*const Weight`), input `x` and output `y`: `n = [n0, n1, 0…]`.
-    pub fn weighted(kind: OpKind, w: &Weight, x: &[f32], y: &mut [f32], n: [usize; 2]) -> Self {
-        let mut op = OpRecord::new(kind);
-        op.weight = w as *const Weight as *const c_void;
-        (op.a, op.a_len) = (x.as_ptr(), x.len());
-        (op.out, op.out_len) = (y.as_mut_ptr(), y.len());
-        op.n[..2].copy_from_slice(&n.map(|v| v as u64));
-        op
-    }
-
-    /// An op on `x` in place with parameter buffers `a`, `b`: `n = [n0, n1, n2, 0…]`, `f[0] = f`.
-    pub fn in_place(
-        kind: OpKind,
-        x: &mut [f32],
-        a: &[f32],
-        b: &[f32],
-        n: [usize; 3],
-        f: f32,
-    ) -> Self {
-        let mut op = OpRecord::new(kind);
-        (op.out, op.out_len) = (x.as_mut_ptr(), x.len());
-        (op.a, op.a_len) = (a.as_ptr(), a.len());
-        (op.b, op.b_len) = (b.as_ptr(), b.len());
-        op.n[..3].copy_from_slice(&n.map(|v| v as u64));
-        op.f[0] = f;
-        op
-    }
-
-    /// An [`OpKind::Attention`] record.
-    #[allow(clippy::too_many_arguments)]
-    pub fn attention(
-        q: &[f32],
-        k: &[f32],
-        v: &[f32],
-        heads: Heads,
-        span: AttentionSpan,
-        scale: f32,
-        out: &mut [f32],
-    ) -> Self {
-        let mut op = OpRecord::new(OpKind::Attention);
-        (op.a, op.a_len) = (q.as_ptr(), q.len());
-        (op.b, op.b_len) = (k.as_ptr(), k.len());
-        (op.c, op.c_len) = (v.as_ptr(), v.len());
-        (op.out, op.out_len) = (out.as_mut_ptr(), out.len());
-        op.n = attention_n(heads, span);
-        op.f[0] = scale;
-        op
-    }
-
-    /// A strided op (`Copy`, `Add` or `Mul`) from `src` into `dst`.
-    pub fn strided(
-        combine: Combine,
-        src: &[f32],
-        dst: *mut f32,
-        dst_len: usize,
-        shape: Strided,
-    ) -> Self {
-        let mut op = OpRecord::new(OpKind::from(combine));
-        (op.a, op.a_len) = (src.as_ptr(), src.len());
-        (op.out, op.out_len) = (dst, dst_len);
-        op.n = strided_n(shape);
-        op
-    }
-
-    /// The shape of a strided op's record (`None` when a value does not fit this machine's `usize`).
-    pub fn strided_shape(&self) -> Option<Strided> {
-        strided_of(self.n)
-    }
-
-    pub fn new(kind: OpKind) -> Self {
-        OpRecord {
-            kind: kind as u32,
-            weight: std::ptr::null(),
-            a: std::ptr::null(),
-            a_len: 0,
-            b: std::ptr::null(),
-            b_len: 0,
-            c: std::ptr::null(),
-            c_len: 0,
-            out: std::ptr::null_mut(),
-            out_len: 0,
-            n: [0; 8],
-            f: [0.0; 2],
+impl DeviceKind {
+    pub fn from_code(code: u32) -> DeviceKind {
+        match code {
+            1 => DeviceKind::Cpu,
+            2 => DeviceKind::Gpu,
+            3 => DeviceKind::Accelerator,
+            _ => DeviceKind::Other,
         }
+    }
+}
+
+/// One device of a plugin ([`PluginApi::device_info`]).
+#[repr(C)]
+pub struct DeviceInfo {
+    /// NUL-terminated, truncated to fit.
+    pub name: [u8; 256],
+    /// [`DeviceKind`] as `u32`.
+    pub kind: u32,
+    /// Memory the device can hold weights and tensors in, in bytes (0: unknown, or the host's).
+    pub memory: u64,
+}
+
+impl Default for DeviceInfo {
+    fn default() -> Self {
+        DeviceInfo {
+            name: [0; 256],
+            kind: DeviceKind::Other as u32,
+            memory: 0,
+        }
+    }
+}
+
+impl DeviceInfo {
+    pub fn new(name: &str, kind: DeviceKind, memory: u64) -> Self {
+        let mut info = DeviceInfo {
+            kind: kind as u32,
+            memory,
+            ..DeviceInfo::default()
+        };
+        let n = name.len().min(info.name.len() - 1);
+        info.name[..n].copy_from_slice(&name.as_bytes()[..n]);
+        info
+    }
+
+    pub fn name(&self) -> String {
+        let end = self
+            .name
+            .iter()
+            .position(|&b| b == 0)
+            .unwrap_or(self.name.len());
+        String::from_utf8_lossy(&self.name[..end]).into_owned()
     }
 }
 
@@ -490,8 +446,8 @@ impl OpRecord {
 /// The caller's contract, which every entry relies on: a `backend` is a handle this table's `create` returned
 /// and not yet destroyed; a `weight` is one its `upload` or `import_linear` returned for that backend and not
 /// yet freed; `bytes` given to `free_bytes` are what `export_linear` returned, with their length; every other
-/// pointer is null or valid for the call (for the length beside it, one value otherwise), and op records follow
-/// [`crate::Backend::run_records`]'s rules. In turn a plugin's entries may be called from any thread, also at
+/// pointer is null or valid for the call (for the length beside it, one value otherwise), and op lists follow
+/// [`crate::Backend::run_list`]'s rules. In turn a plugin's entries may be called from any thread, also at
 /// once for one backend (as [`crate::Backend`] is `Send + Sync`).
 #[repr(C)]
 pub struct PluginApi {
@@ -506,8 +462,8 @@ pub struct PluginApi {
     /// Why the plugin cannot run here (when `score() <= 0`) into `err`.
     pub unavailable_reason: unsafe extern "C" fn(err: *mut ErrorBuffer),
     pub device_count: unsafe extern "C" fn() -> u32,
-    /// Writes device `index`'s name into `err.message` (reusing the buffer as a string out-parameter).
-    pub device_name: unsafe extern "C" fn(index: u32, out: *mut ErrorBuffer) -> i32,
+    /// Describes device `index` into `info`; 0 on success.
+    pub device_info: unsafe extern "C" fn(index: u32, info: *mut DeviceInfo) -> i32,
     /// A backend on device `device` with `threads` workers; null on failure.
     pub create:
         unsafe extern "C" fn(device: u32, threads: u32, err: *mut ErrorBuffer) -> *mut c_void,
@@ -521,15 +477,19 @@ pub struct PluginApi {
         err: *mut ErrorBuffer,
     ) -> *mut c_void,
     pub free_weight: unsafe extern "C" fn(backend: *mut c_void, weight: *mut c_void),
-    /// Whether this backend runs the op `op` describes ([`crate::Backend::supports`]; false for a kind the plugin
-    /// does not know). It reads the record's kind, lengths, `n`, `f` and weight, never its buffers. For a hint
-    /// kind ([`OpKind::is_hint`]) it says whether the plugin wants the hint.
-    pub supports: unsafe extern "C" fn(backend: *mut c_void, op: *const OpRecord) -> bool,
-    /// Runs `count` ops in order.
-    pub run_ops: unsafe extern "C" fn(
+    /// Whether this backend runs the op `op` describes, its operands `lens` values long (`a`, `b`, `c`, output;
+    /// [`crate::Backend::supports`]; false for a kind the plugin does not know). It reads the record's kind, `n`,
+    /// `f` and weight, and whether its output index is [`NO_TENSOR`]: such a record asks about its kind alone
+    /// (would the backend take ops of this kind at some sizes); other tensor indices mean nothing here.
+    pub supports: unsafe extern "C" fn(
         backend: *mut c_void,
-        ops: *const OpRecord,
-        count: usize,
+        op: *const OpRecord,
+        lens: *const [u64; 4],
+    ) -> bool,
+    /// Runs a list ([`crate::Backend::run_list`]).
+    pub run_list: unsafe extern "C" fn(
+        backend: *mut c_void,
+        list: *const OpList,
         err: *mut ErrorBuffer,
     ) -> i32,
     /// The resident bytes of a linear weight for the on-disk cache: 0 and `*bytes`/`*len` set (free them with

@@ -21,7 +21,6 @@ mod par;
 pub mod plugin;
 pub mod records;
 
-use kazeia_backend_abi::plugin::OpRecord;
 use kazeia_backend_abi::{
     strided_on_host, AttentionSpan, Backend, Combine, Heads, Strided, Weight, WeightData,
     WeightFormat,
@@ -120,14 +119,10 @@ impl Backend for CpuBackend {
         })
     }
 
-    /// Each record in turn through [`records::run_record`].
-    unsafe fn run_records(&self, ops: &[OpRecord]) -> Result<(), String> {
-        for (i, op) in ops.iter().enumerate() {
-            // SAFETY: the record's pointers are valid and its output is disjoint from its inputs, its weight null
-            // or one of this backend's (this method's contract).
-            unsafe { records::run_record(self, op) }.map_err(|e| format!("op {i}: {e}"))?;
-        }
-        Ok(())
+    /// Each op in turn through [`records::run_op`], intermediate results allocated for the call.
+    unsafe fn run_list(&self, list: kazeia_backend_abi::list::List<'_>) -> Result<(), String> {
+        // SAFETY: the list follows `run_list`'s rules (this method's contract).
+        unsafe { records::run_list(self, list) }
     }
 
     fn export_linear(&self, w: &Weight) -> Option<Vec<u8>> {
@@ -146,8 +141,8 @@ impl Backend for CpuBackend {
 }
 
 /// The ops, on host slices: what [`plugin::OpKind`](kazeia_backend_abi::plugin::OpKind) documents for each record
-/// kind. The engine reaches them through records ([`Backend::run_records`]); the Vulkan and Hexagon plugins call
-/// them for what their devices do not run.
+/// kind. The engine reaches them through op lists ([`Backend::run_list`]); the Hexagon plugin calls them for
+/// what its device does not run.
 impl CpuBackend {
     /// `y[rows][out] = x[rows][in] · wᵀ + bias`.
     pub fn linear(&self, w: &Weight, x: &[f32], rows: usize, y: &mut [f32]) {

@@ -7,7 +7,9 @@
 use std::ffi::{c_char, c_void};
 
 use kazeia_backend_abi::exports::{self, guarded};
-use kazeia_backend_abi::plugin::{ErrorBuffer, PluginApi, PLUGIN_ABI_VERSION, PLUGIN_MAGIC};
+use kazeia_backend_abi::plugin::{
+    DeviceInfo, DeviceKind, ErrorBuffer, PluginApi, PLUGIN_ABI_VERSION, PLUGIN_MAGIC,
+};
 
 use crate::CpuBackend;
 
@@ -19,14 +21,14 @@ static API: PluginApi = PluginApi {
     score,
     unavailable_reason,
     device_count,
-    device_name,
+    device_info,
     create,
     destroy: exports::destroy::<CpuBackend>,
     capabilities: exports::capabilities::<CpuBackend>,
     upload: exports::upload::<CpuBackend>,
     free_weight: exports::free_weight,
     supports: exports::supports::<CpuBackend>,
-    run_ops: exports::run_ops::<CpuBackend>,
+    run_list: exports::run_list::<CpuBackend>,
     export_linear: exports::export_linear::<CpuBackend>,
     free_bytes: exports::free_bytes,
     import_linear: exports::import_linear::<CpuBackend>,
@@ -150,13 +152,8 @@ unsafe extern "C" fn device_count() -> u32 {
     1
 }
 
-unsafe extern "C" fn device_name(index: u32, out: *mut ErrorBuffer) -> i32 {
-    // SAFETY: null or a valid buffer (the table's contract).
-    let Some(out) = (unsafe { out.as_mut() }) else {
-        return 1;
-    };
+unsafe extern "C" fn device_info(index: u32, out: *mut DeviceInfo) -> i32 {
     if index != 0 {
-        out.set("no such device");
         return 1;
     }
     let threads = std::thread::available_parallelism().map_or(1, usize::from);
@@ -170,8 +167,9 @@ unsafe extern "C" fn device_name(index: u32, out: *mut ErrorBuffer) -> i32 {
     };
     #[cfg(not(any(target_arch = "aarch64", target_arch = "x86_64")))]
     let kernels = "";
-    out.set(&format!("host CPU ({threads} hardware threads{kernels})"));
-    0
+    let name = format!("host CPU ({threads} hardware threads{kernels})");
+    // SAFETY: null or valid for a write (the table's contract).
+    unsafe { exports::write_device_info(out, DeviceInfo::new(&name, DeviceKind::Cpu, 0)) }
 }
 
 unsafe extern "C" fn create(device: u32, threads: u32, err: *mut ErrorBuffer) -> *mut c_void {

@@ -1,36 +1,43 @@
-//! Running an [`OpRecord`] on the CPU backend: the record's buffers as slices, then the op's method. What the
-//! CPU backend's [`Backend::run_records`](kazeia_backend_abi::Backend::run_records) does with each record, and
-//! what the engine and the device plugins call for a record their device does not run.
+//! Running op lists on the CPU backend: each op's operands as slices, then the op's method. What the CPU
+//! backend's [`Backend::run_list`](kazeia_backend_abi::Backend::run_list) does, and what the engine and the device
+//! plugins call ([`run_op`]) for an op their device does not run.
 
-use kazeia_backend_abi::plugin::{attention_of, OpKind, OpRecord};
-use kazeia_backend_abi::records::{input, output};
+use kazeia_backend_abi::list::{List, OpRecord, NO_TENSOR};
+use kazeia_backend_abi::plugin::{attention_of, OpKind};
 use kazeia_backend_abi::Weight;
 
-use crate::CpuBackend;
+use crate::conv::{ConvTransposeWeight, ConvWeight, DepthwiseWeight};
+use crate::{CpuBackend, LinearWeight};
 
-/// Runs one record on `cpu`; its weight (if any) is a `*const Weight` the CPU backend made.
+/// Runs one op on `cpu` over its operands `a`, `b`, `c` (empty where absent) and `out`; its weight, if it has
+/// one, is a `*const Weight` the CPU backend made (checked: another backend's is an error).
 ///
 /// # Safety
-/// The record's pointers must be valid for their lengths, its output must not overlap its inputs, and its weight
-/// must be null or a live `Weight`.
-pub unsafe fn run_record(cpu: &CpuBackend, op: &OpRecord) -> Result<(), String> {
+/// The record's weight must be null or a live `Weight`.
+pub unsafe fn run_op(
+    cpu: &CpuBackend,
+    op: &OpRecord,
+    [a, b, c]: [&[f32]; 3],
+    out: &mut [f32],
+) -> Result<(), String> {
     let kind = OpKind::from_code(op.kind).ok_or_else(|| format!("unknown op kind {}", op.kind))?;
     let weight = || -> Result<&Weight, String> {
         // SAFETY: null or a live `Weight` (this function's contract); `as_ref` turns null into `None`.
-        unsafe { (op.weight as *const Weight).as_ref() }
-            .ok_or_else(|| format!("a {kind:?} op without a weight"))
-    };
-    // SAFETY: each input pointer is valid for its length for this call (this function's contract).
-    let (a, b, c) = unsafe {
-        (
-            input(op.a, op.a_len)?,
-            input(op.b, op.b_len)?,
-            input(op.c, op.c_len)?,
-        )
-    };
-    // SAFETY: valid for `out_len` floats and disjoint from the inputs (this function's contract).
-    let Some(out) = (unsafe { output(op.out, op.out_len)? }) else {
-        return Ok(());
+        let w = unsafe { (op.weight as *const Weight).as_ref() }
+            .ok_or_else(|| format!("a {kind:?} op without a weight"))?;
+        let ours = match kind {
+            OpKind::Linear => w.downcast::<LinearWeight>().is_some(),
+            OpKind::Conv1d => w.downcast::<ConvWeight>().is_some(),
+            OpKind::DepthwiseConv1d => w.downcast::<DepthwiseWeight>().is_some(),
+            _ => w.downcast::<ConvTransposeWeight>().is_some(),
+        };
+        if ours {
+            Ok(w)
+        } else {
+            Err(format!(
+                "a {kind:?} op with a weight the CPU backend did not make"
+            ))
+        }
     };
     let n = op.n.map(|v| v as usize);
     match kind {
@@ -49,8 +56,6 @@ pub unsafe fn run_record(cpu: &CpuBackend, op: &OpRecord) -> Result<(), String> 
         OpKind::Gelu => cpu.gelu(out),
         OpKind::Silu => cpu.silu(out),
         OpKind::SiluMul => cpu.silu_mul(out, a),
-        OpKind::Discard | OpKind::Resident => {}
-        OpKind::Fill => out.fill(op.f[0]),
         OpKind::Copy | OpKind::Add | OpKind::Mul => {
             let shape = op.strided_shape().ok_or("a strided op's sizes overflow")?;
             shape.check(a.len(), out.len())?;
@@ -58,5 +63,69 @@ pub unsafe fn run_record(cpu: &CpuBackend, op: &OpRecord) -> Result<(), String> 
             cpu.strided(combine, a, out, shape)
         }
     }
+    Ok(())
+}
+
+/// Runs a list on `cpu`: its tensors without host memory are allocated for the call (zeros), a zeroed host
+/// tensor is cleared first, then each op in order on its operands.
+///
+/// # Safety
+/// As [`Backend::run_list`](kazeia_backend_abi::Backend::run_list): a well-formed list whose host memory is
+/// valid, unshared and non-overlapping for the call, and whose weights are null or live `Weight`s.
+pub unsafe fn run_list(cpu: &CpuBackend, list: List<'_>) -> Result<(), String> {
+    let run = |op: &OpRecord, inputs: [&[f32]; 3], out: &mut [f32]| {
+        // SAFETY: every weight is null or a live `Weight` (this function's contract).
+        unsafe { run_op(cpu, op, inputs, out) }
+    };
+    // SAFETY: the list's memory follows this function's contract.
+    unsafe { each_op(list, run) }
+}
+
+/// Calls `f(op, [a, b, c], out)` for each op of `list` in order, on its operands as slices: tensors without
+/// host memory are allocated for the call (zeros), zeroed host tensors cleared first. For a backend that runs
+/// lists on host memory (the CPU, and the Hexagon plugin, whose DSP shares it).
+///
+/// # Safety
+/// As [`run_list`] for the list's memory.
+pub unsafe fn each_op(
+    list: List<'_>,
+    mut f: impl FnMut(&OpRecord, [&[f32]; 3], &mut [f32]) -> Result<(), String>,
+) -> Result<(), String> {
+    let mut scratch: Vec<Vec<f32>> = Vec::new();
+    let places: Vec<*mut f32> = list
+        .tensors
+        .iter()
+        .map(|t| {
+            if t.is_scratch() {
+                scratch.push(vec![0.0; t.len]);
+                scratch.last_mut().expect("just pushed").as_mut_ptr()
+            } else {
+                if t.zeroed() {
+                    // SAFETY: host memory valid for `len` values and unshared for the call (the contract).
+                    unsafe { std::slice::from_raw_parts_mut(t.host, t.len) }.fill(0.0);
+                }
+                t.host
+            }
+        })
+        .collect();
+    for (i, op) in list.ops.iter().enumerate() {
+        let tensor = |t: u32| -> &[f32] {
+            if t == NO_TENSOR || list.tensors[t as usize].len == 0 {
+                return &[];
+            }
+            // SAFETY: each tensor's memory is valid for its length for the call, and an op's inputs are other
+            // tensors than its output (the list is well formed), so this shared view aliases no mutable one.
+            unsafe { std::slice::from_raw_parts(places[t as usize], list.tensors[t as usize].len) }
+        };
+        let out_len = list.tensors[op.out as usize].len;
+        let out: &mut [f32] = if out_len == 0 {
+            &mut []
+        } else {
+            // SAFETY: as above; the output is the one mutable view of its tensor during the op.
+            unsafe { std::slice::from_raw_parts_mut(places[op.out as usize], out_len) }
+        };
+        f(op, op.inputs.map(tensor), out).map_err(|e| format!("op {i}: {e}"))?;
+    }
+    drop(scratch);
     Ok(())
 }

@@ -1,12 +1,14 @@
-//! What a submission costs: the same small ops run one per `run_ops` call (as the engine submits today) and as
-//! one list (one command buffer, one wait), and the first run of a batch (recorded) against later ones
-//! (replayed).
+//! What a submission costs: the same small ops run one list each and as one list (one command buffer, one wait),
+//! and the first run of a list (recorded) against later ones (replayed).
 //!
 //! `cargo run --release -p kazeia-backend-vulkan --example overhead [ops] [floats]`
 
 use std::time::Instant;
 
-use kazeia_backend_vulkan::{Math, Op, Options, VulkanBackend};
+use kazeia_backend_abi::list::HostList;
+use kazeia_backend_abi::plugin::OpKind;
+use kazeia_backend_abi::Backend;
+use kazeia_backend_vulkan::{Options, VulkanBackend};
 
 fn main() {
     let mut args = std::env::args()
@@ -24,19 +26,9 @@ fn main() {
     let mut buffers: Vec<Vec<f32>> = (0..ops)
         .map(|i| vec![i as f32 / ops as f32; floats])
         .collect();
-    let list = |buffers: &mut Vec<Vec<f32>>| -> Vec<Op<'static>> {
-        buffers
-            .iter_mut()
-            .map(|b| Op {
-                math: Math::Silu,
-                weight: None,
-                a: &[],
-                b: &[],
-                c: &[],
-                out: b.as_mut_ptr(),
-                out_len: b.len(),
-            })
-            .collect()
+    let run = |l: &HostList<'_>| {
+        // SAFETY: a list over live buffers.
+        unsafe { backend.run_list(l.list()) }.unwrap()
     };
     let time = |label: &str, run: &mut dyn FnMut()| {
         let before = backend.stats();
@@ -51,33 +43,22 @@ fn main() {
             after.recorded - before.recorded
         );
     };
-    let one_by_one = list(&mut buffers);
-    time("one op per submission, first run", &mut || {
-        for op in &one_by_one {
-            backend.run(std::slice::from_ref(op), false).unwrap();
-        }
-    });
-    time("one op per submission, replayed", &mut || {
-        for op in &one_by_one {
-            backend.run(std::slice::from_ref(op), false).unwrap();
-        }
-    });
+    for label in [
+        "one op per submission, first run",
+        "one op per submission, replayed",
+    ] {
+        time(label, &mut || {
+            for b in buffers.iter_mut() {
+                run(&HostList::in_place(OpKind::Silu, b, &[], &[], [0; 3], 0.0));
+            }
+        });
+    }
     // Each op reads the previous op's output: the chain stays on the device.
-    let chained: Vec<Op<'static>> = (0..ops)
-        .map(|_| Op {
-            math: Math::Silu,
-            weight: None,
-            a: &[],
-            b: &[],
-            c: &[],
-            out: buffers[0].as_mut_ptr(),
-            out_len: floats,
-        })
-        .collect();
-    time("one list of all ops, first run", &mut || {
-        backend.run(&chained, false).unwrap()
-    });
-    time("one list of all ops, replayed", &mut || {
-        backend.run(&chained, false).unwrap()
-    });
+    let mut chain = HostList::new();
+    let x = chain.in_out(&mut buffers[0]);
+    for _ in 0..ops {
+        chain.op(OpKind::Silu, None, [None; 3], x, [0; 8], 0.0);
+    }
+    time("one list of all ops, first run", &mut || run(&chain));
+    time("one list of all ops, replayed", &mut || run(&chain));
 }

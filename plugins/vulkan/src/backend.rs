@@ -1,20 +1,22 @@
-//! The Vulkan backend: a device, its pipelines, the kernels that passed the startup self-test, weights on the
-//! device, and the CPU backend for every op the device does not take.
+//! The Vulkan backend: a device, its pipelines, the kernels that passed the startup self-test, and weights on the
+//! device. It takes the ops its kernels run (`supports`, by kind and size) and the weights its device holds; the
+//! engine runs the rest on its CPU.
 
 use std::collections::HashSet;
 use std::sync::{Arc, OnceLock};
 
-use kazeia_backend_abi::plugin::{OpKind, OpRecord, WeightDesc, WeightKind};
-use kazeia_backend_abi::{Backend, Combine, WeightFormat};
+use kazeia_backend_abi::list::{List, OpRecord, TensorRecord, NO_TENSOR};
+use kazeia_backend_abi::plugin::{OpKind, WeightDesc, WeightKind};
+use kazeia_backend_abi::{Backend, Capabilities, Combine, Weight, WeightData, WeightFormat};
 use kazeia_backend_cpu::CpuBackend;
 
 use crate::context::Gpu;
 use crate::exec::{Executor, Stats};
-use crate::ops::{fits, Dispatch, Hint, Math, Op};
+use crate::ops::{fits, Op};
 use crate::pipelines::{Activation, Format, GemmMode, Kernel, NormKind, Pipelines};
 use crate::probe::vulkan;
 use crate::selftest;
-use crate::weights::{GpuWeight, Shape, VkWeight};
+use crate::weights::{GpuWeight, Shape};
 
 /// Choices made when the backend is created (the plugin reads them from the environment).
 #[derive(Clone, Debug)]
@@ -24,7 +26,7 @@ pub struct Options {
     pub subgroups: Option<bool>,
     /// Store convolution weights as F16 (half the memory and bandwidth; results within F16 rounding).
     pub conv_f16: bool,
-    /// Run the startup self-test (kernels failing it run on the CPU).
+    /// Run the startup self-test (kernels failing it are not used: their ops are refused).
     pub self_test: bool,
     /// MiB of resident buffers (KV caches) kept on the device between submissions; 0 uploads them every time.
     pub resident_mb: u64,
@@ -107,19 +109,20 @@ pub fn all_kernels() -> Vec<Kernel> {
 pub struct VulkanBackend {
     pub(crate) gpu: Arc<Gpu>,
     pub(crate) pipelines: Pipelines,
-    exec: Executor,
+    exec: Arc<Executor>,
     /// Kernels that run on the device (all, until the self-test says otherwise).
     enabled: HashSet<Kernel>,
     /// Self-test failures: kernel and reason.
     pub failures: Vec<(Kernel, String)>,
     options: Options,
-    threads: usize,
+    /// The self-test's reference.
     cpu: OnceLock<CpuBackend>,
 }
 
 impl VulkanBackend {
-    /// A backend on usable device `device` (0 = best), with `threads` CPU workers for the fallback.
-    pub fn new(device: usize, threads: usize, options: Options) -> Result<VulkanBackend, String> {
+    /// A backend on usable device `device` (0 = best). `threads` is the ABI's thread count, unused: the device
+    /// does the work.
+    pub fn new(device: usize, _threads: usize, options: Options) -> Result<VulkanBackend, String> {
         let vk = vulkan().map_err(str::to_string)?;
         let info = vk
             .devices
@@ -128,7 +131,7 @@ impl VulkanBackend {
         let gpu = Gpu::new(vk, info)?;
         let subgroups = gpu.subgroup_arithmetic && options.subgroups != Some(false);
         let pipelines = Pipelines::new(&gpu, subgroups)?;
-        let exec = Executor::new(&gpu, options.resident_mb << 20)?;
+        let exec = Arc::new(Executor::new(&gpu, options.resident_mb << 20)?);
         let mut backend = VulkanBackend {
             gpu,
             pipelines,
@@ -136,7 +139,6 @@ impl VulkanBackend {
             enabled: all_kernels().into_iter().collect(),
             failures: Vec::new(),
             options,
-            threads: threads.max(1),
             cpu: OnceLock::new(),
         };
         let disabled: Vec<Kernel> = backend
@@ -179,33 +181,33 @@ impl VulkanBackend {
         self.enabled.contains(&kernel)
     }
 
-    /// The CPU backend that runs what the device does not.
-    pub fn cpu(&self) -> &CpuBackend {
-        self.cpu.get_or_init(|| CpuBackend::new(self.threads))
+    /// The CPU backend the self-test compares the kernels with.
+    pub(crate) fn cpu(&self) -> &CpuBackend {
+        self.cpu.get_or_init(|| CpuBackend::new(1))
     }
 
-    /// Whether the op a record describes runs here ([`kazeia_backend_abi::Backend::supports`]): its kind on the
-    /// device ([`VulkanBackend::supports_kind`]) and, for a weightless op, its sizes within the kernel's limits
-    /// (`ops::fits`). A weighted op of a kind the device runs is taken whatever its sizes: the weight is
-    /// this backend's, kept on the CPU when the device cannot hold it, and read back for an op past the
-    /// dispatch limits. Only the record's plain fields are read.
-    pub fn supports_record(&self, r: &OpRecord) -> bool {
-        let Some(kind) = OpKind::from_code(r.kind) else {
-            return false;
-        };
+    /// Whether the device runs `op` with operands of `lens` values ([`Backend::supports`]): its kind on the
+    /// device ([`VulkanBackend::supports_kind`]), its weight (one this backend made) and its sizes within the
+    /// kernel's and the dispatch's limits. Only the record's plain fields are read.
+    pub fn supports_op(&self, r: &OpRecord, lens: [usize; 4]) -> bool {
         if !self.supports_kind(r.kind) {
             return false;
         }
-        if kind.has_weight() || kind.is_hint() {
+        if r.out == NO_TENSOR {
+            // Asked about the kind alone.
             return true;
         }
-        Math::of(r).is_ok_and(|math| {
-            fits(
-                &math,
-                [r.a_len, r.b_len, r.c_len, r.out_len],
-                &self.gpu.limits,
-            )
-        })
+        // SAFETY: the record's weight is null or a live `Weight` (the trait's contract for ops).
+        let Ok(op) = (unsafe { Op::new(r, lens) }) else {
+            return false;
+        };
+        match op.weight {
+            // A weighted op: its weight's kernel enabled, its grid within the dispatch limits.
+            Some(_) => op
+                .encode(&self.gpu.limits)
+                .is_some_and(|d| self.is_enabled(d.kernel)),
+            None => fits(&op.math, lens, &self.gpu.limits),
+        }
     }
 
     /// Whether ops of this ABI kind run on the device (for some weight format, where the op has weights).
@@ -234,17 +236,15 @@ impl VulkanBackend {
             k if k == OpKind::SiluMul as u32 => {
                 self.is_enabled(Kernel::Eltwise(Activation::SiluMul))
             }
-            k if k == OpKind::Fill as u32 => self.is_enabled(Kernel::Strided(Combine::Copy)),
-            k if k == OpKind::Discard as u32 || k == OpKind::Resident as u32 => true,
             k => OpKind::from_code(k)
                 .and_then(OpKind::combine)
                 .is_some_and(|c| self.is_enabled(Kernel::Strided(c))),
         }
     }
 
-    /// Uploads a weight: to the device when a kernel that uses it passed the self-test and it fits the device's
-    /// limits, else to the CPU backend.
-    pub fn upload(&self, d: &WeightDesc) -> Result<VkWeight, String> {
+    /// Uploads a weight to the device, when a kernel that uses it passed the self-test and it fits the device's
+    /// limits; an error otherwise (the engine then keeps it on its CPU).
+    pub fn upload_desc(&self, d: &WeightDesc) -> Result<GpuWeight, String> {
         let data = if d.data_len == 0 {
             &[][..]
         } else if d.data.is_null() {
@@ -331,27 +331,15 @@ impl VulkanBackend {
         }
         let format = WeightFormat::from_code(d.format)
             .ok_or_else(|| format!("unknown weight format {}", d.format))?;
-        let on_device = self.device_weight(data, bias, shape, format);
-        if let Some(Ok(w)) = on_device {
-            return Ok(VkWeight::Gpu(w));
+        match self.device_weight(data, bias, shape, format) {
+            Some(Ok(w)) => Ok(w.owned_by(&self.exec)),
+            Some(Err(e)) => Err(e),
+            None => Err(format!(
+                "no kernel for this {} weight runs on {}",
+                format,
+                self.device_name()
+            )),
         }
-        // The device cannot hold or run it (or the upload failed): the CPU backend keeps it.
-        let cpu = self.cpu();
-        let weight = match shape {
-            Shape::Linear { out, inp, .. } => cpu.upload_linear(data, out, inp, bias, format),
-            Shape::Conv { cout, cin, k } => cpu.upload_conv1d(data, cout, cin, k, bias),
-            Shape::Depthwise { channels, k } => {
-                cpu.upload_depthwise_conv1d(data, channels, k, bias)
-            }
-            Shape::ConvTranspose {
-                cin,
-                cout,
-                k,
-                stride,
-                ..
-            } => cpu.upload_conv_transpose1d(data, cin, cout, k, stride),
-        };
-        Ok(VkWeight::Cpu { weight, shape })
     }
 
     /// The weight on the device, or `None` when no enabled kernel would use it.
@@ -400,120 +388,91 @@ impl VulkanBackend {
     }
 
     /// A linear weight from the on-disk cache's bytes (`LinearWeight::export`'s format), or `None` when they do
-    /// not describe `[out][inp]` in `format`.
-    pub fn import_linear(
+    /// not describe `[out][inp]` in `format` or no kernel of the device uses it.
+    pub fn import(
         &self,
         bytes: &[u8],
         out: usize,
         inp: usize,
         format: WeightFormat,
-    ) -> Option<VkWeight> {
+    ) -> Option<GpuWeight> {
         let f = Format::ALL[format.code() as usize];
-        let shape = Shape::Linear {
-            out,
-            inp,
-            padded: inp.div_ceil(32) * 32,
-            has_bias: false,
-        };
-        if self.is_enabled(Kernel::Matvec(f)) || self.is_enabled(Kernel::Gemm(GemmMode::Linear, f))
+        if !(self.is_enabled(Kernel::Matvec(f))
+            || self.is_enabled(Kernel::Gemm(GemmMode::Linear, f)))
         {
-            if let Ok(w) = GpuWeight::from_export(&self.gpu, bytes, out, inp, format) {
-                return Some(VkWeight::Gpu(w));
-            }
+            return None;
         }
-        let weight = self.cpu().import_linear(bytes, out, inp, format)?;
-        let has_bias = bytes.get(32).is_some_and(|&b| b != 0);
-        let shape = match shape {
-            Shape::Linear {
-                out, inp, padded, ..
-            } => Shape::Linear {
-                out,
-                inp,
-                padded,
-                has_bias,
-            },
-            s => s,
-        };
-        Some(VkWeight::Cpu { weight, shape })
+        GpuWeight::from_export(&self.gpu, bytes, out, inp, format)
+            .ok()
+            .map(|w| w.owned_by(&self.exec))
     }
 
-    /// The resident bytes of a linear weight in the on-disk cache's format.
-    pub fn export_linear(&self, w: &VkWeight) -> Option<Vec<u8>> {
-        match w {
-            VkWeight::Gpu(g) => g.export_linear().ok(),
-            VkWeight::Cpu { weight, .. } => self.cpu().export_linear(weight),
-        }
-    }
-
-    /// Frees a weight, dropping the recorded plans that use it.
-    pub fn free(&self, w: VkWeight) {
-        if let VkWeight::Gpu(g) = &w {
-            self.exec.forget_weight(g.id);
-        }
-        drop(w);
-    }
-
-    /// Runs op records in order, consecutive device ops as one submission. A weighted op the device cannot run
-    /// (its weight kept on the CPU, or sizes past the dispatch limits) runs on the CPU on the weight's CPU copy;
-    /// a weightless one is an error: the engine asks [`VulkanBackend::supports_record`] first and runs what it
-    /// refuses itself.
-    ///
-    /// # Safety
-    /// The records' pointers must be valid for their lengths and their weights made by this backend.
-    pub unsafe fn run_records(&self, records: &[OpRecord]) -> Result<(), String> {
-        let ops = records
-            .iter()
-            .enumerate()
-            // SAFETY: the records' pointers are valid and their weights this backend's (this method's contract).
-            .map(|(i, r)| unsafe { Op::from_record(r) }.map_err(|e| format!("op {i}: {e}")))
-            .collect::<Result<Vec<_>, _>>()?;
-        self.run(&ops, false)
-    }
-
-    /// Runs checked ops; with `device_only`, a weighted op the device cannot take is an error too.
-    pub fn run(&self, ops: &[Op<'_>], device_only: bool) -> Result<(), String> {
+    /// Runs checked ops over `tensors` as one submission; an op past the device's limits is an error (`supports`
+    /// refuses it, so the engine runs it on its CPU).
+    pub fn run_ops(&self, tensors: &[TensorRecord], ops: &[Op<'_>]) -> Result<(), String> {
         let limits = self.gpu.limits;
-        let mut pending: Vec<Dispatch<'_>> = Vec::new();
-        let mut residents = Vec::new();
+        let mut dispatches = Vec::with_capacity(ops.len());
         for (i, op) in ops.iter().enumerate() {
-            match op.math {
-                Math::Discard => {
-                    pending.push(Dispatch::hint(op.a, Hint::Discard));
-                    continue;
-                }
-                Math::Resident { id } => {
-                    pending.push(Dispatch::hint(op.a, Hint::Resident(id)));
-                    continue;
-                }
-                _ => {}
-            }
-            if op.out_len == 0 {
+            if op.lens[3] == 0 {
                 continue;
             }
             let dispatch = op
                 .encode(&limits)
-                .filter(|d| device_only || self.is_enabled(d.kernel));
-            match dispatch {
-                Some(d) => pending.push(d),
-                None if device_only || op.weight.is_none() => {
-                    return Err(format!(
+                .filter(|d| self.is_enabled(d.kernel))
+                .ok_or_else(|| {
+                    format!(
                         "op {i} ({:?}) does not fit the device (`supports` refuses it)",
                         op.math
-                    ))
-                }
-                None => {
-                    self.exec.run(
-                        &self.pipelines,
-                        std::mem::take(&mut pending),
-                        &mut residents,
-                    )?;
-                    op.run_on_cpu(self.cpu())
-                        .map_err(|e| format!("op {i} on the CPU: {e}"))?;
-                    // A device copy of what the CPU just wrote is out of date.
-                    self.exec.host_wrote(op.out, op.out_len);
-                }
-            }
+                    )
+                })?;
+            dispatches.push(dispatch);
         }
-        self.exec.run(&self.pipelines, pending, &mut residents)
+        self.exec.run(&self.pipelines, tensors, dispatches)
+    }
+}
+
+impl Backend for VulkanBackend {
+    fn name(&self) -> &str {
+        "vulkan"
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::new(Capabilities::LISTS)
+    }
+
+    fn upload(&self, weight: WeightData<'_>) -> Result<Weight, String> {
+        weight.check()?;
+        self.upload_desc(&weight.desc()).map(Weight::new)
+    }
+
+    fn supports(&self, op: &OpRecord, lens: [usize; 4]) -> bool {
+        self.supports_op(op, lens)
+    }
+
+    /// The whole list as one submission.
+    unsafe fn run_list(&self, list: List<'_>) -> Result<(), String> {
+        let ops = list
+            .ops
+            .iter()
+            .enumerate()
+            // SAFETY: every weight is null or a live `Weight` of this backend, kept by the caller for the call
+            // (`run_list`'s contract).
+            .map(|(i, r)| unsafe { Op::from_record(r, &list) }.map_err(|e| format!("op {i}: {e}")))
+            .collect::<Result<Vec<_>, _>>()?;
+        self.run_ops(list.tensors, &ops)
+    }
+
+    fn export_linear(&self, w: &Weight) -> Option<Vec<u8>> {
+        w.downcast::<GpuWeight>()?.export_linear().ok()
+    }
+
+    fn import_linear(
+        &self,
+        bytes: &[u8],
+        out: usize,
+        inp: usize,
+        format: WeightFormat,
+    ) -> Option<Weight> {
+        self.import(bytes, out, inp, format).map(Weight::new)
     }
 }

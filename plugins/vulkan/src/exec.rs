@@ -1,28 +1,29 @@
-//! Running dispatches: a list of them becomes one command buffer, one submission and one wait, with results that
-//! one op writes and a later op reads staying on the device. Command buffers are recorded once per batch shape and
+//! Running dispatches: a list of them becomes one command buffer, one submission and one wait, with the results
+//! one op writes and a later op reads staying on the device. Command buffers are recorded once per list shape and
 //! replayed.
 //!
-//! Host buffers are matched by address range: a later op that reads exactly the range an earlier op of the batch
-//! wrote reads the device copy; a partial overlap with a written range ends the batch there (it is submitted and
-//! its results copied back first). A batch's *plan* — its buffer layout, descriptor sets and recorded command
-//! buffer — depends only on its structure (kernels, weights, sizes, push constants, which op feeds which), not on
-//! host addresses, so the same stage run again (the next frame, the next chunk) replays it: per run only the host
-//! data is copied in and out.
-//!
-//! After the wait, only what the host can read is copied back: a buffer the list marked dead (`Discard`) stays on
-//! the device, and a buffer its ops wrote in part (a KV-cache append) comes back over that range alone.
+//! Each dispatch names its operands by their index in the list's tensor table, so which op feeds which is
+//! explicit. A tensor with no host memory (an intermediate result) lives on the device only; one the host reads
+//! afterwards comes back over the range the ops wrote (a KV-cache append: those rows alone); one that starts as
+//! zeros is set on the device. A list's *plan* — its buffer layout, descriptor sets and recorded command buffer —
+//! depends only on its structure (kernels, weights, sizes, push constants, which tensor each binding is), so the
+//! same stage run again (the next frame, the next chunk) replays it: per run only the host data is copied in and
+//! out.
 //!
 //! Activations live in an arena of host-visible buffers ("chunks", each at most one binding's range) shared by all
-//! plans, since one batch runs at a time; when a new plan needs a bigger arena, the arena grows and every cached
-//! plan is dropped (and re-recorded on next use).
+//! plans, since one list runs at a time; when a new plan needs a bigger arena, the arena grows and every cached
+//! plan is dropped (and re-recorded on next use). Resident tensors (the ABI's `TensorRecord::resident`) live in
+//! buffers of their own, kept between lists under their id.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use ash::vk;
 
+use kazeia_backend_abi::list::{TensorRecord, NO_TENSOR};
+
 use crate::context::{Buffer, Gpu, Memory};
-use crate::ops::{Access, Bind, Dispatch, Hint};
+use crate::ops::{Access, Bind, Dispatch};
 use crate::pipelines::{Pipelines, BINDINGS, PUSH_WORDS};
 use crate::weights::{GpuWeight, Section};
 
@@ -55,20 +56,18 @@ enum Upload {
     Generated(Vec<f32>),
 }
 
-/// A device copy of a host range (or of generated data) within one batch.
+/// The device copy of a tensor of the list (or of generated data) for one run.
 struct Slot {
     len: usize,
-    /// Host byte range, for matching; `None` for generated data.
-    range: Option<(usize, usize)>,
-    /// Still matchable by later ops (a partially overlapping write makes the copy stale).
-    current: bool,
+    /// Its tensor in the list (`None` for generated data).
+    tensor: Option<usize>,
     upload: Upload,
-    /// Written by an op of the batch: copied back to `range` at the end.
+    /// Written by an op of the list.
     written: bool,
-    /// The elements the batch's ops can have changed (all of them unless every writer said less).
+    /// The elements the list's ops can have changed (all of them unless every writer said less).
     dirty: Option<(usize, usize)>,
-    /// Inside a resident buffer: its id and this slot's byte offset there (no upload, no arena space).
-    resident: Option<(u64, u64)>,
+    /// Kept on the device between lists: its id and the values its host buffer holds (no arena space).
+    resident: Option<(u64, usize)>,
 }
 
 #[derive(Clone, Copy)]
@@ -86,108 +85,71 @@ struct Step<'a> {
     groups: [u32; 3],
 }
 
-/// One batch being assembled.
-struct Batch<'a> {
+/// One list being assembled.
+struct Batch<'a, 't> {
+    tensors: &'t [TensorRecord],
     slots: Vec<Slot>,
+    /// Per tensor of the list, its slot once an op used it.
+    slot_of: Vec<Option<usize>>,
     steps: Vec<Step<'a>>,
     signature: Vec<u64>,
-    /// Resident buffers the list named (id, host byte range), kept for the batches after this one.
-    residents: Vec<(u64, (usize, usize))>,
-    /// The device's storage-buffer offset alignment (a slot inside a resident buffer must start on it).
-    align: u64,
     /// The largest resident buffer taken.
     resident_cap: u64,
 }
 
-fn overlaps(a: (usize, usize), b: (usize, usize)) -> bool {
-    a.0 < b.1 && b.0 < a.1
-}
-
-impl<'a> Batch<'a> {
-    fn new(align: u64, resident_cap: u64, residents: Vec<(u64, (usize, usize))>) -> Self {
+impl<'a, 't> Batch<'a, 't> {
+    fn new(tensors: &'t [TensorRecord], resident_cap: u64) -> Self {
         Batch {
+            tensors,
             slots: Vec::new(),
+            slot_of: vec![None; tensors.len()],
             steps: Vec::new(),
             signature: Vec::new(),
-            residents,
-            align,
             resident_cap,
         }
     }
 
-    /// The resident buffer holding host range `r` (id and byte offset), if a hint named one.
-    fn resident_for(&self, r: (usize, usize)) -> Option<(u64, u64)> {
-        self.residents
-            .iter()
-            .find(|(_, (s, e))| *s <= r.0 && r.1 <= *e)
-            .map(|&(id, (s, _))| (id, (r.0 - s) as u64))
-            .filter(|(_, offset)| offset % self.align == 0)
-    }
-    /// The slot `t` would use: `Ok(Some(slot))` an existing one, `Ok(None)` a new one, `Err(())` when it
-    /// overlaps a range written in this batch without being exactly it.
-    fn find(&self, range: (usize, usize)) -> Result<Option<usize>, ()> {
-        if let Some(i) = self
-            .slots
-            .iter()
-            .position(|s| s.current && s.range == Some(range))
-        {
-            return Ok(Some(i));
+    /// The slot of list tensor `t`, made at its first use: uploaded when the op reads host values, set to zeros
+    /// first (a fill step) when it starts as zeros and the op does not write it whole.
+    fn slot(&mut self, t: usize, access: Access) -> Result<usize, String> {
+        if let Some(i) = self.slot_of[t] {
+            return Ok(i);
         }
-        let clash = self
-            .slots
-            .iter()
-            .any(|s| s.written && s.range.is_some_and(|r| overlaps(r, range)));
-        if clash {
-            Err(())
+        let record = self.tensors[t];
+        let reads = access != Access::Write;
+        let resident = (record.resident != 0 && (record.capacity as u64) * 4 <= self.resident_cap)
+            .then_some((record.resident, record.capacity));
+        let upload = if reads && !record.zeroed() && record.host_in() && resident.is_none() {
+            Upload::Host(record.host)
         } else {
-            Ok(None)
+            Upload::None
+        };
+        self.slots.push(Slot {
+            len: record.len,
+            tensor: Some(t),
+            upload,
+            written: false,
+            dirty: None,
+            resident,
+        });
+        let index = self.slots.len() - 1;
+        self.slot_of[t] = Some(index);
+        if reads && record.zeroed() {
+            let fill = Dispatch::fill(t as u32, record.len, 0.0)
+                .ok_or("a tensor too long to set on the device")?;
+            self.add(fill)?;
         }
+        Ok(index)
     }
 
-    /// Whether `d` can join this batch (its host buffers do not partially overlap one the batch writes).
-    fn accepts(&self, d: &Dispatch<'_>) -> bool {
-        if d.hint != Hint::None {
-            return true;
-        }
-        d.tensors.iter().all(|t| {
-            t.generated.is_some()
-                || self
-                    .find((t.ptr as usize, t.ptr as usize + t.len * 4))
-                    .is_ok()
-        })
-    }
-
-    /// Adds `d` (which [`Batch::accepts`]).
-    fn add(&mut self, mut d: Dispatch<'a>) {
-        let t = &d.tensors[0];
-        let hinted = (t.ptr as usize, t.ptr as usize + t.len * 4);
-        match d.hint {
-            Hint::None => {}
-            Hint::Discard => {
-                // Its buffer is not read after the batch: what ops wrote there stays on the device.
-                if let Ok(Some(i)) = self.find(hinted) {
-                    self.slots[i].written = false;
-                    self.slots[i].dirty = None;
-                }
-                return;
-            }
-            Hint::Resident(id) => {
-                // Named before the ops that use it; too large a buffer is simply uploaded as before.
-                if (t.len as u64) * 4 <= self.resident_cap {
-                    self.residents.retain(|&(other, _)| other != id);
-                    self.residents.push((id, hinted));
-                }
-                return;
-            }
-        }
-        let range = |ptr: *mut f32, len: usize| (ptr as usize, ptr as usize + len * 4);
+    /// Adds `d`.
+    fn add(&mut self, mut d: Dispatch<'a>) -> Result<(), String> {
         let mut slot_of = Vec::with_capacity(d.tensors.len());
         for t in d.tensors.iter_mut() {
             if let Some(data) = t.generated.take() {
                 self.slots.push(Slot {
                     len: data.len(),
-                    range: None,
-                    current: false,
+                    tensor: None,
                     upload: Upload::Generated(data),
                     written: false,
                     dirty: None,
@@ -196,36 +158,14 @@ impl<'a> Batch<'a> {
                 slot_of.push(self.slots.len() - 1);
                 continue;
             }
-            let r = range(t.ptr, t.len);
-            let existing = self.find(r).unwrap_or(None);
-            let index = match existing {
-                Some(i) => i,
-                None => {
-                    let reads = t.access != Access::Write;
-                    let resident = self.resident_for(r);
-                    self.slots.push(Slot {
-                        len: t.len,
-                        range: Some(r),
-                        current: true,
-                        upload: if reads && resident.is_none() {
-                            Upload::Host(t.ptr)
-                        } else {
-                            Upload::None
-                        },
-                        written: false,
-                        dirty: None,
-                        resident,
-                    });
-                    self.slots.len() - 1
-                }
-            };
+            if t.index == NO_TENSOR || t.index as usize >= self.tensors.len() {
+                return Err(format!(
+                    "a dispatch names no tensor of the list ({})",
+                    t.index
+                ));
+            }
+            let index = self.slot(t.index as usize, t.access)?;
             if t.access != Access::Read {
-                // Older copies of host memory this op overwrites are stale from now on.
-                for (i, s) in self.slots.iter_mut().enumerate() {
-                    if i != index && s.range.is_some_and(|sr| overlaps(sr, r)) {
-                        s.current = false;
-                    }
-                }
                 let slot = &mut self.slots[index];
                 let range = t.writes.unwrap_or((0, t.len));
                 slot.dirty = Some(match (slot.written, slot.dirty) {
@@ -269,16 +209,17 @@ impl<'a> Batch<'a> {
             push: d.push,
             groups: d.groups.map(|g| g as u32),
         });
+        Ok(())
     }
 
-    /// The signature with the slots' sizes and transfers: the key of the batch's plan.
+    /// The signature with the slots' sizes and transfers: the key of the list's plan.
     fn key(&self) -> Vec<u64> {
         let mut key = self.signature.clone();
         for s in &self.slots {
             let upload = !matches!(s.upload, Upload::None) as u64;
             key.push((s.len as u64) << 2 | upload << 1 | s.written as u64);
-            if let Some((id, offset)) = s.resident {
-                key.extend([u64::MAX, id, offset]);
+            if let Some((id, capacity)) = s.resident {
+                key.extend([u64::MAX, id, capacity as u64]);
             }
         }
         key
@@ -309,19 +250,17 @@ struct State {
     stats: Stats,
 }
 
-/// The device copy of a host buffer named resident. Its first `valid` bytes equal the host's (uploaded when a batch
-/// first reached them, then kept equal: batches copy back what they write); the host writing it outside a batch
-/// resets `valid` to 0.
+/// The device copy of a resident tensor's host buffer (`capacity` values). Its first `valid` bytes equal the
+/// host's: uploaded when a list first reached them, then kept equal (lists copy back what they write); under a
+/// new id the host has written the buffer itself, so a new copy is made.
 struct Resident {
     buffer: Buffer,
-    /// Host byte range.
-    start: usize,
-    end: usize,
+    capacity: usize,
     valid: usize,
     last_used: u64,
 }
 
-/// Runs dispatches on one device, one batch at a time.
+/// Runs lists of dispatches on one device, one at a time.
 pub struct Executor {
     gpu: Arc<Gpu>,
     dummy: Buffer,
@@ -373,76 +312,52 @@ impl Executor {
         self.state.lock().unwrap_or_else(|e| e.into_inner()).stats
     }
 
-    /// Runs `dispatches` in order, in as few submissions as their buffer overlaps allow.
-    ///
-    /// `residents` carries the resident buffers a list named from one call to the next (a list split by an op
-    /// run on the CPU is several calls).
+    /// Runs `dispatches`, the ops of a list over `tensors`, in order: one submission and one wait. The host
+    /// memory of `tensors` must be valid for the call (the ABI's `run_list` contract).
     pub fn run(
         &self,
         pipelines: &Pipelines,
+        tensors: &[TensorRecord],
         dispatches: Vec<Dispatch<'_>>,
-        residents: &mut Vec<(u64, (usize, usize))>,
     ) -> Result<(), String> {
+        if dispatches.is_empty() {
+            return Ok(());
+        }
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        let align = self.gpu.limits.binding_align;
-        let mut batch = Batch::new(align, self.resident_cap, std::mem::take(residents));
+        let mut batch = Batch::new(tensors, self.resident_cap);
         for d in dispatches {
-            if !batch.accepts(&d) {
-                let next = Batch::new(align, self.resident_cap, batch.residents.clone());
-                self.submit(&mut state, pipelines, std::mem::replace(&mut batch, next))?;
-            }
-            batch.add(d);
+            batch.add(d)?;
         }
-        *residents = batch.residents.clone();
-        if !batch.steps.is_empty() {
-            self.submit(&mut state, pipelines, batch)?;
-        }
-        Ok(())
+        self.submit(&mut state, pipelines, batch)
     }
 
-    /// The host wrote `len` floats at `ptr` outside a batch (an op run on the CPU): device copies of resident
-    /// buffers there are out of date.
-    pub fn host_wrote(&self, ptr: *const f32, len: usize) {
-        let (start, end) = (ptr as usize, ptr as usize + len * 4);
-        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        for r in state.residents.values_mut() {
-            if overlaps((r.start, r.end), (start, end)) {
-                r.valid = 0;
-            }
-        }
-    }
-
-    /// Makes the device copy of every resident buffer `batch` binds current as far as its slots reach: created
-    /// when new (or its range changed), then the bytes between what is valid and what the slots reach are
-    /// uploaded; older ones are dropped past the size cap.
-    fn prepare_residents(&self, state: &mut State, batch: &Batch<'_>) -> Result<(), String> {
-        // How far into each resident buffer the batch's slots reach.
-        let mut reaches: HashMap<u64, usize> = HashMap::new();
-        for s in &batch.slots {
-            if let Some((id, at)) = s.resident {
-                let reach = reaches.entry(id).or_default();
-                *reach = (*reach).max(at as usize + s.len * 4);
-            }
-        }
-        let used: Vec<u64> = reaches.keys().copied().collect();
-        for &(id, (start, end)) in &batch.residents {
-            let Some(&reach) = reaches.get(&id) else {
+    /// Makes the device copy of every resident tensor the list binds current up to the tensor's length: created
+    /// when new (or its capacity changed), then the bytes between what is valid and the length are uploaded;
+    /// older copies are dropped past the size cap.
+    fn prepare_residents(&self, state: &mut State, batch: &Batch<'_, '_>) -> Result<(), String> {
+        let used: Vec<u64> = batch
+            .slots
+            .iter()
+            .filter_map(|s| s.resident.map(|r| r.0))
+            .collect();
+        for slot in &batch.slots {
+            let (Some((id, capacity)), Some(t)) = (slot.resident, slot.tensor) else {
                 continue;
             };
+            let record = batch.tensors[t];
             let current = state
                 .residents
                 .get(&id)
-                .is_some_and(|r| (r.start, r.end) == (start, end));
+                .is_some_and(|r| r.capacity == capacity);
             if !current {
                 self.drop_resident(state, id);
-                self.make_room(state, (end - start) as u64, &used);
-                let buffer = Buffer::new(&self.gpu, (end - start) as u64, Memory::Shared)?;
+                self.make_room(state, (capacity * 4) as u64, &used);
+                let buffer = Buffer::new(&self.gpu, (capacity.max(1) * 4) as u64, Memory::Shared)?;
                 state.residents.insert(
                     id,
                     Resident {
                         buffer,
-                        start,
-                        end,
+                        capacity,
                         valid: 0,
                         last_used: 0,
                     },
@@ -451,14 +366,17 @@ impl Executor {
             let tick = state.tick;
             let r = state.residents.get_mut(&id).expect("just made");
             r.last_used = tick;
-            if reach > r.valid {
+            let reach = record.len * 4;
+            if reach > r.valid && record.host_in() {
                 let (from, bytes) = (r.valid, reach - r.valid);
                 let dst = r
                     .buffer
                     .mapped(from as u64, bytes)
                     .ok_or("a resident buffer is not host-visible")?;
-                // SAFETY: the Resident hint's contract: the host range is live for the list.
-                unsafe { std::ptr::copy_nonoverlapping((start + from) as *const u8, dst, bytes) };
+                // SAFETY: the tensor's host memory is valid for its length for the list (the ABI's contract).
+                unsafe {
+                    std::ptr::copy_nonoverlapping((record.host as *const u8).add(from), dst, bytes)
+                };
                 r.valid = reach;
                 state.stats.uploaded += bytes as u64;
             }
@@ -472,7 +390,7 @@ impl Executor {
             let total: u64 = state
                 .residents
                 .values()
-                .map(|r| (r.end - r.start) as u64)
+                .map(|r| (r.capacity * 4) as u64)
                 .sum();
             if total + extra <= self.resident_cap {
                 return;
@@ -521,7 +439,7 @@ impl Executor {
         &self,
         state: &mut State,
         pipelines: &Pipelines,
-        batch: Batch<'_>,
+        batch: Batch<'_, '_>,
     ) -> Result<(), String> {
         let key = batch.key();
         state.tick += 1;
@@ -555,7 +473,8 @@ impl Executor {
             let dst = state.arena[chunk]
                 .mapped(offset, bytes)
                 .ok_or("the arena is not host-visible")?;
-            // SAFETY: `src` is a live host buffer of `len` floats (the op's contract); `dst` is in the mapping.
+            // SAFETY: `src` is live host memory of `len` floats (the list's contract, or our own data); `dst` is
+            // in the mapping.
             unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst, bytes) };
             state.stats.uploaded += bytes as u64;
         }
@@ -564,24 +483,34 @@ impl Executor {
         state.stats.submits += 1;
         state.stats.dispatches += dispatches;
         for (slot, &(chunk, offset)) in batch.slots.iter().zip(&placements) {
-            if !slot.written {
-                continue;
-            }
-            let Some((start, _)) = slot.range else {
+            let Some(t) = slot.tensor else {
                 continue;
             };
+            let record = batch.tensors[t];
+            if !slot.written || !record.host_out() {
+                continue;
+            }
             let (lo, hi) = slot.dirty.unwrap_or((0, slot.len));
             let bytes = (hi - lo) * 4;
             let (buffer, offset) = match slot.resident {
-                Some((id, at)) => (&state.residents[&id].buffer, at),
+                Some((id, _)) => {
+                    let r = state.residents.get_mut(&id).expect("prepared");
+                    // What the list wrote from the valid prefix on is now the host's too.
+                    if lo * 4 <= r.valid {
+                        r.valid = r.valid.max(hi * 4);
+                    }
+                    (&state.residents[&id].buffer, 0)
+                }
                 None => (&state.arena[chunk], offset),
             };
             let src = buffer
                 .mapped(offset + lo as u64 * 4, bytes)
                 .ok_or("the arena is not host-visible")?;
-            // SAFETY: the op's output buffer is live and writable for `len` floats and `lo..hi` lies within it;
-            // the submission is complete.
-            unsafe { std::ptr::copy_nonoverlapping(src, (start + lo * 4) as *mut u8, bytes) };
+            // SAFETY: the tensor's host memory is live and writable for `len` floats and `lo..hi` lies within it
+            // (the list's contract); the submission is complete.
+            unsafe {
+                std::ptr::copy_nonoverlapping(src, (record.host as *mut u8).add(lo * 4), bytes)
+            };
             state.stats.downloaded += bytes as u64;
         }
         Ok(())
@@ -616,7 +545,7 @@ impl Executor {
         &self,
         state: &mut State,
         pipelines: &Pipelines,
-        batch: &Batch<'_>,
+        batch: &Batch<'_, '_>,
     ) -> Result<Plan, String> {
         let limits = self.gpu.limits;
         let align = limits.binding_align;
@@ -686,7 +615,7 @@ impl Executor {
                             .range(s.bytes),
                         StepBind::Slot(i) => {
                             let (buffer, offset) = match batch.slots[i].resident {
-                                Some((id, at)) => (state.residents[&id].buffer.buffer, at),
+                                Some((id, _)) => (state.residents[&id].buffer.buffer, 0),
                                 None => {
                                     let (chunk, offset) = placements[i];
                                     (state.arena[chunk].buffer, offset)

@@ -1,12 +1,12 @@
-//! Op records from the ABI, checked, and turned into either one shader dispatch or a call on the CPU backend.
+//! Ops of an ABI list, checked against their weights and operand sizes, and turned into one shader dispatch each.
 
-use kazeia_backend_abi::plugin::{attention_of, strided_n, OpKind, OpRecord};
+use kazeia_backend_abi::list::{List, OpRecord, NO_TENSOR};
+use kazeia_backend_abi::plugin::{attention_of, strided_n, OpKind};
 use kazeia_backend_abi::{AttentionSpan, Combine, Heads, Strided, Weight};
-use kazeia_backend_cpu::CpuBackend;
 
 use crate::context::Limits;
 use crate::pipelines::{Activation, GemmMode, Kernel, NormKind, PUSH_WORDS};
-use crate::weights::{GpuWeight, Shape, VkWeight};
+use crate::weights::{GpuWeight, Shape};
 
 /// Rows up to which a linear layer runs the matrix-vector kernel (`MAX_ROWS` in `matvec.comp`).
 pub const MATVEC_ROWS: usize = 8;
@@ -58,42 +58,15 @@ pub enum Math {
         combine: Combine,
         shape: Strided,
     },
-    /// The ABI's Discard: no work; buffer `a` is not read after the list.
-    Discard,
-    /// The ABI's Resident: no work; buffer `a` may stay on the device under `id`.
-    Resident {
-        id: u64,
-    },
-    /// The ABI's Fill: every element of the output set to `value`.
-    Fill {
-        value: f32,
-    },
 }
 
-/// One checked op on host buffers.
+/// One checked op: what it computes, its weight, and its operands (`a`, `b`, `c`, output) as tensor indices of
+/// its list ([`NO_TENSOR`] where absent) with their lengths.
 pub struct Op<'a> {
     pub math: Math,
-    pub weight: Option<&'a VkWeight>,
-    pub a: &'a [f32],
-    pub b: &'a [f32],
-    pub c: &'a [f32],
-    pub out: *mut f32,
-    pub out_len: usize,
-}
-
-/// A record's input as a slice (empty when its length is 0).
-///
-/// # Safety
-/// `ptr` must be null or valid for `len` floats for `'a`.
-unsafe fn host<'a>(ptr: *const f32, len: usize, what: &str) -> Result<&'a [f32], String> {
-    if len == 0 {
-        return Ok(&[]);
-    }
-    if ptr.is_null() {
-        return Err(format!("null {what} buffer"));
-    }
-    // SAFETY: non-null, so valid for `len` floats for `'a` (this function's contract).
-    Ok(unsafe { std::slice::from_raw_parts(ptr, len) })
+    pub weight: Option<&'a GpuWeight>,
+    pub operands: [u32; 4],
+    pub lens: [usize; 4],
 }
 
 fn check(ok: bool, what: impl FnOnce() -> String) -> Result<(), String> {
@@ -143,9 +116,6 @@ impl Math {
             k if k == OpKind::Gelu as u32 => Math::Gelu,
             k if k == OpKind::Silu as u32 => Math::Silu,
             k if k == OpKind::SiluMul as u32 => Math::SiluMul,
-            k if k == OpKind::Discard as u32 => Math::Discard,
-            k if k == OpKind::Resident as u32 => Math::Resident { id: r.n[0] },
-            k if k == OpKind::Fill as u32 => Math::Fill { value: r.f[0] },
             k => match OpKind::from_code(k).and_then(OpKind::combine) {
                 Some(combine) => Math::Strided {
                     combine,
@@ -192,50 +162,53 @@ pub fn fits(math: &Math, lens: [usize; 4], limits: &Limits) -> bool {
 }
 
 impl<'a> Op<'a> {
-    /// Reads and checks a record: every size must agree with the op and its weight, so no shader ever reads or
-    /// writes outside its buffers.
+    /// Reads and checks an op of `list`: every size must agree with the op and its weight, so no shader ever
+    /// reads or writes outside its buffers.
     ///
     /// # Safety
-    /// The record's pointers must be valid for their lengths (the ABI's contract); `weight` must be null or a
-    /// weight of this plugin.
-    pub unsafe fn from_record(r: &'a OpRecord) -> Result<Op<'a>, String> {
+    /// The op's weight must be null or a `Weight` that lives for `'a`.
+    pub unsafe fn from_record(r: &OpRecord, list: &List<'_>) -> Result<Op<'a>, String> {
+        // SAFETY: this function's contract.
+        unsafe { Op::new(r, list.lens(r)) }
+    }
+
+    /// Reads and checks an op whose operands are `lens` values long.
+    ///
+    /// # Safety
+    /// As [`Op::from_record`].
+    pub unsafe fn new(r: &OpRecord, lens: [usize; 4]) -> Result<Op<'a>, String> {
         let math = Math::of(r)?;
-        if r.out.is_null() && r.out_len > 0 {
-            return Err("null output buffer".into());
-        }
-        // SAFETY: the weight is null or this plugin's, the inputs valid for their lengths (this function's
-        // contract).
-        let (weight, a, b, c) = unsafe {
-            (
-                (r.weight as *const VkWeight).as_ref(),
-                host(r.a, r.a_len, "first input")?,
-                host(r.b, r.b_len, "second input")?,
-                host(r.c, r.c_len, "third input")?,
-            )
+        // SAFETY: null or a `Weight` that lives for 'a (this function's contract).
+        let weight: Option<&'a Weight> = unsafe { (r.weight as *const Weight).as_ref() };
+        let weight = match weight {
+            None => None,
+            Some(w) => Some(
+                w.downcast::<GpuWeight>()
+                    .ok_or("a weight the Vulkan backend did not make")?,
+            ),
         };
         let op = Op {
             math,
             weight,
-            a,
-            b,
-            c,
-            out: r.out,
-            out_len: r.out_len,
+            operands: r.operands(),
+            lens,
         };
         op.validate()?;
         Ok(op)
     }
 
-    /// The weight's shape, whichever backend holds it.
     fn weight_shape(&self) -> Result<Shape, String> {
-        match self.weight.ok_or("the op needs a weight and has none")? {
-            VkWeight::Gpu(w) => Ok(w.shape),
-            VkWeight::Cpu { shape, .. } => Ok(*shape),
-        }
+        Ok(self
+            .weight
+            .ok_or("the op needs a weight and has none")?
+            .shape)
     }
 
     pub(crate) fn validate(&self) -> Result<(), String> {
-        let (a, b, c, out) = (self.a.len(), self.b.len(), self.c.len(), self.out_len);
+        if self.operands[3] == NO_TENSOR {
+            return Err("an op without an output".into());
+        }
+        let [a, b, c, out] = self.lens;
         let sizes = || format!("inputs of {a}, {b}, {c} and an output of {out} values");
         match self.math {
             Math::Linear { rows } => {
@@ -327,72 +300,18 @@ impl<'a> Op<'a> {
                 len > 0 && out % len == 0 && a == out / len && b == a,
                 || format!("snake_beta over {len} columns: {}", sizes()),
             ),
-            Math::Gelu | Math::Silu | Math::Discard | Math::Resident { .. } | Math::Fill { .. } => {
-                Ok(())
-            }
+            Math::Gelu | Math::Silu => Ok(()),
             Math::SiluMul => check(a == out, || format!("silu_mul: {}", sizes())),
             Math::Strided { shape, .. } => shape.check(a, out),
         }
     }
 
-    /// Runs the op on the CPU backend, on the host buffers.
-    pub fn run_on_cpu(&self, cpu: &CpuBackend) -> Result<(), String> {
-        if self.out_len == 0 {
-            return Ok(());
-        }
-        // SAFETY: checked non-null with this length; the caller owns it for the call.
-        let out = unsafe { std::slice::from_raw_parts_mut(self.out, self.out_len) };
-        let weight = || -> Result<&Weight, String> {
-            match self.weight.ok_or("no weight")? {
-                VkWeight::Cpu { weight, .. } => Ok(weight),
-                VkWeight::Gpu(w) => w.on_cpu(cpu),
-            }
-        };
-        match self.math {
-            Math::Linear { rows } => cpu.linear(weight()?, self.a, rows, out),
-            Math::Conv1d { len, dilation } => cpu.conv1d(weight()?, self.a, len, dilation, out),
-            Math::Depthwise { len } => cpu.depthwise_conv1d(weight()?, self.a, len, out),
-            Math::ConvTranspose { len } => cpu.conv_transpose1d(weight()?, self.a, len, out),
-            Math::RmsNorm { dim, eps } => cpu.rms_norm(out, dim, self.a, eps),
-            Math::LayerNorm { dim, eps } => cpu.layer_norm(out, dim, self.a, self.b, eps),
-            Math::Rope {
-                heads,
-                head_dim,
-                start_pos,
-                theta,
-            } => cpu.rope(out, heads, head_dim, start_pos, theta),
-            Math::Attention { heads, span, scale } => {
-                cpu.attention(self.a, self.b, self.c, heads, span, scale, out)
-            }
-            Math::SnakeBeta { len } => cpu.snake_beta(out, len, self.a, self.b),
-            Math::Gelu => cpu.gelu(out),
-            Math::Silu => cpu.silu(out),
-            Math::SiluMul => cpu.silu_mul(out, self.a),
-            Math::Discard | Math::Resident { .. } => {}
-            Math::Fill { value } => out.fill(value),
-            Math::Strided { combine, shape } => cpu.strided(combine, self.a, out, shape),
-        }
-        Ok(())
-    }
-
-    /// The op as one dispatch, or `None` when the device cannot take it (weight on the CPU, sizes past the
-    /// device's limits).
+    /// The op as one dispatch, or `None` when its sizes are past the device's limits.
     pub fn encode(&self, limits: &Limits) -> Option<Dispatch<'a>> {
-        if self.out_len == 0 {
+        if self.weight.is_none() && !fits(&self.math, self.lens, limits) {
             return None;
         }
-        let gpu_weight = match self.weight {
-            Some(VkWeight::Gpu(w)) => Some(w),
-            Some(VkWeight::Cpu { .. }) => return None,
-            None => {
-                let lens = [self.a.len(), self.b.len(), self.c.len(), self.out_len];
-                if !fits(&self.math, lens, limits) {
-                    return None;
-                }
-                None
-            }
-        };
-        let d = self.dispatch(gpu_weight)?;
+        let d = self.dispatch(self.weight)?;
         let fits = d
             .tensors
             .iter()
@@ -407,18 +326,9 @@ impl<'a> Op<'a> {
     fn dispatch(&self, w: Option<&'a GpuWeight>) -> Option<Dispatch<'a>> {
         let u = |v: usize| u32::try_from(v).ok();
         let mut d = Dispatch::new(w);
+        let [a, b, c, o] = self.operands;
+        let [a_len, b_len, c_len, out_len] = self.lens;
         match self.math {
-            Math::Discard => return Some(Dispatch::hint(self.a, Hint::Discard)),
-            Math::Resident { id } => return Some(Dispatch::hint(self.a, Hint::Resident(id))),
-            Math::Fill { value } => {
-                // A strided copy of one generated value over the whole buffer: written, never uploaded.
-                d.kernel = Kernel::Strided(Combine::Copy);
-                let src = d.generated(vec![value]);
-                let dst = d.write(self.out, self.out_len);
-                d.bind(0, src).bind(4, dst);
-                d.push(&[1, u(self.out_len)?, 0, 0, 0, 0, u(self.out_len)?, 1]);
-                d.groups = grid(self.out_len.div_ceil(256));
-            }
             Math::Linear { rows } => {
                 let w = w?;
                 let Shape::Linear {
@@ -431,8 +341,8 @@ impl<'a> Op<'a> {
                     return None;
                 };
                 d.bind_weight();
-                let x = d.read(self.a);
-                let y = d.write(self.out, self.out_len);
+                let x = d.read(a, a_len);
+                let y = d.write(o, out_len);
                 d.bind(3, x).bind(4, y);
                 if rows <= MATVEC_ROWS {
                     d.kernel = Kernel::Matvec(w.format);
@@ -452,8 +362,8 @@ impl<'a> Op<'a> {
                 let lout = len - (k - 1) * dilation;
                 d.kernel = Kernel::Gemm(GemmMode::Conv, w.format);
                 d.bind_weight();
-                let x = d.read(self.a);
-                let y = d.write(self.out, self.out_len);
+                let x = d.read(a, a_len);
+                let y = d.write(o, out_len);
                 d.bind(3, x).bind(4, y);
                 d.push(&[
                     u(cout)?,
@@ -482,8 +392,8 @@ impl<'a> Op<'a> {
                 let full = (len - 1) * stride + k;
                 d.kernel = Kernel::Gemm(GemmMode::ConvTranspose, w.format);
                 d.bind_weight();
-                let x = d.read(self.a);
-                let y = d.write(self.out, self.out_len);
+                let x = d.read(a, a_len);
+                let y = d.write(o, out_len);
                 d.bind(3, x).bind(4, y);
                 d.push(&[
                     u(cout)?,
@@ -511,8 +421,8 @@ impl<'a> Op<'a> {
                 let lout = len + 1 - k;
                 d.kernel = Kernel::Depthwise;
                 d.bind_weight();
-                let x = d.read(self.a);
-                let y = d.write(self.out, self.out_len);
+                let x = d.read(a, a_len);
+                let y = d.write(o, out_len);
                 d.bind(3, x).bind(4, y);
                 d.push(&[u(channels)?, u(k)?, u(len)?, u(lout)?]);
                 d.groups = grid((channels * lout).div_ceil(256));
@@ -524,15 +434,15 @@ impl<'a> Op<'a> {
                 } else {
                     NormKind::Rms
                 });
-                let g = d.read(self.a);
+                let g = d.read(a, a_len);
                 d.bind(0, g);
                 if layer {
-                    let b = d.read(self.b);
+                    let b = d.read(b, b_len);
                     d.bind(1, b);
                 }
-                let x = d.read_write(self.out, self.out_len);
+                let x = d.read_write(o, out_len);
                 d.bind(4, x);
-                let rows = self.out_len / dim;
+                let rows = out_len / dim;
                 d.push(&[u(dim)?, eps.to_bits(), u(rows)?]);
                 d.groups = grid(rows);
             }
@@ -542,20 +452,20 @@ impl<'a> Op<'a> {
                 start_pos,
                 theta,
             } => {
-                let rows = self.out_len / (heads * head_dim);
+                let rows = out_len / (heads * head_dim);
                 d.kernel = Kernel::Rope;
                 let table = d.generated(rope_table(rows, head_dim, start_pos, theta));
-                let x = d.read_write(self.out, self.out_len);
+                let x = d.read_write(o, out_len);
                 d.bind(0, table).bind(4, x);
                 d.push(&[u(rows)?, u(heads)?, u(head_dim / 2)?]);
                 d.groups = grid((rows * heads * head_dim / 2).div_ceil(256));
             }
             Math::Attention { heads, span, scale } => {
                 d.kernel = Kernel::Attention;
-                let q = d.read(self.a);
-                let k = d.read(self.b);
-                let v = d.read(self.c);
-                let o = d.write(self.out, self.out_len);
+                let q = d.read(a, a_len);
+                let k = d.read(b, b_len);
+                let v = d.read(c, c_len);
+                let o = d.write(o, out_len);
                 d.bind(0, q).bind(1, k).bind(2, v).bind(4, o);
                 // Only the distance between query and key positions matters (causality, window): positions
                 // relative to the earlier start keep the push constants, and so the recorded stage, the same
@@ -576,12 +486,12 @@ impl<'a> Op<'a> {
             }
             Math::SnakeBeta { len } => {
                 d.kernel = Kernel::Eltwise(Activation::SnakeBeta);
-                let alpha = d.read(self.a);
-                let inv_beta = d.read(self.b);
-                let x = d.read_write(self.out, self.out_len);
+                let alpha = d.read(a, a_len);
+                let inv_beta = d.read(b, b_len);
+                let x = d.read_write(o, out_len);
                 d.bind(0, alpha).bind(1, inv_beta).bind(4, x);
-                d.push(&[u(self.out_len)?, u(len)?]);
-                d.groups = grid(self.out_len.div_ceil(256));
+                d.push(&[u(out_len)?, u(len)?]);
+                d.groups = grid(out_len.div_ceil(256));
             }
             Math::Gelu | Math::Silu | Math::SiluMul => {
                 d.kernel = Kernel::Eltwise(match self.math {
@@ -590,22 +500,22 @@ impl<'a> Op<'a> {
                     _ => Activation::SiluMul,
                 });
                 if matches!(self.math, Math::SiluMul) {
-                    let up = d.read(self.a);
+                    let up = d.read(a, a_len);
                     d.bind(0, up);
                 }
-                let x = d.read_write(self.out, self.out_len);
+                let x = d.read_write(o, out_len);
                 d.bind(4, x);
-                d.push(&[u(self.out_len)?, 0]);
-                d.groups = grid(self.out_len.div_ceil(256));
+                d.push(&[u(out_len)?, 0]);
+                d.groups = grid(out_len.div_ceil(256));
             }
             Math::Strided { combine, shape } => {
                 d.kernel = Kernel::Strided(combine);
-                let src = d.read(self.a);
+                let src = d.read(a, a_len);
                 // A copy over the whole destination needs none of its old values on the device.
-                let dst = if combine == Combine::Copy && shape.covers_dst(self.out_len) {
-                    d.write(self.out, self.out_len)
+                let dst = if combine == Combine::Copy && shape.covers_dst(out_len) {
+                    d.write(o, out_len)
                 } else {
-                    d.read_write(self.out, self.out_len)
+                    d.read_write(o, out_len)
                 };
                 // A KV-cache append writes a few rows of a long buffer: only they need copying back.
                 if let (Bind::Tensor(t), Some(range)) = (dst, shape.dst_range()) {
@@ -624,8 +534,8 @@ impl<'a> Op<'a> {
                 ]);
                 // Indices are 32-bit in the shader.
                 u(shape.len())?;
-                u(self.a.len())?;
-                u(self.out_len)?;
+                u(a_len)?;
+                u(out_len)?;
                 d.groups = grid(shape.len().div_ceil(256));
             }
         }
@@ -661,7 +571,7 @@ fn grid(n: usize) -> [usize; 3] {
     }
 }
 
-/// How a dispatch uses a host buffer.
+/// How a dispatch uses a tensor.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Access {
     Read,
@@ -669,9 +579,10 @@ pub enum Access {
     ReadWrite,
 }
 
-/// A host buffer a dispatch reads or writes, or data the plugin made for it.
+/// A tensor of the list a dispatch reads or writes, or data the plugin made for it.
 pub struct Tensor {
-    pub ptr: *mut f32,
+    /// Index in the list's tensor table ([`NO_TENSOR`] for generated data).
+    pub index: u32,
     pub len: usize,
     pub access: Access,
     /// Elements `lo..hi` an op that writes the tensor can change (`None`: all of it): only those are copied back.
@@ -690,19 +601,8 @@ pub enum Bind {
     Tensor(usize),
 }
 
-/// One shader dispatch on host buffers.
-/// What a [`Dispatch`] that is not a dispatch says about its one tensor.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Hint {
-    None,
-    /// Not read after the batch: its device copy need not come back.
-    Discard,
-    /// May stay on the device between batches under this id (the ABI's Resident).
-    Resident(u64),
-}
-
+/// One shader dispatch over tensors of a list.
 pub struct Dispatch<'a> {
-    pub hint: Hint,
     pub kernel: Kernel,
     pub weight: Option<&'a GpuWeight>,
     pub tensors: Vec<Tensor>,
@@ -714,7 +614,6 @@ pub struct Dispatch<'a> {
 impl<'a> Dispatch<'a> {
     fn new(weight: Option<&'a GpuWeight>) -> Self {
         Dispatch {
-            hint: Hint::None,
             kernel: Kernel::Rope,
             weight,
             tensors: Vec::new(),
@@ -724,17 +623,23 @@ impl<'a> Dispatch<'a> {
         }
     }
 
-    /// The marker for a hint ([`Math::Discard`], [`Math::Resident`]) about `buffer`.
-    pub fn hint(buffer: &[f32], hint: Hint) -> Dispatch<'a> {
+    /// A strided copy of one value over all `len` values of tensor `index`: what sets a tensor that starts as
+    /// zeros ([`kazeia_backend_abi::list::TensorRecord::ZEROED`]) on the device.
+    pub fn fill(index: u32, len: usize, value: f32) -> Option<Dispatch<'a>> {
+        let n = u32::try_from(len).ok()?;
         let mut d = Dispatch::new(None);
-        d.hint = hint;
-        d.read(buffer);
-        d
+        d.kernel = Kernel::Strided(Combine::Copy);
+        let src = d.generated(vec![value]);
+        let dst = d.write(index, len);
+        d.bind(0, src).bind(4, dst);
+        d.push(&[1, n, 0, 0, 0, 0, n, 1]);
+        d.groups = grid(len.div_ceil(256));
+        Some(d)
     }
 
-    fn tensor(&mut self, ptr: *mut f32, len: usize, access: Access) -> Bind {
+    fn tensor(&mut self, index: u32, len: usize, access: Access) -> Bind {
         self.tensors.push(Tensor {
-            ptr,
+            index,
             len,
             access,
             writes: None,
@@ -743,22 +648,22 @@ impl<'a> Dispatch<'a> {
         Bind::Tensor(self.tensors.len() - 1)
     }
 
-    fn read(&mut self, x: &[f32]) -> Bind {
-        self.tensor(x.as_ptr() as *mut f32, x.len(), Access::Read)
+    fn read(&mut self, index: u32, len: usize) -> Bind {
+        self.tensor(index, len, Access::Read)
     }
 
-    fn write(&mut self, ptr: *mut f32, len: usize) -> Bind {
-        self.tensor(ptr, len, Access::Write)
+    fn write(&mut self, index: u32, len: usize) -> Bind {
+        self.tensor(index, len, Access::Write)
     }
 
-    fn read_write(&mut self, ptr: *mut f32, len: usize) -> Bind {
-        self.tensor(ptr, len, Access::ReadWrite)
+    fn read_write(&mut self, index: u32, len: usize) -> Bind {
+        self.tensor(index, len, Access::ReadWrite)
     }
 
     fn generated(&mut self, data: Vec<f32>) -> Bind {
         let len = data.len();
         self.tensors.push(Tensor {
-            ptr: std::ptr::null_mut(),
+            index: NO_TENSOR,
             len,
             access: Access::Read,
             writes: None,

@@ -16,6 +16,8 @@ pub struct DeviceInfo {
     pub subgroup_size: u32,
     /// Subgroup arithmetic (`subgroupAdd`/`subgroupMax`) in compute shaders.
     pub subgroup_arithmetic: bool,
+    /// Bytes of the largest device-local memory heap (what weights and tensors can take).
+    pub memory: u64,
 }
 
 impl DeviceInfo {
@@ -28,6 +30,16 @@ impl DeviceInfo {
             vk::PhysicalDeviceType::VIRTUAL_GPU => 50,
             vk::PhysicalDeviceType::CPU => 1,
             _ => 40,
+        }
+    }
+
+    /// The ABI's kind of this device.
+    pub fn abi_kind(&self) -> kazeia_backend_abi::plugin::DeviceKind {
+        use kazeia_backend_abi::plugin::DeviceKind;
+        match self.kind {
+            vk::PhysicalDeviceType::CPU => DeviceKind::Cpu,
+            vk::PhysicalDeviceType::OTHER => DeviceKind::Other,
+            _ => DeviceKind::Gpu,
         }
     }
 
@@ -178,6 +190,13 @@ fn describe(instance: &ash::Instance, pd: vk::PhysicalDevice) -> Result<DeviceIn
             && subgroup
                 .supported_operations
                 .contains(vk::SubgroupFeatureFlags::BASIC | vk::SubgroupFeatureFlags::ARITHMETIC);
+        let heaps = instance.get_physical_device_memory_properties(pd);
+        let memory = heaps.memory_heaps[..heaps.memory_heap_count as usize]
+            .iter()
+            .filter(|h| h.flags.contains(vk::MemoryHeapFlags::DEVICE_LOCAL))
+            .map(|h| h.size)
+            .max()
+            .unwrap_or(0);
         Ok(DeviceInfo {
             physical: pd,
             name,
@@ -186,6 +205,7 @@ fn describe(instance: &ash::Instance, pd: vk::PhysicalDevice) -> Result<DeviceIn
             queue_family,
             subgroup_size: subgroup.subgroup_size,
             subgroup_arithmetic,
+            memory,
         })
     }
 }

@@ -6,9 +6,11 @@
 use kazeia_backend_abi::{AttentionSpan, Backend, Heads, Strided, View, WeightFormat};
 
 use crate::backend::{all_kernels, VulkanBackend};
+use kazeia_backend_abi::list::{TensorRecord, NO_TENSOR};
+
 use crate::ops::{Math, Op};
 use crate::pipelines::{Activation, Format, GemmMode, Kernel, NormKind};
-use crate::weights::{f16_bits, f16_to_f32, GpuWeight, VkWeight};
+use crate::weights::{f16_bits, f16_to_f32, GpuWeight};
 
 /// Max abs error allowed, relative to the reference's peak (at least 1): f32 rounding of short sums.
 const TOLERANCE: f32 = 1e-4;
@@ -60,23 +62,67 @@ pub fn compare(what: &str, got: &[f32], want: &[f32], tolerance: f32) -> Result<
     Ok(err)
 }
 
+/// One op of a self-test on host slices: inputs `a`, `b`, `c` (empty: absent) and the output, updated in place.
+struct HostOp<'a> {
+    math: Math,
+    weight: Option<&'a GpuWeight>,
+    inputs: [&'a [f32]; 3],
+    out: *mut f32,
+    out_len: usize,
+}
+
 fn op<'a>(
     math: Math,
-    weight: Option<&'a VkWeight>,
+    weight: Option<&'a GpuWeight>,
     a: &'a [f32],
     b: &'a [f32],
     c: &'a [f32],
     out: &mut [f32],
-) -> Op<'a> {
-    Op {
+) -> HostOp<'a> {
+    HostOp {
         math,
         weight,
-        a,
-        b,
-        c,
+        inputs: [a, b, c],
         out: out.as_mut_ptr(),
         out_len: out.len(),
     }
+}
+
+/// Runs `ops` on the device as one list, each slice a host tensor of its own.
+fn on_device(backend: &VulkanBackend, ops: &[HostOp<'_>]) -> Result<(), String> {
+    let mut tensors = Vec::new();
+    let mut device_ops = Vec::new();
+    for host in ops {
+        let mut operands = [NO_TENSOR; 4];
+        let mut lens = [0; 4];
+        for (i, x) in host.inputs.iter().enumerate() {
+            if !x.is_empty() {
+                tensors.push(TensorRecord::host(
+                    x.as_ptr() as *mut f32,
+                    x.len(),
+                    TensorRecord::HOST_IN,
+                ));
+                operands[i] = (tensors.len() - 1) as u32;
+                lens[i] = x.len();
+            }
+        }
+        tensors.push(TensorRecord::host(
+            host.out,
+            host.out_len,
+            TensorRecord::HOST_IN | TensorRecord::HOST_OUT,
+        ));
+        operands[3] = (tensors.len() - 1) as u32;
+        lens[3] = host.out_len;
+        let op = Op {
+            math: host.math,
+            weight: host.weight,
+            operands,
+            lens,
+        };
+        op.validate()?;
+        device_ops.push(op);
+    }
+    backend.run_ops(&tensors, &device_ops)
 }
 
 /// The values a linear weight holds, `[out][padded]`, decoded from `LinearWeight::export` bytes.
@@ -125,7 +171,7 @@ fn format_of(f: Format) -> WeightFormat {
 fn test_kernel(backend: &VulkanBackend, kernel: Kernel) -> Result<(), String> {
     let gpu = &backend.gpu;
     let cpu = backend.cpu();
-    let device = |ops: &[Op<'_>]| backend.run(ops, true);
+    let device = |ops: &[HostOp<'_>]| on_device(backend, ops);
     match kernel {
         Kernel::Matvec(f) | Kernel::Gemm(GemmMode::Linear, f) => {
             let (out, inp, rows) = if matches!(kernel, Kernel::Matvec(_)) {
@@ -139,7 +185,7 @@ fn test_kernel(backend: &VulkanBackend, kernel: Kernel) -> Result<(), String> {
             let weight = GpuWeight::linear(gpu, &w, out, inp, Some(&bias), format_of(f))?;
             let padded = inp.div_ceil(32) * 32;
             let held = dequantize(&weight.export_linear()?, out, padded, format_of(f));
-            let weight = VkWeight::Gpu(weight);
+            let weight = weight;
             let mut y = vec![0.0; rows * out];
             device(&[op(
                 Math::Linear { rows },
@@ -168,7 +214,7 @@ fn test_kernel(backend: &VulkanBackend, kernel: Kernel) -> Result<(), String> {
             }
             let bias = values(cout, 5, 0.5);
             let x = values(cin * len, 6, 1.0);
-            let weight = VkWeight::Gpu(GpuWeight::conv1d(gpu, &w, (cout, cin, k), &bias, f)?);
+            let weight = GpuWeight::conv1d(gpu, &w, (cout, cin, k), &bias, f)?;
             let lout = len - (k - 1) * dilation;
             let mut y = vec![0.0; cout * lout];
             device(&[op(
@@ -196,13 +242,7 @@ fn test_kernel(backend: &VulkanBackend, kernel: Kernel) -> Result<(), String> {
                 w = round_f16(&w);
             }
             let x = values(cin * len, 8, 1.0);
-            let weight = VkWeight::Gpu(GpuWeight::conv_transpose1d(
-                gpu,
-                &w,
-                (cin, cout, k),
-                stride,
-                f,
-            )?);
+            let weight = GpuWeight::conv_transpose1d(gpu, &w, (cin, cout, k), stride, f)?;
             let full = (len - 1) * stride + k;
             let mut y = vec![f32::NAN; cout * full];
             device(&[op(
@@ -227,7 +267,7 @@ fn test_kernel(backend: &VulkanBackend, kernel: Kernel) -> Result<(), String> {
             let w = values(channels * k, 9, 0.5);
             let bias = values(channels, 10, 0.5);
             let x = values(channels * len, 11, 1.0);
-            let weight = VkWeight::Gpu(GpuWeight::depthwise(gpu, &w, channels, k, &bias)?);
+            let weight = GpuWeight::depthwise(gpu, &w, channels, k, &bias)?;
             let mut y = vec![0.0; channels * (len + 1 - k)];
             device(&[op(
                 Math::Depthwise { len },
@@ -373,7 +413,7 @@ fn test_kernel(backend: &VulkanBackend, kernel: Kernel) -> Result<(), String> {
             ];
             let scale = 1.0 / (d as f32).sqrt();
             let mut outs: Vec<Vec<f32>> = spans.iter().map(|_| vec![f32::NAN; q.len()]).collect();
-            let ops: Vec<Op<'_>> = spans
+            let ops: Vec<HostOp<'_>> = spans
                 .iter()
                 .zip(outs.iter_mut())
                 .map(|(span, out)| {

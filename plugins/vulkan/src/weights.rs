@@ -6,12 +6,13 @@
 //! PyTorch's `[cout][cin·k]` order; transposed convolutions are regrouped by output phase (see `gemm.comp`).
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Weak};
 
-use kazeia_backend_abi::{Backend, Weight, WeightFormat};
-use kazeia_backend_cpu::{CpuBackend, LinearWeight};
+use kazeia_backend_abi::WeightFormat;
+use kazeia_backend_cpu::LinearWeight;
 
 use crate::context::{Buffer, Gpu, Memory};
+use crate::exec::Executor;
 use crate::pipelines::Format;
 
 /// A binding of part of a weight buffer.
@@ -58,15 +59,17 @@ pub struct GpuWeight {
     pub data: Section,
     pub scales: Option<Section>,
     pub bias: Option<Section>,
-    /// The same weight on the CPU backend, made from the device copy when an op has to run there.
-    cpu: OnceLock<Weight>,
+    /// The executor whose recorded plans may use this weight: told when it goes ([`GpuWeight::owned_by`]).
+    owner: Weak<Executor>,
 }
 
-/// A weight of this plugin: on the device, or on the CPU backend when the device cannot run its ops (its shape
-/// kept beside it so ops can still be checked).
-pub enum VkWeight {
-    Gpu(GpuWeight),
-    Cpu { weight: Weight, shape: Shape },
+impl Drop for GpuWeight {
+    fn drop(&mut self) {
+        // Plans recorded with this weight's buffer must not be replayed after it is freed.
+        if let Some(exec) = self.owner.upgrade() {
+            exec.forget_weight(self.id);
+        }
+    }
 }
 
 fn next_id() -> u64 {
@@ -76,13 +79,6 @@ fn next_id() -> u64 {
 
 fn f32_bytes(v: &[f32]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_le_bytes()).collect()
-}
-
-fn f32s(bytes: &[u8]) -> Vec<f32> {
-    bytes
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect()
 }
 
 /// f32 → IEEE half bits, round to nearest even (the CPU backend's F16 rounding), for F16 convolutions.
@@ -127,16 +123,6 @@ fn encode(values: &[f32], format: Format) -> Vec<u8> {
     }
 }
 
-fn decode(bytes: &[u8], format: Format) -> Vec<f32> {
-    match format {
-        Format::F16 => bytes
-            .chunks_exact(2)
-            .map(|c| f16_to_f32(u16::from_le_bytes([c[0], c[1]])))
-            .collect(),
-        _ => f32s(bytes),
-    }
-}
-
 /// Lays `parts` out at aligned offsets in one new buffer and uploads them.
 fn upload_sections(gpu: &Arc<Gpu>, parts: &[&[u8]]) -> Result<(Buffer, Vec<Section>), String> {
     let align = gpu.limits.binding_align;
@@ -165,6 +151,12 @@ fn upload_sections(gpu: &Arc<Gpu>, parts: &[&[u8]]) -> Result<(Buffer, Vec<Secti
 }
 
 impl GpuWeight {
+    /// This weight, its freeing told to `exec` (which drops the plans recorded with it).
+    pub fn owned_by(mut self, exec: &Arc<Executor>) -> GpuWeight {
+        self.owner = Arc::downgrade(exec);
+        self
+    }
+
     /// `Linear` `w[out][inp]` stored as `format` (quantised by the CPU backend's code).
     pub fn linear(
         gpu: &Arc<Gpu>,
@@ -240,7 +232,7 @@ impl GpuWeight {
             data: sections[0],
             scales,
             bias,
-            cpu: OnceLock::new(),
+            owner: Weak::new(),
         })
     }
 
@@ -317,7 +309,7 @@ impl GpuWeight {
             data: s[0],
             scales: None,
             bias: s.get(1).copied(),
-            cpu: OnceLock::new(),
+            owner: Weak::new(),
         }
     }
 
@@ -354,61 +346,6 @@ impl GpuWeight {
             bytes.extend(self.read(s)?);
         }
         Ok(bytes)
-    }
-
-    /// This weight on `cpu`, read back once from the device (for ops the device cannot run).
-    pub fn on_cpu(&self, cpu: &CpuBackend) -> Result<&Weight, String> {
-        if let Some(w) = self.cpu.get() {
-            return Ok(w);
-        }
-        let weight = match self.shape {
-            Shape::Linear { out, inp, .. } => {
-                let bytes = self.export_linear()?;
-                let format = WeightFormat::from_code(self.format as u32).ok_or("bad format")?;
-                cpu.import_linear(&bytes, out, inp, format)
-                    .ok_or("the CPU backend refused the weight's bytes")?
-            }
-            Shape::Conv { cout, cin, k } => {
-                let w = decode(&self.read(self.data)?, self.format);
-                let bias = f32s(&self.read(self.bias.ok_or("no bias")?)?);
-                cpu.upload_conv1d(&w[..cout * cin * k], cout, cin, k, Some(&bias[..cout]))
-            }
-            Shape::Depthwise { channels, k } => {
-                let w = f32s(&self.read(self.data)?);
-                let bias = f32s(&self.read(self.bias.ok_or("no bias")?)?);
-                cpu.upload_depthwise_conv1d(
-                    &w[..channels * k],
-                    channels,
-                    k,
-                    Some(&bias[..channels]),
-                )
-            }
-            Shape::ConvTranspose {
-                cin,
-                cout,
-                k,
-                stride,
-                taps,
-            } => {
-                let phased = decode(&self.read(self.data)?, self.format);
-                let mut w = vec![0.0f32; cin * cout * k];
-                for phase in 0..stride {
-                    for o in 0..cout {
-                        for i in 0..cin {
-                            for j in 0..taps {
-                                let t = phase + j * stride;
-                                if t < k {
-                                    w[(i * cout + o) * k + t] =
-                                        phased[((phase * cout + o) * cin + i) * taps + j];
-                                }
-                            }
-                        }
-                    }
-                }
-                cpu.upload_conv_transpose1d(&w, cin, cout, k, stride)
-            }
-        };
-        Ok(self.cpu.get_or_init(|| weight))
     }
 }
 

@@ -4,7 +4,8 @@
 
 use std::sync::OnceLock;
 
-use kazeia_backend_abi::plugin::{OpKind, OpRecord};
+use kazeia_backend_abi::list::HostList;
+use kazeia_backend_abi::plugin::OpKind;
 use kazeia_backend_abi::{AttentionSpan, Backend, Heads, WeightFormat};
 use kazeia_backend_cpu::CpuBackend;
 use kazeia_backend_vulkan::{Format, GemmMode, Kernel, Options, VulkanBackend};
@@ -30,10 +31,19 @@ fn backend(subgroups: bool) -> &'static VulkanBackend {
     }
 }
 
-/// Runs one record in-process, as the plugin table would (weights are `*const Weight`s of `b`).
-fn run(b: &VulkanBackend, op: OpRecord) {
-    // SAFETY: the record's buffers are the caller's live slices, its output disjoint from its inputs.
-    unsafe { Backend::run_records(b, &[op]) }.unwrap_or_else(|e| panic!("op {}: {e}", op.kind));
+/// Runs a list in-process, as the plugin table would (weights are `*const Weight`s of `b`).
+fn run(b: &VulkanBackend, l: HostList<'_>) {
+    let list = l.list();
+    list.check().unwrap();
+    // SAFETY: the list's tensors are the caller's live slices, each op's output disjoint from its inputs.
+    unsafe { Backend::run_list(b, list) }
+        .unwrap_or_else(|e| panic!("op {}: {e}", list.ops[0].kind));
+}
+
+/// `b`'s `supports` of a one-op list's op.
+fn supports(b: &VulkanBackend, l: &HostList<'_>) -> bool {
+    let list = l.list();
+    b.supports(&list.ops[0], list.lens(&list.ops[0]))
 }
 
 fn cpu() -> &'static CpuBackend {
@@ -107,7 +117,7 @@ fn linear_layers_in_every_format_and_row_count_match_the_cpu() {
                 let mut want = vec![0.0; rows * out];
                 run(
                     backend(true),
-                    OpRecord::weighted(OpKind::Linear, &gpu_w, &x, &mut got, [rows, 0]),
+                    HostList::weighted(OpKind::Linear, &gpu_w, &x, &mut got, [rows, 0]),
                 );
                 cpu().linear(&cpu_w, &x, rows, &mut want);
                 assert_close(
@@ -162,7 +172,7 @@ fn convolutions_of_the_decoder_shapes_match_the_cpu() {
         let mut want = vec![0.0; cout * lout];
         run(
             b,
-            OpRecord::weighted(
+            HostList::weighted(
                 OpKind::Conv1d,
                 &b.upload_conv1d(&w, cout, cin, k, Some(&bias)),
                 &x,
@@ -193,7 +203,7 @@ fn convolutions_of_the_decoder_shapes_match_the_cpu() {
         let mut want = vec![0.0; cout * full];
         run(
             b,
-            OpRecord::weighted(
+            HostList::weighted(
                 OpKind::ConvTranspose1d,
                 &b.upload_conv_transpose1d(&w, cin, cout, k, stride),
                 &x,
@@ -218,7 +228,7 @@ fn convolutions_of_the_decoder_shapes_match_the_cpu() {
     let mut want = vec![0.0; got.len()];
     run(
         b,
-        OpRecord::weighted(
+        HostList::weighted(
             OpKind::DepthwiseConv1d,
             &b.upload_depthwise_conv1d(&w, channels, k, Some(&bias)),
             &x,
@@ -247,14 +257,14 @@ fn norms_activations_rope_and_attention_match_the_cpu_with_either_reduction() {
         let (mut got, mut want) = (x.clone(), x.clone());
         run(
             b,
-            OpRecord::in_place(OpKind::RmsNorm, &mut got, &g, &[], [dim, 0, 0], 1e-6),
+            HostList::in_place(OpKind::RmsNorm, &mut got, &g, &[], [dim, 0, 0], 1e-6),
         );
         cpu().rms_norm(&mut want, dim, &g, 1e-6);
         assert_close(&format!("rms_norm ({tag})"), &got, &want, 1e-5);
         let (mut got, mut want) = (x.clone(), x.clone());
         run(
             b,
-            OpRecord::in_place(OpKind::LayerNorm, &mut got, &g, &sh, [dim, 0, 0], 1e-6),
+            HostList::in_place(OpKind::LayerNorm, &mut got, &g, &sh, [dim, 0, 0], 1e-6),
         );
         cpu().layer_norm(&mut want, dim, &g, &sh, 1e-6);
         assert_close(&format!("layer_norm ({tag})"), &got, &want, 1e-5);
@@ -262,14 +272,14 @@ fn norms_activations_rope_and_attention_match_the_cpu_with_either_reduction() {
         let (mut got, mut want) = (x.clone(), x.clone());
         run(
             b,
-            OpRecord::in_place(OpKind::Gelu, &mut got, &[], &[], [0; 3], 0.0),
+            HostList::in_place(OpKind::Gelu, &mut got, &[], &[], [0; 3], 0.0),
         );
         cpu().gelu(&mut want);
         assert_close("gelu", &got, &want, 1e-6);
         let (mut got, mut want) = (x.clone(), x.clone());
         run(
             b,
-            OpRecord::in_place(OpKind::Silu, &mut got, &[], &[], [0; 3], 0.0),
+            HostList::in_place(OpKind::Silu, &mut got, &[], &[], [0; 3], 0.0),
         );
         cpu().silu(&mut want);
         assert_close("silu", &got, &want, 1e-6);
@@ -277,7 +287,7 @@ fn norms_activations_rope_and_attention_match_the_cpu_with_either_reduction() {
         let (mut got, mut want) = (x.clone(), x.clone());
         run(
             b,
-            OpRecord::in_place(OpKind::SiluMul, &mut got, &up, &[], [0; 3], 0.0),
+            HostList::in_place(OpKind::SiluMul, &mut got, &up, &[], [0; 3], 0.0),
         );
         cpu().silu_mul(&mut want, &up);
         assert_close("silu_mul", &got, &want, 1e-6);
@@ -292,7 +302,7 @@ fn norms_activations_rope_and_attention_match_the_cpu_with_either_reduction() {
         let (mut got, mut want) = (x.clone(), x.clone());
         run(
             b,
-            OpRecord::in_place(
+            HostList::in_place(
                 OpKind::SnakeBeta,
                 &mut got,
                 &alpha,
@@ -310,7 +320,7 @@ fn norms_activations_rope_and_attention_match_the_cpu_with_either_reduction() {
         let (mut got, mut want) = (x.clone(), x.clone());
         run(
             b,
-            OpRecord::in_place(
+            HostList::in_place(
                 OpKind::Rope,
                 &mut got,
                 &[],
@@ -377,7 +387,7 @@ fn norms_activations_rope_and_attention_match_the_cpu_with_either_reduction() {
             let mut want = vec![0.0; q.len()];
             run(
                 b,
-                OpRecord::attention(&q, &k, &v, heads, span, scale, &mut got),
+                HostList::attention(&q, &k, &v, heads, span, scale, &mut got),
             );
             cpu().attention(&q, &k, &v, heads, span, scale, &mut want);
             assert_close(&format!("attention {span:?} ({tag})"), &got, &want, 1e-5);
@@ -407,8 +417,8 @@ fn ops_the_device_cannot_take_are_refused_by_shape() {
         let k = values(8 * head_dim, 41, 1.0);
         let v = values(8 * head_dim, 42, 1.0);
         let mut got = vec![f32::NAN; q.len()];
-        let record = OpRecord::attention(&q, &k, &v, heads, span, 0.05, &mut got);
-        assert_eq!(b.supports(&record), head_dim <= 256, "head_dim {head_dim}");
+        let l = HostList::attention(&q, &k, &v, heads, span, 0.05, &mut got);
+        assert_eq!(supports(b, &l), head_dim <= 256, "head_dim {head_dim}");
     }
     let heads = Heads {
         q_heads: 2,
@@ -418,9 +428,9 @@ fn ops_the_device_cannot_take_are_refused_by_shape() {
     let (q, k, v) = (vec![0.5; 3 * 640], vec![0.5; 8 * 320], vec![0.5; 8 * 320]);
     let mut got = vec![f32::NAN; q.len()];
     let before = b.stats();
-    let record = OpRecord::attention(&q, &k, &v, heads, span, 0.05, &mut got);
-    // SAFETY: a record over live buffers.
-    let err = unsafe { Backend::run_records(b, &[record]) }.unwrap_err();
+    let l = HostList::attention(&q, &k, &v, heads, span, 0.05, &mut got);
+    // SAFETY: a list over live buffers.
+    let err = unsafe { Backend::run_list(b, l.list()) }.unwrap_err();
     assert!(err.contains("does not fit"), "{err}");
     assert_eq!(
         b.stats().dispatches,
@@ -431,51 +441,25 @@ fn ops_the_device_cannot_take_are_refused_by_shape() {
 }
 
 #[test]
-fn device_weights_are_read_back_for_ops_past_the_dispatch_limits() {
-    // More output columns than 65535 workgroups of 64 can cover (the minimum limit; lavapipe's): the op runs on
-    // the CPU with the weight read back from the device, for a convolution and a transposed convolution.
+fn weighted_ops_past_the_dispatch_limits_are_refused_by_shape() {
+    // More output columns than 65535 workgroups of 64 can cover (the minimum limit; lavapipe's): `supports` says
+    // no for the convolution and the transposed convolution on device weights (the engine then moves the stage
+    // to its CPU: engine-core/tests/fallback.rs), and running one is an error; a smaller one runs.
     let b = backend(true);
-    let len = 64 * 65_535 + 100;
-    let x = values(2 * len, 50, 1.0);
     let w = values(2 * 3 * 2, 51, 1.0);
     let bias = values(3, 52, 1.0);
-    let mut got = vec![f32::NAN; 3 * (len - 1)];
-    let mut want = vec![0.0; got.len()];
-    run(
-        b,
-        OpRecord::weighted(
-            OpKind::Conv1d,
-            &b.upload_conv1d(&w, 3, 2, 2, Some(&bias)),
-            &x,
-            &mut got,
-            [len, 1],
-        ),
-    );
-    cpu().conv1d(
-        &cpu().upload_conv1d(&w, 3, 2, 2, Some(&bias)),
-        &x,
-        len,
-        1,
-        &mut want,
-    );
-    assert_eq!(got, want);
-    let mut got = vec![f32::NAN; 3 * (len + 1)];
-    let mut want = vec![0.0; got.len()];
-    run(
-        b,
-        OpRecord::weighted(
-            OpKind::ConvTranspose1d,
-            &b.upload_conv_transpose1d(&w, 2, 3, 2, 1),
-            &x,
-            &mut got,
-            [len, 0],
-        ),
-    );
-    cpu().conv_transpose1d(
-        &cpu().upload_conv_transpose1d(&w, 2, 3, 2, 1),
-        &x,
-        len,
-        &mut want,
-    );
-    assert_eq!(got, want);
+    let conv = b.upload_conv1d(&w, 3, 2, 2, Some(&bias));
+    let transposed = b.upload_conv_transpose1d(&w, 2, 3, 2, 1);
+    for (len, fits) in [(64 * 65_535 + 100, false), (1000, true)] {
+        let x = values(2 * len, 50, 1.0);
+        let mut y = vec![f32::NAN; 3 * (len - 1)];
+        let l = HostList::weighted(OpKind::Conv1d, &conv, &x, &mut y, [len, 1]);
+        assert_eq!(supports(b, &l), fits, "conv over {len} columns");
+        // SAFETY: a list over live buffers.
+        let ran = unsafe { Backend::run_list(b, l.list()) };
+        assert_eq!(ran.is_ok(), fits, "{ran:?}");
+        let mut y = vec![f32::NAN; 3 * (len + 1)];
+        let l = HostList::weighted(OpKind::ConvTranspose1d, &transposed, &x, &mut y, [len, 0]);
+        assert_eq!(supports(b, &l), fits, "transposed conv over {len} columns");
+    }
 }

@@ -1,15 +1,14 @@
 //! The plugin as the engine uses it: `libkazeia_backend_vulkan.so` loaded with `dlopen`, describing its device,
 //! reporting itself unavailable with the reason when there is no Vulkan driver or loader (the engine then falls
-//! back to the CPU), and taking whole op lists through `run_ops`.
+//! back to the CPU), and taking whole op lists through `run_list`.
 
 use std::ffi::c_void;
 use std::path::PathBuf;
 use std::process::Command;
 
-use kazeia_backend_abi::plugin::{
-    ErrorBuffer, OpKind, OpRecord, PluginApi, WeightDesc, WeightKind,
-};
-use kazeia_backend_abi::{AttentionSpan, Heads};
+use kazeia_backend_abi::list::{HostList, List, OpRecord, TensorRecord};
+use kazeia_backend_abi::plugin::{ErrorBuffer, OpKind, PluginApi, WeightDesc, WeightKind};
+use kazeia_backend_abi::{AttentionSpan, Heads, Weight};
 use kazeia_backend_abi::{Backend, WeightFormat};
 use kazeia_backend_cpu::CpuBackend;
 use kazeia_engine::plugins::{backend_named, discover, inspect, PluginBackend};
@@ -127,10 +126,11 @@ impl Plugin {
         }
     }
 
-    fn run(&self, ops: &[OpRecord]) -> Result<(), String> {
+    fn run(&self, list: List<'_>) -> Result<(), String> {
         let mut err = ErrorBuffer::default();
-        // SAFETY: records over live buffers.
-        let status = unsafe { (self.api.run_ops)(self.backend, ops.as_ptr(), ops.len(), &mut err) };
+        let raw = list.raw();
+        // SAFETY: a list over live buffers.
+        let status = unsafe { (self.api.run_list)(self.backend, &raw, &mut err) };
         if status == 0 {
             Ok(())
         } else {
@@ -151,22 +151,15 @@ impl Drop for Plugin {
     }
 }
 
-fn record(
-    kind: OpKind,
-    weight: *mut c_void,
-    a: &[f32],
-    b: &[f32],
-    out: &mut [f32],
-    n: [u64; 2],
-) -> OpRecord {
-    let mut op = OpRecord::new(kind);
-    op.weight = weight;
-    (op.a, op.a_len) = (a.as_ptr(), a.len());
-    (op.b, op.b_len) = (b.as_ptr(), b.len());
-    (op.out, op.out_len) = (out.as_mut_ptr(), out.len());
-    op.n[0] = n[0];
-    op.n[1] = n[1];
-    op
+/// A weight handle of this plugin as the `Weight` it is (the plugin boxes `Weight`s).
+fn weight<'a>(handle: *mut c_void) -> &'a Weight {
+    // SAFETY: a live handle of this plugin's `upload`, a boxed `Weight`.
+    unsafe { &*(handle as *const Weight) }
+}
+
+/// `n` of a record from its first two values.
+fn n2(n: [usize; 2]) -> [u64; 8] {
+    kazeia_backend_abi::list::sizes(&n)
 }
 
 fn values(n: usize, seed: u32) -> Vec<f32> {
@@ -216,37 +209,51 @@ fn a_residual_unit_as_one_op_list_is_one_submission_and_replays() {
 
     let run = |p: &Plugin| -> Vec<f32> {
         let mut h = x.clone();
-        let mut mid = vec![0.0; c * lout];
         let mut y = vec![0.0; c * lout];
-        let ops = [
-            record(
-                OpKind::SnakeBeta,
-                std::ptr::null_mut(),
-                &alpha,
-                &inv_beta,
-                &mut h,
-                [len as u64, 0],
-            ),
-            record(
-                OpKind::Conv1d,
-                conv1,
-                &h,
-                &[],
-                &mut mid,
-                [len as u64, dilation as u64],
-            ),
-            record(
-                OpKind::SnakeBeta,
-                std::ptr::null_mut(),
-                &alpha,
-                &inv_beta,
-                &mut mid,
-                [lout as u64, 0],
-            ),
-            record(OpKind::Conv1d, conv2, &mid, &[], &mut y, [lout as u64, 1]),
-        ];
-        p.run(&ops).unwrap();
-        // The host sees every op's result, intermediates included.
+        let mut l = HostList::new();
+        let (a, b, th, ty) = (
+            l.input(&alpha),
+            l.input(&inv_beta),
+            l.in_out(&mut h),
+            l.output(&mut y),
+        );
+        // The conv's output is an intermediate result: no host memory, nothing copied back.
+        let mid = l.scratch(c * lout, false);
+        l.op(
+            OpKind::SnakeBeta,
+            None,
+            [Some(a), Some(b), None],
+            th,
+            n2([len, 0]),
+            0.0,
+        );
+        l.op(
+            OpKind::Conv1d,
+            Some(weight(conv1)),
+            [Some(th), None, None],
+            mid,
+            n2([len, dilation]),
+            0.0,
+        );
+        l.op(
+            OpKind::SnakeBeta,
+            None,
+            [Some(a), Some(b), None],
+            mid,
+            n2([lout, 0]),
+            0.0,
+        );
+        l.op(
+            OpKind::Conv1d,
+            Some(weight(conv2)),
+            [Some(mid), None, None],
+            ty,
+            n2([lout, 1]),
+            0.0,
+        );
+        p.run(l.list()).unwrap();
+        drop(l);
+        // The host sees the results it holds memory for: the snake's in place, the last conv's.
         assert!(
             h.iter().zip(&x).any(|(a, b)| a != b),
             "snake result copied back"
@@ -271,6 +278,11 @@ fn a_residual_unit_as_one_op_list_is_one_submission_and_replays() {
         (1, 1, mid.recorded)
     );
     assert_eq!(after.dispatches - mid.dispatches, 4);
+    assert_eq!(
+        after.downloaded - mid.downloaded,
+        ((c * len + c * lout) * 4) as u64,
+        "only the host's tensors come back"
+    );
     assert_eq!(first, second);
 
     let mut h = x.clone();
@@ -306,40 +318,92 @@ fn a_residual_unit_as_one_op_list_is_one_submission_and_replays() {
 }
 
 #[test]
-fn an_op_reading_part_of_an_earlier_result_splits_the_batch_and_stays_correct() {
-    // Op 2 reads the second half of what op 1 wrote: not the same host range, so op 1's result is copied back
-    // first (two submissions), and op 2 sees it.
+fn an_op_reading_part_of_an_earlier_result_is_one_submission() {
+    // Op 3 reads the second half of what op 1 wrote, through a strided copy into an intermediate tensor: which op
+    // feeds which is in the list, so it is one submission, and op 3 sees op 1's result.
     let p = Plugin::new();
     let x = values(64, 9);
     let mut y = x.clone();
-    let mut ops = vec![record(
-        OpKind::Silu,
-        std::ptr::null_mut(),
-        &[],
-        &[],
-        &mut y,
-        [0, 0],
-    )];
     let mut z = vec![1.0f32; 32];
-    // SAFETY: `y` holds 64 values, so 32..64 is in bounds; the slice overlaps op 1's output on purpose and is only
-    // read, through the record, by the plugin after op 1 ran.
-    let up = unsafe { std::slice::from_raw_parts(y.as_ptr().add(32), 32) };
-    ops.push(record(
+    let mut l = HostList::new();
+    let (ty, tz) = (l.in_out(&mut y), l.in_out(&mut z));
+    let half = l.scratch(32, false);
+    l.op(OpKind::Silu, None, [None; 3], ty, [0; 8], 0.0);
+    let second_half = kazeia_backend_abi::Strided {
+        rows: 1,
+        cols: 32,
+        src: kazeia_backend_abi::View::rows(32, 32),
+        dst: kazeia_backend_abi::View::rows(0, 32),
+    };
+    l.op(
+        OpKind::Copy,
+        None,
+        [Some(ty), None, None],
+        half,
+        kazeia_backend_abi::plugin::strided_n(second_half),
+        0.0,
+    );
+    l.op(
         OpKind::SiluMul,
-        std::ptr::null_mut(),
-        up,
-        &[],
-        &mut z,
-        [0, 0],
-    ));
+        None,
+        [Some(half), None, None],
+        tz,
+        [0; 8],
+        0.0,
+    );
     let before = p.stats();
-    p.run(&ops).unwrap();
-    assert_eq!(p.stats().submits - before.submits, 2);
+    p.run(l.list()).unwrap();
+    assert_eq!(p.stats().submits - before.submits, 1);
+    drop(l);
     let silu = |v: f32| v / (1.0 + (-v).exp());
     for i in 0..32 {
         let want = silu(1.0) * silu(x[32 + i]);
         assert!((z[i] - want).abs() < 1e-6, "{i}: {} vs {want}", z[i]);
     }
+}
+
+#[test]
+fn a_tensor_that_starts_as_zeros_is_set_on_the_device_and_not_uploaded() {
+    // A fresh tensor written in part by a strided copy (the engine marks it ZEROED): the rest reads zeros,
+    // whatever its host memory held, and nothing of it is uploaded.
+    let p = Plugin::new();
+    let x = values(8, 3);
+    let mut y = vec![f32::NAN; 16];
+    let mut l = HostList::new();
+    let (tx, ty) = (l.input(&x), l.output(&mut y));
+    let mut tensors_zeroed = l.list().tensors.to_vec();
+    tensors_zeroed[ty as usize].flags |= TensorRecord::ZEROED;
+    let part = kazeia_backend_abi::Strided {
+        rows: 1,
+        cols: 8,
+        src: kazeia_backend_abi::View::rows(0, 8),
+        dst: kazeia_backend_abi::View::rows(4, 8),
+    };
+    l.op(
+        OpKind::Copy,
+        None,
+        [Some(tx), None, None],
+        ty,
+        kazeia_backend_abi::plugin::strided_n(part),
+        0.0,
+    );
+    let ops = l.list().ops.to_vec();
+    let before = p.stats();
+    p.run(List {
+        tensors: &tensors_zeroed,
+        ops: &ops,
+    })
+    .unwrap();
+    let after = p.stats();
+    assert_eq!(
+        after.uploaded - before.uploaded,
+        8 * 4 + 4,
+        "x and the fill value"
+    );
+    drop(l);
+    assert_eq!(&y[..4], &[0.0; 4]);
+    assert_eq!(&y[4..12], &x[..]);
+    assert_eq!(&y[12..], &[0.0; 4]);
 }
 
 #[test]
@@ -349,7 +413,7 @@ fn bad_records_and_weights_are_refused_with_a_reason() {
     assert!(p
         .upload(WeightKind::Conv1d, [4, 3, 7, 0], &w[..10], None)
         .unwrap_err()
-        .contains("dimensions need"));
+        .contains("need another count"));
     assert!(p
         .upload(WeightKind::ConvTranspose1d, [4, 3, 2, 4], &w[..24], None)
         .unwrap_err()
@@ -364,32 +428,48 @@ fn bad_records_and_weights_are_refused_with_a_reason() {
     let x = values(3 * 20, 2);
     let mut y = vec![0.0; 4 * 14];
     let mut short = vec![0.0; 4 * 13];
-    assert!(p
-        .run(&[record(OpKind::Conv1d, conv, &x, &[], &mut short, [20, 1])])
+    let one = |kind, y: &mut [f32], n| {
+        let l = HostList::weighted(kind, weight(conv), &x, y, n);
+        p.run(l.list())
+    };
+    assert!(one(OpKind::Conv1d, &mut short, [20, 1])
         .unwrap_err()
         .contains("conv1d"));
-    assert!(p
-        .run(&[record(OpKind::Conv1d, conv, &x, &[], &mut y, [5, 1])])
+    assert!(one(OpKind::Conv1d, &mut y, [5, 1])
         .unwrap_err()
         .contains("only 5 columns"));
-    assert!(p
-        .run(&[record(OpKind::Linear, conv, &x, &[], &mut y, [1, 0])])
+    assert!(one(OpKind::Linear, &mut y, [1, 0])
         .unwrap_err()
         .contains("linear weight"));
+    let mut l = HostList::new();
+    let t = l.in_out(&mut short);
+    l.op(OpKind::Gelu, None, [Some(7), None, None], t, [0; 8], 0.0);
+    assert!(p.run(l.list()).unwrap_err().contains("no tensor 7"));
+    drop(l);
     let mut unknown = OpRecord::new(OpKind::Gelu);
     unknown.kind = 99;
-    assert!(p.run(&[unknown]).unwrap_err().contains("unknown op kind"));
-    p.run(&[record(OpKind::Conv1d, conv, &x, &[], &mut y, [20, 1])])
-        .unwrap();
-    // SAFETY: the ABI's supports: records without buffers.
+    unknown.out = 0;
+    let tensors = [TensorRecord::scratch(4, false)];
+    let list = List {
+        tensors: &tensors,
+        ops: &[unknown],
+    };
+    assert!(p.run(list).unwrap_err().contains("unknown kind"));
+    one(OpKind::Conv1d, &mut y, [20, 1]).unwrap();
+    // SAFETY: the ABI's supports: records asking about their kind alone, or malformed.
     unsafe {
         assert!((p.api.supports)(
             p.backend,
-            &OpRecord::new(OpKind::Attention)
+            &OpRecord::new(OpKind::Attention),
+            &[0; 4]
         ));
-        assert!((p.api.supports)(p.backend, &OpRecord::new(OpKind::SiluMul)));
-        assert!(!(p.api.supports)(p.backend, &unknown));
-        assert!(!(p.api.supports)(p.backend, std::ptr::null()));
+        assert!((p.api.supports)(
+            p.backend,
+            &OpRecord::new(OpKind::SiluMul),
+            &[0; 4]
+        ));
+        assert!(!(p.api.supports)(p.backend, &unknown, &[4; 4]));
+        assert!(!(p.api.supports)(p.backend, std::ptr::null(), &[0; 4]));
         (p.api.free_weight)(p.backend, conv);
     }
 }
@@ -422,19 +502,23 @@ fn a_record_the_plugin_refuses_by_shape_runs_on_the_engines_cpu_with_the_same_re
         let v = values(8 * head_dim, 42);
         let mut got = vec![f32::NAN; q.len()];
         let mut want = vec![0.0; q.len()];
-        let record = OpRecord::attention(&q, &k, &v, heads, span, 0.05, &mut got);
+        let l = HostList::attention(&q, &k, &v, heads, span, 0.05, &mut got);
+        let (list, op) = (l.list(), l.list().ops[0]);
+        let lens = list.lens(&op);
         let fits = head_dim <= 256;
-        assert_eq!(vulkan.supports(&record), fits, "head_dim {head_dim}");
-        // SAFETY: the ABI's supports and run_ops on a record over live buffers.
+        assert_eq!(vulkan.supports(&op, lens), fits, "head_dim {head_dim}");
+        // SAFETY: the ABI's supports and run_list on a list over live buffers.
         unsafe {
-            assert_eq!((p.api.supports)(p.backend, &record), fits);
+            let lens64 = lens.map(|v| v as u64);
+            assert_eq!((p.api.supports)(p.backend, &op, &lens64), fits);
             if !fits {
                 let mut err = ErrorBuffer::default();
-                assert_ne!((p.api.run_ops)(p.backend, &record, 1, &mut err), 0);
+                assert_ne!((p.api.run_list)(p.backend, &list.raw(), &mut err), 0);
                 assert!(err.text().contains("does not fit"), "{}", err.text());
             }
-            vulkan.run_records(&[record]).unwrap();
+            vulkan.run_list(list).unwrap();
         }
+        drop(l);
         cpu.attention(&q, &k, &v, heads, span, 0.05, &mut want);
         if fits {
             let err = got

@@ -12,7 +12,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use kazeia_backend_abi::exports;
 use kazeia_backend_abi::plugin::{
-    ErrorBuffer, OpRecord, PluginApi, WeightDesc, PLUGIN_ABI_VERSION, PLUGIN_MAGIC,
+    DeviceInfo, DeviceKind, ErrorBuffer, OpList, PluginApi, WeightDesc, PLUGIN_ABI_VERSION,
+    PLUGIN_MAGIC,
 };
 use kazeia_backend_abi::Capabilities;
 use kazeia_backend_cpu::CpuBackend;
@@ -29,14 +30,14 @@ static API: PluginApi = PluginApi {
     score,
     unavailable_reason,
     device_count,
-    device_name,
+    device_info,
     create,
     destroy: exports::destroy::<CpuBackend>,
     capabilities,
     upload,
     free_weight: exports::free_weight,
     supports: exports::supports::<CpuBackend>,
-    run_ops,
+    run_list,
     export_linear: exports::export_linear::<CpuBackend>,
     free_bytes: exports::free_bytes,
     import_linear: exports::import_linear::<CpuBackend>,
@@ -59,17 +60,17 @@ unsafe extern "C" fn device_count() -> u32 {
     1
 }
 
-unsafe extern "C" fn device_name(index: u32, out: *mut ErrorBuffer) -> i32 {
-    // SAFETY: the caller passes a valid buffer or null.
-    let Some(out) = (unsafe { out.as_mut() }) else {
-        return 1;
-    };
+unsafe extern "C" fn device_info(index: u32, out: *mut DeviceInfo) -> i32 {
     if index != 0 {
-        out.set("no such device");
         return 1;
     }
-    out.set("faulty test device");
-    0
+    // SAFETY: the caller passes a valid pointer or null.
+    unsafe {
+        exports::write_device_info(
+            out,
+            DeviceInfo::new("faulty test device", DeviceKind::Other, 0),
+        )
+    }
 }
 
 unsafe extern "C" fn create(device: u32, threads: u32, err: *mut ErrorBuffer) -> *mut c_void {
@@ -104,10 +105,9 @@ unsafe extern "C" fn capabilities(_backend: *mut c_void) -> Capabilities {
     Capabilities::new(Capabilities::LISTS)
 }
 
-unsafe extern "C" fn run_ops(
+unsafe extern "C" fn run_list(
     backend: *mut c_void,
-    ops: *const OpRecord,
-    count: usize,
+    list: *const OpList,
     err: *mut ErrorBuffer,
 ) -> i32 {
     let run = RUN.fetch_add(1, Ordering::SeqCst);
@@ -122,5 +122,5 @@ unsafe extern "C" fn run_ops(
         return 1;
     }
     // SAFETY: forwarded as received.
-    unsafe { exports::run_ops::<CpuBackend>(backend, ops, count, err) }
+    unsafe { exports::run_list::<CpuBackend>(backend, list, err) }
 }
