@@ -9,6 +9,9 @@
 //! (high-rate layers run many time tiles), else one tap at a time per time tile (the large layers run at the
 //! low rates, over few tiles). Either way the GEMMs see the same `f32` values, so an `f16` convolution computes
 //! exactly what the `f32` one does on weights rounded to `f16`.
+//!
+//! On aarch64 the taps run instead on a NEON tile kernel (`conv_arm.rs`) that sums all taps into each output tile
+//! in registers and widens `f16` weights in registers; `KAZEIA_ARM_CONV=gemm` keeps the path above.
 
 use std::cell::RefCell;
 
@@ -18,6 +21,11 @@ use kazeia_backend_abi::WeightFormat;
 
 use crate::gemm_call::{for_column_tiles, matmul, MatMut, MatRef, SharedOut};
 use crate::par::chunks_mut;
+
+// A submodule, so that the crate root (lib.rs) needs no hook; named like the other `*_arm.rs` kernels.
+#[cfg(target_arch = "aarch64")]
+#[path = "conv_arm.rs"]
+mod arm;
 
 /// Output columns per time tile: the output tile stays in L2 across the taps.
 const TIME_TILE: usize = 256;
@@ -151,9 +159,62 @@ impl Panels {
     }
 }
 
+/// The tap weights, laid out for the kernel that runs them.
+enum Taps {
+    /// `gemm` GEMMs on `[k][cout][cin]` panels.
+    Gemm(Panels),
+    /// The NEON tile kernel's `[cout/8][k][cin][8]` blocks.
+    #[cfg(target_arch = "aarch64")]
+    Neon(arm::Blocked),
+}
+
+/// Which kernel a new weight is laid out for.
+#[derive(Clone, Copy)]
+enum Layout {
+    Gemm,
+    #[cfg(target_arch = "aarch64")]
+    Neon,
+}
+
+impl Layout {
+    /// The kernel in use on this CPU: the NEON tile on aarch64 unless `KAZEIA_ARM_CONV=gemm`, else `gemm`.
+    fn selected() -> Self {
+        #[cfg(target_arch = "aarch64")]
+        if arm::selected() == arm::Kernel::Neon {
+            return Layout::Neon;
+        }
+        Layout::Gemm
+    }
+}
+
+impl Taps {
+    fn new(
+        w: &[f32],
+        dims: (usize, usize, usize),
+        transposed: bool,
+        format: WeightFormat,
+        layout: Layout,
+    ) -> Self {
+        match layout {
+            Layout::Gemm => Taps::Gemm(Panels::new(w, dims, transposed, format)),
+            #[cfg(target_arch = "aarch64")]
+            Layout::Neon => Taps::Neon(arm::Blocked::new(w, dims, transposed, format)),
+        }
+    }
+
+    /// The `gemm` path's panels (the callers have sent the NEON layout to its kernel already).
+    fn panels(&self) -> &Panels {
+        match self {
+            Taps::Gemm(panels) => panels,
+            #[cfg(target_arch = "aarch64")]
+            Taps::Neon(_) => unreachable!("the NEON layout runs on its own kernel"),
+        }
+    }
+}
+
 /// A `Conv1d` weight, repacked as `k` tap panels `[cout][cin]`.
 pub struct ConvWeight {
-    taps: Panels,
+    taps: Taps,
     bias: Vec<f32>,
     cout: usize,
     cin: usize,
@@ -170,11 +231,21 @@ impl ConvWeight {
         bias: Option<&[f32]>,
         format: WeightFormat,
     ) -> Self {
+        Self::with_layout(w, (cout, cin, k), bias, format, Layout::selected())
+    }
+
+    fn with_layout(
+        w: &[f32],
+        (cout, cin, k): (usize, usize, usize),
+        bias: Option<&[f32]>,
+        format: WeightFormat,
+        layout: Layout,
+    ) -> Self {
         assert_eq!(w.len(), cout * cin * k, "conv1d weight size");
         let bias = bias.map_or_else(|| vec![0.0; cout], <[f32]>::to_vec);
         assert_eq!(bias.len(), cout, "conv1d bias size");
         ConvWeight {
-            taps: Panels::new(w, (cout, cin, k), false, format),
+            taps: Taps::new(w, (cout, cin, k), false, format, layout),
             bias,
             cout,
             cin,
@@ -196,6 +267,11 @@ impl ConvWeight {
         let lout = len - span;
         assert_eq!(x.len(), cin * len, "conv1d input size");
         assert_eq!(y.len(), cout * lout, "conv1d output size");
+        #[cfg(target_arch = "aarch64")]
+        if let Taps::Neon(blocks) = &self.taps {
+            return arm::conv1d(blocks, &self.bias, x, len, dilation, y, par);
+        }
+        let panels = self.taps.panels();
         for (row, b) in y.chunks_exact_mut(lout).zip(&self.bias) {
             row.fill(*b);
         }
@@ -209,7 +285,7 @@ impl ConvWeight {
             let xs = MatRef::new(x, c0 + tap * dilation, cin, c1 - c0, len as isize, 1);
             matmul(dst, w, xs, true, par);
         };
-        self.taps.for_each_tap(k, panel, lout, par, gemm_tap);
+        panels.for_each_tap(k, panel, lout, par, gemm_tap);
     }
 }
 
@@ -254,7 +330,7 @@ impl DepthwiseWeight {
 
 /// A `ConvTranspose1d` weight, repacked as `k` tap panels `[cout][cin]`.
 pub struct ConvTransposeWeight {
-    taps: Panels,
+    taps: Taps,
     cin: usize,
     cout: usize,
     k: usize,
@@ -271,10 +347,20 @@ impl ConvTransposeWeight {
         stride: usize,
         format: WeightFormat,
     ) -> Self {
+        Self::with_layout(w, (cin, cout, k), stride, format, Layout::selected())
+    }
+
+    fn with_layout(
+        w: &[f32],
+        (cin, cout, k): (usize, usize, usize),
+        stride: usize,
+        format: WeightFormat,
+        layout: Layout,
+    ) -> Self {
         assert_eq!(w.len(), cin * cout * k, "transposed conv weight size");
         assert!(stride >= 1, "transposed conv stride");
         ConvTransposeWeight {
-            taps: Panels::new(w, (cout, cin, k), true, format),
+            taps: Taps::new(w, (cout, cin, k), true, format, layout),
             cin,
             cout,
             k,
@@ -291,6 +377,11 @@ impl ConvTransposeWeight {
         let lfull = (len - 1) * s + k;
         assert_eq!(x.len(), cin * len, "transposed conv input size");
         assert_eq!(y.len(), cout * lfull, "transposed conv output size");
+        #[cfg(target_arch = "aarch64")]
+        if let Taps::Neon(blocks) = &self.taps {
+            return arm::conv_transpose1d(blocks, s, x, len, y, par);
+        }
+        let panels = self.taps.panels();
         y.fill(0.0);
         let positions = lfull.div_ceil(s);
         let out = SharedOut::new(y);
@@ -313,7 +404,7 @@ impl ConvTransposeWeight {
             let xs = MatRef::new(x, t0, cin, t1 - t0, len as isize, 1);
             matmul(dst, w, xs, true, par);
         };
-        self.taps.for_each_tap(k, panel, positions, par, gemm_tap);
+        panels.for_each_tap(k, panel, positions, par, gemm_tap);
     }
 }
 
@@ -322,7 +413,7 @@ mod tests {
     use super::*;
 
     /// Deterministic values in ±`scale`.
-    fn values(n: usize, seed: u64, scale: f32) -> Vec<f32> {
+    pub(crate) fn values(n: usize, seed: u64, scale: f32) -> Vec<f32> {
         let mut s = seed | 1;
         (0..n)
             .map(|_| {
@@ -334,7 +425,7 @@ mod tests {
             .collect()
     }
 
-    fn rounded(w: &[f32]) -> Vec<f32> {
+    pub(crate) fn rounded(w: &[f32]) -> Vec<f32> {
         w.iter().map(|&v| f16::from_f32(v).to_f32()).collect()
     }
 
@@ -342,6 +433,9 @@ mod tests {
         [gemm::Parallelism::None, gemm::Parallelism::Rayon(2)]
     }
 
+    /// The `gemm` path (aarch64 too, where `KAZEIA_ARM_CONV=gemm` selects it; the NEON kernel's tests are in
+    /// `conv_arm.rs`).
+    ///
     /// An f16 convolution is the f32 one on the weights rounded to f16, bit for bit: for a layer widened whole
     /// and for one widened a tap per tile (over `WIDEN_WHOLE_MAX` weights), over several time tiles.
     #[test]
@@ -350,10 +444,15 @@ mod tests {
             let w = values(cout * cin * k, 1, 0.05);
             let bias = values(cout, 2, 0.1);
             let x = values(cin * len, 3, 1.0);
-            let half = ConvWeight::new(&w, cout, cin, k, Some(&bias), WeightFormat::F16);
-            assert_eq!(half.taps.widen_whole(), cout * cin * k <= WIDEN_WHOLE_MAX);
-            let reference =
-                ConvWeight::new(&rounded(&w), cout, cin, k, Some(&bias), WeightFormat::F32);
+            let layer = |w: &[f32], format| {
+                ConvWeight::with_layout(w, (cout, cin, k), Some(&bias), format, Layout::Gemm)
+            };
+            let half = layer(&w, WeightFormat::F16);
+            assert_eq!(
+                half.taps.panels().widen_whole(),
+                cout * cin * k <= WIDEN_WHOLE_MAX
+            );
+            let reference = layer(&rounded(&w), WeightFormat::F32);
             let lout = len - (k - 1) * dilation;
             for par in parallelisms() {
                 let (mut a, mut b) = (vec![0.0; cout * lout], vec![0.0; cout * lout]);
@@ -364,8 +463,7 @@ mod tests {
                     "conv1d {cout}×{cin}×{k}: f16 differs from f32 on rounded weights"
                 );
                 let mut full = vec![0.0; cout * lout];
-                ConvWeight::new(&w, cout, cin, k, Some(&bias), WeightFormat::F32)
-                    .forward(&x, len, dilation, &mut full, par);
+                layer(&w, WeightFormat::F32).forward(&x, len, dilation, &mut full, par);
                 assert!(a != full, "the f16 weights were not rounded");
             }
         }
@@ -376,10 +474,15 @@ mod tests {
         for (cin, cout, k, stride, len) in [(40, 24, 10, 5, 120), (520, 512, 17, 8, 40)] {
             let w = values(cin * cout * k, 4, 0.05);
             let x = values(cin * len, 5, 1.0);
-            let half = ConvTransposeWeight::new(&w, cin, cout, k, stride, WeightFormat::F16);
-            assert_eq!(half.taps.widen_whole(), cout * cin * k <= WIDEN_WHOLE_MAX);
-            let reference =
-                ConvTransposeWeight::new(&rounded(&w), cin, cout, k, stride, WeightFormat::F32);
+            let layer = |w: &[f32], format| {
+                ConvTransposeWeight::with_layout(w, (cin, cout, k), stride, format, Layout::Gemm)
+            };
+            let half = layer(&w, WeightFormat::F16);
+            assert_eq!(
+                half.taps.panels().widen_whole(),
+                cout * cin * k <= WIDEN_WHOLE_MAX
+            );
+            let reference = layer(&rounded(&w), WeightFormat::F32);
             let lfull = (len - 1) * stride + k;
             for par in parallelisms() {
                 let (mut a, mut b) = (vec![0.0; cout * lfull], vec![0.0; cout * lfull]);

@@ -123,6 +123,12 @@ impl SharedOut {
         }
     }
 
+    /// The buffer's first element and length, for a kernel that stores whole tiles (it bounds-checks them).
+    #[cfg_attr(not(target_arch = "aarch64"), allow(dead_code))]
+    pub fn raw_parts(self) -> (*mut f32, usize) {
+        (self.ptr, self.len)
+    }
+
     /// Writes one element.
     ///
     /// # Safety

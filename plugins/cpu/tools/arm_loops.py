@@ -5,7 +5,7 @@ Usage: arm_loops.py BINARY [SYMBOL_SUBSTRING ...]
 Disassembles each matching function with aarch64-linux-gnu-objdump, finds its innermost loops (a backward
 branch and its target, with no other loop inside) and prints, per loop: instructions, loads and the bytes they
 read, and the counts of the instructions that identify the kernel and its row count (sdot, smmla, smull/smlal,
-fmla, fmul/fadd).
+fmla, fmul/fadd); for loops with FMLA, their density (FMLA per instruction, loads and bytes per FMLA).
 """
 import re
 import subprocess
@@ -70,7 +70,11 @@ def main():
         print(f"{name} @ {start:#x} ({size} bytes)")
         for lo, n, nloads, nbytes, counts in loops(disassemble(binary, start, size)):
             keys = " ".join(f"{k}={v}" for k, v in counts.items() if v)
-            print(f"  loop @ {lo:#x}: {n} insns, {nloads} loads ({nbytes} B)  {keys}")
+            dense = ""
+            if counts["fmla"]:
+                f = counts["fmla"]
+                dense = f"  [{f / n:.2f} fmla/insn, {nloads / f:.3f} loads/fmla, {nbytes / f:.2f} B/fmla]"
+            print(f"  loop @ {lo:#x}: {n} insns, {nloads} loads ({nbytes} B)  {keys}{dense}")
 
 
 main()
