@@ -22,10 +22,8 @@ use kazeia_backend_abi::WeightFormat;
 use crate::gemm_call::{for_column_tiles, matmul, MatMut, MatRef, SharedOut};
 use crate::par::chunks_mut;
 
-// A submodule, so that the crate root (lib.rs) needs no hook; named like the other `*_arm.rs` kernels.
 #[cfg(target_arch = "aarch64")]
-#[path = "conv_arm.rs"]
-mod arm;
+use crate::conv_arm as arm;
 
 /// Output columns per time tile: the output tile stays in L2 across the taps.
 const TIME_TILE: usize = 256;
@@ -35,7 +33,7 @@ const TIME_TILE: usize = 256;
 const WIDEN_WHOLE_MAX: usize = 4 << 20;
 
 /// The index in `w[cout][cin][k]` (or, transposed, `w[cin][cout][k]`) of tap panel element `[t][o][i]`.
-fn source_index(
+pub(crate) fn source_index(
     o: usize,
     i: usize,
     t: usize,
@@ -170,7 +168,7 @@ enum Taps {
 
 /// Which kernel a new weight is laid out for.
 #[derive(Clone, Copy)]
-enum Layout {
+pub(crate) enum Layout {
     Gemm,
     #[cfg(target_arch = "aarch64")]
     Neon,
@@ -234,7 +232,7 @@ impl ConvWeight {
         Self::with_layout(w, (cout, cin, k), bias, format, Layout::selected())
     }
 
-    fn with_layout(
+    pub(crate) fn with_layout(
         w: &[f32],
         (cout, cin, k): (usize, usize, usize),
         bias: Option<&[f32]>,
@@ -350,7 +348,7 @@ impl ConvTransposeWeight {
         Self::with_layout(w, (cin, cout, k), stride, format, Layout::selected())
     }
 
-    fn with_layout(
+    pub(crate) fn with_layout(
         w: &[f32],
         (cin, cout, k): (usize, usize, usize),
         stride: usize,
@@ -409,7 +407,7 @@ impl ConvTransposeWeight {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// Deterministic values in ±`scale`.

@@ -11,7 +11,7 @@
 //! fixed order (bias, then taps in order, input channels in order) whatever the threads or tiling, and the F16
 //! widening is exact, so an F16 layer equals the F32 one on the rounded weights bit for bit.
 //!
-//! `KAZEIA_ARM_CONV=gemm` keeps the `gemm` crate's path ([`super::Panels`]) instead, to compare.
+//! `KAZEIA_ARM_CONV=gemm` keeps the `gemm` crate's path (the `Panels` of `conv.rs`) instead, to compare.
 
 use std::arch::aarch64::*;
 use std::sync::OnceLock;
@@ -20,7 +20,7 @@ use half::f16;
 use kazeia_backend_abi::WeightFormat;
 use rayon::prelude::*;
 
-use super::source_index;
+use crate::conv::source_index;
 use crate::gemm_call::{for_column_tiles, SharedOut};
 
 /// Output channels per tile: two q-registers of weights per input channel.
@@ -115,7 +115,7 @@ impl Blocked {
     }
 }
 
-/// Valid dilated convolution (see [`super::ConvWeight::forward`]); the caller checked the sizes.
+/// Valid dilated convolution (see [`crate::ConvWeight::forward`]); the caller checked the sizes.
 pub fn conv1d(
     w: &Blocked,
     bias: &[f32],
@@ -146,7 +146,7 @@ pub fn conv1d(
     });
 }
 
-/// Full transposed convolution (see [`super::ConvTransposeWeight::forward`]); the caller checked the sizes.
+/// Full transposed convolution (see [`crate::ConvTransposeWeight::forward`]); the caller checked the sizes.
 /// Each output phase `r` is a sum over its taps `r + j·stride` into the columns `m·stride + r`; every column of
 /// `y` is written once (phases without taps get zeros).
 pub fn conv_transpose1d(

@@ -6,6 +6,8 @@ mod activations;
 mod activations_arm;
 mod attention;
 mod conv;
+#[cfg(target_arch = "aarch64")]
+mod conv_arm;
 mod gemm_call;
 #[cfg_attr(not(target_arch = "aarch64"), allow(dead_code))]
 mod int8;

@@ -158,7 +158,14 @@ unsafe extern "C" fn device_info(index: u32, out: *mut DeviceInfo) -> i32 {
     }
     let threads = std::thread::available_parallelism().map_or(1, usize::from);
     #[cfg(target_arch = "aarch64")]
-    let kernels = format!(", int8 kernels: {}", crate::linear_arm::selected().name());
+    let kernels = format!(
+        ", int8 kernels: {}, convolutions: {}",
+        crate::linear_arm::selected().name(),
+        match crate::conv_arm::selected() {
+            crate::conv_arm::Kernel::Neon => "neon tile",
+            crate::conv_arm::Kernel::Gemm => "gemm",
+        }
+    );
     #[cfg(target_arch = "x86_64")]
     let kernels = if crate::linear_vnni::usable() {
         ", int8 kernels: avx512-vnni"
