@@ -511,6 +511,29 @@ mod tests {
         vec![f32::NAN; n]
     }
 
+    /// Runs `forward(y, par)` into `n` outputs filled with NaN first (so that a tile left unwritten fails the
+    /// check) with one and two threads: each result within the bound of `exact`, and the same bits both ways.
+    fn check_with_every_parallelism(
+        n: usize,
+        exact: &[(f64, f64, usize)],
+        what: &str,
+        forward: impl Fn(&mut [f32], gemm::Parallelism),
+    ) {
+        let mut first = None;
+        for par in parallelisms() {
+            let mut y = unwritten(n);
+            forward(&mut y, par);
+            let what = format!("{what} {par:?}");
+            check(&y, exact, &what);
+            let bits: Vec<u32> = y.iter().map(|v| v.to_bits()).collect();
+            assert_eq!(
+                *first.get_or_insert(bits.clone()),
+                bits,
+                "{what}: threads change the bits"
+            );
+        }
+    }
+
     /// Awkward dilated convolutions: `cout` and `cin` off the 8-row block, outputs shorter than a tile and off
     /// the 12-column tile, k = 1, dilations up to 9, several time tiles (and the tile-parallel branch with 2
     /// threads); F32 and F16 weights, 1 and 2 threads.
@@ -540,20 +563,10 @@ mod tests {
                 let layer =
                     ConvWeight::with_layout(&w, (cout, cin, k), Some(&bias), format, Layout::Neon);
                 let exact = conv1d_exact(&weights, &bias, &x, (cout, cin, k), len, dilation);
-                let mut first = None;
-                for par in parallelisms() {
-                    let mut y = unwritten(cout * lout);
-                    layer.forward(&x, len, dilation, &mut y, par);
-                    let what =
-                        format!("conv1d {cout}×{cin}×{k} d{dilation} len {len} {format} {par:?}");
-                    check(&y, &exact, &what);
-                    let bits: Vec<u32> = y.iter().map(|v| v.to_bits()).collect();
-                    assert_eq!(
-                        *first.get_or_insert(bits.clone()),
-                        bits,
-                        "{what}: threads change the bits"
-                    );
-                }
+                let what = format!("conv1d {cout}×{cin}×{k} d{dilation} len {len} {format}");
+                check_with_every_parallelism(cout * lout, &exact, &what, |y, par| {
+                    layer.forward(&x, len, dilation, y, par)
+                });
             }
         }
     }
@@ -593,21 +606,11 @@ mod tests {
                     Layout::Neon,
                 );
                 let exact = conv_transpose1d_exact(&weights, &x, (cin, cout, k), stride, len);
-                let mut first = None;
-                for par in parallelisms() {
-                    let mut y = unwritten(cout * lfull);
-                    layer.forward(&x, len, &mut y, par);
-                    let what = format!(
-                        "conv_transpose1d {cin}×{cout}×{k} s{stride} len {len} {format} {par:?}"
-                    );
-                    check(&y, &exact, &what);
-                    let bits: Vec<u32> = y.iter().map(|v| v.to_bits()).collect();
-                    assert_eq!(
-                        *first.get_or_insert(bits.clone()),
-                        bits,
-                        "{what}: threads change the bits"
-                    );
-                }
+                let what =
+                    format!("conv_transpose1d {cin}×{cout}×{k} s{stride} len {len} {format}");
+                check_with_every_parallelism(cout * lfull, &exact, &what, |y, par| {
+                    layer.forward(&x, len, y, par)
+                });
             }
         }
     }
