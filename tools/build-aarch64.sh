@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 source tools/aarch64-env.sh
 triple=aarch64-unknown-linux-gnu
 out=target/$triple/release
-cargo build --release --target $triple -p kazeia --bins -p kazeia-speechd \
+cargo build --release --target $triple -p kazeia -p kazeiad -p kazeia-speechd \
     -p kazeia-backend-vulkan -p kazeia-backend-hexagon -p kazeia-backend-cpu-plugin
 CARGO_BUILD_TARGET=$triple tools/build_cpu_plugins.sh "$out/plugins"
 ls -l "$out"/kazeia "$out"/kazeiad "$out"/sd_kazeia "$out"/libkazeia_backend_*.so "$out"/plugins/*.so

@@ -79,7 +79,7 @@ if [ -z "$kazeia" ]; then
     done
 fi
 if [ -z "$kazeia" ]; then
-    echo "make-deb.sh: no kazeia for $host_arch to lay out the files: cargo build --release -p kazeia" >&2
+    echo "make-deb.sh: no kazeia for $host_arch to lay out the files: cargo build --release -p kazeia -p kazeiad" >&2
     exit 1
 fi
 

@@ -18,7 +18,7 @@ type FilterHandle = reload::Handle<EnvFilter, Registry>;
 static CONFIGURABLE: OnceLock<FilterHandle> = OnceLock::new();
 
 /// Checks a `[log] level` value: a level (`error` … `trace`, `off`) or `tracing` directives
-/// (`info,kazeia::player=debug`).
+/// (`info,kazeiad::player=debug`).
 pub fn parse_level(level: &str) -> Result<EnvFilter, String> {
     EnvFilter::try_new(level).map_err(|e| format!("`{level}` is not a log level or directive: {e}"))
 }
@@ -124,7 +124,7 @@ mod tests {
 
     #[test]
     fn levels_and_directives_parse_and_nonsense_does_not() {
-        for ok in ["info", "debug", "off", "warn,kazeia::player=trace"] {
+        for ok in ["info", "debug", "off", "warn,kazeiad::player=trace"] {
             assert!(parse_level(ok).is_ok(), "{ok}");
         }
         let err = parse_level("kazeia=loudest").unwrap_err();

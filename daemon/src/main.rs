@@ -1,105 +1,28 @@
-//! `kazeia`: the command line of the Kazeia speech engine.
-
-mod backends;
-mod bandwidth;
-mod bench;
-mod common_args;
-mod decode;
-mod generate;
-mod synth;
+//! `kazeiad`: the Kazeia speech daemon (see `kazeiad::daemon_cmd`).
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::Parser;
+use kazeiad::daemon_cmd::{run, DaemonArgs};
 
 #[derive(Parser)]
 #[command(
-    name = "kazeia",
+    name = "kazeiad",
     version,
-    about = "Kazeia: local neural speech (Qwen3-TTS-12Hz)",
-    after_help = "Examples:\n  \
-        kazeia say \"Hello from Kazeia.\"       # through the daemon (started on demand)\n  \
-        kazeia voices                         # what the daemon offers, with languages\n  \
-        kazeia status                         # state, model, backends, queue, memory\n  \
-        kazeia stop                           # silence it\n  \
-        kazeia synth --model DIR --text \"Hi\" --out hi.wav\n\n\
-        `kazeia COMMAND --help` has each command's options and examples."
+    about = "Kazeia speech daemon: resident neural voices on the session bus (org.kazeia.Speech, Spiel)"
 )]
 struct Cli {
-    #[command(subcommand)]
-    command: Command,
-}
-
-#[derive(Subcommand)]
-enum Command {
-    /// Decode codec codes (JSON) to a WAV file with the model's 12 Hz codec decoder.
-    Decode(decode::DecodeArgs),
-    /// Generate codec codes from template token ids (as the official generate(input_ids=...)).
-    Generate(generate::GenerateArgs),
-    /// Speak text to a WAV file, in process.
-    #[command(after_help = "Examples:\n  \
-        kazeia synth --model Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice --text \"Hello world.\" --out hello.wav\n  \
-        kazeia synth --model DIR --text-file book.txt --speaker Ryan --weights q4_0 --out book.wav")]
-    Synth(synth::SynthArgs),
-    /// Time each stage on real-size random weights or on a model directory.
-    Bench(bench::BenchArgs),
-    /// List the compute backends (built in and plugins) and why any is unavailable.
-    Backends(backends::BackendsArgs),
-    /// Run the speech daemon (the same as `kazeiad`): resident model, D-Bus API and Spiel provider.
-    Daemon(kazeia::daemon_cmd::DaemonArgs),
-    /// Play a WAV file through an audio sink (checks the audio setup: `--sink pipewire`, `wav:PATH`, `null`).
-    Play(kazeia::play_cmd::PlayArgs),
-    /// Say text through the daemon (started by D-Bus activation if needed), else in process.
-    #[command(after_help = "Examples:\n  \
-        kazeia say \"Hello from Kazeia.\"\n  \
-        kazeia say --rate 1.5 --voice NAME --language en \"Faster, in another voice\"\n  \
-        kazeia say --ssml '<speak>One <break time=\"500ms\"/> two</speak>'\n  \
-        kazeia say --list-voices")]
-    Say(kazeia::say_cmd::SayArgs),
-    /// List the voices the daemon offers, with their languages (starts the daemon if needed).
-    Voices(kazeia::control_cmd::VoicesArgs),
-    /// Show whether the daemon runs, its state, model, backend per stage, queue and memory.
-    Status(kazeia::control_cmd::StatusArgs),
-    /// Stop all speech now (every client's); `--daemon` also ends the daemon.
-    Stop(kazeia::control_cmd::StopArgs),
-    /// Voices you make and keep: cloned from a recording (Base models) or described in words.
-    Voice(kazeia::voice_cmd::VoiceArgs),
-    /// Install the binaries, plugins, configuration, systemd unit, D-Bus activation files and the
-    /// speech-dispatcher module (--user, or --prefix DIR for system-wide).
-    #[command(after_help = "Examples:\n  \
-        kazeia install --user                    # ~/.local, ~/.config: no root needed\n  \
-        sudo kazeia install --prefix /usr/local  # system-wide (speech-dispatcher and /etc files where they are read)\n  \
-        tools/make-deb.sh                        # a Debian package instead")]
-    Install(kazeia::install_cmd::InstallArgs),
-}
-
-pub fn default_threads() -> usize {
-    std::thread::available_parallelism().map_or(1, usize::from)
+    #[command(flatten)]
+    args: DaemonArgs,
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    kazeia::logging::init("kazeia");
-    let result = match cli.command {
-        Command::Decode(args) => decode::run(args),
-        Command::Generate(args) => generate::run(args),
-        Command::Synth(args) => synth::run(args),
-        Command::Bench(args) => bench::run(args),
-        Command::Backends(args) => backends::run(args),
-        Command::Daemon(args) => kazeia::daemon_cmd::run(args),
-        Command::Play(args) => kazeia::play_cmd::run(args),
-        Command::Say(args) => kazeia::say_cmd::run(args),
-        Command::Voices(args) => kazeia::control_cmd::run_voices(args),
-        Command::Status(args) => kazeia::control_cmd::run_status(args),
-        Command::Stop(args) => kazeia::control_cmd::run_stop(args),
-        Command::Install(args) => kazeia::install_cmd::run(args),
-        Command::Voice(args) => kazeia::voice_cmd::run(args),
-    };
-    match result {
+    kazeiad::logging::init("kazeiad");
+    match run(cli.args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            // One line: the chain of causes joined, so scripts and users see the whole reason.
-            eprintln!("kazeia: error: {e:#}");
+            tracing::error!("{e:#}");
             ExitCode::FAILURE
         }
     }

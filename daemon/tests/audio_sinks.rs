@@ -7,8 +7,8 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use kazeia::audio::{open_sink, Playback, SinkSpec};
 use kazeia_tests::services::TempDir;
+use kazeiad::audio::{open_sink, Playback, SinkSpec};
 
 const RATE: u32 = 24_000;
 /// Louder than this is sound (the tones are 0.5).
@@ -36,14 +36,13 @@ fn write_in_frames(playback: &dyn Playback, samples: &[f32]) {
 
 #[cfg(feature = "pipewire")]
 mod headless_pipewire {
-    use std::process::Command;
     use std::sync::atomic::{AtomicU64, Ordering};
     use std::sync::{Arc, Mutex};
     use std::time::{Duration, Instant};
 
-    use kazeia::audio::pipewire_sink::QUEUE_AHEAD;
-    use kazeia::audio::{open_sink, AudioSink, PipeWireSink, Playback, SinkSpec};
     use kazeia_tests::services::{DbusSession, PipeWire, Recorder, Recording, TempDir};
+    use kazeiad::audio::pipewire_sink::QUEUE_AHEAD;
+    use kazeiad::audio::{AudioSink, PipeWireSink, Playback};
 
     use super::{tone, tone_at, write_in_frames, RATE, THRESHOLD};
 
@@ -485,65 +484,11 @@ mod headless_pipewire {
         assert!(err.contains("is PipeWire running"), "{err}");
         assert!(err.contains(&dir.path().display().to_string()), "{err}");
     }
-
-    /// `kazeia play`, a child process with the harness's environment: the path a user takes.
-    #[test]
-    fn kazeia_play_plays_a_wav_file_through_pipewire() {
-        let _serial = serial();
-        let bus = DbusSession::start(None);
-        let pw = PipeWire::start(&bus);
-        let dir = TempDir::new("play");
-        let wav = dir.path().join("tone.wav");
-        let wav_sink = open_sink(&SinkSpec::Wav(wav.clone())).unwrap();
-        let playback = wav_sink.open(RATE).unwrap();
-        playback.write(&tone(0.5, 440.0, 0.5)).unwrap();
-        playback.finish().unwrap();
-
-        let rec = Recorder::start(&pw);
-        let out = Command::new(env!("CARGO_BIN_EXE_kazeia"))
-            .args(["play", "--sink", "pipewire", "--chunk-ms", "80"])
-            .arg(&wav)
-            .env_clear()
-            .envs(pw.env())
-            .output()
-            .unwrap();
-        let rec = rec.stop();
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        println!("{stderr}");
-        assert!(out.status.success(), "kazeia play failed: {stderr}");
-        assert!((rec.sound_duration(THRESHOLD) - 0.5).abs() <= 0.05);
-
-        // No PipeWire in this environment: a clear error, at once.
-        let empty = TempDir::new("nopw");
-        let t = Instant::now();
-        let out = Command::new(env!("CARGO_BIN_EXE_kazeia"))
-            .args(["play", "--sink", "pipewire"])
-            .arg(&wav)
-            .env_clear()
-            .env("XDG_RUNTIME_DIR", empty.path())
-            .output()
-            .unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success());
-        assert!(stderr.contains("is PipeWire running"), "{stderr}");
-        assert!(t.elapsed() < Duration::from_secs(2));
-
-        // A bad sink is refused by the argument parser, with the accepted forms.
-        let out = Command::new(env!("CARGO_BIN_EXE_kazeia"))
-            .args(["play", "--sink", "alsa:hw0"])
-            .arg(&wav)
-            .output()
-            .unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success());
-        assert!(stderr.contains("unknown kind `alsa`"), "{stderr}");
-        assert!(stderr.contains("`wav:PATH`"), "{stderr}");
-    }
 }
 
 fn read_wav(path: &Path) -> (u32, Vec<f32>) {
     let bytes = std::fs::read(path).unwrap();
-    let audio = kazeia::audio::wav_read::parse_wav(&bytes).unwrap();
+    let audio = kazeiad::audio::wav_read::parse_wav(&bytes).unwrap();
     // The engine's reader insists on the plain 44-byte layout: a second opinion on the header.
     let (rate, samples) = kazeia_engine::wav::read_wav(&bytes).unwrap();
     assert_eq!(

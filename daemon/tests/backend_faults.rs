@@ -9,10 +9,10 @@ use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 
-use kazeia::dbus::client::SpeechProxy;
 use kazeia_spiel::{s16le_to_f32, Chunk, SpielReader};
 use kazeia_tests::services::{DbusSession, Service, TempDir};
 use kazeia_tests::speaking_model;
+use kazeiad::dbus::client::SpeechProxy;
 
 const KAZEIAD: &str = env!("CARGO_BIN_EXE_kazeiad");
 

@@ -12,12 +12,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
-use kazeia::config::DaemonConfig;
-use kazeia::dbus::client::SpeechProxy;
-use kazeia::player::Player;
-use kazeia::request::Output;
-use kazeia::service::{Refusal, Service, SpeakOptions};
 use kazeia_tests::services::{DbusSession, PipeWire, TempDir};
+use kazeiad::config::DaemonConfig;
+use kazeiad::dbus::client::SpeechProxy;
+use kazeiad::player::Player;
+use kazeiad::request::Output;
+use kazeiad::service::{Refusal, Service, SpeakOptions};
 use zbus::wire::Variant;
 
 mod common;
@@ -49,7 +49,7 @@ fn rss(pid: u32) -> u64 {
 
 /// Waits for `Finished(id, _)`; the reason.
 async fn finished(
-    stream: &mut kazeia::dbus::client::FinishedStream,
+    stream: &mut kazeiad::dbus::client::FinishedStream,
     id: u64,
     timeout: Duration,
 ) -> String {
@@ -205,7 +205,7 @@ async fn silence_around_a_huge_gain_is_silent() {
     let mut done = proxy.receive_finished().await.unwrap();
     let samples = || {
         let bytes = std::fs::read(&wav).unwrap();
-        kazeia::audio::wav_read::parse_wav(&bytes).unwrap().samples
+        kazeiad::audio::wav_read::parse_wav(&bytes).unwrap().samples
     };
 
     let silent = "<speak><prosody volume=\"silent\"><prosody volume=\"+99999dB\">Hello world.\

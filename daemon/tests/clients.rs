@@ -417,7 +417,7 @@ async fn soak_client(
         accepted: Vec::new(),
         streams: 0,
     };
-    let speak_all = |api: &kazeia::dbus::client::SpeechProxy<'static>, p: &'static str| {
+    let speak_all = |api: &kazeiad::dbus::client::SpeechProxy<'static>, p: &'static str| {
         let api = api.clone();
         async move {
             let mut ids = Vec::new();
@@ -583,7 +583,7 @@ async fn soak_short() {
     soak(100, 3, 0x5eed).await;
 }
 
-/// The long form: `cargo test --release -p kazeia --test clients soak_long -- --ignored --nocapture`.
+/// The long form: `cargo test --release -p kazeiad --test clients soak_long -- --ignored --nocapture`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "soak: 100 clients × 10 utterances, a few minutes"]
 async fn soak_long() {

@@ -7,16 +7,15 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
-use kazeia::dbus::client::SpeechProxy;
 use kazeia_spiel::{s16le_to_f32, Chunk, EventKind, SpielReader};
 use kazeia_tests::services::{DbusSession, PipeWire, Recorder, Service, TempDir};
 use kazeia_tests::{fixtures_dir, speaking_model};
+use kazeiad::dbus::client::SpeechProxy;
 use zbus::wire::Variant;
 
 mod random_model;
 
 const KAZEIAD: &str = env!("CARGO_BIN_EXE_kazeiad");
-const KAZEIA: &str = env!("CARGO_BIN_EXE_kazeia");
 
 /// Seconds of 5 ms windows holding a sample louder than `threshold` (silent gaps left out).
 fn loud_seconds(samples: &[f32], rate: u32, threshold: f32) -> f64 {
@@ -153,7 +152,7 @@ async fn connect(bus: &DbusSession) -> zbus::Connection {
 
 /// `Finished` signals as they come, kept by id so that waiting for one never loses another.
 struct Finishes {
-    stream: kazeia::dbus::client::FinishedStream,
+    stream: kazeiad::dbus::client::FinishedStream,
     seen: HashMap<u64, String>,
 }
 
@@ -704,144 +703,6 @@ fn wait_exit(child: &mut std::process::Child, timeout: Duration) -> std::process
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn say_uses_the_daemon_and_falls_back_in_process() {
-    let dir = TempDir::new("daemon-say");
-    let config = dir.path().join("kazeia.toml");
-    let wav = dir.path().join("said.wav");
-    write_config(
-        &config,
-        &quick_model(),
-        &format!("wav:{}", wav.display()),
-        "[generation]\nmax_frames = 6\n",
-    );
-    // Through the daemon, which the bus starts on the first call.
-    let bus = DbusSession::start(Some(&activation_dir(dir.path(), &config)));
-    let out = Command::new(KAZEIA)
-        .args(["say", "Through the daemon."])
-        .envs(bus.env())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(!String::from_utf8_lossy(&out.stderr).contains("in process"));
-    let first = std::fs::metadata(&wav).unwrap().len();
-    assert!(first > 44);
-    let out = Command::new(KAZEIA)
-        .args(["say", "--voice", "nobody", "Bad voice."])
-        .envs(bus.env())
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown voice"));
-    drop(bus);
-
-    // No bus at all: in process, with the configuration given.
-    let local_wav = dir.path().join("local.wav");
-    write_config(
-        &config,
-        &quick_model(),
-        &format!("wav:{}", local_wav.display()),
-        "[generation]\nmax_frames = 6\n",
-    );
-    let out = Command::new(KAZEIA)
-        .args([
-            "say",
-            "--config",
-            &config.display().to_string(),
-            "In process.",
-        ])
-        .env(
-            "DBUS_SESSION_BUS_ADDRESS",
-            format!("unix:path={}/none", dir.path().display()),
-        )
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stderr}");
-    assert!(stderr.contains("speaking in process"), "{stderr}");
-    assert!(std::fs::metadata(&local_wav).unwrap().len() > 44);
-}
-
-#[test]
-fn install_places_every_file_for_the_user() {
-    let dir = TempDir::new("install");
-    let home = dir.path().join("home");
-    let out = Command::new(KAZEIA)
-        .args(["install", "--user"])
-        .env_clear()
-        .env("HOME", &home)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let bin = home.join(".local/bin");
-    for path in [
-        bin.join("kazeia"),
-        bin.join("kazeiad"),
-        home.join(".config/kazeia/kazeia.toml"),
-        home.join(".config/systemd/user/kazeia.service"),
-        home.join(".local/share/dbus-1/services/org.kazeia.Speech.service"),
-        home.join(".local/share/dbus-1/services/org.kazeia.Speech.Provider.service"),
-    ] {
-        assert!(path.is_file(), "{} was not installed", path.display());
-    }
-    let unit = std::fs::read_to_string(home.join(".config/systemd/user/kazeia.service")).unwrap();
-    assert!(
-        unit.contains(&format!("ExecStart={}/kazeiad", bin.display())),
-        "{unit}"
-    );
-    assert!(unit.contains("Type=dbus") && unit.contains("BusName=org.kazeia.Speech"));
-    let activation = std::fs::read_to_string(
-        home.join(".local/share/dbus-1/services/org.kazeia.Speech.Provider.service"),
-    )
-    .unwrap();
-    assert!(activation.contains("Name=org.kazeia.Speech.Provider"));
-    assert!(!activation.contains("@BINDIR@"));
-    // The installed configuration is the shipped one, and an existing one is kept.
-    let config = home.join(".config/kazeia/kazeia.toml");
-    assert_eq!(
-        std::fs::read_to_string(&config).unwrap(),
-        kazeia::config::SHIPPED
-    );
-    std::fs::write(&config, "# mine\n").unwrap();
-    let out = Command::new(KAZEIA)
-        .args(["install", "--user"])
-        .env_clear()
-        .env("HOME", &home)
-        .output()
-        .unwrap();
-    assert!(out.status.success());
-    assert_eq!(std::fs::read_to_string(&config).unwrap(), "# mine\n");
-    // A system layout into a staging directory.
-    let stage = dir.path().join("stage");
-    let out = Command::new(KAZEIA)
-        .args(["install", "--prefix", "/usr/local", "--destdir"])
-        .arg(&stage)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let unit =
-        std::fs::read_to_string(stage.join("usr/local/lib/systemd/user/kazeia.service")).unwrap();
-    assert!(unit.contains("ExecStart=/usr/local/bin/kazeiad"), "{unit}");
-    assert!(stage
-        .join("usr/local/share/dbus-1/services/org.kazeia.Speech.service")
-        .is_file());
-    let out = Command::new(KAZEIA).args(["install"]).output().unwrap();
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("--user"));
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pause_resume_and_priorities_on_pipewire() {
     let dir = TempDir::new("daemon-prio");
     let model = speaking_model(dir.path());
@@ -951,7 +812,7 @@ fn bench_daemon(label: &str) -> (TempDir, DbusSession, Service) {
 }
 
 /// Time to first audio through the daemon, on a real-size model:
-/// `KAZEIA_BENCH_MODEL=/path/to/model KAZEIA_BENCH_WEIGHTS=q4_0 cargo test --release -p kazeia --test
+/// `KAZEIA_BENCH_MODEL=/path/to/model KAZEIA_BENCH_WEIGHTS=q4_0 cargo test --release -p kazeiad --test
 /// daemon_dbus daemon_first_audio -- --ignored --nocapture`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "benchmark: needs KAZEIA_BENCH_MODEL"]
@@ -1353,7 +1214,7 @@ fn median(values: &[f64]) -> f64 {
 }
 
 /// First audio through speech-dispatcher's module with what Orca sends (its settings and a mark before
-/// every word), against a bare SPEAK, and each of the two alone: `cargo test --release -p kazeia --test
+/// every word), against a bare SPEAK, and each of the two alone: `cargo test --release -p kazeiad --test
 /// daemon_dbus module_first_audio_orca -- --ignored --nocapture` (`KAZEIA_BENCH_MODEL` or a random
 /// real-size 0.6B). Timed from the message written to the module to its first `705` audio block, with where
 /// the time went from the module's and the daemon's debug logs. `KAZEIA_BENCH_ROUNDS` (default 3) rounds of

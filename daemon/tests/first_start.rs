@@ -8,9 +8,9 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use kazeia::dbus::client::SpeechProxy;
 use kazeia_tests::hub_server::{Hub, REPO};
 use kazeia_tests::services::{DbusSession, TempDir};
+use kazeiad::dbus::client::SpeechProxy;
 use zbus::wire::Variant;
 
 const KAZEIAD: &str = env!("CARGO_BIN_EXE_kazeiad");

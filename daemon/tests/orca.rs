@@ -5,7 +5,7 @@
 //!
 //! The times (Orca's request, from its debug log, to the first sound at the sink; the key press to the last
 //! sound) are printed, not asserted: the machine is shared and the fixture model is tiny. On a real-size
-//! model: `KAZEIA_BENCH_MODEL=DIR KAZEIA_BENCH_WEIGHTS=q4_0 cargo test --release -p kazeia --test orca --
+//! model: `KAZEIA_BENCH_MODEL=DIR KAZEIA_BENCH_WEIGHTS=q4_0 cargo test --release -p kazeiad --test orca --
 //! --ignored --nocapture`, which also runs speech-dispatcher at log level 5 and prints what it sent to the
 //! module and, per message, dispatch → first `705` block and → first sound at the sink
 //! (`KAZEIA_BENCH_SPEECHD_LOG=path` keeps its whole log).

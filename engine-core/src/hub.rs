@@ -87,7 +87,7 @@ pub fn looks_like_repo_id(s: &str) -> bool {
 }
 
 /// Progress callback: `(file, bytes done, total bytes if known)`; the command line draws it
-/// (`kazeia::progress::download`).
+/// (`kazeiad::progress::download`).
 pub type Progress<'a> = dyn FnMut(&str, u64, Option<u64>) + 'a;
 
 #[derive(Deserialize)]

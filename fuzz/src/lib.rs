@@ -21,7 +21,7 @@ pub fn speak_options(data: &[u8]) {
     let Ok((options, _)) = body.deserialize::<HashMap<String, OwnedVariant>>() else {
         return;
     };
-    if let Ok(parsed) = kazeia::dbus::api::parse_options(&options) {
+    if let Ok(parsed) = kazeiad::dbus::api::parse_options(&options) {
         let known = [
             "voice", "language", "rate", "pitch", "volume", "priority", "ssml",
         ];
@@ -59,7 +59,7 @@ pub fn toml_config(data: &[u8]) {
     let Ok(text) = std::str::from_utf8(data) else {
         return;
     };
-    if let Ok(config) = kazeia::config::DaemonConfig::parse(text, "fuzz") {
+    if let Ok(config) = kazeiad::config::DaemonConfig::parse(text, "fuzz") {
         config.validate().expect("a parsed configuration is valid");
         let _ = config.weight_storage();
         let _ = config.sink();
@@ -130,7 +130,7 @@ pub fn weight_cache(data: &[u8]) {
 /// The WAV reader (`kazeia play`): any bytes; accepted audio has a rate and at most as many samples as the
 /// data holds bytes.
 pub fn wav(data: &[u8]) {
-    if let Ok(audio) = kazeia::audio::wav_read::parse_wav(data) {
+    if let Ok(audio) = kazeiad::audio::wav_read::parse_wav(data) {
         assert!(audio.samples.len() <= data.len());
         assert!(audio.samples.iter().all(|s| s.is_finite() || s.is_nan()));
     }

@@ -10,10 +10,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
-use kazeia::dbus::client::SpeechProxy;
 use kazeia_spiel::{s16le_to_f32, Chunk, SpielReader};
 use kazeia_tests::fixtures_dir;
 use kazeia_tests::services::{DbusSession, Service};
+use kazeiad::dbus::client::SpeechProxy;
 use zbus::wire::Variant;
 
 pub const KAZEIAD: &str = env!("CARGO_BIN_EXE_kazeiad");
@@ -102,7 +102,7 @@ pub fn priority(p: &str) -> HashMap<&'static str, Variant<'static>> {
 
 /// `Finished` signals as they come, kept by id so that waiting for one never loses another.
 pub struct Finishes {
-    pub stream: kazeia::dbus::client::FinishedStream,
+    pub stream: kazeiad::dbus::client::FinishedStream,
     pub seen: HashMap<u64, String>,
 }
 

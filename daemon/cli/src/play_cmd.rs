@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Result};
 use clap::Args;
 
-use crate::audio::wav_read::read_wav_file;
-use crate::audio::{open_sink, SinkSpec};
+use kazeiad::audio::wav_read::read_wav_file;
+use kazeiad::audio::{open_sink, SinkSpec};
 
 #[derive(Args)]
 pub struct PlayArgs {

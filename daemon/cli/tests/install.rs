@@ -237,3 +237,80 @@ fn debian_package_is_found_by_the_stock_speech_dispatcher_and_heard() {
         speechd.logs()
     );
 }
+
+#[test]
+fn install_places_every_file_for_the_user() {
+    // Copies kazeiad from beside this kazeia: `cargo test --workspace` builds both.
+    let dir = TempDir::new("install");
+    let home = dir.path().join("home");
+    let out = Command::new(KAZEIA)
+        .args(["install", "--user"])
+        .env_clear()
+        .env("HOME", &home)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let bin = home.join(".local/bin");
+    for path in [
+        bin.join("kazeia"),
+        bin.join("kazeiad"),
+        home.join(".config/kazeia/kazeia.toml"),
+        home.join(".config/systemd/user/kazeia.service"),
+        home.join(".local/share/dbus-1/services/org.kazeia.Speech.service"),
+        home.join(".local/share/dbus-1/services/org.kazeia.Speech.Provider.service"),
+    ] {
+        assert!(path.is_file(), "{} was not installed", path.display());
+    }
+    let unit = std::fs::read_to_string(home.join(".config/systemd/user/kazeia.service")).unwrap();
+    assert!(
+        unit.contains(&format!("ExecStart={}/kazeiad", bin.display())),
+        "{unit}"
+    );
+    assert!(unit.contains("Type=dbus") && unit.contains("BusName=org.kazeia.Speech"));
+    let activation = std::fs::read_to_string(
+        home.join(".local/share/dbus-1/services/org.kazeia.Speech.Provider.service"),
+    )
+    .unwrap();
+    assert!(activation.contains("Name=org.kazeia.Speech.Provider"));
+    assert!(!activation.contains("@BINDIR@"));
+    // The installed configuration is the shipped one, and an existing one is kept.
+    let config = home.join(".config/kazeia/kazeia.toml");
+    assert_eq!(
+        std::fs::read_to_string(&config).unwrap(),
+        kazeiad::config::SHIPPED
+    );
+    std::fs::write(&config, "# mine\n").unwrap();
+    let out = Command::new(KAZEIA)
+        .args(["install", "--user"])
+        .env_clear()
+        .env("HOME", &home)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert_eq!(std::fs::read_to_string(&config).unwrap(), "# mine\n");
+    // A system layout into a staging directory.
+    let stage = dir.path().join("stage");
+    let out = Command::new(KAZEIA)
+        .args(["install", "--prefix", "/usr/local", "--destdir"])
+        .arg(&stage)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let unit =
+        std::fs::read_to_string(stage.join("usr/local/lib/systemd/user/kazeia.service")).unwrap();
+    assert!(unit.contains("ExecStart=/usr/local/bin/kazeiad"), "{unit}");
+    assert!(stage
+        .join("usr/local/share/dbus-1/services/org.kazeia.Speech.service")
+        .is_file());
+    let out = Command::new(KAZEIA).args(["install"]).output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--user"));
+}

@@ -12,14 +12,15 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
-use kazeia::dbus::client::SpeechProxy;
 use kazeia_spiel::{Chunk, SpielReader};
 use kazeia_tests::services::{DbusSession, Service, TempDir};
+use kazeiad::dbus::client::SpeechProxy;
 use zbus::wire::Variant;
 
-const KAZEIAD: &str = env!("CARGO_BIN_EXE_kazeiad");
 const KAZEIA: &str = env!("CARGO_BIN_EXE_kazeia");
 
+// The real-size random model the daemon tests write (daemon/tests/random_model).
+#[path = "../../tests/random_model/mod.rs"]
 mod random_model;
 
 /// `tests/fixtures/` of this source tree.
@@ -96,7 +97,13 @@ impl Daemon {
         };
         before(&d);
         let cfg = d.config.display().to_string();
-        d.daemon = Some(Service::spawn(KAZEIAD, &["--config", &cfg], &d.env(), log));
+        // `kazeia daemon` is kazeiad (the same code): the voice commands and the daemon in one package's tests.
+        d.daemon = Some(Service::spawn(
+            KAZEIA,
+            &["daemon", "--config", &cfg],
+            &d.env(),
+            log,
+        ));
         d.wait_for_name();
         d
     }

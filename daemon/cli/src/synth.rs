@@ -12,7 +12,7 @@ use kazeia_engine::wav::{SampleFormat, WavWriter};
 use kazeia_text::text::DEFAULT_CHUNK_CHARS;
 
 use crate::common_args::{EngineArgs, SamplingArgs};
-use kazeia::model_path::resolve_model;
+use kazeiad::model_path::resolve_model;
 
 #[derive(Args)]
 pub struct SynthArgs {
@@ -106,7 +106,7 @@ pub fn run(args: SynthArgs) -> Result<()> {
     let (lm, decoder) = args.engine.backends.resolve(args.engine.threads);
     let load_start = Instant::now();
     let loading =
-        kazeia::progress::Spinner::new("loading the model (converted weights are cached)");
+        kazeiad::progress::Spinner::new("loading the model (converted weights are cached)");
     let synth = Synthesizer::load_on(&dir, lm, decoder, args.engine.weights)
         .with_context(|| format!("cannot load the model from {}", dir.display()))?;
     drop(loading);
@@ -140,7 +140,7 @@ pub fn run(args: SynthArgs) -> Result<()> {
     let streaming = args.stream;
     let out_path = args.out.clone();
     let control = SessionControl::new();
-    let mut progress = kazeia::progress::SynthProgress::new(synth.sample_rate());
+    let mut progress = kazeiad::progress::SynthProgress::new(synth.sample_rate());
     let result = synth.synthesize(&text, &voice, &options, stream, &control, &mut |chunk| {
         progress.audio(chunk.len());
         if streaming {

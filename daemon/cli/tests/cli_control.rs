@@ -10,7 +10,6 @@ use kazeia_tests::services::{DbusSession, PipeWire, TempDir};
 use kazeia_tests::speaking_model;
 
 const KAZEIA: &str = env!("CARGO_BIN_EXE_kazeia");
-const KAZEIAD: &str = env!("CARGO_BIN_EXE_kazeiad");
 
 fn kazeia(bus: &DbusSession, args: &[&str]) -> Command {
     let mut cmd = Command::new(KAZEIA);
@@ -61,7 +60,7 @@ fn write_activation(dir: &Path, config: &Path) -> std::path::PathBuf {
         std::fs::write(
             services.join(format!("{name}.service")),
             format!(
-                "[D-BUS Service]\nName={name}\nExec={KAZEIAD} --config {}\n",
+                "[D-BUS Service]\nName={name}\nExec={KAZEIA} daemon --config {}\n",
                 config.display()
             ),
         )

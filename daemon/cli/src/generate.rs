@@ -10,7 +10,7 @@ use kazeia_engine::lm::{generate, PromptRequest, TtsModel};
 use kazeia_engine::tokenizer::{instruct_text, TextTokenizer};
 
 use crate::common_args::{EngineArgs, SamplingArgs};
-use kazeia::model_path::resolve_model;
+use kazeiad::model_path::resolve_model;
 
 #[derive(Args)]
 pub struct GenerateArgs {

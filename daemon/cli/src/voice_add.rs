@@ -1,7 +1,7 @@
 //! `kazeia voice add NAME --audio REF [--text TRANSCRIPT]`: clone a voice with a Base model, once. The
-//! recording is read and resampled ([`crate::audio::reference`]); the speaker encoder makes its x-vector and,
+//! recording is read and resampled ([`kazeiad::audio::reference`]); the speaker encoder makes its x-vector and,
 //! with a transcript, the codec encoder its reference codes (in-context cloning, the official default); the
-//! result is stored as a small voice file ([`crate::voice_store`]) that the daemon lists at once.
+//! result is stored as a small voice file ([`kazeiad::voice_store`]) that the daemon lists at once.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -13,9 +13,9 @@ use kazeia_engine::lm::ModelConfig;
 use kazeia_engine::voice_clone::VoiceEncoders;
 use kazeia_engine::CpuBackend;
 
-use crate::config::DaemonConfig;
-use crate::engine::EngineInfo;
-use crate::voice_store::{self, CloneData, StoredVoice};
+use kazeiad::config::DaemonConfig;
+use kazeiad::engine::EngineInfo;
+use kazeiad::voice_store::{self, CloneData, StoredVoice};
 
 #[derive(Args, Debug)]
 pub struct AddArgs {
@@ -57,7 +57,7 @@ pub fn run(args: &AddArgs, dir: &Path, config: &DaemonConfig) -> Result<()> {
         .model
         .clone()
         .unwrap_or_else(|| config.model.path.clone());
-    let model_dir = crate::model_path::resolve_model(&spec)?;
+    let model_dir = kazeiad::model_path::resolve_model(&spec)?;
     let model_config = ModelConfig::load(&model_dir.join("config.json"))
         .with_context(|| format!("cannot read the model {}", model_dir.display()))?;
     if model_config.model_type() != "base" {
@@ -84,7 +84,7 @@ pub fn run(args: &AddArgs, dir: &Path, config: &DaemonConfig) -> Result<()> {
     };
     let encoders = VoiceEncoders::load(&model_dir, Arc::new(CpuBackend::new(threads)))
         .with_context(|| format!("cannot load the encoders of {}", model_dir.display()))?;
-    let wav = crate::audio::reference::load_reference(&args.audio, encoders.codec.sample_rate())?;
+    let wav = kazeiad::audio::reference::load_reference(&args.audio, encoders.codec.sample_rate())?;
     let start = Instant::now();
     let xvector = encoders.xvector(&wav)?;
     let xvector_time = start.elapsed();
@@ -145,5 +145,5 @@ fn check_language(language: &str, config: &ModelConfig) -> Result<String> {
             .collect(),
         ..EngineInfo::default()
     };
-    crate::voices::model_language(language, &info).map_err(|e| anyhow::anyhow!("--language: {e}"))
+    kazeiad::voices::model_language(language, &info).map_err(|e| anyhow::anyhow!("--language: {e}"))
 }

@@ -10,7 +10,7 @@ use zbus::fdo::{DBusProxy, PropertiesProxy};
 use zbus::names::{BusName, InterfaceName};
 use zbus::wire::OwnedVariant;
 
-use crate::dbus::client::SpeechProxy;
+use kazeiad::dbus::client::SpeechProxy;
 
 const BUS_NAME: &str = "org.kazeia.Speech";
 const INTERFACE: &str = "org.kazeia.Speech1";

@@ -1,4 +1,4 @@
-//! `kazeia voice …`: the voices a user makes once and keeps (see [`crate::voice_store`]). The daemon sees
+//! `kazeia voice …`: the voices a user makes once and keeps (see [`kazeiad::voice_store`]). The daemon sees
 //! a change within a second and lists the voice to every client.
 
 use std::path::PathBuf;
@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use anyhow::{bail, Result};
 use clap::{Args, Subcommand};
 
-use crate::voice_store::{self, StoredVoice};
+use kazeiad::voice_store::{self, StoredVoice};
 
 #[derive(Args, Debug)]
 pub struct VoiceArgs {
@@ -50,7 +50,7 @@ pub fn run(args: VoiceArgs) -> Result<()> {
         Some(d) => d.clone(),
         None => voice_store::voices_dir()?,
     };
-    let (config, _) = crate::config::load(args.config.as_deref())?;
+    let (config, _) = kazeiad::config::load(args.config.as_deref())?;
     let configured = |name: &str| config.voices.contains_key(name);
     match args.command {
         VoiceCommand::Design {
@@ -125,9 +125,11 @@ pub fn check_language(language: &str) -> Result<String> {
     if language.trim().is_empty() {
         return Ok(String::new());
     }
-    let info = crate::engine::EngineInfo {
-        languages: crate::voices::language_names().map(str::to_owned).collect(),
+    let info = kazeiad::engine::EngineInfo {
+        languages: kazeiad::voices::language_names()
+            .map(str::to_owned)
+            .collect(),
         ..Default::default()
     };
-    crate::voices::model_language(language, &info)
+    kazeiad::voices::model_language(language, &info)
 }

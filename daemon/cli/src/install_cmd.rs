@@ -8,10 +8,10 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 
-const UNIT: &str = include_str!("../../systemd/kazeia.service");
-const DBUS_API: &str = include_str!("../../systemd/dbus/org.kazeia.Speech.service");
-const DBUS_SPIEL: &str = include_str!("../../systemd/dbus/org.kazeia.Speech.Provider.service");
-const SPEECHD_CONF: &str = include_str!("../../config/speech-dispatcher/kazeia.conf");
+const UNIT: &str = include_str!("../../../systemd/kazeia.service");
+const DBUS_API: &str = include_str!("../../../systemd/dbus/org.kazeia.Speech.service");
+const DBUS_SPIEL: &str = include_str!("../../../systemd/dbus/org.kazeia.Speech.Provider.service");
+const SPEECHD_CONF: &str = include_str!("../../../config/speech-dispatcher/kazeia.conf");
 
 #[derive(Args, Debug)]
 pub struct InstallArgs {
@@ -201,7 +201,7 @@ pub fn run(args: InstallArgs) -> Result<()> {
     if config_file.exists() {
         println!("kept the existing {}", config_file.display());
     } else {
-        write(&config_file, crate::config::SHIPPED, &mut log)?;
+        write(&config_file, kazeiad::config::SHIPPED, &mut log)?;
     }
     let bindir = layout.bin_at_runtime.display().to_string();
     write(

@@ -30,7 +30,7 @@ use kazeia_engine::{WeightFormat, WeightStorage};
 
 use crate::bandwidth::{read_bandwidth_gbps, PROBE_BYTES};
 use crate::common_args::BackendArgs;
-use kazeia::model_path::resolve_model;
+use kazeiad::model_path::resolve_model;
 
 /// The benchmark sentence (10 words).
 const SENTENCE: &str = "The quick brown fox jumps over the lazy dog today.";

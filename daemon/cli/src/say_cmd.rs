@@ -10,11 +10,11 @@ use clap::Args;
 use futures_util::StreamExt;
 use zbus::wire::Variant;
 
-use crate::dbus::client::SpeechProxy;
-use crate::player::Player;
-use crate::queue::{Event, Reason};
-use crate::request::{Output, RequestProsody, VoiceChoice};
-use crate::service::{Service, SpeakOptions};
+use kazeiad::dbus::client::SpeechProxy;
+use kazeiad::player::Player;
+use kazeiad::queue::{Event, Reason};
+use kazeiad::request::{Output, RequestProsody, VoiceChoice};
+use kazeiad::service::{Service, SpeakOptions};
 
 #[derive(Args, Debug)]
 pub struct SayArgs {
@@ -149,7 +149,7 @@ async fn say_through_daemon(args: &SayArgs) -> Result<(), DaemonError> {
 }
 
 async fn say_in_process(args: &SayArgs) -> Result<()> {
-    let (config, _) = crate::config::load(args.config.as_deref())?;
+    let (config, _) = kazeiad::config::load(args.config.as_deref())?;
     let (tx, mut events) = tokio::sync::mpsc::unbounded_channel::<Event>();
     let player = Arc::new(Player::new(config.clone(), move |e| {
         let _ = tx.send(e);
