@@ -9,7 +9,7 @@ use kazeia_engine::weights::WeightFile;
 
 fn fixture(case: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../tests/fixtures/codec")
+        .join("../../tests/fixtures/codec")
         .join(case)
 }
 

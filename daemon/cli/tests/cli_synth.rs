@@ -12,7 +12,7 @@ use kazeia_engine::weights::WeightFile;
 
 fn lm_fixture(case: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../tests/fixtures/lm")
+        .join("../../tests/fixtures/lm")
         .join(case)
 }
 

@@ -57,13 +57,14 @@ fn system_install_puts_each_file_where_its_reader_looks() {
     assert_eq!(
         read(&at("etc/speech-dispatcher/modules/kazeia.conf")),
         read(
-            &Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/speech-dispatcher/kazeia.conf")
+            &Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../../config/speech-dispatcher/kazeia.conf")
         )
     );
     // kazeiad reads /etc/kazeia/kazeia.toml.
     assert_eq!(
         read(&at("etc/kazeia/kazeia.toml")),
-        read(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/kazeia.toml"))
+        read(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../../config/kazeia.toml"))
     );
     // systemd and dbus look under /usr/local too; the files name the installed binary.
     let unit = read(&at("usr/local/lib/systemd/user/kazeia.service"));
@@ -87,7 +88,7 @@ fn system_install_puts_each_file_where_its_reader_looks() {
 
 /// Builds the package from the test build (stripped, uncompressed: quick) into `dir`.
 fn make_deb(dir: &Path) -> PathBuf {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tools/make-deb.sh");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tools/make-deb.sh");
     let out = Command::new("bash")
         .arg(script)
         .arg("--target-dir")

@@ -25,7 +25,7 @@ mod random_model;
 
 /// `tests/fixtures/` of this source tree.
 fn fixtures_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures")
 }
 
 /// A copy of a fixture model (files linked) whose `config.json` is edited by `edit`.
