@@ -46,7 +46,7 @@ fn main() {
             GenerationConfig::default(),
             &RandomWeights::new(0x5eed),
             LmBackends::same(backend.clone()),
-            WeightStorage::F32,
+            WeightStorage::AsStored,
         )
         .unwrap();
         let b = backend.as_ref();
