@@ -33,9 +33,14 @@ use kazeia_backend_abi::{AttentionSpan, Backend, Combine, Heads, Strided, View, 
 
 use crate::error::{Error, Result};
 
-/// Pending memory (bytes of the graph's own live and dropped buffers) past which the graph runs what it has, so
-/// a long one-shot decode does not hold every intermediate result at once.
+/// Pending memory (bytes of the graph's own live and dropped buffers) past which the graph runs what it has on a
+/// device, so a long one-shot decode does not hold every intermediate result at once.
 pub const FLUSH_BYTES: usize = 256 << 20;
+/// The same for a backend whose memory is the host's ([`kazeia_backend_abi::Capabilities::DEVICE`] unset): a
+/// stage of small ops (a talker step) stays one list, one of large ones (a decoder chunk) is cut about every op,
+/// so host memory never holds more intermediate results than op by op would (their memory is freed when a list
+/// ends, and a list's are allocated by the thread that runs it).
+pub const HOST_FLUSH_BYTES: usize = 4 << 20;
 
 /// A tensor of a [`Graph`]: a handle that frees the tensor's memory when dropped (at once on the CPU; after the
 /// pending list runs on a device, where it was an intermediate result without host memory).
@@ -111,7 +116,7 @@ pub struct Graph<'m> {
     flushes: usize,
     /// Hold ops back until a result is needed (the backend prefers lists).
     deferred: bool,
-    /// [`FLUSH_BYTES`], smaller in tests.
+    /// [`FLUSH_BYTES`] or [`HOST_FLUSH_BYTES`], smaller in tests.
     flush_bytes: usize,
     /// The backend's failure, once it failed: nothing runs after it.
     failed: Option<String>,
@@ -135,7 +140,11 @@ impl<'m> Graph<'m> {
             pending_bytes: 0,
             flushes: 0,
             deferred,
-            flush_bytes: FLUSH_BYTES,
+            flush_bytes: if backend.capabilities().device() {
+                FLUSH_BYTES
+            } else {
+                HOST_FLUSH_BYTES
+            },
             failed: None,
         }
     }
@@ -765,7 +774,7 @@ mod tests {
     #[test]
     fn without_deferral_each_op_runs_at_once_and_dropped_memory_goes() {
         let backend = CpuBackend::new(1);
-        let mut g = Graph::new(&backend);
+        let mut g = Graph::with_deferral(&backend, false);
         let x = g.input(vec![1.0, -2.0]);
         let y = g.duplicate(&x);
         assert_eq!(g.flushes(), 1);

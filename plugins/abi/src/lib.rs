@@ -136,9 +136,14 @@ pub struct Capabilities {
 
 impl Capabilities {
     /// The backend gains from receiving a whole stage as one list (a device: one submission, results kept on the
-    /// device between ops). The engine then holds ops back until a result is needed; otherwise it hands each op
-    /// over at once and frees intermediate results as soon as they are dead.
+    /// device between ops; the CPU: one hand-off to its worker threads). The engine then holds ops back until a
+    /// result is needed; otherwise it hands each op over at once and frees intermediate results as soon as they
+    /// are dead.
     pub const LISTS: u64 = 1;
+    /// The backend's memory is not the host's (a device): intermediate results live there, so a list may hold
+    /// many of them. For a backend without it, the engine keeps lists small in bytes, so that host memory holds
+    /// no more intermediate results at once than op by op would.
+    pub const DEVICE: u64 = 2;
 
     pub const fn new(flags: u64) -> Self {
         Capabilities { flags }
@@ -147,6 +152,11 @@ impl Capabilities {
     /// [`Capabilities::LISTS`].
     pub fn lists(self) -> bool {
         self.flags & Self::LISTS != 0
+    }
+
+    /// [`Capabilities::DEVICE`].
+    pub fn device(self) -> bool {
+        self.flags & Self::DEVICE != 0
     }
 }
 

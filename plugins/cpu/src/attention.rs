@@ -34,35 +34,36 @@ pub fn rope(x: &mut [f32], heads: usize, head_dim: usize, start_pos: usize, thet
     }
 }
 
-/// Keys scored side by side: this many dot products advance together.
-const KEY_BLOCK: usize = 16;
+/// Lanes of a dot product's partial sums: independent additions the compiler keeps in vector registers (four
+/// AVX2 registers, eight SSE ones), so that the additions do not wait on each other.
+const LANES: usize = 32;
 
-/// `q · k[j]` for the keys `lo..hi` of kv head `kvh` (`k[keys][kv_heads][d]`), each summed in order from
-/// `-0.0` exactly as `Iterator::sum` does (so the scores are bit for bit those of one dot product at a time),
-/// but [`KEY_BLOCK`] keys at once: independent additions instead of one chain, which a decode step's
-/// attention (one query, every cached key) is bound by.
-fn scores_of(q: &[f32], k: &[f32], kvh: usize, kv_heads: usize, lo: usize, hi: usize) -> Vec<f32> {
-    let d = q.len();
-    let mut scores = Vec::with_capacity(hi - lo);
-    // A block of keys transposed, `[d][KEY_BLOCK]` (lanes past the last key stay zero and are dropped).
-    let mut block = vec![0.0f32; d * KEY_BLOCK];
-    for first in (lo..hi).step_by(KEY_BLOCK) {
-        let n = KEY_BLOCK.min(hi - first);
-        for l in 0..n {
-            let key = &k[((first + l) * kv_heads + kvh) * d..][..d];
-            for (i, &x) in key.iter().enumerate() {
-                block[i * KEY_BLOCK + l] = x;
-            }
+/// `Σ a[i]·b[i]` in a fixed order, whatever the machine: lane `l` sums the products `i ≡ l (mod LANES)` in
+/// order, then the lanes are added in a fixed tree and the tail in order. A decode step's attention (one
+/// query, every cached key) is a few hundred such dots per head; one long chain each would bind it.
+#[inline(always)]
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut lanes = [0.0f32; LANES];
+    let (a_body, a_tail) = a.split_at(a.len() - a.len() % LANES);
+    let (b_body, b_tail) = b.split_at(a_body.len());
+    for (x, y) in a_body.chunks_exact(LANES).zip(b_body.chunks_exact(LANES)) {
+        for l in 0..LANES {
+            lanes[l] += x[l] * y[l];
         }
-        let mut acc = [-0.0f32; KEY_BLOCK];
-        for (&qi, column) in q.iter().zip(block.chunks_exact(KEY_BLOCK)) {
-            for (a, &x) in acc.iter_mut().zip(column) {
-                *a += qi * x;
-            }
-        }
-        scores.extend_from_slice(&acc[..n]);
     }
-    scores
+    // Halves added pairwise until one lane is left.
+    let mut width = LANES;
+    while width > 1 {
+        width /= 2;
+        for l in 0..width {
+            lanes[l] += lanes[l + width];
+        }
+    }
+    let mut sum = lanes[0];
+    for (x, y) in a_tail.iter().zip(b_tail) {
+        sum += x * y;
+    }
+    sum
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -91,9 +92,10 @@ pub fn attention(
     assert_eq!(v.len(), span.keys * kv_heads * d, "attention v size");
     assert_eq!(out.len(), q.len(), "attention out size");
 
+    #[cfg(target_arch = "x86_64")]
+    let avx2 = std::arch::is_x86_feature_detected!("avx2");
     chunks_mut(parallel, out, d, |idx, o| {
         let (qi, h) = (idx / q_heads, idx % q_heads);
-        let kvh = h / group;
         let qpos = span.query_start + qi;
         // visible keys: key_start + j ≤ qpos and qpos − (key_start + j) < window
         let mut lo = 0usize;
@@ -101,14 +103,85 @@ pub fn attention(
             lo = (qpos + 1).saturating_sub(w).saturating_sub(span.key_start);
         }
         let hi = (qpos + 1).saturating_sub(span.key_start).min(span.keys);
+        let head = Head {
+            q: &q[idx * d..(idx + 1) * d],
+            k,
+            v,
+            kvh: h / group,
+            kv_heads,
+            keys: lo..hi,
+            scale,
+        };
+        #[cfg(target_arch = "x86_64")]
+        if avx2 {
+            // SAFETY: the CPU has AVX2 (checked above).
+            return unsafe { head.attend_avx2(o) };
+        }
+        head.attend(o, dot)
+    });
+}
+
+/// [`dot`] with AVX2: its 32 lanes as four 8-wide registers, the same products, sums and tree, so the same
+/// bits.
+///
+/// # Safety
+/// The CPU must have AVX2; `a` and `b` must be as long.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn dot_avx2(a: &[f32], b: &[f32]) -> f32 {
+    use std::arch::x86_64::*;
+    debug_assert_eq!(a.len(), b.len());
+    let body = a.len() - a.len() % LANES;
+    let mut acc = [_mm256_setzero_ps(); 4];
+    for c in (0..body).step_by(LANES) {
+        for (r, acc) in acc.iter_mut().enumerate() {
+            // SAFETY: `c + 8r + 8 ≤ body ≤ len` for both slices.
+            let (x, y) = unsafe {
+                (
+                    _mm256_loadu_ps(a.as_ptr().add(c + 8 * r)),
+                    _mm256_loadu_ps(b.as_ptr().add(c + 8 * r)),
+                )
+            };
+            *acc = _mm256_add_ps(*acc, _mm256_mul_ps(x, y));
+        }
+    }
+    // The tree of `dot`: lanes l += l + 16, then l += l + 8, then within a register 4, 2, 1 apart.
+    let s = _mm256_add_ps(_mm256_add_ps(acc[0], acc[2]), _mm256_add_ps(acc[1], acc[3]));
+    let t = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+    let u = _mm_add_ps(t, _mm_movehl_ps(t, t));
+    let mut sum = _mm_cvtss_f32(_mm_add_ss(u, _mm_shuffle_ps(u, u, 1)));
+    for (x, y) in a[body..].iter().zip(&b[body..]) {
+        sum += x * y;
+    }
+    sum
+}
+
+/// One query head's attention over its visible keys.
+struct Head<'a> {
+    q: &'a [f32],
+    k: &'a [f32],
+    v: &'a [f32],
+    kvh: usize,
+    kv_heads: usize,
+    keys: std::ops::Range<usize>,
+    scale: f32,
+}
+
+impl Head<'_> {
+    /// `o = softmax(q·kᵀ · scale) · v` over the visible keys (zeros when none is visible). The same operations
+    /// in the same order on every machine: the vector width only changes how many run at once.
+    #[inline(always)]
+    fn attend(&self, o: &mut [f32], dot: impl Fn(&[f32], &[f32]) -> f32) {
+        let d = self.q.len();
+        let row = |j: usize| (j * self.kv_heads + self.kvh) * d;
         o.fill(0.0);
-        if lo >= hi {
+        if self.keys.is_empty() {
             return;
         }
-        let qv = &q[idx * d..(idx + 1) * d];
-        let mut scores = scores_of(qv, k, kvh, kv_heads, lo, hi);
-        for s in &mut scores {
-            *s *= scale;
+        // A plain loop, so that the dot products are compiled within this function (and its AVX2 build).
+        let mut scores = Vec::with_capacity(self.keys.len());
+        for j in self.keys.clone() {
+            scores.push(dot(self.q, &self.k[row(j)..][..d]) * self.scale);
         }
         let max = scores.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
         let mut total = 0.0f32;
@@ -116,24 +189,37 @@ pub fn attention(
             *s = (*s - max).exp();
             total += *s;
         }
-        for (j, p) in (lo..hi).zip(&scores) {
-            let vv = &v[(j * kv_heads + kvh) * d..][..d];
+        for (j, p) in self.keys.clone().zip(&scores) {
+            let vv = &self.v[row(j)..][..d];
             let p = p / total;
             for (o, x) in o.iter_mut().zip(vv) {
                 *o += p * x;
             }
         }
-    });
+    }
+
+    /// [`Head::attend`] compiled for AVX2 (wider vectors, the same results).
+    ///
+    /// # Safety
+    /// The CPU must have AVX2.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    unsafe fn attend_avx2(&self, o: &mut [f32]) {
+        self.attend(o, |a, b| {
+            // SAFETY: AVX2 (this function's contract); the dot's operands are as long (`q` and a key row).
+            unsafe { dot_avx2(a, b) }
+        })
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// The blocked scores are bit for bit one dot product at a time (`Iterator::sum`), for any key range.
+    /// The lane dot product is within the rounding of an `n`-term sum of the exact one, and its order is its own:
+    /// the same operands give the same bits however they are sliced from a longer buffer.
     #[test]
-    fn blocked_scores_are_sequential_dot_products() {
-        let (d, kv_heads, keys) = (72, 3, 41);
+    fn lane_dot_products_are_exact_within_rounding_and_deterministic() {
         let mut seed = 0x2545_f491u32;
         let mut next = || {
             seed ^= seed << 13;
@@ -141,24 +227,31 @@ mod tests {
             seed ^= seed << 5;
             (seed as f32 / u32::MAX as f32 - 0.5) * 3.0
         };
-        let k: Vec<f32> = (0..keys * kv_heads * d).map(|_| next()).collect();
-        let q: Vec<f32> = (0..d).map(|_| next()).collect();
-        for kvh in 0..kv_heads {
-            for (lo, hi) in [(0, keys), (5, 22), (3, 4), (7, 7)] {
-                let blocked = scores_of(&q, &k, kvh, kv_heads, lo, hi);
-                let sequential: Vec<f32> = (lo..hi)
-                    .map(|j| {
-                        let kv = &k[(j * kv_heads + kvh) * d..][..d];
-                        q.iter().zip(kv).map(|(a, b)| a * b).sum::<f32>()
-                    })
-                    .collect();
-                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-                assert_eq!(
-                    bits(&blocked),
-                    bits(&sequential),
-                    "kv head {kvh}, keys {lo}..{hi}"
-                );
-            }
+        for n in [1, 7, 8, 9, 31, 32, 33, 64, 72, 128, 131] {
+            let a: Vec<f32> = (0..n + 5).map(|_| next()).collect();
+            let b: Vec<f32> = (0..n + 5).map(|_| next()).collect();
+            let got = dot(&a[..n], &b[..n]);
+            let exact: f64 = a[..n]
+                .iter()
+                .zip(&b[..n])
+                .map(|(x, y)| *x as f64 * *y as f64)
+                .sum();
+            let magnitude: f64 = a[..n]
+                .iter()
+                .zip(&b[..n])
+                .map(|(x, y)| (*x as f64 * *y as f64).abs())
+                .sum();
+            let gamma = n as f64 * f32::EPSILON as f64 / (1.0 - n as f64 * f32::EPSILON as f64);
+            assert!(
+                (got as f64 - exact).abs() <= gamma * magnitude,
+                "n = {n}: {got} vs {exact}"
+            );
+            let shifted_a: Vec<f32> = [0.5].iter().chain(&a[..n]).copied().collect();
+            let shifted_b: Vec<f32> = [2.0].iter().chain(&b[..n]).copied().collect();
+            assert_eq!(
+                dot(&shifted_a[1..], &shifted_b[1..]).to_bits(),
+                got.to_bits()
+            );
         }
     }
 }

@@ -24,8 +24,8 @@ pub mod plugin;
 pub mod records;
 
 use kazeia_backend_abi::{
-    strided_on_host, AttentionSpan, Backend, Combine, Heads, Strided, Weight, WeightData,
-    WeightFormat,
+    strided_on_host, AttentionSpan, Backend, Capabilities, Combine, Heads, Strided, Weight,
+    WeightData, WeightFormat,
 };
 
 pub use conv::{ConvTransposeWeight, ConvWeight, DepthwiseWeight};
@@ -121,10 +121,39 @@ impl Backend for CpuBackend {
         })
     }
 
-    /// Each op in turn through [`records::run_op`], intermediate results allocated for the call.
+    /// Lists: a whole stage enters the worker threads once, and its ops share them from there (op by op, each
+    /// op's hand-off to the pool and back would put the calling thread to sleep and wake it again).
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::new(Capabilities::LISTS)
+    }
+
+    /// Each op in turn through [`records::run_op`] on the worker threads (entered once for the list, the idle
+    /// ones spinning for its parallel ops: `par::with_spinning_helpers`), intermediate results allocated from
+    /// their first op to their last.
     unsafe fn run_list(&self, list: kazeia_backend_abi::list::List<'_>) -> Result<(), String> {
-        // SAFETY: the list follows `run_list`'s rules (this method's contract).
-        unsafe { records::run_list(self, list) }
+        /// The list, handed to a worker thread while the caller waits for it.
+        struct Handed<'a>(kazeia_backend_abi::list::List<'a>);
+        // SAFETY: the list's memory is valid and unshared for this call (the method's contract), and the calling
+        // thread blocks in `install` until the worker is done with it.
+        unsafe impl Send for Handed<'_> {}
+        impl<'a> Handed<'a> {
+            /// The list (a method, so that a closure takes the whole `Handed`, not its field).
+            fn list(self) -> kazeia_backend_abi::list::List<'a> {
+                self.0
+            }
+        }
+        let handed = Handed(list);
+        let run = move || {
+            let list = handed.list();
+            // SAFETY: the list follows `run_list`'s rules (this method's contract).
+            unsafe { records::run_list(self, list) }
+        };
+        if self.threads > 1 {
+            self.pool
+                .install(|| par::with_spinning_helpers(self.threads - 1, run))
+        } else {
+            run()
+        }
     }
 
     fn export_linear(&self, w: &Weight) -> Option<Vec<u8>> {

@@ -81,9 +81,10 @@ pub unsafe fn run_list(cpu: &CpuBackend, list: List<'_>) -> Result<(), String> {
     unsafe { each_op(list, run) }
 }
 
-/// Calls `f(op, [a, b, c], out)` for each op of `list` in order, on its operands as slices: tensors without
-/// host memory are allocated for the call (zeros), zeroed host tensors cleared first. For a backend that runs
-/// lists on host memory (the CPU, and the Hexagon plugin, whose DSP shares it).
+/// Calls `f(op, [a, b, c], out)` for each op of `list` in order, on its operands as slices: a tensor without
+/// host memory is allocated (zeros) at its first op and freed after its last, so a list holds no more at once
+/// than its ops ran one by one would; zeroed host tensors are cleared first. For a backend that runs lists on
+/// host memory (the CPU, and the Hexagon plugin, whose DSP shares it).
 ///
 /// # Safety
 /// As [`run_list`] for the list's memory.
@@ -91,41 +92,56 @@ pub unsafe fn each_op(
     list: List<'_>,
     mut f: impl FnMut(&OpRecord, [&[f32]; 3], &mut [f32]) -> Result<(), String>,
 ) -> Result<(), String> {
-    let mut scratch: Vec<Vec<f32>> = Vec::new();
-    let places: Vec<*mut f32> = list
-        .tensors
-        .iter()
-        .map(|t| {
-            if t.is_scratch() {
-                scratch.push(vec![0.0; t.len]);
-                scratch.last_mut().expect("just pushed").as_mut_ptr()
-            } else {
-                if t.zeroed() {
-                    // SAFETY: host memory valid for `len` values and unshared for the call (the contract).
-                    unsafe { std::slice::from_raw_parts_mut(t.host, t.len) }.fill(0.0);
-                }
-                t.host
-            }
-        })
-        .collect();
+    let tensors = list.tensors;
+    // The op after which each intermediate result is no longer needed.
+    let mut last_use = vec![0usize; tensors.len()];
     for (i, op) in list.ops.iter().enumerate() {
+        for t in op.operands() {
+            if let Some(last) = last_use.get_mut(t as usize) {
+                *last = i;
+            }
+        }
+    }
+    let mut held: Vec<Option<Vec<f32>>> = (0..tensors.len()).map(|_| None).collect();
+    for t in tensors.iter().filter(|t| !t.is_scratch() && t.zeroed()) {
+        // SAFETY: host memory valid for `len` values and unshared for the call (the contract).
+        unsafe { std::slice::from_raw_parts_mut(t.host, t.len) }.fill(0.0);
+    }
+    for (i, op) in list.ops.iter().enumerate() {
+        for t in op.operands() {
+            let t = t as usize;
+            if tensors.get(t).is_some_and(|r| r.is_scratch()) && held[t].is_none() {
+                held[t] = Some(vec![0.0; tensors[t].len]);
+            }
+        }
+        let place = |t: usize| -> *mut f32 {
+            match &held[t] {
+                Some(v) => v.as_ptr() as *mut f32,
+                None => tensors[t].host,
+            }
+        };
         let tensor = |t: u32| -> &[f32] {
-            if t == NO_TENSOR || list.tensors[t as usize].len == 0 {
+            if t == NO_TENSOR || tensors[t as usize].len == 0 {
                 return &[];
             }
-            // SAFETY: each tensor's memory is valid for its length for the call, and an op's inputs are other
-            // tensors than its output (the list is well formed), so this shared view aliases no mutable one.
-            unsafe { std::slice::from_raw_parts(places[t as usize], list.tensors[t as usize].len) }
+            // SAFETY: each tensor's memory (the caller's, or allocated above) is valid for its length for the
+            // call, and an op's inputs are other tensors than its output (the list is well formed), so this
+            // shared view aliases no mutable one.
+            unsafe { std::slice::from_raw_parts(place(t as usize), tensors[t as usize].len) }
         };
-        let out_len = list.tensors[op.out as usize].len;
+        let out_len = tensors[op.out as usize].len;
         let out: &mut [f32] = if out_len == 0 {
             &mut []
         } else {
             // SAFETY: as above; the output is the one mutable view of its tensor during the op.
-            unsafe { std::slice::from_raw_parts_mut(places[op.out as usize], out_len) }
+            unsafe { std::slice::from_raw_parts_mut(place(op.out as usize), out_len) }
         };
         f(op, op.inputs.map(tensor), out).map_err(|e| format!("op {i}: {e}"))?;
+        for t in op.operands() {
+            if last_use.get(t as usize) == Some(&i) {
+                held[t as usize] = None;
+            }
+        }
     }
-    drop(scratch);
     Ok(())
 }

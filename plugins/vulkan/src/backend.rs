@@ -437,7 +437,7 @@ impl Backend for VulkanBackend {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities::new(Capabilities::LISTS)
+        Capabilities::new(Capabilities::LISTS | Capabilities::DEVICE)
     }
 
     fn upload(&self, weight: WeightData<'_>) -> Result<Weight, String> {

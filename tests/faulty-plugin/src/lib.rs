@@ -102,7 +102,7 @@ unsafe extern "C" fn upload(
 
 /// Lists: ops reach it as a device backend's do, whole stages at a time.
 unsafe extern "C" fn capabilities(_backend: *mut c_void) -> Capabilities {
-    Capabilities::new(Capabilities::LISTS)
+    Capabilities::new(Capabilities::LISTS | Capabilities::DEVICE)
 }
 
 unsafe extern "C" fn run_list(
