@@ -273,6 +273,7 @@ impl Player {
             chunk_frames: config.stream.chunk_frames,
             profile_decoder: false,
             batch: config.stream.batch,
+            ..StreamConfig::default()
         };
         let options = SynthOptions {
             greedy: config.generation.greedy,

@@ -36,6 +36,10 @@ pub struct StreamConfig {
     /// ([`crate::lm::generate_batch`]); 1: one after the other. Audio is handed out in order all the same, and
     /// the first utterance leads alone for its first chunk, so its first audio waits for no other prefill.
     pub batch: usize,
+    /// The generator waits until the session's first chunk has been decoded and handed out before it makes the
+    /// next frames, so that decoding the first sound has the machine to itself (once per session; the frames
+    /// after it are made while it plays).
+    pub first_chunk_alone: bool,
 }
 
 impl Default for StreamConfig {
@@ -47,7 +51,44 @@ impl Default for StreamConfig {
             chunk_frames: 8,
             profile_decoder: false,
             batch: 1,
+            first_chunk_alone: true,
         }
+    }
+}
+
+/// The session's first chunk, decoded while the generator waits ([`StreamConfig::first_chunk_alone`]).
+#[derive(Default)]
+struct FirstChunk {
+    out: Mutex<bool>,
+    signal: Condvar,
+}
+
+impl FirstChunk {
+    /// The first chunk has been handed out (or will not be: the decoder failed or ended).
+    fn out(&self) {
+        *self.out.lock().unwrap_or_else(|e| e.into_inner()) = true;
+        self.signal.notify_all();
+    }
+
+    /// Waits until the first chunk is out, the session is stopped or a stage failed.
+    fn wait(&self, control: &SessionControl, failed: &AtomicBool) {
+        let mut out = self.out.lock().unwrap_or_else(|e| e.into_inner());
+        while !*out && !control.is_stopped() && !failed.load(Ordering::SeqCst) {
+            out = self
+                .signal
+                .wait_timeout(out, Duration::from_millis(10))
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+}
+
+/// Marks the first chunk out when the decoder's thread ends, however it ends.
+struct FirstChunkGuard<'a>(&'a FirstChunk);
+
+impl Drop for FirstChunkGuard<'_> {
+    fn drop(&mut self) {
+        self.0.out();
     }
 }
 
@@ -291,10 +332,13 @@ pub fn stream_utterances(
     let mut report = StreamReport::default();
     let mut rng = SeededRng::new(seed);
     let samples_per_frame = stages.decoder().samples_per_frame() as f64;
+    let first_chunk = FirstChunk::default();
 
     std::thread::scope(|scope| {
         let failed = &failed;
+        let first_chunk = &first_chunk;
         let decoder = scope.spawn(move || -> Result<DecodeStats> {
+            let _first_out = FirstChunkGuard(first_chunk);
             let mut state = stages.decoder().new_state();
             let mut stats = DecodeStats::default();
             let mut recovered = false;
@@ -367,7 +411,9 @@ pub fn stream_utterances(
                     Ok(wav) => wav,
                     Err(e) => return fail(e),
                 };
-                match hand_out(&wav, &mut marks, &mut done, control, on_event) {
+                let handed = hand_out(&wav, &mut marks, &mut done, control, on_event);
+                first_chunk.out();
+                match handed {
                     Ok(true) => {
                         stats.first.get_or_insert_with(|| start.elapsed());
                         stats.samples += wav.len();
@@ -386,6 +432,8 @@ pub fn stream_utterances(
         });
 
         let mut target = config.first_chunk_frames.max(1);
+        // Whether the session's first chunk has gone to the decoder.
+        let mut first_sent: Option<()> = None;
         let generation: Result<()> = if config.batch > 1 {
             generate_batched(
                 stages,
@@ -397,6 +445,7 @@ pub fn stream_utterances(
                 rate,
                 failed,
                 &tx,
+                first_chunk,
                 samples_per_frame,
                 &mut report,
             )
@@ -433,6 +482,10 @@ pub fn stream_utterances(
                             pending.push(frame.to_vec());
                             if pending.len() >= target {
                                 tx.send(Work::Frames(std::mem::take(&mut pending))).ok();
+                                if config.first_chunk_alone && first_sent.is_none() {
+                                    first_sent = Some(());
+                                    first_chunk.wait(control, failed);
+                                }
                                 target = config.chunk_frames.max(1);
                             }
                             control.wait_while_paused();
@@ -490,6 +543,11 @@ struct Queued {
 /// heard's at once, chunked as a sequential session chunks them, and later ones' held until it has ended.
 struct InOrder<'t> {
     tx: &'t mpsc::Sender<Work>,
+    /// The session's first chunk, waited for once it is sent ([`StreamConfig::first_chunk_alone`]).
+    first_chunk: &'t FirstChunk,
+    first_sent: bool,
+    control: &'t SessionControl,
+    failed: &'t AtomicBool,
     rate: &'t SpeakingRate,
     config: StreamConfig,
     samples_per_frame: f64,
@@ -560,6 +618,10 @@ impl InOrder<'_> {
             self.tx
                 .send(Work::Frames(std::mem::take(&mut self.pending)))
                 .ok();
+            if self.config.first_chunk_alone && !self.first_sent {
+                self.first_sent = true;
+                self.first_chunk.wait(self.control, self.failed);
+            }
             self.target = self.config.chunk_frames.max(1);
         }
     }
@@ -612,11 +674,16 @@ fn generate_batched(
     rate: &SpeakingRate,
     failed: &AtomicBool,
     tx: &mpsc::Sender<Work>,
+    first_chunk: &FirstChunk,
     samples_per_frame: f64,
     report: &mut StreamReport,
 ) -> Result<()> {
     let order = RefCell::new(InOrder {
         tx,
+        first_chunk,
+        first_sent: false,
+        control,
+        failed,
         rate,
         config,
         samples_per_frame,

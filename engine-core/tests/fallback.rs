@@ -108,6 +108,7 @@ fn a_stage_whose_backend_fails_moves_to_the_cpu_and_the_utterance_is_still_the_o
         chunk_frames: 4,
         profile_decoder: false,
         batch: 1,
+        ..StreamConfig::default()
     };
     // Lists each stage runs before its failure: the talker's prompt takes 5 and its prefill 1, so 8 fails
     // in the second frame; the code predictor runs 15 a frame; the decoder one per chunk. 0: the very first.
@@ -235,6 +236,7 @@ fn a_stage_failing_mid_batch_moves_to_the_cpu_and_no_chunk_is_lost() {
             chunk_frames: 4,
             profile_decoder: false,
             batch,
+            ..StreamConfig::default()
         };
         let mut audio = Vec::new();
         let (report, _) = synth.synthesize(

@@ -51,6 +51,7 @@ fn streamed_audio_equals_the_official_one_shot_waveform_for_any_chunking() {
                 chunk_frames: later,
                 profile_decoder: false,
                 batch: 1,
+                ..StreamConfig::default()
             };
             let mut audio = Vec::new();
             let mut deliveries = 0;
@@ -134,6 +135,7 @@ fn stop_silences(batch: usize) {
         chunk_frames: 1,
         profile_decoder: false,
         batch,
+        ..StreamConfig::default()
     };
     let (report, _) = synth
         .synthesize(
@@ -193,6 +195,7 @@ fn pause_holds(batch: usize) {
         chunk_frames: 2,
         profile_decoder: false,
         batch,
+        ..StreamConfig::default()
     };
     let mut reference = Vec::new();
     synth
@@ -286,6 +289,7 @@ fn a_batched_session_hands_out_what_a_sequential_one_does() {
             chunk_frames: 3,
             profile_decoder: false,
             batch,
+            ..StreamConfig::default()
         };
         let mut events = Vec::new();
         let (report, _) = synth

@@ -133,6 +133,7 @@ pub fn run(args: SynthArgs) -> Result<()> {
         chunk_frames: args.chunk_frames.max(1),
         profile_decoder: profiling(),
         batch: args.batch.max(1),
+        ..StreamConfig::default()
     };
     let mut wav = WavWriter::create(&args.out, synth.sample_rate(), format)
         .with_context(|| format!("cannot write {}", args.out.display()))?;
