@@ -139,6 +139,7 @@ fn marked_and_unmarked_text_give_the_same_codes_in_both_layouts_and_chunkings() 
                 chunk_frames: later,
                 profile_decoder: false,
                 batch: 1,
+                ..StreamConfig::default()
             };
             let options = greedy(30, chunk_chars);
             let voice = voice(non_streaming);

@@ -212,6 +212,7 @@ fn greedy_codes_and_audio_match_official_generate_voice_clone() {
             chunk_frames: 3,
             profile_decoder: false,
             batch: 1,
+            ..StreamConfig::default()
         };
         synth
             .synthesize(
