@@ -11,7 +11,9 @@
 //! exactly what the `f32` one does on weights rounded to `f16`.
 //!
 //! On aarch64 the taps run instead on a NEON tile kernel (`conv_arm.rs`) that sums all taps into each output tile
-//! in registers and widens `f16` weights in registers; `KAZEIA_ARM_CONV=gemm` keeps the path above.
+//! in registers and widens `f16` weights in registers; `KAZEIA_ARM_CONV=gemm` keeps the path above. On x86-64
+//! its twin (`conv_x86.rs`, AVX-512F, else AVX2 + FMA + F16C) does the same; `KAZEIA_X86_CONV=gemm` keeps the
+//! path above there.
 
 use std::cell::RefCell;
 
@@ -24,6 +26,8 @@ use crate::par::chunks_mut;
 
 #[cfg(target_arch = "aarch64")]
 use crate::conv_arm as arm;
+#[cfg(target_arch = "x86_64")]
+use crate::conv_x86 as x86;
 
 /// Output columns per time tile: the output tile stays in L2 across the taps.
 const TIME_TILE: usize = 256;
@@ -47,11 +51,25 @@ pub(crate) fn source_index(
     }
 }
 
-/// Per-tap `[cout][cin]` panels, `[k][cout][cin]`, at the precision asked for.
-enum Panels {
+/// Weights at the precision asked for: the `gemm` path's panels and the tile kernels' blocks.
+pub(crate) enum Stored {
     F32(Vec<f32>),
     F16(Vec<f16>),
 }
+
+impl Stored {
+    /// `values` stored as `format` (F32 or F16).
+    pub(crate) fn new(values: impl Iterator<Item = f32>, format: WeightFormat) -> Self {
+        match format {
+            WeightFormat::F16 => Stored::F16(values.map(f16::from_f32).collect()),
+            WeightFormat::F32 => Stored::F32(values.collect()),
+            other => panic!("a convolution stored as {other} (the ABI's check admits f32 and f16)"),
+        }
+    }
+}
+
+/// Per-tap `[cout][cin]` panels, `[k][cout][cin]`.
+struct Panels(Stored);
 
 thread_local! {
     /// Widened `f16` panels (reused: a fresh allocation of megabytes per call would fault its pages in each time).
@@ -72,18 +90,13 @@ impl Panels {
             let (t, rest) = (j / (cout * cin), j % (cout * cin));
             w[source_index(rest / cin, rest % cin, t, dims, transposed)]
         };
-        let n = k * cout * cin;
-        match format {
-            WeightFormat::F16 => Panels::F16((0..n).map(|j| f16::from_f32(at(j))).collect()),
-            WeightFormat::F32 => Panels::F32((0..n).map(at).collect()),
-            other => panic!("a convolution stored as {other} (the ABI's check admits f32 and f16)"),
-        }
+        Panels(Stored::new((0..k * cout * cin).map(at), format))
     }
 
     fn len(&self) -> usize {
-        match self {
-            Panels::F32(p) => p.len(),
-            Panels::F16(p) => p.len(),
+        match &self.0 {
+            Stored::F32(p) => p.len(),
+            Stored::F16(p) => p.len(),
         }
     }
 
@@ -96,9 +109,9 @@ impl Panels {
         panel: usize,
         f: impl FnOnce(&[f32], usize) -> R,
     ) -> R {
-        match self {
-            Panels::F32(p) => f(p, taps.start * panel),
-            Panels::F16(p) => WIDENED.with(|scratch| {
+        match &self.0 {
+            Stored::F32(p) => f(p, taps.start * panel),
+            Stored::F16(p) => WIDENED.with(|scratch| {
                 let src = &p[taps.start * panel..taps.end * panel];
                 let widen = |scratch: &mut Vec<f32>| {
                     scratch.resize(src.len(), 0.0);
@@ -132,7 +145,7 @@ impl Panels {
         par: gemm::Parallelism,
         gemm_tap: impl Fn(&[f32], usize, usize, usize, usize, gemm::Parallelism) + Sync,
     ) {
-        if self.widen_whole() || matches!(self, Panels::F32(_)) {
+        if self.widen_whole() || matches!(self.0, Stored::F32(_)) {
             self.with_f32(0..k, panel, |w, first| {
                 for_column_tiles(cols, TIME_TILE, par, |c0, c1, par| {
                     for tap in 0..k {
@@ -153,7 +166,7 @@ impl Panels {
 
     /// Whether the whole layer is widened once per call (rather than a tap per tile).
     fn widen_whole(&self) -> bool {
-        matches!(self, Panels::F16(_)) && self.len() <= WIDEN_WHOLE_MAX
+        matches!(self.0, Stored::F16(_)) && self.len() <= WIDEN_WHOLE_MAX
     }
 }
 
@@ -164,6 +177,9 @@ enum Taps {
     /// The NEON tile kernel's `[cout/8][k][cin][8]` blocks.
     #[cfg(target_arch = "aarch64")]
     Neon(arm::Blocked),
+    /// The x86 tile kernels' `[cout/rows][group][cin][taps][rows]` blocks.
+    #[cfg(target_arch = "x86_64")]
+    X86(x86::Blocked),
 }
 
 /// Which kernel a new weight is laid out for.
@@ -172,40 +188,60 @@ pub(crate) enum Layout {
     Gemm,
     #[cfg(target_arch = "aarch64")]
     Neon,
+    #[cfg(target_arch = "x86_64")]
+    X86(x86::Isa),
 }
 
 impl Layout {
-    /// The kernel in use on this CPU: the NEON tile on aarch64 unless `KAZEIA_ARM_CONV=gemm`, else `gemm`.
+    /// The kernel in use on this CPU: the NEON tile on aarch64 unless `KAZEIA_ARM_CONV=gemm`, the AVX-512 or
+    /// AVX2 tile on x86-64 unless `KAZEIA_X86_CONV=gemm` (see `conv_x86::selected`), else `gemm`.
     fn selected() -> Self {
         #[cfg(target_arch = "aarch64")]
         if arm::selected() == arm::Kernel::Neon {
             return Layout::Neon;
+        }
+        #[cfg(target_arch = "x86_64")]
+        if let Some(isa) = x86::selected() {
+            return Layout::X86(isa);
         }
         Layout::Gemm
     }
 }
 
 impl Taps {
+    /// `stride`: a transposed convolution's (its weight is `w[cin][cout][k]`).
     fn new(
         w: &[f32],
         dims: (usize, usize, usize),
-        transposed: bool,
+        stride: Option<usize>,
         format: WeightFormat,
         layout: Layout,
     ) -> Self {
+        let transposed = stride.is_some();
         match layout {
             Layout::Gemm => Taps::Gemm(Panels::new(w, dims, transposed, format)),
             #[cfg(target_arch = "aarch64")]
             Layout::Neon => Taps::Neon(arm::Blocked::new(w, dims, transposed, format)),
+            #[cfg(target_arch = "x86_64")]
+            Layout::X86(isa) => {
+                assert!(
+                    isa.available(),
+                    "the {} kernel on a CPU without it",
+                    isa.name()
+                );
+                Taps::X86(x86::Blocked::new(w, dims, stride, format, isa))
+            }
         }
     }
 
-    /// The `gemm` path's panels (the callers have sent the NEON layout to its kernel already).
+    /// The `gemm` path's panels (the callers have sent the tile layouts to their kernels already).
     fn panels(&self) -> &Panels {
         match self {
             Taps::Gemm(panels) => panels,
             #[cfg(target_arch = "aarch64")]
             Taps::Neon(_) => unreachable!("the NEON layout runs on its own kernel"),
+            #[cfg(target_arch = "x86_64")]
+            Taps::X86(_) => unreachable!("the x86 tile layout runs on its own kernel"),
         }
     }
 }
@@ -243,7 +279,7 @@ impl ConvWeight {
         let bias = bias.map_or_else(|| vec![0.0; cout], <[f32]>::to_vec);
         assert_eq!(bias.len(), cout, "conv1d bias size");
         ConvWeight {
-            taps: Taps::new(w, (cout, cin, k), false, format, layout),
+            taps: Taps::new(w, (cout, cin, k), None, format, layout),
             bias,
             cout,
             cin,
@@ -268,6 +304,10 @@ impl ConvWeight {
         #[cfg(target_arch = "aarch64")]
         if let Taps::Neon(blocks) = &self.taps {
             return arm::conv1d(blocks, &self.bias, x, len, dilation, y, par);
+        }
+        #[cfg(target_arch = "x86_64")]
+        if let Taps::X86(blocks) = &self.taps {
+            return x86::conv1d(blocks, &self.bias, x, len, dilation, y, par);
         }
         let panels = self.taps.panels();
         for (row, b) in y.chunks_exact_mut(lout).zip(&self.bias) {
@@ -358,7 +398,7 @@ impl ConvTransposeWeight {
         assert_eq!(w.len(), cin * cout * k, "transposed conv weight size");
         assert!(stride >= 1, "transposed conv stride");
         ConvTransposeWeight {
-            taps: Taps::new(w, (cout, cin, k), true, format, layout),
+            taps: Taps::new(w, (cout, cin, k), Some(stride), format, layout),
             cin,
             cout,
             k,
@@ -378,6 +418,10 @@ impl ConvTransposeWeight {
         #[cfg(target_arch = "aarch64")]
         if let Taps::Neon(blocks) = &self.taps {
             return arm::conv_transpose1d(blocks, s, x, len, y, par);
+        }
+        #[cfg(target_arch = "x86_64")]
+        if let Taps::X86(blocks) = &self.taps {
+            return x86::conv_transpose1d(blocks, s, x, len, y, par);
         }
         let panels = self.taps.panels();
         y.fill(0.0);
@@ -429,6 +473,232 @@ pub(crate) mod tests {
 
     fn parallelisms() -> [gemm::Parallelism; 2] {
         [gemm::Parallelism::None, gemm::Parallelism::Rayon(2)]
+    }
+
+    // The tile kernels' checks (`conv_arm.rs`, `conv_x86.rs`): each kernel runs them with its own tile shape.
+
+    /// `n · u / (1 − n · u)` (u = 2⁻²⁴): the relative bound of an `n`-term `f32` sum, fused or not, in any order.
+    fn gamma(n: usize) -> f64 {
+        let nu = n as f64 * f64::from(f32::EPSILON) / 2.0;
+        nu / (1.0 - nu)
+    }
+
+    /// Checks `y` against the exact sums `exact[o]` (f64) with the bound `γ(terms) · Σ|term|` of each output.
+    fn check(y: &[f32], exact: &[(f64, f64, usize)], what: &str) {
+        for (n, (&got, &(sum, abs, terms))) in y.iter().zip(exact).enumerate() {
+            let bound = gamma(terms) * abs;
+            let err = (f64::from(got) - sum).abs();
+            assert!(
+                err <= bound,
+                "{what}: output {n} is {got}, exact {sum}: error {err:e} > bound {bound:e}"
+            );
+        }
+    }
+
+    /// `(Σ, Σ|·|, terms)` of each output of the dilated convolution, from the definition.
+    fn conv1d_exact(
+        w: &[f32],
+        bias: &[f32],
+        x: &[f32],
+        (cout, cin, k): (usize, usize, usize),
+        len: usize,
+        dilation: usize,
+    ) -> Vec<(f64, f64, usize)> {
+        let lout = len - (k - 1) * dilation;
+        let mut out = Vec::new();
+        for o in 0..cout {
+            for c in 0..lout {
+                let (mut s, mut a) = (f64::from(bias[o]), f64::from(bias[o]).abs());
+                for i in 0..cin {
+                    for t in 0..k {
+                        let p = f64::from(w[(o * cin + i) * k + t])
+                            * f64::from(x[i * len + c + t * dilation]);
+                        s += p;
+                        a += p.abs();
+                    }
+                }
+                out.push((s, a, cin * k + 1));
+            }
+        }
+        out
+    }
+
+    /// The same for the transposed convolution: `y[o][n] = Σ_{i, t: n = m·s + t} w[i][o][t] · x[i][m]`.
+    fn conv_transpose1d_exact(
+        w: &[f32],
+        x: &[f32],
+        (cin, cout, k): (usize, usize, usize),
+        stride: usize,
+        len: usize,
+    ) -> Vec<(f64, f64, usize)> {
+        let lfull = (len - 1) * stride + k;
+        let mut out = vec![(0.0, 0.0, 1); cout * lfull];
+        for o in 0..cout {
+            for i in 0..cin {
+                for m in 0..len {
+                    for t in 0..k {
+                        let p = f64::from(w[(i * cout + o) * k + t]) * f64::from(x[i * len + m]);
+                        let e = &mut out[o * lfull + m * stride + t];
+                        e.0 += p;
+                        e.1 += p.abs();
+                        e.2 += 1;
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// Output filled with NaN first, so that a tile left unwritten fails the check.
+    fn unwritten(n: usize) -> Vec<f32> {
+        vec![f32::NAN; n]
+    }
+
+    /// Runs `forward(y, par)` into `n` outputs filled with NaN first (so that a tile left unwritten fails the
+    /// check) with one and two threads: each result within the bound of `exact`, and the same bits both ways.
+    fn check_with_every_parallelism(
+        n: usize,
+        exact: &[(f64, f64, usize)],
+        what: &str,
+        forward: impl Fn(&mut [f32], gemm::Parallelism),
+    ) {
+        let mut first = None;
+        for par in parallelisms() {
+            let mut y = unwritten(n);
+            forward(&mut y, par);
+            let what = format!("{what} {par:?}");
+            check(&y, exact, &what);
+            let bits: Vec<u32> = y.iter().map(|v| v.to_bits()).collect();
+            assert_eq!(
+                *first.get_or_insert(bits.clone()),
+                bits,
+                "{what}: threads change the bits"
+            );
+        }
+    }
+
+    /// Each weight format with the weights it computes with.
+    fn formats(w: &[f32]) -> [(WeightFormat, Vec<f32>); 2] {
+        [
+            (WeightFormat::F32, w.to_vec()),
+            (WeightFormat::F16, rounded(w)),
+        ]
+    }
+
+    /// A tile kernel's shape: output channels and columns per register tile, columns per time tile.
+    #[derive(Clone, Copy)]
+    pub(crate) struct TileShape {
+        pub rows: usize,
+        pub cols: usize,
+        pub time_tile: usize,
+    }
+
+    /// Awkward dilated convolutions for a tile of `rows × cols`: `cout` and `cin` off the row block, outputs
+    /// shorter than a tile and off the column tile, k = 1, dilations up to 9, several time tiles (and the
+    /// tile-parallel branch with 2 threads); F32 and F16 weights, 1 and 2 threads.
+    pub(crate) fn tile_conv1d_matches_the_exact_sum(layout: Layout, tile: TileShape) {
+        let (mr, nr, time_tile) = (tile.rows, tile.cols, tile.time_tile);
+        let shapes = [
+            // cout, cin, k, dilation, len
+            (1, 1, 1, 1, 1),
+            (1, 3, 7, 1, 7),
+            (mr, mr, 1, 1, nr),
+            (mr + 1, 5, 3, 2, nr + 5),
+            (mr - 1, 19, 7, 9, nr + 55),
+            (2 * mr + 1, 33, 5, 3, nr + 13),
+            (2 * mr, 2 * mr, 7, 1, nr + 7),
+            (mr + 3, 9, 4, 2, 3 * nr + 11),
+            (3 * mr, 10, 3, 1, 4 * time_tile + 13),
+            (3, 2, 2, 5, 2 * time_tile + 5),
+        ];
+        for (cout, cin, k, dilation, len) in shapes {
+            let w = values(cout * cin * k, 11, 0.5);
+            let bias = values(cout, 12, 0.5);
+            let x = values(cin * len, 13, 1.0);
+            let lout = len - (k - 1) * dilation;
+            for (format, weights) in formats(&w) {
+                let layer =
+                    ConvWeight::with_layout(&w, (cout, cin, k), Some(&bias), format, layout);
+                let exact = conv1d_exact(&weights, &bias, &x, (cout, cin, k), len, dilation);
+                let what = format!("conv1d {cout}×{cin}×{k} d{dilation} len {len} {format}");
+                check_with_every_parallelism(cout * lout, &exact, &what, |y, par| {
+                    layer.forward(&x, len, dilation, y, par)
+                });
+            }
+        }
+    }
+
+    /// Awkward transposed convolutions for a tile of `rows × cols`: stride < k (the decoder's 2·stride),
+    /// stride = k, stride > k (phases without taps), k = 1, one input column, inputs shorter than the taps'
+    /// reach, outputs off the tiles, several time tiles.
+    pub(crate) fn tile_conv_transpose1d_matches_the_exact_sum(layout: Layout, tile: TileShape) {
+        let (mr, nr, time_tile) = (tile.rows, tile.cols, tile.time_tile);
+        let shapes = [
+            // cin, cout, k, stride, len
+            (1, 1, 1, 1, 1),
+            (5, mr + 1, 16, 8, 1),
+            (3, mr - 1, 4, 2, nr + 1),
+            (11, 2 * mr + 1, 3, 5, 7),
+            (4, mr, 10, 5, 30),
+            (6, 3, 2, 2, 100),
+            (13, 2 * mr, 7, 3, 29),
+            (5, 6, 1, 1, 20),
+            (7, mr + 1, 6, 3, 3 * time_tile + 7),
+            // a tile whose last column reads x just past a row end (len + j ≡ nr − 1 mod nr) into a stored
+            // output
+            (4, mr + 1, 6, 2, 2 * nr - 1),
+            (5, mr + 2, 16, 8, 3 * nr - 1),
+            // taps reaching 4 columns back over 2 input columns; 3 back over an input long enough for tiles
+            // that reach past either end but not both
+            (3, 5, 9, 2, 2),
+            (6, mr + 3, 12, 3, 2 * nr + 7),
+        ];
+        for (cin, cout, k, stride, len) in shapes {
+            let w = values(cin * cout * k, 21, 0.5);
+            let x = values(cin * len, 22, 1.0);
+            let lfull = (len - 1) * stride + k;
+            for (format, weights) in formats(&w) {
+                let layer =
+                    ConvTransposeWeight::with_layout(&w, (cin, cout, k), stride, format, layout);
+                let exact = conv_transpose1d_exact(&weights, &x, (cin, cout, k), stride, len);
+                let what =
+                    format!("conv_transpose1d {cin}×{cout}×{k} s{stride} len {len} {format}");
+                check_with_every_parallelism(cout * lfull, &exact, &what, |y, par| {
+                    layer.forward(&x, len, y, par)
+                });
+            }
+        }
+    }
+
+    /// A tile kernel widens F16 weights exactly and runs them through the same chain of fused multiply-adds, so
+    /// an F16 layer equals the F32 one on the rounded weights bit for bit (not merely within rounding).
+    pub(crate) fn tile_f16_is_f32_on_rounded_weights_bit_for_bit(layout: Layout) {
+        let (cout, cin, k) = (19, 21, 7);
+        let w = values(cout * cin * k, 31, 0.5);
+        let bias = values(cout, 32, 0.5);
+        let len = 100;
+        let x = values(cin * len, 33, 1.0);
+        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        let par = gemm::Parallelism::None;
+        let layer = |w: &[f32], format| {
+            ConvWeight::with_layout(w, (cout, cin, k), Some(&bias), format, layout)
+        };
+        let lout = len - (k - 1) * 3;
+        let (mut a, mut b) = (unwritten(cout * lout), unwritten(cout * lout));
+        layer(&w, WeightFormat::F16).forward(&x, len, 3, &mut a, par);
+        layer(&rounded(&w), WeightFormat::F32).forward(&x, len, 3, &mut b, par);
+        assert_eq!(bits(&a), bits(&b), "conv1d");
+        // Transposed: w[cin][cout][k] with the roles swapped.
+        let (cin, cout, stride) = (cout, cin, 4);
+        let layer = |w: &[f32], format| {
+            ConvTransposeWeight::with_layout(w, (cin, cout, k), stride, format, layout)
+        };
+        let lfull = (len - 1) * stride + k;
+        let x = &x[..cin * len];
+        let (mut a, mut b) = (unwritten(cout * lfull), unwritten(cout * lfull));
+        layer(&w, WeightFormat::F16).forward(x, len, &mut a, par);
+        layer(&rounded(&w), WeightFormat::F32).forward(x, len, &mut b, par);
+        assert_eq!(bits(&a), bits(&b), "conv_transpose1d");
     }
 
     /// The `gemm` path (aarch64 too, where `KAZEIA_ARM_CONV=gemm` selects it; the NEON kernel's tests are in
@@ -497,7 +767,7 @@ pub(crate) mod tests {
         let (cout, cin, k) = (3, 2, 4);
         let w: Vec<f32> = (0..cout * cin * k).map(|v| v as f32).collect();
         for transposed in [false, true] {
-            let Panels::F32(p) = Panels::new(&w, (cout, cin, k), transposed, WeightFormat::F32)
+            let Stored::F32(p) = Panels::new(&w, (cout, cin, k), transposed, WeightFormat::F32).0
             else {
                 unreachable!()
             };

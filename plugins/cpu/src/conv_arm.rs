@@ -18,10 +18,9 @@ use std::sync::OnceLock;
 
 use half::f16;
 use kazeia_backend_abi::WeightFormat;
-use rayon::prelude::*;
 
-use crate::conv::source_index;
-use crate::gemm_call::{for_column_tiles, SharedOut};
+use crate::conv::{source_index, Stored};
+use crate::gemm_call::{for_tile_blocks, Dst, SharedOut};
 
 /// Output channels per tile: two q-registers of weights per input channel.
 const MR: usize = 8;
@@ -48,14 +47,9 @@ pub fn selected() -> Kernel {
     })
 }
 
-enum Data {
-    F32(Vec<f32>),
-    F16(Vec<f16>),
-}
-
 /// Tap weights blocked for the tile kernel: `[cout/8][k][cin][8]`.
 pub struct Blocked {
-    data: Data,
+    data: Stored,
     cout: usize,
     cin: usize,
     k: usize,
@@ -79,12 +73,12 @@ impl Blocked {
             }
         };
         let n = cout.div_ceil(MR) * k * cin * MR;
-        let data = match format {
-            WeightFormat::F16 => Data::F16((0..n).map(|j| f16::from_f32(at(j))).collect()),
-            WeightFormat::F32 => Data::F32((0..n).map(at).collect()),
-            other => panic!("a convolution stored as {other} (the ABI's check admits f32 and f16)"),
-        };
-        Blocked { data, cout, cin, k }
+        Blocked {
+            data: Stored::new((0..n).map(at), format),
+            cout,
+            cin,
+            k,
+        }
     }
 
     /// One tile of row block `ob` (see [`tile`]).
@@ -108,8 +102,8 @@ impl Blocked {
         // and the taps are `< k` (checked as they are used); `dst` is this function's contract.
         unsafe {
             match &self.data {
-                Data::F32(w) => tile(w[block].as_ptr(), self.cin, x, len, taps, init, dst),
-                Data::F16(w) => tile(w[block].as_ptr(), self.cin, x, len, taps, init, dst),
+                Stored::F32(w) => tile(w[block].as_ptr(), self.cin, x, len, taps, init, dst),
+                Stored::F16(w) => tile(w[block].as_ptr(), self.cin, x, len, taps, init, dst),
             }
         }
     }
@@ -128,21 +122,19 @@ pub fn conv1d(
     let (cout, k) = (w.cout, w.k);
     let lout = len - (k - 1) * dilation;
     let out = SharedOut::new(y);
-    for_column_tiles(lout, TIME_TILE, par, |c0, c1, par| {
-        row_blocks(cout, par, |ob| {
-            let (o0, rows) = (ob * MR, (cout - ob * MR).min(MR));
-            let mut init = [0.0; MR];
-            init[..rows].copy_from_slice(&bias[o0..o0 + rows]);
-            for c in (c0..c1).step_by(NR) {
-                let taps = (0..k).map(|t| (t, (c + t * dilation) as isize));
-                // SAFETY: the tile is output rows o0..o0+rows × columns c..c+cols of `y[cout][lout]`: time tiles
-                // and row blocks are disjoint, so no other thread writes it.
-                unsafe {
-                    let dst = Dst::new(out, o0 * lout + c, rows, (c1 - c).min(NR), lout, 1);
-                    w.tile(ob, x, len, taps, &init, &dst);
-                }
+    for_tile_blocks((lout, TIME_TILE), (cout, MR), par, |cols, ob, outs| {
+        let (o0, rows) = (outs.start, outs.len());
+        let mut init = [0.0; MR];
+        init[..rows].copy_from_slice(&bias[outs]);
+        for c in cols.clone().step_by(NR) {
+            let taps = (0..k).map(|t| (t, (c + t * dilation) as isize));
+            // SAFETY: the tile is output rows o0..o0+rows × columns c..c+cols of `y[cout][lout]`: time tiles
+            // and row blocks are disjoint, so no other thread writes it.
+            unsafe {
+                let dst = Dst::new(out, o0 * lout + c, (rows, (cols.end - c).min(NR)), lout, 1);
+                w.tile(ob, x, len, taps, &init, &dst);
             }
-        });
+        }
     });
 }
 
@@ -160,13 +152,16 @@ pub fn conv_transpose1d(
     let (cout, k, s) = (w.cout, w.k, stride);
     let lfull = (len - 1) * s + k;
     let out = SharedOut::new(y);
-    for_column_tiles(lfull.div_ceil(s), TIME_TILE, par, |m0, m1, par| {
-        row_blocks(cout, par, |ob| {
-            let (o0, rows) = (ob * MR, (cout - ob * MR).min(MR));
+    for_tile_blocks(
+        (lfull.div_ceil(s), TIME_TILE),
+        (cout, MR),
+        par,
+        |ms, ob, outs| {
+            let (o0, rows) = (outs.start, outs.len());
             for r in 0..s {
                 let taps = k.saturating_sub(r).div_ceil(s);
-                let end = m1.min(lfull.saturating_sub(r).div_ceil(s));
-                for m in (m0..end).step_by(NR) {
+                let end = ms.end.min(lfull.saturating_sub(r).div_ceil(s));
+                for m in (ms.start..end).step_by(NR) {
                     // y[o][m·s + r] += w[r + j·s] · x[m − j]; `tile` reads columns outside 0..len as zeros.
                     let taps = (0..taps).map(|j| (r + j * s, m as isize - j as isize));
                     // SAFETY: the tile is output rows o0..o0+rows × positions m..m+cols of phase r: time tiles,
@@ -175,8 +170,7 @@ pub fn conv_transpose1d(
                         let dst = Dst::new(
                             out,
                             o0 * lfull + m * s + r,
-                            rows,
-                            (end - m).min(NR),
+                            (rows, (end - m).min(NR)),
                             lfull,
                             s,
                         );
@@ -184,56 +178,8 @@ pub fn conv_transpose1d(
                     }
                 }
             }
-        });
-    });
-}
-
-/// Calls `f(ob)` for each row block of `cout` outputs: on the pool when `par` has threads.
-fn row_blocks(cout: usize, par: gemm::Parallelism, f: impl Fn(usize) + Sync + Send) {
-    let blocks = cout.div_ceil(MR);
-    match par {
-        gemm::Parallelism::Rayon(n) if n > 1 && blocks > 1 => {
-            (0..blocks).into_par_iter().for_each(f)
-        }
-        _ => (0..blocks).for_each(f),
-    }
-}
-
-/// Where a tile goes: `rows × cols` elements from `ptr`, element `(o, c)` at `o·row_stride + c·col_stride`.
-struct Dst {
-    ptr: *mut f32,
-    rows: usize,
-    cols: usize,
-    row_stride: usize,
-    col_stride: usize,
-}
-
-impl Dst {
-    /// # Safety
-    /// No other thread may access the tile's elements while it is written.
-    unsafe fn new(
-        out: SharedOut,
-        offset: usize,
-        rows: usize,
-        cols: usize,
-        row_stride: usize,
-        col_stride: usize,
-    ) -> Self {
-        let (ptr, len) = out.raw_parts();
-        assert!(
-            (1..=MR).contains(&rows) && (1..=NR).contains(&cols),
-            "conv tile shape"
-        );
-        let last = offset + (rows - 1) * row_stride + (cols - 1) * col_stride;
-        assert!(last < len, "conv tile out of bounds: {last} of {len}");
-        Dst {
-            ptr: ptr.wrapping_add(offset),
-            rows,
-            cols,
-            row_stride,
-            col_stride,
-        }
-    }
+        },
+    );
 }
 
 /// 8 rows × 3 vectors of 4 columns.
@@ -427,233 +373,31 @@ unsafe fn store(acc: &Acc, d: &Dst) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::conv::tests::{rounded, values};
-    use crate::conv::{ConvTransposeWeight, ConvWeight, Layout};
+    use crate::conv::tests::{
+        tile_conv1d_matches_the_exact_sum, tile_conv_transpose1d_matches_the_exact_sum,
+        tile_f16_is_f32_on_rounded_weights_bit_for_bit, TileShape,
+    };
+    use crate::conv::Layout;
 
-    /// `n · u / (1 − n · u)` (u = 2⁻²⁴): the relative bound of an `n`-term `f32` sum, fused or not, in any order.
-    fn gamma(n: usize) -> f64 {
-        let nu = n as f64 * f64::from(f32::EPSILON) / 2.0;
-        nu / (1.0 - nu)
-    }
+    const TILE: TileShape = TileShape {
+        rows: MR,
+        cols: NR,
+        time_tile: TIME_TILE,
+    };
 
-    /// Checks `y` against the exact sums `exact[o]` (f64) with the bound `γ(terms) · Σ|term|` of each output.
-    fn check(y: &[f32], exact: &[(f64, f64, usize)], what: &str) {
-        for (n, (&got, &(sum, abs, terms))) in y.iter().zip(exact).enumerate() {
-            let bound = gamma(terms) * abs;
-            let err = (f64::from(got) - sum).abs();
-            assert!(
-                err <= bound,
-                "{what}: output {n} is {got}, exact {sum}: error {err:e} > bound {bound:e}"
-            );
-        }
-    }
-
-    /// `(Σ, Σ|·|, terms)` of each output of the dilated convolution, from the definition.
-    fn conv1d_exact(
-        w: &[f32],
-        bias: &[f32],
-        x: &[f32],
-        (cout, cin, k): (usize, usize, usize),
-        len: usize,
-        dilation: usize,
-    ) -> Vec<(f64, f64, usize)> {
-        let lout = len - (k - 1) * dilation;
-        let mut out = Vec::new();
-        for o in 0..cout {
-            for c in 0..lout {
-                let (mut s, mut a) = (f64::from(bias[o]), f64::from(bias[o]).abs());
-                for i in 0..cin {
-                    for t in 0..k {
-                        let p = f64::from(w[(o * cin + i) * k + t])
-                            * f64::from(x[i * len + c + t * dilation]);
-                        s += p;
-                        a += p.abs();
-                    }
-                }
-                out.push((s, a, cin * k + 1));
-            }
-        }
-        out
-    }
-
-    /// The same for the transposed convolution: `y[o][n] = Σ_{i, t: n = m·s + t} w[i][o][t] · x[i][m]`.
-    fn conv_transpose1d_exact(
-        w: &[f32],
-        x: &[f32],
-        (cin, cout, k): (usize, usize, usize),
-        stride: usize,
-        len: usize,
-    ) -> Vec<(f64, f64, usize)> {
-        let lfull = (len - 1) * stride + k;
-        let mut out = vec![(0.0, 0.0, 1); cout * lfull];
-        for o in 0..cout {
-            for i in 0..cin {
-                for m in 0..len {
-                    for t in 0..k {
-                        let p = f64::from(w[(i * cout + o) * k + t]) * f64::from(x[i * len + m]);
-                        let e = &mut out[o * lfull + m * stride + t];
-                        e.0 += p;
-                        e.1 += p.abs();
-                        e.2 += 1;
-                    }
-                }
-            }
-        }
-        out
-    }
-
-    fn parallelisms() -> [gemm::Parallelism; 2] {
-        [gemm::Parallelism::None, gemm::Parallelism::Rayon(2)]
-    }
-
-    /// Output filled with NaN first, so that a tile left unwritten fails the check.
-    fn unwritten(n: usize) -> Vec<f32> {
-        vec![f32::NAN; n]
-    }
-
-    /// Runs `forward(y, par)` into `n` outputs filled with NaN first (so that a tile left unwritten fails the
-    /// check) with one and two threads: each result within the bound of `exact`, and the same bits both ways.
-    fn check_with_every_parallelism(
-        n: usize,
-        exact: &[(f64, f64, usize)],
-        what: &str,
-        forward: impl Fn(&mut [f32], gemm::Parallelism),
-    ) {
-        let mut first = None;
-        for par in parallelisms() {
-            let mut y = unwritten(n);
-            forward(&mut y, par);
-            let what = format!("{what} {par:?}");
-            check(&y, exact, &what);
-            let bits: Vec<u32> = y.iter().map(|v| v.to_bits()).collect();
-            assert_eq!(
-                *first.get_or_insert(bits.clone()),
-                bits,
-                "{what}: threads change the bits"
-            );
-        }
-    }
-
-    /// Awkward dilated convolutions: `cout` and `cin` off the 8-row block, outputs shorter than a tile and off
-    /// the 12-column tile, k = 1, dilations up to 9, several time tiles (and the tile-parallel branch with 2
-    /// threads); F32 and F16 weights, 1 and 2 threads.
     #[test]
     fn neon_conv1d_matches_the_exact_sum() {
-        let shapes = [
-            // cout, cin, k, dilation, len
-            (1, 1, 1, 1, 1),
-            (1, 3, 7, 1, 7),
-            (8, 8, 1, 1, 12),
-            (9, 5, 3, 2, 17),
-            (7, 19, 7, 9, 67),
-            (17, 33, 5, 3, 25),
-            (16, 16, 7, 1, 13 + 6),
-            (24, 10, 3, 1, 4 * TIME_TILE + 13),
-            (3, 2, 2, 5, 2 * TIME_TILE + 5),
-        ];
-        for (cout, cin, k, dilation, len) in shapes {
-            let w = values(cout * cin * k, 11, 0.5);
-            let bias = values(cout, 12, 0.5);
-            let x = values(cin * len, 13, 1.0);
-            let lout = len - (k - 1) * dilation;
-            for (format, weights) in [
-                (WeightFormat::F32, w.clone()),
-                (WeightFormat::F16, rounded(&w)),
-            ] {
-                let layer =
-                    ConvWeight::with_layout(&w, (cout, cin, k), Some(&bias), format, Layout::Neon);
-                let exact = conv1d_exact(&weights, &bias, &x, (cout, cin, k), len, dilation);
-                let what = format!("conv1d {cout}×{cin}×{k} d{dilation} len {len} {format}");
-                check_with_every_parallelism(cout * lout, &exact, &what, |y, par| {
-                    layer.forward(&x, len, dilation, y, par)
-                });
-            }
-        }
+        tile_conv1d_matches_the_exact_sum(Layout::Neon, TILE);
     }
 
-    /// Awkward transposed convolutions: stride < k (the decoder's 2·stride), stride = k, stride > k (phases
-    /// without taps), k = 1, one input column, outputs off the tiles, several time tiles.
     #[test]
     fn neon_conv_transpose1d_matches_the_exact_sum() {
-        let shapes = [
-            // cin, cout, k, stride, len
-            (1, 1, 1, 1, 1),
-            (5, 9, 16, 8, 1),
-            (3, 7, 4, 2, 13),
-            (11, 17, 3, 5, 7),
-            (4, 8, 10, 5, 30),
-            (6, 3, 2, 2, 100),
-            (13, 16, 7, 3, 29),
-            (5, 6, 1, 1, 20),
-            (7, 9, 6, 3, 3 * TIME_TILE + 7),
-            // a tile whose last column reads x just past a row end (len + j ≡ 11 mod 12) into a stored output
-            (4, 9, 6, 2, 23),
-            (5, 10, 16, 8, 35),
-        ];
-        for (cin, cout, k, stride, len) in shapes {
-            let w = values(cin * cout * k, 21, 0.5);
-            let x = values(cin * len, 22, 1.0);
-            let lfull = (len - 1) * stride + k;
-            for (format, weights) in [
-                (WeightFormat::F32, w.clone()),
-                (WeightFormat::F16, rounded(&w)),
-            ] {
-                let layer = ConvTransposeWeight::with_layout(
-                    &w,
-                    (cin, cout, k),
-                    stride,
-                    format,
-                    Layout::Neon,
-                );
-                let exact = conv_transpose1d_exact(&weights, &x, (cin, cout, k), stride, len);
-                let what =
-                    format!("conv_transpose1d {cin}×{cout}×{k} s{stride} len {len} {format}");
-                check_with_every_parallelism(cout * lfull, &exact, &what, |y, par| {
-                    layer.forward(&x, len, y, par)
-                });
-            }
-        }
+        tile_conv_transpose1d_matches_the_exact_sum(Layout::Neon, TILE);
     }
 
-    /// F16 weights are widened exactly and run through the same chain of fused multiply-adds, so an F16 layer
-    /// equals the F32 one on the rounded weights bit for bit (not merely within rounding).
     #[test]
     fn neon_f16_is_f32_on_rounded_weights_bit_for_bit() {
-        let (cout, cin, k) = (19, 21, 7);
-        let w = values(cout * cin * k, 31, 0.5);
-        let bias = values(cout, 32, 0.5);
-        let len = 100;
-        let x = values(cin * len, 33, 1.0);
-        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-        let half = Blocked::new(&w, (cout, cin, k), false, WeightFormat::F16);
-        let full = Blocked::new(&rounded(&w), (cout, cin, k), false, WeightFormat::F32);
-        let lout = len - (k - 1) * 3;
-        let (mut a, mut b) = (unwritten(cout * lout), unwritten(cout * lout));
-        conv1d(&half, &bias, &x, len, 3, &mut a, gemm::Parallelism::None);
-        conv1d(&full, &bias, &x, len, 3, &mut b, gemm::Parallelism::None);
-        assert_eq!(bits(&a), bits(&b), "conv1d");
-        let (cin, cout, stride) = (cout, cin, 4);
-        let half = Blocked::new(&w, (cout, cin, k), true, WeightFormat::F16);
-        let full = Blocked::new(&rounded(&w), (cout, cin, k), true, WeightFormat::F32);
-        let lfull = (len - 1) * stride + k;
-        let (mut a, mut b) = (unwritten(cout * lfull), unwritten(cout * lfull));
-        conv_transpose1d(
-            &half,
-            stride,
-            &x[..cin * len],
-            len,
-            &mut a,
-            gemm::Parallelism::None,
-        );
-        conv_transpose1d(
-            &full,
-            stride,
-            &x[..cin * len],
-            len,
-            &mut b,
-            gemm::Parallelism::None,
-        );
-        assert_eq!(bits(&a), bits(&b), "conv_transpose1d");
+        tile_f16_is_f32_on_rounded_weights_bit_for_bit(Layout::Neon);
     }
 
     #[test]

@@ -123,12 +123,6 @@ impl SharedOut {
         }
     }
 
-    /// The buffer's first element and length, for a kernel that stores whole tiles (it bounds-checks them).
-    #[cfg_attr(not(target_arch = "aarch64"), allow(dead_code))]
-    pub fn raw_parts(self) -> (*mut f32, usize) {
-        (self.ptr, self.len)
-    }
-
     /// Writes one element.
     ///
     /// # Safety
@@ -164,6 +158,81 @@ where
     } else {
         for t in 0..tiles {
             f(t * tile, ((t + 1) * tile).min(cols), par);
+        }
+    }
+}
+
+/// The tile kernels' schedule: calls `f(c0..c1, ob, o0..o1)` for each time tile `c0..c1` of `cols` columns
+/// (`time_tile` wide) and each block `ob` of output rows `o0..o1` (`block` rows, the last one fewer) of `rows`:
+/// time tiles in parallel when there are enough for every thread ([`for_column_tiles`]), else row blocks.
+#[cfg_attr(
+    not(any(target_arch = "aarch64", target_arch = "x86_64")),
+    allow(dead_code)
+)]
+pub fn for_tile_blocks(
+    (cols, time_tile): (usize, usize),
+    (rows, block): (usize, usize),
+    par: gemm::Parallelism,
+    f: impl Fn(std::ops::Range<usize>, usize, std::ops::Range<usize>) + Sync + Send,
+) {
+    use rayon::prelude::*;
+    for_column_tiles(cols, time_tile, par, |c0, c1, par| {
+        let blocks = rows.div_ceil(block);
+        let one = |ob: usize| f(c0..c1, ob, ob * block..rows.min((ob + 1) * block));
+        match par {
+            gemm::Parallelism::Rayon(n) if n > 1 && blocks > 1 => {
+                (0..blocks).into_par_iter().for_each(one)
+            }
+            _ => (0..blocks).for_each(one),
+        }
+    });
+}
+
+/// Where a tile kernel stores a register tile: `rows × cols` elements from `ptr`, element `(o, c)` at
+/// `o·row_stride + c·col_stride`.
+#[cfg_attr(
+    not(any(target_arch = "aarch64", target_arch = "x86_64")),
+    allow(dead_code)
+)]
+pub struct Dst {
+    pub ptr: *mut f32,
+    pub rows: usize,
+    pub cols: usize,
+    pub row_stride: usize,
+    pub col_stride: usize,
+}
+
+#[cfg_attr(
+    not(any(target_arch = "aarch64", target_arch = "x86_64")),
+    allow(dead_code)
+)]
+impl Dst {
+    /// The tile at `offset` of `out`, bounds-checked (`rows`, `cols` ≥ 1).
+    ///
+    /// # Safety
+    /// No other thread may access the tile's elements while it is written, and the buffer must outlive it.
+    pub unsafe fn new(
+        out: SharedOut,
+        offset: usize,
+        (rows, cols): (usize, usize),
+        row_stride: usize,
+        col_stride: usize,
+    ) -> Self {
+        assert!(rows >= 1 && cols >= 1, "empty conv tile");
+        check_bounds(
+            out.len,
+            offset,
+            rows,
+            cols,
+            row_stride as isize,
+            col_stride as isize,
+        );
+        Dst {
+            ptr: out.ptr.wrapping_add(offset),
+            rows,
+            cols,
+            row_stride,
+            col_stride,
         }
     }
 }

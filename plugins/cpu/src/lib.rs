@@ -8,6 +8,8 @@ mod attention;
 mod conv;
 #[cfg(target_arch = "aarch64")]
 mod conv_arm;
+#[cfg(target_arch = "x86_64")]
+mod conv_x86;
 mod gemm_call;
 #[cfg_attr(not(target_arch = "aarch64"), allow(dead_code))]
 mod int8;

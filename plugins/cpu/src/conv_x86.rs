@@ -1,0 +1,639 @@
+//! The convolutions' tap GEMMs on x86-64 as one register-tile kernel, with AVX-512F or with AVX2 + FMA + F16C,
+//! chosen at run time: the twin of `conv_arm.rs`.
+//!
+//! A tile of 32 output channels (two zmm registers; AVX2: 16 in two ymm) × 14 output columns (AVX2: 6) is held
+//! in accumulator registers while every input channel and every tap is added into it, starting from the bias,
+//! and is stored once: no pass over the output per tap, no bias pass, no packing per call. Output channels are
+//! the vector lanes, so one input channel's weights for one tap are one or two vector loads, and each input
+//! value is broadcast into the FMAs. Weights are blocked at upload as `[cout/32][group][cin][taps][32]` (the last
+//! block padded with zero rows; a dilated convolution is one group of all its taps, a transposed one a group
+//! per output phase), so a tile reads its weights in order; F16 weights are widened in registers (`vcvtph2ps`),
+//! so there is no widening pass and no scratch buffer. The input channel is the outer loop and its taps the
+//! inner one: the few input columns a channel's taps read stay in L1 across them.
+//!
+//! A call's last, partial tile of columns runs the kernel compiled for its width (no masking, and a one-frame
+//! chunk's few columns cost only their own FMAs). Transposed convolutions are split by output phase, each output
+//! written once; the columns whose taps reach outside the input (a phase's first and last few) run one column at
+//! a time over the taps that stay inside.
+//!
+//! The arithmetic is `f32`, as in the official implementation. Every output is one fused multiply-add chain in a
+//! fixed order (bias, then input channels in order, each channel's taps in order) whatever the threads or
+//! tiling, and the F16 widening is exact, so an F16 layer equals the F32 one on the rounded weights bit for bit.
+//!
+//! `KAZEIA_X86_CONV=gemm` keeps the `gemm` crate's path (the `Panels` of `conv.rs`) instead, to compare;
+//! `KAZEIA_X86_CONV=avx2` takes the AVX2 kernel on an AVX-512 CPU.
+
+use std::arch::x86_64::*;
+use std::ops::Range;
+use std::sync::OnceLock;
+
+use half::f16;
+use kazeia_backend_abi::WeightFormat;
+
+use crate::conv::{source_index, Stored};
+use crate::gemm_call::{for_tile_blocks, Dst, SharedOut};
+
+/// The most output channels a tile holds (AVX-512).
+const MAX_ROWS: usize = 32;
+
+/// Register tiles per time tile (a unit of parallel work): only a call's last tile of columns is partial.
+const TIME_TILE_TILES: usize = 20;
+
+/// The tile kernels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Isa {
+    /// 32 output channels × 14 columns in 28 zmm accumulators.
+    Avx512,
+    /// 16 output channels × 6 columns in 12 ymm accumulators.
+    Avx2,
+}
+
+impl Isa {
+    /// Whether this CPU runs it.
+    pub fn available(self) -> bool {
+        match self {
+            // AVX-512F has the FMAs and the f16 → f32 conversion of zmm registers.
+            Isa::Avx512 => is_x86_feature_detected!("avx512f"),
+            Isa::Avx2 => {
+                is_x86_feature_detected!("avx2")
+                    && is_x86_feature_detected!("fma")
+                    && is_x86_feature_detected!("f16c")
+            }
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Isa::Avx512 => "avx512 tile",
+            Isa::Avx2 => "avx2 tile",
+        }
+    }
+
+    /// Output channels per tile.
+    pub(crate) fn rows(self) -> usize {
+        match self {
+            Isa::Avx512 => 2 * 16,
+            Isa::Avx2 => 2 * 8,
+        }
+    }
+
+    /// Output columns per tile.
+    pub(crate) fn cols(self) -> usize {
+        match self {
+            Isa::Avx512 => 14,
+            Isa::Avx2 => 6,
+        }
+    }
+}
+
+/// The tile kernel in use: the best this CPU has (`KAZEIA_X86_CONV=avx2` caps it at AVX2), or none — the `gemm`
+/// path — with `KAZEIA_X86_CONV=gemm` or on a CPU without AVX2.
+pub fn selected() -> Option<Isa> {
+    static SELECTED: OnceLock<Option<Isa>> = OnceLock::new();
+    *SELECTED.get_or_init(|| {
+        let choice = std::env::var("KAZEIA_X86_CONV");
+        let candidates: &[Isa] = match choice.as_deref() {
+            Ok("gemm") => &[],
+            Ok("avx2") => &[Isa::Avx2],
+            _ => &[Isa::Avx512, Isa::Avx2],
+        };
+        candidates.iter().copied().find(|isa| isa.available())
+    })
+}
+
+/// Tap weights blocked for a tile kernel: `[cout/rows][group][cin][taps of the group][rows]`.
+pub struct Blocked {
+    isa: Isa,
+    data: Stored,
+    cout: usize,
+    cin: usize,
+    k: usize,
+    /// Group `g` holds `starts[g + 1] − starts[g]` taps, from tap `starts[g]` of the block's order.
+    starts: Vec<usize>,
+}
+
+impl Blocked {
+    /// Blocks `w[cout][cin][k]` (or, with a `stride`, the transposed `w[cin][cout][k]` by output phase: group `r`
+    /// is taps `r, r + stride, …`) for `isa`'s tiles, stored as `format` (F32 or F16).
+    pub fn new(
+        w: &[f32],
+        (cout, cin, k): (usize, usize, usize),
+        stride: Option<usize>,
+        format: WeightFormat,
+        isa: Isa,
+    ) -> Self {
+        let groups: Vec<Vec<usize>> = match stride {
+            None => vec![(0..k).collect()],
+            Some(s) => (0..s).map(|r| (r..k).step_by(s).collect()).collect(),
+        };
+        let starts = std::iter::once(0)
+            .chain(groups.iter().scan(0, |n, g| {
+                *n += g.len();
+                Some(*n)
+            }))
+            .collect();
+        let mr = isa.rows();
+        let dims = (cout, cin, k);
+        let blocks = cout.div_ceil(mr);
+        let values = (0..blocks).flat_map(|ob| {
+            groups.iter().flat_map(move |taps| {
+                (0..cin).flat_map(move |i| {
+                    taps.iter().flat_map(move |&t| {
+                        (ob * mr..(ob + 1) * mr).map(move |o| {
+                            if o < cout {
+                                w[source_index(o, i, t, dims, stride.is_some())]
+                            } else {
+                                0.0
+                            }
+                        })
+                    })
+                })
+            })
+        });
+        Blocked {
+            isa,
+            data: Stored::new(values, format),
+            cout,
+            cin,
+            k,
+            starts,
+        }
+    }
+
+    /// Taps in group `g`.
+    fn taps(&self, g: usize) -> usize {
+        self.starts[g + 1] - self.starts[g]
+    }
+
+    /// One tile of row block `ob`: `init` plus, for each input channel `i` and each tap `j` of group `g`, that
+    /// tap's weights times the tile's columns of `x.data[i]` from `col + j·step`, stored to `dst` (its `cols`
+    /// columns).
+    ///
+    /// # Safety
+    /// `dst` must be a tile no other thread accesses.
+    unsafe fn tile(
+        &self,
+        (ob, g): (usize, usize),
+        x: &Window,
+        (col, step): (usize, isize),
+        init: &[f32; MAX_ROWS],
+        dst: &Dst,
+    ) {
+        let (mr, cin, taps) = (self.isa.rows(), self.cin, self.taps(g));
+        assert!(dst.rows <= mr && dst.cols <= self.isa.cols(), "tile shape");
+        // Every column read lies in a row of `x`: the first and last taps' windows bound the others'.
+        if taps > 0 {
+            let last = col as isize + (taps - 1) as isize * step;
+            assert!(
+                last >= 0
+                    && col.max(last as usize) + dst.cols <= x.row
+                    && cin * x.row <= x.data.len(),
+                "conv tile reads outside its input"
+            );
+        }
+        let job = Job {
+            cin,
+            taps,
+            x: x.data.as_ptr().wrapping_add(col),
+            row: x.row,
+            step,
+            init: init.as_ptr(),
+            dst,
+        };
+        let block = self.k * cin * mr;
+        let group = ob * block + self.starts[g] * cin * mr..(ob + 1) * block;
+        // SAFETY: the group's `cin · taps · rows` weights lie in row block `ob` (indexing checks that the block
+        // exists), the columns read lie in `x` (checked above), the CPU has the kernel's features (`Blocked` is
+        // only made for an available kernel), and `dst` is this function's contract.
+        unsafe {
+            match (&self.data, self.isa) {
+                (Stored::F32(w), Isa::Avx512) => tile_avx512(w[group].as_ptr(), &job),
+                (Stored::F16(w), Isa::Avx512) => tile_avx512(w[group].as_ptr(), &job),
+                (Stored::F32(w), Isa::Avx2) => tile_avx2(w[group].as_ptr(), &job),
+                (Stored::F16(w), Isa::Avx2) => tile_avx2(w[group].as_ptr(), &job),
+            }
+        }
+    }
+}
+
+/// Columns `first..first + row` of an input `x[cin][len]`, as `cin` rows of `row` values: `x` itself, or a
+/// copy with zeros for the columns outside `0..len`.
+struct Window<'a> {
+    data: std::borrow::Cow<'a, [f32]>,
+    row: usize,
+    first: isize,
+}
+
+impl<'a> Window<'a> {
+    fn whole(x: &'a [f32], len: usize) -> Self {
+        Window {
+            data: x.into(),
+            row: len,
+            first: 0,
+        }
+    }
+
+    fn padded(x: &[f32], len: usize, columns: Range<isize>) -> Self {
+        let row = columns.len();
+        let data = x
+            .chunks_exact(len)
+            .flat_map(|xi| {
+                columns
+                    .clone()
+                    .map(|c| xi.get(c as usize).copied().unwrap_or(0.0))
+            })
+            .collect::<Vec<_>>();
+        Window {
+            data: data.into(),
+            row,
+            first: columns.start,
+        }
+    }
+
+    fn holds(&self, columns: &Range<isize>) -> bool {
+        self.first <= columns.start && columns.end <= self.first + self.row as isize
+    }
+}
+
+/// `c0..c1` as tiles of at most `nr` columns, of widths that differ by one at most (32 columns: 11 + 11 + 10,
+/// not 14 + 14 + 4, whose last tile would hold too few accumulators to hide the FMA latency).
+fn tiles(columns: Range<usize>, nr: usize) -> impl Iterator<Item = (usize, usize)> {
+    let (c0, cols) = (columns.start, columns.len());
+    let n = cols.div_ceil(nr);
+    let (width, wider) = (cols / n.max(1), cols % n.max(1));
+    (0..n).map(move |t| {
+        (
+            c0 + t * width + t.min(wider),
+            width + usize::from(t < wider),
+        )
+    })
+}
+
+/// Valid dilated convolution (see [`crate::ConvWeight::forward`]); the caller checked the sizes.
+pub fn conv1d(
+    w: &Blocked,
+    bias: &[f32],
+    x: &[f32],
+    len: usize,
+    dilation: usize,
+    y: &mut [f32],
+    par: gemm::Parallelism,
+) {
+    let (cout, k, mr, nr) = (w.cout, w.k, w.isa.rows(), w.isa.cols());
+    let lout = len - (k - 1) * dilation;
+    let x = Window::whole(x, len);
+    let out = SharedOut::new(y);
+    let time_tile = TIME_TILE_TILES * nr;
+    for_tile_blocks((lout, time_tile), (cout, mr), par, |columns, ob, outs| {
+        let (o0, rows) = (outs.start, outs.len());
+        let mut init = [0.0; MAX_ROWS];
+        init[..rows].copy_from_slice(&bias[outs]);
+        for (c, cols) in tiles(columns, nr) {
+            // SAFETY: the tile is output rows o0..o0+rows × columns c..c+cols of `y[cout][lout]`: time tiles and
+            // row blocks are disjoint, so no other thread writes it.
+            unsafe {
+                let dst = Dst::new(out, o0 * lout + c, (rows, cols), lout, 1);
+                w.tile((ob, 0), &x, (c, dilation as isize), &init, &dst);
+            }
+        }
+    });
+}
+
+/// Full transposed convolution (see [`crate::ConvTransposeWeight::forward`]); the caller checked the sizes and
+/// that `w` was blocked for this stride. Output phase `r` is a sum over its taps `j` (tap `r + j·stride`) into
+/// the columns `m·stride + r`, from input column `m − j`; every column of `y` is written once (phases without
+/// taps get zeros). A tile whose taps reach before column 0 or past the last reads a copy of that end of the
+/// input with zeros beyond it (`reach` columns), so every tile runs all its taps.
+pub fn conv_transpose1d(
+    w: &Blocked,
+    stride: usize,
+    x: &[f32],
+    len: usize,
+    y: &mut [f32],
+    par: gemm::Parallelism,
+) {
+    let (cout, k, s, mr, nr) = (w.cout, w.k, stride, w.isa.rows(), w.isa.cols());
+    assert_eq!(w.starts.len(), s + 1, "weights blocked for another stride");
+    let lfull = (len - 1) * s + k;
+    // A tile of positions m..m + nr reads columns m − reach..m + nr; those past the ends lie in these windows.
+    let reach = k.div_ceil(s) as isize - 1;
+    let (n, span) = (len as isize, (nr as isize) + reach);
+    let windows = if n <= 2 * span {
+        vec![
+            Window::whole(x, len),
+            Window::padded(x, len, -reach..n + reach),
+        ]
+    } else {
+        vec![
+            Window::whole(x, len),
+            Window::padded(x, len, -reach..span),
+            Window::padded(x, len, n - span..n + reach),
+        ]
+    };
+    let out = SharedOut::new(y);
+    let zeros = [0.0; MAX_ROWS];
+    let time_tile = TIME_TILE_TILES * nr;
+    for_tile_blocks(
+        (lfull.div_ceil(s), time_tile),
+        (cout, mr),
+        par,
+        |ms, ob, outs| {
+            let (o0, rows) = (outs.start, outs.len());
+            for r in 0..s {
+                let taps = w.taps(r) as isize;
+                // Phase r's positions in this time tile.
+                let end = ms.end.min(lfull.saturating_sub(r).div_ceil(s));
+                for (m, cols) in tiles(ms.start..end.max(ms.start), nr) {
+                    // Tap j reads input column m − j + c for output column c.
+                    let reads = m as isize - (taps - 1).max(0)..m as isize + cols as isize;
+                    let x = windows
+                        .iter()
+                        .find(|x| taps == 0 || x.holds(&reads))
+                        .expect("a window holds every tile's columns");
+                    // SAFETY: the tile is output rows o0..o0+rows × positions m..m+cols of phase r: time tiles, row
+                    // blocks and phases are disjoint, so no other thread writes it.
+                    unsafe {
+                        let dst = Dst::new(out, o0 * lfull + m * s + r, (rows, cols), lfull, s);
+                        let col = (m as isize - x.first) as usize;
+                        w.tile((ob, r), x, (col, -1), &zeros, &dst);
+                    }
+                }
+            }
+        },
+    );
+}
+
+/// One tile's work, for the kernels (see [`Blocked::tile`]), apart from the weights.
+struct Job<'a> {
+    cin: usize,
+    taps: usize,
+    /// Input channel 0 at the tile's first column for tap 0.
+    x: *const f32,
+    row: usize,
+    step: isize,
+    init: *const f32,
+    dst: &'a Dst,
+}
+
+/// The vector operations the tile needs, for one ISA.
+trait Simd {
+    type V: Copy;
+    const LANES: usize;
+    /// # Safety (all)
+    /// The ISA's features must be enabled in the caller; pointers readable (writable) for `LANES` values.
+    unsafe fn load(p: *const f32) -> Self::V;
+    unsafe fn load_f16(p: *const f16) -> Self::V;
+    unsafe fn broadcast(p: *const f32) -> Self::V;
+    unsafe fn fma(a: Self::V, b: Self::V, c: Self::V) -> Self::V;
+    unsafe fn store(p: *mut f32, v: Self::V);
+}
+
+struct Avx512;
+struct Avx2;
+
+impl Simd for Avx512 {
+    type V = __m512;
+    const LANES: usize = 16;
+    #[inline(always)]
+    unsafe fn load(p: *const f32) -> __m512 {
+        // SAFETY: AVX-512F enabled and 16 readable values (the contract).
+        unsafe { _mm512_loadu_ps(p) }
+    }
+    #[inline(always)]
+    unsafe fn load_f16(p: *const f16) -> __m512 {
+        // SAFETY: AVX-512F enabled and 16 readable halves (the contract; `f16` is a transparent `u16`).
+        unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(p.cast())) }
+    }
+    #[inline(always)]
+    unsafe fn broadcast(p: *const f32) -> __m512 {
+        // SAFETY: AVX-512F enabled and one readable value (the contract).
+        unsafe { _mm512_set1_ps(*p) }
+    }
+    #[inline(always)]
+    unsafe fn fma(a: __m512, b: __m512, c: __m512) -> __m512 {
+        // SAFETY: AVX-512F enabled (the contract); no memory is touched.
+        unsafe { _mm512_fmadd_ps(a, b, c) }
+    }
+    #[inline(always)]
+    unsafe fn store(p: *mut f32, v: __m512) {
+        // SAFETY: AVX-512F enabled and 16 writable values (the contract).
+        unsafe { _mm512_storeu_ps(p, v) }
+    }
+}
+
+impl Simd for Avx2 {
+    type V = __m256;
+    const LANES: usize = 8;
+    #[inline(always)]
+    unsafe fn load(p: *const f32) -> __m256 {
+        // SAFETY: AVX enabled and 8 readable values (the contract).
+        unsafe { _mm256_loadu_ps(p) }
+    }
+    #[inline(always)]
+    unsafe fn load_f16(p: *const f16) -> __m256 {
+        // SAFETY: F16C enabled and 8 readable halves (the contract; `f16` is a transparent `u16`).
+        unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p.cast())) }
+    }
+    #[inline(always)]
+    unsafe fn broadcast(p: *const f32) -> __m256 {
+        // SAFETY: AVX enabled and one readable value (the contract).
+        unsafe { _mm256_broadcast_ss(&*p) }
+    }
+    #[inline(always)]
+    unsafe fn fma(a: __m256, b: __m256, c: __m256) -> __m256 {
+        // SAFETY: FMA enabled (the contract); no memory is touched.
+        unsafe { _mm256_fmadd_ps(a, b, c) }
+    }
+    #[inline(always)]
+    unsafe fn store(p: *mut f32, v: __m256) {
+        // SAFETY: AVX enabled and 8 writable values (the contract).
+        unsafe { _mm256_storeu_ps(p, v) }
+    }
+}
+
+/// A weight element the kernels widen to `f32` in registers.
+trait Widen: Sized {
+    /// # Safety
+    /// As [`Simd::load`].
+    unsafe fn load<S: Simd>(p: *const Self) -> S::V;
+}
+
+impl Widen for f32 {
+    #[inline(always)]
+    unsafe fn load<S: Simd>(p: *const f32) -> S::V {
+        // SAFETY: this function's contract.
+        unsafe { S::load(p) }
+    }
+}
+
+impl Widen for f16 {
+    #[inline(always)]
+    unsafe fn load<S: Simd>(p: *const f16) -> S::V {
+        // SAFETY: this function's contract.
+        unsafe { S::load_f16(p) }
+    }
+}
+
+/// The tile of `V` vectors of channels × `N` columns, `w` the group's first weight.
+///
+/// # Safety
+/// The ISA's features must be enabled in the caller; `w` and `job` as checked by [`Blocked::tile`], with `N`
+/// the job's columns and `V · LANES` rows per block.
+#[inline(always)]
+unsafe fn tile_n<S: Simd, W: Widen, const V: usize, const N: usize>(w: *const W, job: &Job) {
+    let mr = V * S::LANES;
+    // SAFETY: weights: input channel `i`'s taps of the group are `taps · mr` values from `w + i · taps · mr`; inputs: tap `j`'s `N` columns of row `i` were checked
+    // to lie in `x`; `init` holds `MAX_ROWS ≥ mr` values; the features are the caller's (the contract).
+    unsafe {
+        let init: [S::V; V] = std::array::from_fn(|v| S::load(job.init.add(v * S::LANES)));
+        let mut acc = [init; N];
+        let taps = job.taps;
+        for i in 0..job.cin {
+            let w = w.add(i * taps * mr);
+            let x = job.x.add(i * job.row);
+            for j in 0..taps {
+                let ws: [S::V; V] =
+                    std::array::from_fn(|v| W::load::<S>(w.add((j * V + v) * S::LANES)));
+                let x = x.offset(j as isize * job.step);
+                for (c, row) in acc.iter_mut().enumerate() {
+                    let b = S::broadcast(x.add(c));
+                    for (a, &wv) in row.iter_mut().zip(&ws) {
+                        *a = S::fma(wv, b, *a);
+                    }
+                }
+            }
+        }
+        store::<S, V, N>(&acc, job.dst);
+    }
+}
+
+/// Stores the tile, channels in lanes, to `dst`'s rows (through a copy: the output is channel-major).
+///
+/// # Safety
+/// As for [`tile_n`].
+#[inline(always)]
+unsafe fn store<S: Simd, const V: usize, const N: usize>(acc: &[[S::V; V]; N], d: &Dst) {
+    let mut t = [[0.0f32; MAX_ROWS]; N];
+    // SAFETY: `V · LANES ≤ MAX_ROWS` values per column of `t`; `Dst::new` checked that the tile's `rows × N`
+    // elements lie in the output, which no other thread accesses (the contract).
+    unsafe {
+        for (column, a) in t.iter_mut().zip(acc) {
+            for (v, &a) in a.iter().enumerate() {
+                S::store(column.as_mut_ptr().add(v * S::LANES), a);
+            }
+        }
+        for o in 0..d.rows {
+            let p = d.ptr.add(o * d.row_stride);
+            for (c, column) in t.iter().enumerate() {
+                *p.add(c * d.col_stride) = column[o];
+            }
+        }
+    }
+}
+
+/// Runs `tile_n` for the job's width (1 ..= the ISA's columns).
+macro_rules! by_width {
+    ($w:expr, $job:expr, $simd:ty, $v:literal, [$($n:literal)*]) => {
+        match $job.dst.cols {
+            $($n => tile_n::<$simd, W, $v, $n>($w, $job),)*
+            n => unreachable!("a tile of {n} columns"),
+        }
+    };
+}
+
+/// # Safety
+/// The CPU must have AVX-512F; `w` and `job` as for [`tile_n`].
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+unsafe fn tile_avx512<W: Widen>(w: *const W, job: &Job) {
+    // SAFETY: the features are enabled here; the job is this function's contract.
+    unsafe { by_width!(w, job, Avx512, 2, [1 2 3 4 5 6 7 8 9 10 11 12 13 14]) }
+}
+
+/// # Safety
+/// The CPU must have AVX2, FMA and F16C; `w` and `job` as for [`tile_n`].
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn tile_avx2<W: Widen>(w: *const W, job: &Job) {
+    // SAFETY: the features are enabled here; the job is this function's contract.
+    unsafe { by_width!(w, job, Avx2, 2, [1 2 3 4 5 6]) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::conv::tests::{
+        tile_conv1d_matches_the_exact_sum, tile_conv_transpose1d_matches_the_exact_sum,
+        tile_f16_is_f32_on_rounded_weights_bit_for_bit, TileShape,
+    };
+    use crate::conv::Layout;
+
+    /// The kernels this CPU runs (each is tested, whichever is selected), with their tile shapes.
+    fn kernels() -> Vec<(Layout, TileShape)> {
+        [Isa::Avx512, Isa::Avx2]
+            .into_iter()
+            .filter(|isa| isa.available())
+            .map(|isa| {
+                let tile = TileShape {
+                    rows: isa.rows(),
+                    cols: isa.cols(),
+                    time_tile: TIME_TILE_TILES * isa.cols(),
+                };
+                (Layout::X86(isa), tile)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn x86_conv1d_matches_the_exact_sum() {
+        for (layout, tile) in kernels() {
+            tile_conv1d_matches_the_exact_sum(layout, tile);
+        }
+    }
+
+    #[test]
+    fn x86_conv_transpose1d_matches_the_exact_sum() {
+        for (layout, tile) in kernels() {
+            tile_conv_transpose1d_matches_the_exact_sum(layout, tile);
+        }
+    }
+
+    #[test]
+    fn x86_f16_is_f32_on_rounded_weights_bit_for_bit() {
+        for (layout, _) in kernels() {
+            tile_f16_is_f32_on_rounded_weights_bit_for_bit(layout);
+        }
+    }
+
+    /// Balanced tiles cover the columns once, in order, none wider than the tile.
+    #[test]
+    fn tiles_cover_the_columns() {
+        for (c0, c1, nr) in [
+            (0, 32, 14),
+            (5, 5, 14),
+            (3, 4, 14),
+            (0, 280, 14),
+            (7, 30, 6),
+        ] {
+            let mut next = c0;
+            for (c, cols) in tiles(c0..c1, nr) {
+                assert_eq!(c, next);
+                assert!((1..=nr).contains(&cols));
+                next += cols;
+            }
+            assert_eq!(next, c1);
+        }
+        let widths: Vec<_> = tiles(0..32, 14).map(|t| t.1).collect();
+        assert_eq!(widths, [11, 11, 10]);
+    }
+
+    #[test]
+    fn the_best_kernel_is_in_use_unless_capped() {
+        let expected = match std::env::var("KAZEIA_X86_CONV").as_deref() {
+            Ok("gemm") => None,
+            Ok("avx2") => Some(Isa::Avx2).filter(|isa| isa.available()),
+            _ => [Isa::Avx512, Isa::Avx2]
+                .into_iter()
+                .find(|isa| isa.available()),
+        };
+        assert_eq!(selected(), expected);
+    }
+}
