@@ -33,6 +33,11 @@ use kazeia_backend_abi::WeightFormat;
 use crate::conv::{source_index, Stored};
 use crate::gemm_call::{for_tile_blocks, Dst, SharedOut};
 
+/// How far ahead of its loads a tile prefetches its weights (into L1): a one-frame chunk's large layers are one
+/// pass over megabytes of weights with few FMAs per load, which the hardware prefetchers alone fed at a quarter of
+/// the rate (measured on a Xeon: 1024→1536 k7 over 11 columns, 7.6 → 1.8 ms; 2-8 KiB ahead all within 10 %).
+const PREFETCH_BYTES: usize = 8192;
+
 /// The most output channels a tile holds (AVX-512).
 const MAX_ROWS: usize = 32;
 
@@ -386,6 +391,31 @@ trait Simd {
     unsafe fn broadcast(p: *const f32) -> Self::V;
     unsafe fn fma(a: Self::V, b: Self::V, c: Self::V) -> Self::V;
     unsafe fn store(p: *mut f32, v: Self::V);
+
+    /// Stores a tile of `V` vectors of channels × `N` columns to `d`'s rows: the output is channel-major, so
+    /// this transposes (by default through a copy).
+    ///
+    /// # Safety
+    /// As for [`tile_n`].
+    #[inline(always)]
+    unsafe fn store_tile<const V: usize, const N: usize>(acc: &[[Self::V; V]; N], d: &Dst) {
+        let mut t = [[0.0f32; MAX_ROWS]; N];
+        // SAFETY: `V · LANES ≤ MAX_ROWS` values per column of `t`; `Dst::new` checked that the tile's `rows × N`
+        // elements lie in the output, which no other thread accesses (the contract).
+        unsafe {
+            for (column, a) in t.iter_mut().zip(acc) {
+                for (v, &a) in a.iter().enumerate() {
+                    Self::store(column.as_mut_ptr().add(v * Self::LANES), a);
+                }
+            }
+            for o in 0..d.rows {
+                let p = d.ptr.add(o * d.row_stride);
+                for (c, column) in t.iter().enumerate() {
+                    *p.add(c * d.col_stride) = column[o];
+                }
+            }
+        }
+    }
 }
 
 struct Avx512;
@@ -418,6 +448,86 @@ impl Simd for Avx512 {
     unsafe fn store(p: *mut f32, v: __m512) {
         // SAFETY: AVX-512F enabled and 16 writable values (the contract).
         unsafe { _mm512_storeu_ps(p, v) }
+    }
+
+    /// Transposes each 16 channels × 16 columns in registers (64 shuffles), then stores each channel's `N`
+    /// columns with one masked store (a masked scatter for a transposed conv's strided columns): the copy
+    /// cost a fifth of a 1×1 conv's time at 96 input channels.
+    #[inline(always)]
+    unsafe fn store_tile<const V: usize, const N: usize>(acc: &[[__m512; V]; N], d: &Dst) {
+        assert!(N <= 16 && d.col_stride < (i32::MAX / 16) as usize);
+        // SAFETY: AVX-512F enabled (the contract); `Dst::new` checked that the tile's `rows × N` elements lie in
+        // the output, which no other thread accesses (the contract), and the masks keep the stores to `N`
+        // columns (masked-off lanes do not fault).
+        unsafe {
+            let mask = ((1u32 << N) - 1) as __mmask16;
+            let offsets = _mm512_mullo_epi32(
+                _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                _mm512_set1_epi32(d.col_stride as i32),
+            );
+            // The accumulators copied out by constant indices first: a loop that picks them by a variable index
+            // makes them an array in memory, and the FMA loop then stores every sum to it.
+            let mut halves = [[_mm512_setzero_ps(); 16]; V];
+            for (c, a) in acc.iter().enumerate() {
+                for (half, &a) in halves.iter_mut().zip(a) {
+                    half[c] = a;
+                }
+            }
+            for (v, columns) in halves.iter().enumerate() {
+                let rows = d.rows.saturating_sub(v * 16).min(16);
+                if rows == 0 {
+                    break;
+                }
+                let t = transpose16(columns);
+                for (o, &row) in t.iter().enumerate().take(rows) {
+                    let p = d.ptr.add((v * 16 + o) * d.row_stride);
+                    if d.col_stride == 1 {
+                        _mm512_mask_storeu_ps(p, mask, row);
+                    } else {
+                        _mm512_mask_i32scatter_ps::<4>(p, mask, offsets, row);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// `out[o]` lane `c` = `r[c]` lane `o`.
+///
+/// # Safety
+/// AVX-512F must be enabled in the caller.
+#[inline(always)]
+unsafe fn transpose16(r: &[__m512; 16]) -> [__m512; 16] {
+    // SAFETY: AVX-512F enabled (the contract); no memory is touched.
+    unsafe {
+        // Within each 128-bit lane: 32-bit, then 64-bit interleaves; b[4k + e] lane L then holds element e of
+        // lane L of r[4k..4k + 4], i.e. channel 4L + e of those four columns.
+        let mut a = [_mm512_setzero_ps(); 16];
+        for i in (0..16).step_by(2) {
+            a[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+            a[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+        }
+        let mut b = [_mm512_setzero_ps(); 16];
+        for k in (0..16).step_by(4) {
+            for h in 0..2 {
+                let (x, y) = (_mm512_castps_pd(a[k + h]), _mm512_castps_pd(a[k + 2 + h]));
+                b[k + 2 * h] = _mm512_castpd_ps(_mm512_unpacklo_pd(x, y));
+                b[k + 2 * h + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(x, y));
+            }
+        }
+        // Then, for each e, a 4 × 4 transpose of 128-bit lanes across b[e], b[4 + e], b[8 + e], b[12 + e].
+        let mut out = [_mm512_setzero_ps(); 16];
+        for e in 0..4 {
+            let c0 = _mm512_shuffle_f32x4::<0x44>(b[e], b[4 + e]);
+            let c1 = _mm512_shuffle_f32x4::<0xee>(b[e], b[4 + e]);
+            let c2 = _mm512_shuffle_f32x4::<0x44>(b[8 + e], b[12 + e]);
+            let c3 = _mm512_shuffle_f32x4::<0xee>(b[8 + e], b[12 + e]);
+            out[e] = _mm512_shuffle_f32x4::<0x88>(c0, c2);
+            out[4 + e] = _mm512_shuffle_f32x4::<0xdd>(c0, c2);
+            out[8 + e] = _mm512_shuffle_f32x4::<0x88>(c1, c3);
+            out[12 + e] = _mm512_shuffle_f32x4::<0xdd>(c1, c3);
+        }
+        out
     }
 }
 
@@ -482,7 +592,8 @@ impl Widen for f16 {
 #[inline(always)]
 unsafe fn tile_n<S: Simd, W: Widen, const V: usize, const N: usize>(w: *const W, job: &Job) {
     let mr = V * S::LANES;
-    // SAFETY: weights: input channel `i`'s taps of the group are `taps · mr` values from `w + i · taps · mr`; inputs: tap `j`'s `N` columns of row `i` were checked
+    // SAFETY: weights: input channel `i`'s taps of the group are `taps · mr` values from `w + i · taps · mr`
+    // (prefetches may point past them: they do not fault); inputs: tap `j`'s `N` columns of row `i` were checked
     // to lie in `x`; `init` holds `MAX_ROWS ≥ mr` values; the features are the caller's (the contract).
     unsafe {
         let init: [S::V; V] = std::array::from_fn(|v| S::load(job.init.add(v * S::LANES)));
@@ -492,8 +603,12 @@ unsafe fn tile_n<S: Simd, W: Widen, const V: usize, const N: usize>(w: *const W,
             let w = w.add(i * taps * mr);
             let x = job.x.add(i * job.row);
             for j in 0..taps {
-                let ws: [S::V; V] =
-                    std::array::from_fn(|v| W::load::<S>(w.add((j * V + v) * S::LANES)));
+                let wj = w.add(j * mr);
+                let ahead = wj.cast::<u8>().wrapping_add(PREFETCH_BYTES) as *const i8;
+                for line in 0..(mr * std::mem::size_of::<W>()).div_ceil(64) {
+                    _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * line));
+                }
+                let ws: [S::V; V] = std::array::from_fn(|v| W::load::<S>(wj.add(v * S::LANES)));
                 let x = x.offset(j as isize * job.step);
                 for (c, row) in acc.iter_mut().enumerate() {
                     let b = S::broadcast(x.add(c));
@@ -503,31 +618,7 @@ unsafe fn tile_n<S: Simd, W: Widen, const V: usize, const N: usize>(w: *const W,
                 }
             }
         }
-        store::<S, V, N>(&acc, job.dst);
-    }
-}
-
-/// Stores the tile, channels in lanes, to `dst`'s rows (through a copy: the output is channel-major).
-///
-/// # Safety
-/// As for [`tile_n`].
-#[inline(always)]
-unsafe fn store<S: Simd, const V: usize, const N: usize>(acc: &[[S::V; V]; N], d: &Dst) {
-    let mut t = [[0.0f32; MAX_ROWS]; N];
-    // SAFETY: `V · LANES ≤ MAX_ROWS` values per column of `t`; `Dst::new` checked that the tile's `rows × N`
-    // elements lie in the output, which no other thread accesses (the contract).
-    unsafe {
-        for (column, a) in t.iter_mut().zip(acc) {
-            for (v, &a) in a.iter().enumerate() {
-                S::store(column.as_mut_ptr().add(v * S::LANES), a);
-            }
-        }
-        for o in 0..d.rows {
-            let p = d.ptr.add(o * d.row_stride);
-            for (c, column) in t.iter().enumerate() {
-                *p.add(c * d.col_stride) = column[o];
-            }
-        }
+        S::store_tile(&acc, job.dst);
     }
 }
 
