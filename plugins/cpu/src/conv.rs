@@ -193,15 +193,18 @@ pub(crate) enum Layout {
 }
 
 impl Layout {
-    /// The kernel in use on this CPU: the NEON tile on aarch64 unless `KAZEIA_ARM_CONV=gemm`, the AVX-512 or
-    /// AVX2 tile on x86-64 unless `KAZEIA_X86_CONV=gemm` (see `conv_x86::selected`), else `gemm`.
-    fn selected() -> Self {
+    /// The kernel in use on this CPU for a layer of `cout` outputs: the NEON tile on aarch64 unless
+    /// `KAZEIA_ARM_CONV=gemm`, the AVX-512 or AVX2 tile on x86-64 unless `KAZEIA_X86_CONV=gemm` (see
+    /// `conv_x86::selected`) or the layer fills less than half its tile of 32 or 16 outputs (the decoder's
+    /// output conv has one: 0.48 ms on the tile, 0.10 on `gemm`), else `gemm`.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
+    fn selected(cout: usize) -> Self {
         #[cfg(target_arch = "aarch64")]
         if arm::selected() == arm::Kernel::Neon {
             return Layout::Neon;
         }
         #[cfg(target_arch = "x86_64")]
-        if let Some(isa) = x86::selected() {
+        if let Some(isa) = x86::selected().filter(|isa| 2 * cout > isa.rows()) {
             return Layout::X86(isa);
         }
         Layout::Gemm
@@ -265,7 +268,7 @@ impl ConvWeight {
         bias: Option<&[f32]>,
         format: WeightFormat,
     ) -> Self {
-        Self::with_layout(w, (cout, cin, k), bias, format, Layout::selected())
+        Self::with_layout(w, (cout, cin, k), bias, format, Layout::selected(cout))
     }
 
     pub(crate) fn with_layout(
@@ -385,7 +388,7 @@ impl ConvTransposeWeight {
         stride: usize,
         format: WeightFormat,
     ) -> Self {
-        Self::with_layout(w, (cin, cout, k), stride, format, Layout::selected())
+        Self::with_layout(w, (cin, cout, k), stride, format, Layout::selected(cout))
     }
 
     pub(crate) fn with_layout(
