@@ -1,7 +1,8 @@
 //! Times the codec decoder's convolutions at their real shapes, per stage: `cargo run --release -p
-//! kazeia-backend-cpu --example conv_speed [threads] [frames] [f32|f16]` (frames per chunk, 8 as the stream's
-//! later chunks; random weights). On aarch64 run it again with `KAZEIA_ARM_CONV=gemm` to compare the NEON tile
-//! kernel with the `gemm` crate's path (ARM.md).
+//! kazeia-backend-cpu --example conv_speed [threads] [frames] [f32|f16] [rounds]` (frames per chunk: 8 as the
+//! stream's later chunks, 1 as its first; random weights). Each layer's time is the best of `rounds` (5) rounds
+//! of repeated calls, as the machine may be shared. Run it again with `KAZEIA_ARM_CONV=gemm` (aarch64, ARM.md)
+//! or `KAZEIA_X86_CONV=gemm` (x86-64) to compare the tile kernels with the `gemm` crate's path.
 
 use std::time::Instant;
 
@@ -62,6 +63,7 @@ fn main() {
         Some("f16") => WeightFormat::F16,
         _ => WeightFormat::F32,
     };
+    let rounds = args.get(3).map_or(5, |a| a.parse().expect("rounds"));
     let backend = CpuBackend::new(threads);
     let value = |i: usize| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5;
     let mut stages: Vec<(&str, f64, f64)> = Vec::new();
@@ -117,12 +119,16 @@ fn main() {
             }
         };
         run(&mut y);
-        let iters = (2_000_000_000 / macs).clamp(3, 200);
-        let start = Instant::now();
-        for _ in 0..iters {
-            run(&mut y);
-        }
-        let per = start.elapsed().as_secs_f64() / iters as f64;
+        let iters = (400_000_000 / macs).clamp(2, 100);
+        let per = (0..rounds)
+            .map(|_| {
+                let start = Instant::now();
+                for _ in 0..iters {
+                    run(&mut y);
+                }
+                start.elapsed().as_secs_f64() / iters as f64
+            })
+            .fold(f64::INFINITY, f64::min);
         let what = if transposed { "tconv" } else { "conv" };
         println!(
             "{stage:>11} {what:>5} {cin:>4}→{cout:<4} k{k:<2} {}{step} {cols:>6} cols: {:8.3} ms, {:6.2} GMAC/s",
@@ -135,7 +141,9 @@ fn main() {
             _ => stages.push((stage, per, macs as f64)),
         }
     }
-    println!("per 80 ms frame ({format}, {threads} threads, {frames}-frame chunks):");
+    println!(
+        "per 80 ms frame ({format}, {threads} threads, {frames}-frame chunks, best of {rounds} rounds):"
+    );
     let total: f64 = stages.iter().map(|s| s.1).sum();
     for (stage, secs, macs) in &stages {
         println!(
