@@ -196,12 +196,15 @@ impl Blocked {
                 "conv tile reads outside its input"
             );
         }
+        // The next tile's newest column, from the first column of tap 0.
+        let newest = (taps as isize - 1).max(0) * step.max(0) + 2 * dst.cols as isize - 1;
         let job = Job {
             cin,
             taps,
             x: x.data.as_ptr().wrapping_add(col),
             row: x.row,
             step,
+            ahead: newest,
             init: init.as_ptr(),
             dst,
         };
@@ -376,6 +379,8 @@ struct Job<'a> {
     x: *const f32,
     row: usize,
     step: isize,
+    /// Where in each row of `x` to prefetch (from `x`): the next tile's newest column.
+    ahead: isize,
     init: *const f32,
     dst: &'a Dst,
 }
@@ -602,6 +607,8 @@ unsafe fn tile_n<S: Simd, W: Widen, const V: usize, const N: usize>(w: *const W,
         for i in 0..job.cin {
             let w = w.add(i * taps * mr);
             let x = job.x.add(i * job.row);
+            // The rows of a long input lie pages apart, too many streams for the hardware prefetchers.
+            _mm_prefetch::<_MM_HINT_T0>(x.wrapping_offset(job.ahead).cast());
             for j in 0..taps {
                 let wj = w.add(j * mr);
                 let ahead = wj.cast::<u8>().wrapping_add(PREFETCH_BYTES) as *const i8;
