@@ -72,8 +72,28 @@ impl Stored {
 struct Panels(Stored);
 
 thread_local! {
-    /// Widened `f16` panels (reused: a fresh allocation of megabytes per call would fault its pages in each time).
-    static WIDENED: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    /// Widened `f16` panels, or the x86 tile kernel's packed inputs (reused: a fresh allocation of megabytes per
+    /// call would fault its pages in each time).
+    static SCRATCH: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Runs `f` on what `fill` writes into this thread's scratch buffer.
+pub(crate) fn with_scratch<R>(fill: impl FnOnce(&mut Vec<f32>), f: impl FnOnce(&[f32]) -> R) -> R {
+    SCRATCH.with(|scratch| {
+        // A thread that waits in a parallel section may run another convolution's tile meanwhile: that one fills
+        // a buffer of its own.
+        match scratch.try_borrow_mut() {
+            Ok(mut scratch) => {
+                fill(&mut scratch);
+                f(&scratch)
+            }
+            Err(_) => {
+                let mut own = Vec::new();
+                fill(&mut own);
+                f(&own)
+            }
+        }
+    })
 }
 
 impl Panels {
@@ -111,26 +131,14 @@ impl Panels {
     ) -> R {
         match &self.0 {
             Stored::F32(p) => f(p, taps.start * panel),
-            Stored::F16(p) => WIDENED.with(|scratch| {
+            Stored::F16(p) => {
                 let src = &p[taps.start * panel..taps.end * panel];
                 let widen = |scratch: &mut Vec<f32>| {
                     scratch.resize(src.len(), 0.0);
                     src.convert_to_f32_slice(scratch);
                 };
-                // A thread that waits in a parallel GEMM may run another convolution's tile meanwhile: that one
-                // widens into a buffer of its own.
-                match scratch.try_borrow_mut() {
-                    Ok(mut scratch) => {
-                        widen(&mut scratch);
-                        f(&scratch, 0)
-                    }
-                    Err(_) => {
-                        let mut own = Vec::new();
-                        widen(&mut own);
-                        f(&own, 0)
-                    }
-                }
-            }),
+                with_scratch(widen, |w| f(w, 0))
+            }
         }
     }
 

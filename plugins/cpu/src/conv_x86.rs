@@ -30,8 +30,8 @@ use std::sync::OnceLock;
 use half::f16;
 use kazeia_backend_abi::WeightFormat;
 
-use crate::conv::{source_index, Stored};
-use crate::gemm_call::{for_tile_blocks, Dst, SharedOut};
+use crate::conv::{source_index, with_scratch, Stored};
+use crate::gemm_call::{for_column_tiles, for_row_blocks, for_tile_blocks, Dst, SharedOut};
 
 /// How far ahead of its loads a tile prefetches its weights (into L1): a one-frame chunk's large layers are one
 /// pass over megabytes of weights with few FMAs per load, which the hardware prefetchers alone fed at a quarter of
@@ -224,43 +224,30 @@ impl Blocked {
     }
 }
 
-/// Columns `first..first + row` of an input `x[cin][len]`, as `cin` rows of `row` values: `x` itself, or a
-/// copy with zeros for the columns outside `0..len`.
+/// Some columns of an input `x[cin][len]` as `cin` rows of `row` values: `x` itself (a dilated conv), or a
+/// transposed conv's time tile copied with zeros for the columns outside `0..len`, so that the tiles at the
+/// input's ends, whose taps reach past them, run all their taps as the others do.
 struct Window<'a> {
-    data: std::borrow::Cow<'a, [f32]>,
+    data: &'a [f32],
     row: usize,
-    first: isize,
 }
 
-impl<'a> Window<'a> {
-    fn whole(x: &'a [f32], len: usize) -> Self {
-        Window {
-            data: x.into(),
-            row: len,
-            first: 0,
+/// Runs `f` on the window of `columns` of `x[cin][len]`, copied into this thread's scratch.
+fn with_window<R>(x: &[f32], len: usize, columns: Range<isize>, f: impl FnOnce(&Window) -> R) -> R {
+    let n = len as isize;
+    let inside = columns.start.clamp(0, n) as usize..columns.end.clamp(0, n) as usize;
+    let before = (columns.start.clamp(0, n) - columns.start) as usize;
+    let after = columns.len() - before - inside.len();
+    let pack = |buf: &mut Vec<f32>| {
+        buf.clear();
+        for xi in x.chunks_exact(len) {
+            buf.extend(std::iter::repeat_n(0.0, before));
+            buf.extend_from_slice(&xi[inside.clone()]);
+            buf.extend(std::iter::repeat_n(0.0, after));
         }
-    }
-
-    fn padded(x: &[f32], len: usize, columns: Range<isize>) -> Self {
-        let row = columns.len();
-        let data = x
-            .chunks_exact(len)
-            .flat_map(|xi| {
-                columns
-                    .clone()
-                    .map(|c| xi.get(c as usize).copied().unwrap_or(0.0))
-            })
-            .collect::<Vec<_>>();
-        Window {
-            data: data.into(),
-            row,
-            first: columns.start,
-        }
-    }
-
-    fn holds(&self, columns: &Range<isize>) -> bool {
-        self.first <= columns.start && columns.end <= self.first + self.row as isize
-    }
+    };
+    let row = columns.len();
+    with_scratch(pack, |data| f(&Window { data, row }))
 }
 
 /// `c0..c1` as tiles of at most `nr` columns, of widths that differ by one at most (32 columns: 11 + 11 + 10,
@@ -289,29 +276,33 @@ pub fn conv1d(
 ) {
     let (cout, k, mr, nr) = (w.cout, w.k, w.isa.rows(), w.isa.cols());
     let lout = len - (k - 1) * dilation;
-    let x = Window::whole(x, len);
     let out = SharedOut::new(y);
-    let time_tile = TIME_TILE_TILES * nr;
-    for_tile_blocks((lout, time_tile), (cout, mr), par, |columns, ob, outs| {
-        let (o0, rows) = (outs.start, outs.len());
-        let mut init = [0.0; MAX_ROWS];
-        init[..rows].copy_from_slice(&bias[outs]);
-        for (c, cols) in tiles(columns, nr) {
-            // SAFETY: the tile is output rows o0..o0+rows × columns c..c+cols of `y[cout][lout]`: time tiles and
-            // row blocks are disjoint, so no other thread writes it.
-            unsafe {
-                let dst = Dst::new(out, o0 * lout + c, (rows, cols), lout, 1);
-                w.tile((ob, 0), &x, (c, dilation as isize), &init, &dst);
+    let x = Window { data: x, row: len };
+    for_tile_blocks(
+        (lout, TIME_TILE_TILES * nr),
+        (cout, mr),
+        par,
+        |columns, ob, outs| {
+            let (o0, rows) = (outs.start, outs.len());
+            let mut init = [0.0; MAX_ROWS];
+            init[..rows].copy_from_slice(&bias[outs]);
+            for (c, cols) in tiles(columns, nr) {
+                // SAFETY: the tile is output rows o0..o0+rows × columns c..c+cols of `y[cout][lout]`: time
+                // tiles and row blocks are disjoint, so no other thread writes it.
+                unsafe {
+                    let dst = Dst::new(out, o0 * lout + c, (rows, cols), lout, 1);
+                    w.tile((ob, 0), &x, (c, dilation as isize), &init, &dst);
+                }
             }
-        }
-    });
+        },
+    );
 }
 
 /// Full transposed convolution (see [`crate::ConvTransposeWeight::forward`]); the caller checked the sizes and
 /// that `w` was blocked for this stride. Output phase `r` is a sum over its taps `j` (tap `r + j·stride`) into
 /// the columns `m·stride + r`, from input column `m − j`; every column of `y` is written once (phases without
-/// taps get zeros). A tile whose taps reach before column 0 or past the last reads a copy of that end of the
-/// input with zeros beyond it (`reach` columns), so every tile runs all its taps.
+/// taps get zeros). A time tile's window starts `reach` columns early, with zeros before column 0 and after the
+/// last, so every tile runs all its taps.
 pub fn conv_transpose1d(
     w: &Blocked,
     stride: usize,
@@ -323,50 +314,35 @@ pub fn conv_transpose1d(
     let (cout, k, s, mr, nr) = (w.cout, w.k, stride, w.isa.rows(), w.isa.cols());
     assert_eq!(w.starts.len(), s + 1, "weights blocked for another stride");
     let lfull = (len - 1) * s + k;
-    // A tile of positions m..m + nr reads columns m − reach..m + nr; those past the ends lie in these windows.
-    let reach = k.div_ceil(s) as isize - 1;
-    let (n, span) = (len as isize, (nr as isize) + reach);
-    let windows = if n <= 2 * span {
-        vec![
-            Window::whole(x, len),
-            Window::padded(x, len, -reach..n + reach),
-        ]
-    } else {
-        vec![
-            Window::whole(x, len),
-            Window::padded(x, len, -reach..span),
-            Window::padded(x, len, n - span..n + reach),
-        ]
-    };
+    // The most taps a phase has, less one: how far back a position reads.
+    let reach = k.div_ceil(s) - 1;
     let out = SharedOut::new(y);
     let zeros = [0.0; MAX_ROWS];
-    let time_tile = TIME_TILE_TILES * nr;
-    for_tile_blocks(
-        (lfull.div_ceil(s), time_tile),
-        (cout, mr),
+    for_column_tiles(
+        lfull.div_ceil(s),
+        TIME_TILE_TILES * nr,
         par,
-        |ms, ob, outs| {
-            let (o0, rows) = (outs.start, outs.len());
-            for r in 0..s {
-                let taps = w.taps(r) as isize;
-                // Phase r's positions in this time tile.
-                let end = ms.end.min(lfull.saturating_sub(r).div_ceil(s));
-                for (m, cols) in tiles(ms.start..end.max(ms.start), nr) {
-                    // Tap j reads input column m − j + c for output column c.
-                    let reads = m as isize - (taps - 1).max(0)..m as isize + cols as isize;
-                    let x = windows
-                        .iter()
-                        .find(|x| taps == 0 || x.holds(&reads))
-                        .expect("a window holds every tile's columns");
-                    // SAFETY: the tile is output rows o0..o0+rows × positions m..m+cols of phase r: time tiles, row
-                    // blocks and phases are disjoint, so no other thread writes it.
-                    unsafe {
-                        let dst = Dst::new(out, o0 * lfull + m * s + r, (rows, cols), lfull, s);
-                        let col = (m as isize - x.first) as usize;
-                        w.tile((ob, r), x, (col, -1), &zeros, &dst);
+        |m0, m1, par| {
+            let columns = m0 as isize - reach as isize..m1 as isize;
+            with_window(x, len, columns, |x| {
+                for_row_blocks((cout, mr), par, |ob, outs| {
+                    let (o0, rows) = (outs.start, outs.len());
+                    for r in 0..s {
+                        // Phase r's positions in this time tile.
+                        let end = m1.min(lfull.saturating_sub(r).div_ceil(s));
+                        for (m, cols) in tiles(m0..end.max(m0), nr) {
+                            // SAFETY: the tile is output rows o0..o0+rows × positions m..m+cols of phase r: time
+                            // tiles, row blocks and phases are disjoint, so no other thread writes it.
+                            unsafe {
+                                let dst =
+                                    Dst::new(out, o0 * lfull + m * s + r, (rows, cols), lfull, s);
+                                // Tap j reads input column m − j, at m − j − (m0 − reach) in the window.
+                                w.tile((ob, r), x, (m - m0 + reach, -1), &zeros, &dst);
+                            }
+                        }
                     }
-                }
-            }
+                });
+            });
         },
     );
 }

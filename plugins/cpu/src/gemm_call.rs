@@ -162,29 +162,43 @@ where
     }
 }
 
+/// Calls `f(ob, o0..o1)` for each block `ob` of output rows `o0..o1` (`block` rows, the last one fewer) of `rows`:
+/// on the pool when `par` has threads.
+#[cfg_attr(
+    not(any(target_arch = "aarch64", target_arch = "x86_64")),
+    allow(dead_code)
+)]
+pub fn for_row_blocks(
+    (rows, block): (usize, usize),
+    par: gemm::Parallelism,
+    f: impl Fn(usize, std::ops::Range<usize>) + Sync + Send,
+) {
+    use rayon::prelude::*;
+    let blocks = rows.div_ceil(block);
+    let one = |ob: usize| f(ob, ob * block..rows.min((ob + 1) * block));
+    match par {
+        gemm::Parallelism::Rayon(n) if n > 1 && blocks > 1 => {
+            (0..blocks).into_par_iter().for_each(one)
+        }
+        _ => (0..blocks).for_each(one),
+    }
+}
+
 /// The tile kernels' schedule: calls `f(c0..c1, ob, o0..o1)` for each time tile `c0..c1` of `cols` columns
-/// (`time_tile` wide) and each block `ob` of output rows `o0..o1` (`block` rows, the last one fewer) of `rows`:
-/// time tiles in parallel when there are enough for every thread ([`for_column_tiles`]), else row blocks.
+/// (`time_tile` wide) and each block of rows ([`for_row_blocks`]): time tiles in parallel when there are enough
+/// for every thread ([`for_column_tiles`]), else row blocks.
 #[cfg_attr(
     not(any(target_arch = "aarch64", target_arch = "x86_64")),
     allow(dead_code)
 )]
 pub fn for_tile_blocks(
     (cols, time_tile): (usize, usize),
-    (rows, block): (usize, usize),
+    rows: (usize, usize),
     par: gemm::Parallelism,
     f: impl Fn(std::ops::Range<usize>, usize, std::ops::Range<usize>) + Sync + Send,
 ) {
-    use rayon::prelude::*;
     for_column_tiles(cols, time_tile, par, |c0, c1, par| {
-        let blocks = rows.div_ceil(block);
-        let one = |ob: usize| f(c0..c1, ob, ob * block..rows.min((ob + 1) * block));
-        match par {
-            gemm::Parallelism::Rayon(n) if n > 1 && blocks > 1 => {
-                (0..blocks).into_par_iter().for_each(one)
-            }
-            _ => (0..blocks).for_each(one),
-        }
+        for_row_blocks(rows, par, |ob, outs| f(c0..c1, ob, outs))
     });
 }
 
