@@ -167,11 +167,15 @@ unsafe extern "C" fn device_info(index: u32, out: *mut DeviceInfo) -> i32 {
         }
     );
     #[cfg(target_arch = "x86_64")]
-    let kernels = if crate::linear_vnni::usable() {
-        ", int8 kernels: avx512-vnni"
-    } else {
-        ""
-    };
+    let kernels = format!(
+        "{}, convolutions: {}",
+        if crate::linear_vnni::usable() {
+            ", int8 kernels: avx512-vnni"
+        } else {
+            ""
+        },
+        crate::conv_x86::selected().map_or("gemm", crate::conv_x86::Isa::name)
+    );
     #[cfg(not(any(target_arch = "aarch64", target_arch = "x86_64")))]
     let kernels = "";
     let name = format!("host CPU ({threads} hardware threads{kernels})");
