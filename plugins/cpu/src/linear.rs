@@ -369,15 +369,21 @@ impl LinearWeight {
         #[cfg(target_arch = "aarch64")]
         let quantized = crate::linear_arm::quantize_for(self, x, rows);
         let run = |o0: usize, o1: usize| {
+            #[cfg(target_arch = "x86_64")]
+            if let Some((packed, acts)) = &quantized {
+                let bias = |o: usize| self.bias.as_ref().map_or(0.0, |b| b[o]);
+                // SAFETY: weights are packed only where `linear_vnni::usable` found the CPU features; tasks
+                // own disjoint output columns o0..o1 of every row.
+                unsafe {
+                    crate::linear_vnni::dot_into(packed, acts, o0, o1, |o, r, v| {
+                        out.write(r * n + o, v + bias(o))
+                    })
+                };
+                return;
+            }
             let mut partial = vec![0.0f32; rows * (o1 - o0)];
             #[cfg(target_arch = "x86_64")]
-            match &quantized {
-                // SAFETY: weights are packed only where `linear_vnni::usable` found the CPU features.
-                Some((packed, acts)) => unsafe {
-                    crate::linear_vnni::dot(packed, acts, o0, o1, &mut partial)
-                },
-                None => dispatch_dot(self, x, rows, o0, o1, &mut partial),
-            }
+            dispatch_dot(self, x, rows, o0, o1, &mut partial);
             #[cfg(target_arch = "aarch64")]
             match &quantized {
                 Some(q) => {

@@ -308,15 +308,17 @@ impl PackedActs {
             for (blk, xb) in x[r * k..(r + 1) * k].chunks_exact(BLOCK).enumerate() {
                 let (g, b) = (blk / GROUP, blk % GROUP);
                 let lane = (r * groups + g) * GROUP + b;
-                scales[lane] = quantize_block(xb, &mut block);
+                // SAFETY: weights (and so activations) are packed only where `usable` found AVX-512F/BW.
+                let (scale, sum) = unsafe { quantize_block_avx512(xb, &mut block) };
+                scales[lane] = scale;
                 if kind == Kind::Q4_0 {
-                    corrections[lane] = -8 * block.iter().map(|&q| q as i32).sum::<i32>();
+                    corrections[lane] = -8 * sum;
                 }
+                // Four values of the block per vector: one 32-bit store each.
                 for j in 0..8 {
                     let vector = ((r * groups + g) * 8 + j) * LANES_BYTES;
-                    for t in 0..4 {
-                        quants[vector + 4 * b + t] = (block[4 * j + t] as u8) ^ offset;
-                    }
+                    let four: [u8; 4] = std::array::from_fn(|t| (block[4 * j + t] as u8) ^ offset);
+                    quants[vector + 4 * b..vector + 4 * b + 4].copy_from_slice(&four);
                 }
             }
         }
@@ -328,6 +330,70 @@ impl PackedActs {
             corrections,
         }
     }
+}
+
+/// [`quantize_block`] on AVX-512, bit for bit (the same products, the same rounding: truncation and the exact
+/// remainder), and the sum of the quantised values. A block holding a NaN takes the scalar function, whose
+/// maximum skips NaNs where the vector one would not.
+///
+/// # Safety
+/// The CPU must support AVX-512F/BW.
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn quantize_block_avx512(block: &[f32], quants: &mut [i8; BLOCK]) -> (f32, i32) {
+    assert_eq!(block.len(), BLOCK);
+    // SAFETY: 32 values, asserted.
+    let (lo, hi) = unsafe {
+        (
+            _mm512_loadu_ps(block.as_ptr()),
+            _mm512_loadu_ps(block.as_ptr().add(16)),
+        )
+    };
+    if _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(lo, hi) != 0 {
+        let d = quantize_block(block, quants);
+        return (d, quants.iter().map(|&q| q as i32).sum());
+    }
+    let amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(lo), _mm512_abs_ps(hi)));
+    let d = amax / 127.0;
+    let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
+    let round = |v: __m512| {
+        let y = _mm512_mul_ps(v, _mm512_set1_ps(inv));
+        // ∞ · 0 (a block with an infinity) is NaN, which rounds to 0 as in `round_to_i8`.
+        let y = _mm512_maskz_mov_ps(!_mm512_cmp_ps_mask::<_CMP_UNORD_Q>(y, y), y);
+        let y = _mm512_min_ps(
+            _mm512_max_ps(y, _mm512_set1_ps(-128.0)),
+            _mm512_set1_ps(128.0),
+        );
+        let t = _mm512_cvttps_epi32(y);
+        let rest = _mm512_sub_ps(y, _mm512_cvtepi32_ps(t));
+        let one = _mm512_set1_epi32(1);
+        let t = _mm512_mask_add_epi32(
+            t,
+            _mm512_cmp_ps_mask::<_CMP_GE_OQ>(rest, _mm512_set1_ps(0.5)),
+            t,
+            one,
+        );
+        let t = _mm512_mask_sub_epi32(
+            t,
+            _mm512_cmp_ps_mask::<_CMP_LE_OQ>(rest, _mm512_set1_ps(-0.5)),
+            t,
+            one,
+        );
+        _mm512_min_epi32(
+            _mm512_max_epi32(t, _mm512_set1_epi32(-127)),
+            _mm512_set1_epi32(127),
+        )
+    };
+    let (qlo, qhi) = (round(lo), round(hi));
+    let sum = _mm512_reduce_add_epi32(_mm512_add_epi32(qlo, qhi));
+    // SAFETY: 32 bytes, 16 from each half.
+    unsafe {
+        _mm_storeu_si128(quants.as_mut_ptr().cast(), _mm512_cvtepi32_epi8(qlo));
+        _mm_storeu_si128(
+            quants.as_mut_ptr().add(16).cast(),
+            _mm512_cvtepi32_epi8(qhi),
+        );
+    }
+    (d, sum)
 }
 
 /// The 16 lanes of a row's result summed in a fixed tree: halves, quarters, eighths, then the pair (what
@@ -347,17 +413,35 @@ fn sum_lanes(l: &[f32; 16]) -> f32 {
 ///
 /// # Safety
 /// The CPU must support AVX-512F/BW and AVX512-VNNI ([`usable`]).
+#[cfg(test)]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
 pub(crate) unsafe fn dot(w: &Packed, x: &PackedActs, o0: usize, o1: usize, partial: &mut [f32]) {
+    assert!(partial.len() >= x.rows * (o1 - o0));
+    let width = o1 - o0;
+    // SAFETY: the caller's contract.
+    unsafe { dot_into(w, x, o0, o1, |o, r, v| partial[r * width + (o - o0)] = v) }
+}
+
+/// [`dot`] handing each result to `store(o, r, value)` once (a caller writes it where it belongs, with no
+/// buffer in between).
+///
+/// # Safety
+/// The CPU must support AVX-512F/BW and AVX512-VNNI ([`usable`]).
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+pub(crate) unsafe fn dot_into(
+    w: &Packed,
+    x: &PackedActs,
+    o0: usize,
+    o1: usize,
+    mut store: impl FnMut(usize, usize, f32),
+) {
     assert_eq!(
         w.groups, x.groups,
         "activations quantised for another weight"
     );
-    assert!(o0 <= o1 && o1 <= w.out && partial.len() >= x.rows * (o1 - o0));
+    assert!(o0 <= o1 && o1 <= w.out);
     assert_eq!(x.corrections.is_empty(), w.kind == Kind::Q8_0);
     assert_eq!(w.corrections.is_empty(), w.kind == Kind::Q4_0);
-    let width = o1 - o0;
-    let mut store = |o: usize, r: usize, v: f32| partial[r * width + (o - o0)] = v;
     for ob in (o0..o1).step_by(OUTPUT_BLOCK) {
         let ob_end = (ob + OUTPUT_BLOCK).min(o1);
         for r0 in (0..x.rows).step_by(4) {
@@ -661,6 +745,59 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    #[test]
+    fn vector_quantisation_equals_the_scalar_one_bit_for_bit() {
+        if !usable() {
+            eprintln!("skipped: this CPU has no AVX512-VNNI");
+            return;
+        }
+        let mut blocks: Vec<[f32; BLOCK]> = vec![[0.0; BLOCK], [-0.0; BLOCK]];
+        // Ties at ±k.5 after scaling (amax 127 makes the scale 1), values past the clamp, tiny and huge scales.
+        blocks.push(std::array::from_fn(|i| {
+            if i == 0 {
+                127.0
+            } else {
+                (i as f32 - 16.0) + 0.5
+            }
+        }));
+        blocks.push(std::array::from_fn(|i| {
+            if i == 3 {
+                -127.0
+            } else {
+                -(i as f32) - 0.5
+            }
+        }));
+        for seed in 0..40u64 {
+            let v = values(BLOCK, seed);
+            let scale = [1e-30, 1e-3, 1.0, 7.0, 1e30][seed as usize % 5];
+            blocks.push(std::array::from_fn(|i| v[i] * scale));
+        }
+        // Blocks with an infinity (its value is ±127, every other 0) and with a NaN (the scalar path).
+        let mut inf = blocks[4];
+        inf[5] = f32::INFINITY;
+        inf[9] = f32::NEG_INFINITY;
+        let mut nan = blocks[5];
+        nan[30] = f32::NAN;
+        blocks.extend([inf, nan]);
+        for (i, block) in blocks.iter().enumerate() {
+            let mut want = [0i8; BLOCK];
+            let d = quantize_block(block, &mut want);
+            let mut got = [0i8; BLOCK];
+            // SAFETY: `usable()` checked the CPU.
+            let (gd, sum) = unsafe { quantize_block_avx512(block, &mut got) };
+            assert_eq!(
+                (gd.to_bits(), got),
+                (d.to_bits(), want),
+                "block {i}: {block:?}"
+            );
+            assert_eq!(
+                sum,
+                want.iter().map(|&q| q as i32).sum::<i32>(),
+                "block {i}"
+            );
         }
     }
 
