@@ -66,6 +66,34 @@ pub struct GenerationSection {
     pub greedy: bool,
     /// Cap on the 80 ms frames generated per chunk of text; 0: the model's own limit.
     pub max_frames: usize,
+    /// Where the talker reads the text.
+    pub text: TextMode,
+}
+
+/// Where the talker reads the text: both are the official model's modes (its `non_streaming_mode`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum TextMode {
+    /// As the official wrapper does for the model type: in the prompt for CustomVoice and VoiceDesign,
+    /// streamed for Base (cloned voices).
+    #[default]
+    Auto,
+    /// The whole text in the prompt (`non_streaming_mode=True`): the first sound waits for its prefill.
+    Prompt,
+    /// One text token per generated frame (`non_streaming_mode=False`): the prefill is one row past the
+    /// voice's fixed rows, whatever the text's length, so the first sound comes sooner.
+    Streamed,
+}
+
+impl TextMode {
+    /// The engine's `Voice::non_streaming_mode` for this choice (`None`: the model type's default).
+    pub fn non_streaming_mode(self) -> Option<bool> {
+        match self {
+            TextMode::Auto => None,
+            TextMode::Prompt => Some(true),
+            TextMode::Streamed => Some(false),
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Deserialize)]
@@ -326,6 +354,20 @@ mod tests {
     }
 
     #[test]
+    fn text_modes_map_to_the_official_flag() {
+        for (value, mode, flag) in [
+            ("auto", TextMode::Auto, None),
+            ("prompt", TextMode::Prompt, Some(true)),
+            ("streamed", TextMode::Streamed, Some(false)),
+        ] {
+            let c =
+                DaemonConfig::parse(&format!("[generation]\ntext = \"{value}\"\n"), "t").unwrap();
+            assert_eq!(c.generation.text, mode);
+            assert_eq!(mode.non_streaming_mode(), flag);
+        }
+    }
+
+    #[test]
     fn bad_files_are_rejected_with_the_reason() {
         for (text, needle) in [
             ("[model]\npath = 3\n", "invalid type"),
@@ -334,6 +376,10 @@ mod tests {
             ("[audio]\nsink = \"speaker\"\n", "sink"),
             ("[queue]\nmax_utterances = 0\n", "queue"),
             ("[stream]\nchunk_frames = 0\n", "stream"),
+            (
+                "[generation]\ntext = \"later\"\n",
+                "unknown variant `later`",
+            ),
             ("[backends]\ndecoder = \"\"\n", "decoder"),
             ("[voices.calm]\nspeaker = \"ryan\"\n", "no instruct"),
             (

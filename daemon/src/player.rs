@@ -267,7 +267,9 @@ impl Player {
         );
         let engine = self.engine().ok_or_else(|| anyhow!("no model is loaded"))?;
         let config = self.config();
-        let voice = resolve_voice(&request.voice, &config.voice, &engine.info, &self.catalog())?;
+        let mut voice =
+            resolve_voice(&request.voice, &config.voice, &engine.info, &self.catalog())?;
+        voice.non_streaming_mode = config.generation.text.non_streaming_mode();
         let stream = StreamConfig {
             first_chunk_frames: config.stream.first_chunk_frames,
             chunk_frames: config.stream.chunk_frames,

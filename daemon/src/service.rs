@@ -184,8 +184,9 @@ impl Service {
             let loaded = tokio::task::spawn_blocking(move || -> Result<_> {
                 let engine = Engine::load_with(&cfg, &loading)?;
                 let catalog = voice_catalog(&engine.info, &cfg);
-                let voice =
+                let mut voice =
                     resolve_voice(&VoiceChoice::default(), &cfg.voice, &engine.info, &catalog)?;
+                voice.non_streaming_mode = cfg.generation.text.non_streaming_mode();
                 loading.set("warming up".into());
                 engine.warm_up(&voice).context("warm-up synthesis failed")?;
                 prepare_locale_voice(&engine, &cfg, &catalog, &voice);

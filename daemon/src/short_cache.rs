@@ -24,6 +24,8 @@ pub struct CacheKey {
     speaker: Option<String>,
     language: String,
     instruct: Option<String>,
+    /// Where the text went (`[generation] text`).
+    non_streaming_mode: Option<bool>,
     /// A cloned voice, by identity (the cache is cleared whenever the voices change).
     clone: Option<usize>,
     /// Rate, pitch and volume as applied, bit for bit.
@@ -38,6 +40,7 @@ impl CacheKey {
             speaker: voice.speaker.clone(),
             language: voice.language.clone(),
             instruct: voice.instruct.clone(),
+            non_streaming_mode: voice.non_streaming_mode,
             clone: voice.clone.as_ref().map(|c| Arc::as_ptr(c) as usize),
             prosody: [rate.to_bits(), pitch.to_bits(), volume.to_bits()],
         })

@@ -792,13 +792,16 @@ fn bench_daemon(label: &str) -> (TempDir, DbusSession, Service) {
         .ok()
         .and_then(|n| n.parse().ok())
         .unwrap_or(40);
+    // Where the talker reads the text (`[generation] text`): auto, prompt or streamed.
+    let text = std::env::var("KAZEIA_BENCH_TEXT").unwrap_or_else(|_| "auto".into());
+    let batch = std::env::var("KAZEIA_BENCH_BATCH").unwrap_or_else(|_| "4".into());
     let dir = TempDir::new(label);
     let config = dir.path().join("kazeia.toml");
     std::fs::write(
         &config,
         format!(
             "[model]\npath = \"{}\"\nweights = \"{weights}\"\n[audio]\nsink = \"null\"\n\
-             [generation]\nmax_frames = {max_frames}\n",
+             [generation]\nmax_frames = {max_frames}\ntext = \"{text}\"\n[stream]\nbatch = {batch}\n",
             model.display()
         ),
     )
@@ -811,13 +814,16 @@ fn bench_daemon(label: &str) -> (TempDir, DbusSession, Service) {
     (dir, bus, daemon)
 }
 
-/// Time to first audio through the daemon, on a real-size model:
+/// Time to first audio through the daemon, on a real-size model (`KAZEIA_BENCH_TEXT=streamed`: the text
+/// streamed into the talker; `KAZEIA_BENCH_BATCH=1`: `[stream] batch`). The daemon loads the CPU plugin beside
+/// its binary when there is one: `cargo build --release -p kazeia-backend-cpu-plugin` first, or it times a
+/// stale build.
 /// `KAZEIA_BENCH_MODEL=/path/to/model KAZEIA_BENCH_WEIGHTS=q4_0 cargo test --release -p kazeiad --test
 /// daemon_dbus daemon_first_audio -- --ignored --nocapture`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "benchmark: needs KAZEIA_BENCH_MODEL"]
 async fn daemon_first_audio() {
-    let (_dir, bus, _daemon) = bench_daemon("daemon-bench");
+    let (_dir, bus, daemon) = bench_daemon("daemon-bench");
     let connection = connect(&bus).await;
     for (what, text) in [
         ("sentence", "The quick brown fox jumps over the lazy dog."),
@@ -864,6 +870,13 @@ async fn daemon_first_audio() {
             first.unwrap().as_secs_f64() * 1e3,
             samples as f64 / 24000.0,
             total.as_secs_f64()
+        );
+    }
+    // Where each utterance's time went, as the daemon logged it.
+    for line in daemon.log().lines().filter(|l| l.contains("utterance")) {
+        eprintln!(
+            "  {}",
+            line.split("utterance").nth(1).unwrap_or(line).trim()
         );
     }
 }
@@ -1352,6 +1365,45 @@ async fn module_first_audio_orca() {
 /// gives the same audio as the text without marks (one generation, not one per word) with every mark once,
 /// in order, never after the end; `Speak` signals every `Mark` once, in order; `sd_kazeia` reports every
 /// `700` index mark once, in order, the first before any audio.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_text_mode_is_the_configured_one_and_changes_without_a_restart() {
+    let dir = TempDir::new("daemon-text-mode");
+    let config = dir.path().join("kazeia.toml");
+    let configure = |mode: &str| {
+        write_config(
+            &config,
+            &quick_model(),
+            "null",
+            &format!("[generation]\ngreedy = true\nmax_frames = 20\ntext = \"{mode}\"\n"),
+        )
+    };
+    configure("prompt");
+    let bus = DbusSession::start(None);
+    let _daemon = start_daemon(&bus, &bus.env(), &config, dir.path().join("kazeiad.log"));
+    let connection = connect(&bus).await;
+    // Longer than the short-utterance cache takes, and more than one text token, so the modes differ.
+    let text = "The text goes where the configuration says.";
+    let (in_prompt, _) = spiel(&connection, text, false).await.unwrap();
+    assert!(!in_prompt.is_empty());
+
+    configure("streamed");
+    call(&bus, "Reload", &[]).unwrap();
+    let (streamed, _) = spiel(&connection, text, false).await.unwrap();
+    assert!(!streamed.is_empty());
+    assert_ne!(
+        streamed, in_prompt,
+        "the text mode did not change the speech"
+    );
+
+    // Greedy decoding: each mode always gives its own audio.
+    configure("prompt");
+    call(&bus, "Reload", &[]).unwrap();
+    assert_eq!(spiel(&connection, text, false).await.unwrap().0, in_prompt);
+    configure("streamed");
+    call(&bus, "Reload", &[]).unwrap();
+    assert_eq!(spiel(&connection, text, false).await.unwrap().0, streamed);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn orca_s_word_marks_are_one_generation_and_each_is_reported_once() {
     let dir = TempDir::new("daemon-orca-marks");

@@ -252,6 +252,9 @@ struct Latency {
     first_audio_ms: f64,
     /// The same with the talker's kept prefixes forgotten first (a voice's first utterance).
     new_voice_first_audio_ms: f64,
+    /// First audio with the text streamed into the talker (`non_streaming_mode=False`, `[generation] text =
+    /// "streamed"`), prefixes kept; `None` where the prompt already streams it.
+    streamed_text_first_audio_ms: Option<f64>,
     stop_ms: f64,
     stop_session_ms: f64,
 }
@@ -272,8 +275,13 @@ fn measure_latency(
         ..StreamConfig::default()
     };
     // One whole session of the benchmark prompt, timed from the request (prompt building included).
-    let session =
-        |control: &SessionControl,
+    let streamed_request = PromptRequest {
+        non_streaming_mode: false,
+        ..request.clone()
+    };
+    let session_of =
+        |request: &PromptRequest,
+         control: &SessionControl,
          on_audio: &mut (dyn FnMut(&[f32]) -> kazeia_engine::Result<()> + Send)| {
             let mut prompts = std::iter::once(()).map(|()| model.prompt(request));
             stream_speech(
@@ -287,18 +295,27 @@ fn measure_latency(
                 on_audio,
             )
         };
-    // First audio with the voice's prefix kept (as the daemon has it after its warm-up), then forgotten.
-    let first_audio = |forget: bool| -> Result<f64> {
-        if forget {
-            model.talker.clear_prefixes();
-        }
-        let report = session(&SessionControl::new(), &mut |_| Ok(()))?;
+    let session =
+        |control: &SessionControl,
+         on_audio: &mut (dyn FnMut(&[f32]) -> kazeia_engine::Result<()> + Send)| {
+            session_of(request, control, on_audio)
+        };
+    let first_audio_of = |request: &PromptRequest| -> Result<f64> {
+        let report = session_of(request, &SessionControl::new(), &mut |_| Ok(()))?;
         Ok(report
             .first_audio
             .map_or(f64::NAN, |d| d.as_secs_f64() * 1e3))
     };
-    let first_audio_ms = first_audio(false)?;
-    let new_voice_first_audio_ms = first_audio(true)?;
+    // First audio with the voice's prefix kept (as the daemon has it after its warm-up), then forgotten.
+    let first_audio_ms = first_audio_of(request)?;
+    model.talker.clear_prefixes();
+    let new_voice_first_audio_ms = first_audio_of(request)?;
+    // The voice's fixed rows are the same in both modes, so the prefix kept by the run above serves this one.
+    let streamed_text_first_audio_ms = if request.non_streaming_mode {
+        Some(first_audio_of(&streamed_request)?)
+    } else {
+        None
+    };
 
     // Stop: a session stopped from another thread once its second chunk is out.
     let control = SessionControl::new();
@@ -326,6 +343,7 @@ fn measure_latency(
     Ok(Some(Latency {
         first_audio_ms,
         new_voice_first_audio_ms,
+        streamed_text_first_audio_ms,
         stop_ms,
         stop_session_ms,
     }))
@@ -402,11 +420,14 @@ pub fn run(args: BenchArgs) -> Result<()> {
             r.decoder_list_s * 1e3,
             latency.as_ref().map_or(String::new(), |l| format!(
                 ", \"first_audio_ms\": {:.1}, \"new_voice_first_audio_ms\": {:.1}, \"stop_ms\": {:.3}, \
-                 \"stop_session_ms\": {:.1}",
+                 \"stop_session_ms\": {:.1}{}",
                 l.first_audio_ms,
                 l.new_voice_first_audio_ms,
                 l.stop_ms,
-                l.stop_session_ms
+                l.stop_session_ms,
+                l.streamed_text_first_audio_ms.map_or(String::new(), |ms| format!(
+                    ", \"streamed_text_first_audio_ms\": {ms:.1}"
+                ))
             )),
             traffic.map_or(String::new(), |(bandwidth, t, cp, _)| format!(
                 ", \"weight_format\": \"{}\", \"read_bandwidth_gbps\": {bandwidth:.2}, \
@@ -481,6 +502,12 @@ pub fn run(args: BenchArgs) -> Result<()> {
             l.stop_ms,
             l.stop_session_ms
         );
+        if let Some(ms) = l.streamed_text_first_audio_ms {
+            println!(
+                "streaming: first audio {ms:.0} ms with the text streamed into the talker (non_streaming_mode=False, \
+                 [generation] text = \"streamed\": a prefill of one row past the voice's)"
+            );
+        }
     }
     println!("RTF {rtf:.3} (wall time / audio time); load {load_s:.1} s; peak RSS {rss:.0} MB");
     if let Some((bandwidth, t, cp, steps)) = traffic {
