@@ -5,8 +5,8 @@
 //! for up to four rows; many rows (a prefill) decode output tiles to f32 and hand them to `gemm`. The kernels
 //! are plain Rust compiled three times (AVX-512, AVX2+FMA, baseline) and picked at run time; on aarch64 the
 //! baseline build is NEON-vectorised. Quantised weights run integer kernels where the CPU has them: x86
-//! AVX512-VNNI on Q4_0 weights repacked at upload (`linear_vnni.rs`, every row count; Q8_0 too with
-//! `KAZEIA_VNNI_Q8=1`), aarch64 NEON/SDOT/SMMLA on Q8_0/Q4_0 (`linear_arm.rs`, few rows).
+//! AVX512-VNNI on Q4_0 and Q8_0 weights repacked at upload (`linear_vnni.rs`, every row count;
+//! `KAZEIA_VNNI_Q8=0` keeps Q8_0 off it), aarch64 NEON/SDOT/SMMLA on Q8_0/Q4_0 (`linear_arm.rs`, few rows).
 
 use kazeia_backend_abi::WeightFormat;
 use rayon::prelude::*;
@@ -165,9 +165,8 @@ impl LinearWeight {
         }
     }
 
-    /// Repacks Q4_0 (and, with `KAZEIA_VNNI_Q8=1`, Q8_0) for the AVX512-VNNI kernel where the CPU has it;
-    /// other weights stay as they are. Q8_0 stays on the float kernel by default: it keeps f32 activations,
-    /// which the Vulkan plugin's Q8_0 results are compared with exactly.
+    /// Repacks Q4_0 and Q8_0 for the AVX512-VNNI kernel where the CPU has it (int8 activations, as on
+    /// aarch64; `KAZEIA_VNNI_Q8=0` keeps Q8_0 on the float kernel); other weights stay as they are.
     fn for_this_cpu(self) -> Self {
         #[cfg(target_arch = "x86_64")]
         if crate::linear_vnni::usable() {

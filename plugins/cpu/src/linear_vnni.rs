@@ -87,10 +87,11 @@ pub(crate) fn usable() -> bool {
     })
 }
 
-/// Whether Q8_0 weights take this kernel too (`KAZEIA_VNNI_Q8=1`; off by default, see `LinearWeight::new`).
+/// Whether Q8_0 weights take this kernel too (`KAZEIA_VNNI_Q8=0` keeps them on the float kernel, with f32
+/// activations, to compare).
 pub(crate) fn q8_0_enabled() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var_os("KAZEIA_VNNI_Q8").is_some_and(|v| v == "1"))
+    *ON.get_or_init(|| std::env::var_os("KAZEIA_VNNI_Q8").is_none_or(|v| v != "0"))
 }
 
 /// A Q4_0 or Q8_0 weight `[out][in]` in the group layout.

@@ -91,8 +91,8 @@ fn every_kernel_passes_the_self_test_with_either_reduction() {
 #[test]
 fn linear_layers_in_every_format_and_row_count_match_the_cpu() {
     // F32 through both kernels; the stored formats decode to exactly the CPU backend's values, so only the
-    // summation order differs (Q4_0: the CPU quantises activations to int8 on VNNI machines, so it is compared
-    // with F32 math on its dequantised weights instead, which is what the device computes).
+    // summation order differs (Q8_0, Q4_0: the CPU quantises activations to int8 on VNNI and ARM machines, so
+    // they are compared with F32 math on their dequantised weights instead, which is what the device computes).
     for (out, inp) in [(64, 64), (37, 80), (130, 1024)] {
         let w = values(out * inp, 1, 0.1);
         let bias = values(out, 2, 0.5);
@@ -104,9 +104,9 @@ fn linear_layers_in_every_format_and_row_count_match_the_cpu() {
             WeightFormat::Q4_0,
         ] {
             let gpu_w = backend(true).upload_linear(&w, out, inp, Some(&bias), format);
-            let cpu_w = if format == WeightFormat::Q4_0 {
+            let cpu_w = if matches!(format, WeightFormat::Q8_0 | WeightFormat::Q4_0) {
                 let bytes = Backend::export_linear(backend(true), &gpu_w).unwrap();
-                let held = dequantized(&bytes, out, inp);
+                let held = dequantized(&bytes, out, inp, format);
                 cpu().upload_linear(&held, out, inp, Some(&bias), WeightFormat::F32)
             } else {
                 cpu().upload_linear(&w, out, inp, Some(&bias), format)
@@ -131,21 +131,25 @@ fn linear_layers_in_every_format_and_row_count_match_the_cpu() {
     }
 }
 
-/// `[out][inp]` values of a Q4_0 weight from its export bytes.
-fn dequantized(bytes: &[u8], out: usize, inp: usize) -> Vec<f32> {
+/// `[out][inp]` values of a Q8_0 or Q4_0 weight from its export bytes.
+fn dequantized(bytes: &[u8], out: usize, inp: usize, format: WeightFormat) -> Vec<f32> {
     let padded = inp.div_ceil(32) * 32;
     let body = &bytes[33..];
     let blocks = out * padded / 32;
     let scale = |b: usize| f32::from_le_bytes(body[4 * b..4 * b + 4].try_into().unwrap());
-    let nibbles = &body[4 * blocks..];
+    let quants = &body[4 * blocks..];
     let mut w = Vec::with_capacity(out * inp);
     for o in 0..out {
         for i in 0..inp {
             let idx = o * padded + i;
             let (b, e) = (idx / 32, idx % 32);
-            let byte = nibbles[b * 16 + e % 16];
-            let q = if e < 16 { byte & 15 } else { byte >> 4 };
-            w.push((q as i32 - 8) as f32 * scale(b));
+            let q = if format == WeightFormat::Q8_0 {
+                quants[idx] as i8 as i32
+            } else {
+                let byte = quants[b * 16 + e % 16];
+                (if e < 16 { byte & 15 } else { byte >> 4 }) as i32 - 8
+            };
+            w.push(q as f32 * scale(b));
         }
     }
     w
