@@ -13,6 +13,8 @@ trait Lanes16 {
     /// `o` must be an output row of the weight and `i + 16 ≤` its padded row length, `i` a multiple of 16.
     unsafe fn load16(&self, o: usize, i: usize, scale: __m512) -> __m512;
     fn scale(&self, o: usize, b: usize) -> f32;
+    /// Where weight `i` of row `o` is stored (for prefetching: computed, never read here).
+    fn addr(&self, o: usize, i: usize) -> *const u8;
 }
 
 struct F32<'a>(&'a [f32], usize);
@@ -22,6 +24,9 @@ struct Q8<'a>(&'a [f32], &'a [i8], usize);
 struct Q4<'a>(&'a [f32], &'a [u8], usize);
 
 impl Lanes16 for F32<'_> {
+    fn addr(&self, o: usize, i: usize) -> *const u8 {
+        self.0.as_ptr().wrapping_add(o * self.1 + i).cast()
+    }
     #[inline(always)]
     unsafe fn load16(&self, o: usize, i: usize, _: __m512) -> __m512 {
         // SAFETY: the caller runs with AVX-512 enabled and `o`, `i` in range (`load16`'s contract), so the 16
@@ -34,6 +39,9 @@ impl Lanes16 for F32<'_> {
 }
 
 impl Lanes16 for Bf16<'_> {
+    fn addr(&self, o: usize, i: usize) -> *const u8 {
+        self.0.as_ptr().wrapping_add(o * self.1 + i).cast()
+    }
     #[inline(always)]
     unsafe fn load16(&self, o: usize, i: usize, _: __m512) -> __m512 {
         // SAFETY: the caller runs with AVX-512 enabled and `o`, `i` in range (`load16`'s contract), so the 16
@@ -51,6 +59,9 @@ impl Lanes16 for Bf16<'_> {
 }
 
 impl Lanes16 for F16<'_> {
+    fn addr(&self, o: usize, i: usize) -> *const u8 {
+        self.0.as_ptr().wrapping_add(o * self.1 + i).cast()
+    }
     #[inline(always)]
     unsafe fn load16(&self, o: usize, i: usize, _: __m512) -> __m512 {
         // SAFETY: the caller runs with AVX-512 enabled and `o`, `i` in range (`load16`'s contract), so the 16
@@ -66,6 +77,9 @@ impl Lanes16 for F16<'_> {
 }
 
 impl Lanes16 for Q8<'_> {
+    fn addr(&self, o: usize, i: usize) -> *const u8 {
+        self.1.as_ptr().wrapping_add(o * self.2 + i).cast()
+    }
     #[inline(always)]
     unsafe fn load16(&self, o: usize, i: usize, scale: __m512) -> __m512 {
         // SAFETY: the caller runs with AVX-512 enabled and `o`, `i` in range (`load16`'s contract), so the 16
@@ -85,6 +99,9 @@ impl Lanes16 for Q8<'_> {
 }
 
 impl Lanes16 for Q4<'_> {
+    fn addr(&self, o: usize, i: usize) -> *const u8 {
+        self.1.as_ptr().wrapping_add((o * self.2 + i) / 2)
+    }
     /// Element j (j < 16) of a block is the low nibble of byte j, element j + 16 its high nibble.
     #[inline(always)]
     unsafe fn load16(&self, o: usize, i: usize, scale: __m512) -> __m512 {
@@ -109,6 +126,9 @@ impl Lanes16 for Q4<'_> {
     }
 }
 
+/// How far ahead of the weight stream [`dot_row`] prefetches.
+const PREFETCH_BYTES: usize = 4096;
+
 /// Rows `r0..r0+R` against output row `o`: each weight block is decoded once for the `R` rows; two
 /// accumulators per row keep the FMAs independent. (Several output rows at once — more weight streams in
 /// flight — measured 2× slower here.)
@@ -129,6 +149,8 @@ unsafe fn dot_row<const R: usize, L: Lanes16>(
     unsafe {
         let mut acc = [[_mm512_setzero_ps(); 2]; R];
         for b in 0..k / BLOCK {
+            // A prefetch reads nothing the program sees, wherever it points (past the row: the next one's).
+            _mm_prefetch::<_MM_HINT_T0>(l.addr(o, b * BLOCK).wrapping_add(PREFETCH_BYTES).cast());
             let scale = _mm512_set1_ps(l.scale(o, b));
             let w0 = l.load16(o, b * BLOCK, scale);
             let w1 = l.load16(o, b * BLOCK + 16, scale);
