@@ -537,7 +537,7 @@ unsafe fn tile<const O: usize, const R: usize>(
         match w.kind {
             Kind::Q4_0 => {
                 for p in 0..4 {
-                    if R == 1 {
+                    {
                         let ahead =
                             w_data.wrapping_add(g * w_group + p * w_vector + PREFETCH_BYTES);
                         // A prefetch reads nothing the program sees, wherever it points (a safe intrinsic).
