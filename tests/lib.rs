@@ -48,6 +48,23 @@ pub fn cpu_plugin() -> PathBuf {
         .clone()
 }
 
+/// The CPU plugin built as [`cpu_plugin`] is, but with the release profile: what benchmarks time.
+pub fn cpu_plugin_release() -> PathBuf {
+    static PLUGIN: OnceLock<PathBuf> = OnceLock::new();
+    PLUGIN
+        .get_or_init(|| {
+            let name = format!(
+                "libkazeia_backend_cpu_plugin{}",
+                std::env::consts::DLL_SUFFIX
+            );
+            let target = build_for_tests(&["--release", "-p", "kazeia-backend-cpu-plugin"]);
+            let built = target.join("release").join(&name);
+            assert!(built.is_file(), "{} was not built", built.display());
+            built
+        })
+        .clone()
+}
+
 /// The Vulkan backend built as a plugin (`libkazeia_backend_vulkan.so`), built the way [`cpu_plugin`] is.
 pub fn vulkan_plugin() -> PathBuf {
     static PLUGIN: OnceLock<PathBuf> = OnceLock::new();

@@ -810,14 +810,23 @@ fn bench_daemon(label: &str) -> (TempDir, DbusSession, Service) {
     // The latency lines of the debug log, for the breakdowns.
     let mut env = bus.env();
     env.push(("RUST_LOG".into(), "kazeia=debug".into()));
+    // The CPU plugin built now from this tree: found first, it wins over an equal (maybe stale) build that an
+    // earlier `cargo build` left beside the daemon's binary.
+    let plugin_dir = kazeia_tests::cpu_plugin_release()
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    env.push((
+        "KAZEIA_PLUGIN_PATH".into(),
+        plugin_dir.display().to_string(),
+    ));
     let daemon = start_daemon(&bus, &env, &config, dir.path().join("kazeiad.log"));
     (dir, bus, daemon)
 }
 
 /// Time to first audio through the daemon, on a real-size model (`KAZEIA_BENCH_TEXT=streamed`: the text
-/// streamed into the talker; `KAZEIA_BENCH_BATCH=1`: `[stream] batch`). The daemon loads the CPU plugin beside
-/// its binary when there is one: `cargo build --release -p kazeia-backend-cpu-plugin` first, or it times a
-/// stale build.
+/// streamed into the talker; `KAZEIA_BENCH_BATCH=1`: `[stream] batch`). The daemon runs on the CPU plugin
+/// built from this tree (`bench_daemon`).
 /// `KAZEIA_BENCH_MODEL=/path/to/model KAZEIA_BENCH_WEIGHTS=q4_0 cargo test --release -p kazeiad --test
 /// daemon_dbus daemon_first_audio -- --ignored --nocapture`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

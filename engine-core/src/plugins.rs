@@ -249,17 +249,23 @@ pub fn device_index(devices: &[String], wanted: &str) -> Result<u32, String> {
 
 /// A backend for a stage by name (`NAME` or `NAME:DEVICE`, the device an index or part of its name), with
 /// the message to log when it had to fall back to the built-in CPU backend.
+/// The usable plugin named `name` with the highest score; among equal scores the one found first, so a
+/// configured directory or `KAZEIA_PLUGIN_PATH` wins over an equal build beside the binary (in a source tree,
+/// the one an earlier `cargo build` left there) or in the install prefixes.
+fn best_plugin<'a>(plugins: &'a [PluginInfo], name: &str) -> Option<&'a PluginInfo> {
+    plugins
+        .iter()
+        .filter(|p| p.name == name && p.is_available())
+        .min_by_key(|p| std::cmp::Reverse(p.score))
+}
+
 pub fn backend_named(
     spec: &str,
     threads: usize,
     plugins: &[PluginInfo],
 ) -> (Arc<dyn Backend>, Option<String>) {
     let (name, device) = split_device(spec);
-    let best = plugins
-        .iter()
-        .filter(|p| p.name == name && p.is_available())
-        .max_by_key(|p| p.score);
-    if let Some(plugin) = best {
+    if let Some(plugin) = best_plugin(plugins, name) {
         let index = match device.map(|d| device_index(&plugin.devices, d)).transpose() {
             Ok(index) => index.unwrap_or(0),
             Err(e) => {
@@ -776,6 +782,29 @@ impl Backend for PluginBackend {
 #[cfg(test)]
 mod device_tests {
     use super::*;
+
+    #[test]
+    fn the_best_score_wins_and_the_first_found_among_equals() {
+        let plugin = |path: &str, name: &str, score: i32, usable: bool| PluginInfo {
+            path: path.into(),
+            name: name.into(),
+            score,
+            devices: Vec::new(),
+            unavailable: (!usable).then(|| "no".into()),
+            api: None,
+        };
+        let found = [
+            plugin("configured/avx2", "cpu", 20, true),
+            plugin("configured/avx512", "cpu", 30, true),
+            plugin("beside-binary/avx512", "cpu", 30, true),
+            plugin("prefix/best-but-broken", "cpu", 90, false),
+            plugin("prefix/vulkan", "vulkan", 50, true),
+        ];
+        let best = |name| best_plugin(&found, name).map(|p| p.path.to_str().unwrap().to_owned());
+        assert_eq!(best("cpu").as_deref(), Some("configured/avx512"));
+        assert_eq!(best("vulkan").as_deref(), Some("prefix/vulkan"));
+        assert_eq!(best("hexagon"), None);
+    }
 
     #[test]
     fn devices_by_index_or_name() {
