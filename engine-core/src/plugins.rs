@@ -6,7 +6,8 @@
 //! candidates. A plugin that fails to load, lacks the entry symbol, speaks another ABI version or scores ≤ 0 on
 //! this machine is reported unavailable with the reason; nothing crashes. Loaded plugins are never unloaded.
 //!
-//! Stage backends are chosen by name: `cpu` takes the best-scoring `cpu` plugin build, else the built-in CPU
+//! Stage backends are chosen by name: `cpu` takes the best-scoring `cpu` plugin build (the first found among
+//! equal scores, so the search order above decides), else the built-in CPU
 //! backend (always there); any other name falls back to the built-in CPU backend with a warning when no
 //! usable plugin of that name exists.
 
