@@ -21,7 +21,7 @@ use crate::queue::{Event, Interrupt, Interruption, Lane, Limits, Reason, SpeechQ
 use crate::request::{Output, Request};
 use crate::runs::{steps, Out, Placement, RunMark, Step};
 use crate::short_cache::{self, CacheKey, ShortCache};
-use crate::voices::{resolve_voice, Catalog};
+use crate::voices::{speech_voice, Catalog};
 use kazeia_spiel::{ClientPipe, EventKind, SpielWriter};
 
 /// The utterance being spoken, as pause/resume/stop reach it.
@@ -267,9 +267,7 @@ impl Player {
         );
         let engine = self.engine().ok_or_else(|| anyhow!("no model is loaded"))?;
         let config = self.config();
-        let mut voice =
-            resolve_voice(&request.voice, &config.voice, &engine.info, &self.catalog())?;
-        voice.non_streaming_mode = config.generation.text.non_streaming_mode();
+        let voice = speech_voice(&request.voice, &config, &engine.info, &self.catalog())?;
         let stream = StreamConfig {
             first_chunk_frames: config.stream.first_chunk_frames,
             chunk_frames: config.stream.chunk_frames,

@@ -17,7 +17,7 @@ use crate::player::Player;
 use crate::queue::{Id, Priority, QueueError};
 use crate::request::{Output, Request, RequestProsody, VoiceChoice};
 use crate::voice_store;
-use crate::voices::{check_instruct, resolve_voice, Catalog};
+use crate::voices::{check_instruct, resolve_voice, speech_voice, Catalog};
 
 /// A request's options, from `Speak`'s `a{sv}` or Spiel's arguments.
 #[derive(Clone, Debug)]
@@ -184,9 +184,7 @@ impl Service {
             let loaded = tokio::task::spawn_blocking(move || -> Result<_> {
                 let engine = Engine::load_with(&cfg, &loading)?;
                 let catalog = voice_catalog(&engine.info, &cfg);
-                let mut voice =
-                    resolve_voice(&VoiceChoice::default(), &cfg.voice, &engine.info, &catalog)?;
-                voice.non_streaming_mode = cfg.generation.text.non_streaming_mode();
+                let voice = speech_voice(&VoiceChoice::default(), &cfg, &engine.info, &catalog)?;
                 loading.set("warming up".into());
                 engine.warm_up(&voice).context("warm-up synthesis failed")?;
                 prepare_locale_voice(&engine, &cfg, &catalog, &voice);
@@ -304,7 +302,7 @@ fn prepare_locale_voice(engine: &Engine, config: &DaemonConfig, catalog: &Catalo
         ..VoiceChoice::default()
     };
     // A language the model does not speak is the client's to hear about, not the warm-up's.
-    let Ok(voice) = resolve_voice(&choice, &config.voice, &engine.info, catalog) else {
+    let Ok(voice) = speech_voice(&choice, config, &engine.info, catalog) else {
         return;
     };
     if voice.language != warm.language {

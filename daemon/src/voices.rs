@@ -7,7 +7,7 @@ use std::sync::Arc;
 use anyhow::{bail, Result};
 use kazeia_engine::synth::{ClonePrompt, Voice};
 
-use crate::config::{NamedVoice, VoiceSection};
+use crate::config::{DaemonConfig, NamedVoice, VoiceSection};
 use crate::engine::EngineInfo;
 use crate::request::VoiceChoice;
 use crate::voice_store::{CloneData, StoredVoice};
@@ -370,6 +370,19 @@ pub fn resolve_voice(
         non_streaming_mode: None,
         clone: clone.map(|c| c.prompt.clone()),
     })
+}
+
+/// [`resolve_voice`] as synthesis speaks it: with the configured `[generation] text` mode (which also decides a
+/// cloned voice's fixed prompt rows, so preparing a voice takes it too).
+pub fn speech_voice(
+    choice: &VoiceChoice,
+    config: &DaemonConfig,
+    info: &EngineInfo,
+    catalog: &Catalog,
+) -> Result<Voice> {
+    let mut voice = resolve_voice(choice, &config.voice, info, catalog)?;
+    voice.non_streaming_mode = config.generation.text.non_streaming_mode();
+    Ok(voice)
 }
 
 fn find_speaker(name: &str, info: &EngineInfo) -> Result<String> {
