@@ -8,8 +8,9 @@
 //!
 //! The talker and the code predictor are memory-bound: each step reads all its weights. Their rows show the
 //! weight bytes one frame reads (`FrameBytes`, from the config and the resident format), the rate achieved
-//! (bytes / measured time per frame) and its share of the machine's streaming read bandwidth, measured by a
-//! short probe with the same thread count after the runs (`bandwidth.rs`).
+//! (bytes / measured time per frame) and its share of the machine's streaming read rate over the same bytes:
+//! a short probe after the runs, with the same thread count, reading a buffer of one step's weights again and
+//! again, so that caches hold as much of it as of the stage's weights (`bandwidth.rs`).
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -28,7 +29,7 @@ use kazeia_engine::tokenizer::{assistant_text, TextTokenizer};
 use kazeia_engine::weights::{WeightFile, Weights};
 use kazeia_engine::{WeightFormat, WeightStorage};
 
-use crate::bandwidth::{read_bandwidth_gbps, PROBE_BYTES};
+use crate::bandwidth::read_bandwidth_gbps;
 use crate::common_args::BackendArgs;
 use kazeiad::model_path::resolve_model;
 
@@ -383,10 +384,10 @@ pub fn run(args: BenchArgs) -> Result<()> {
     // After the peak RSS is read: the probe's buffer is not the model's memory.
     let traffic = loaded.model.as_ref().map(|model| {
         let bytes = model.config.frame_weight_bytes(loaded.format);
-        let bandwidth = read_bandwidth_gbps(args.threads);
-        let talker = Traffic::new(bytes.talker, r.talker_s / frames, bandwidth);
-        let cp = Traffic::new(bytes.code_predictor, r.cp_s / frames, bandwidth);
-        (bandwidth, talker, cp, bytes.code_predictor_steps)
+        let steps = bytes.code_predictor_steps;
+        let talker = Traffic::new(bytes.talker, 1, r.talker_s / frames, args.threads);
+        let cp = Traffic::new(bytes.code_predictor, steps, r.cp_s / frames, args.threads);
+        (talker, cp, steps)
     });
 
     if args.json {
@@ -429,17 +430,19 @@ pub fn run(args: BenchArgs) -> Result<()> {
                     ", \"streamed_text_first_audio_ms\": {ms:.1}"
                 ))
             )),
-            traffic.map_or(String::new(), |(bandwidth, t, cp, _)| format!(
-                ", \"weight_format\": \"{}\", \"read_bandwidth_gbps\": {bandwidth:.2}, \
-                 \"talker_weight_mb_per_frame\": {:.2}, \"talker_gbps\": {:.2}, \"talker_bandwidth_share\": {:.3}, \
-                 \"cp_weight_mb_per_frame\": {:.2}, \"cp_gbps\": {:.2}, \"cp_bandwidth_share\": {:.3}",
+            traffic.as_ref().map_or(String::new(), |(t, cp, _)| format!(
+                ", \"weight_format\": \"{}\", \
+                 \"talker_weight_mb_per_frame\": {:.2}, \"talker_gbps\": {:.2}, \"talker_probe_gbps\": {:.2}, \"talker_bandwidth_share\": {:.3}, \
+                 \"cp_weight_mb_per_frame\": {:.2}, \"cp_gbps\": {:.2}, \"cp_probe_gbps\": {:.2}, \"cp_bandwidth_share\": {:.3}",
                 loaded.format,
                 t.mb,
                 t.gbps,
-                t.share,
+                t.probe_gbps,
+                t.share(),
                 cp.mb,
                 cp.gbps,
-                cp.share
+                cp.probe_gbps,
+                cp.share()
             ))
         );
         return Ok(());
@@ -510,23 +513,22 @@ pub fn run(args: BenchArgs) -> Result<()> {
         }
     }
     println!("RTF {rtf:.3} (wall time / audio time); load {load_s:.1} s; peak RSS {rss:.0} MB");
-    if let Some((bandwidth, t, cp, steps)) = traffic {
+    if let Some((t, cp, steps)) = traffic {
         println!(
-            "weights read per frame ({}) against the read bandwidth: {bandwidth:.1} GB/s ({} thread(s), {} MiB, best pass)",
-            loaded.format,
-            args.threads,
-            PROBE_BYTES >> 20
+            "weights read per frame ({}) against a plain read of one step's bytes, repeated ({} thread(s), best pass)",
+            loaded.format, args.threads,
         );
         println!(
-            "{:<30}{:>12}{:>12}{:>16}",
-            "stage", "MB/frame", "GB/s", "of bandwidth"
+            "{:<30}{:>12}{:>12}{:>14}{:>10}",
+            "stage", "MB/frame", "GB/s", "probe GB/s", "share"
         );
         let row = |name: String, x: &Traffic| {
             println!(
-                "{name:<30}{:>12.1}{:>12.1}{:>14.0} %",
+                "{name:<30}{:>12.1}{:>12.1}{:>14.1}{:>8.0} %",
                 x.mb,
                 x.gbps,
-                x.share * 100.0
+                x.probe_gbps,
+                x.share() * 100.0
             )
         };
         row("talker".into(), &t);
@@ -538,21 +540,26 @@ pub fn run(args: BenchArgs) -> Result<()> {
     Ok(())
 }
 
-/// One memory-bound stage: weight bytes per frame, the rate achieved, its share of the measured bandwidth.
+/// One memory-bound stage: weight bytes per frame, the rate achieved, and the probe's rate over one step's bytes.
 struct Traffic {
     mb: f64,
     gbps: f64,
-    share: f64,
+    probe_gbps: f64,
 }
 
 impl Traffic {
-    fn new(bytes: u64, s_per_frame: f64, bandwidth_gbps: f64) -> Self {
-        let gbps = bytes as f64 / s_per_frame / 1e9;
+    /// `bytes` per frame read in `steps` equal steps in `s_per_frame`; probed with `threads` threads.
+    fn new(bytes: u64, steps: u64, s_per_frame: f64, threads: usize) -> Self {
+        let step_bytes = bytes / steps.max(1);
         Traffic {
             mb: bytes as f64 / 1e6,
-            gbps,
-            share: gbps / bandwidth_gbps,
+            gbps: bytes as f64 / s_per_frame / 1e9,
+            probe_gbps: read_bandwidth_gbps(threads, step_bytes as usize),
         }
+    }
+
+    fn share(&self) -> f64 {
+        self.gbps / self.probe_gbps
     }
 }
 

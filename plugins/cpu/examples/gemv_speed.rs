@@ -46,7 +46,10 @@ fn main() {
             .map(|_| backend.upload_linear(&w, out, inp, None, format))
             .collect();
         let mut y = vec![0.0; rows * out];
-        let iters = (400_000_000 / (out * inp * rows)).clamp(200, 20_000);
+        let iters = std::env::var("GEMV_ITERS")
+            .ok()
+            .and_then(|i| i.parse().ok())
+            .unwrap_or((400_000_000 / (out * inp * rows)).clamp(200, 20_000));
         let start = Instant::now();
         for i in 0..iters {
             backend.linear(&layers[i % layers.len()], &x, rows, &mut y);
