@@ -304,25 +304,17 @@ impl PackedActs {
         } else {
             Vec::new()
         };
-        let mut block = [0i8; BLOCK];
-        for r in 0..rows {
-            for (blk, xb) in x[r * k..(r + 1) * k].chunks_exact(BLOCK).enumerate() {
-                let (g, b) = (blk / GROUP, blk % GROUP);
-                let lane = (r * groups + g) * GROUP + b;
-                // SAFETY: weights (and so activations) are packed only where `usable` found AVX-512F/BW.
-                let (scale, sum) = unsafe { quantize_block_avx512(xb, &mut block) };
-                scales[lane] = scale;
-                if kind == Kind::Q4_0 {
-                    corrections[lane] = -8 * sum;
-                }
-                // Four values of the block per vector: one 32-bit store each.
-                for j in 0..8 {
-                    let vector = ((r * groups + g) * 8 + j) * LANES_BYTES;
-                    let four: [u8; 4] = std::array::from_fn(|t| (block[4 * j + t] as u8) ^ offset);
-                    quants[vector + 4 * b..vector + 4 * b + 4].copy_from_slice(&four);
-                }
-            }
-        }
+        // SAFETY: weights (and so activations) are packed only where `usable` found AVX-512F/BW.
+        unsafe {
+            quantize_rows_avx512(
+                &x[..rows * k],
+                k,
+                offset,
+                quants,
+                &mut scales,
+                (kind == Kind::Q4_0).then_some(&mut corrections[..]),
+            )
+        };
         PackedActs {
             rows,
             groups,
@@ -333,12 +325,69 @@ impl PackedActs {
     }
 }
 
+/// Quantises the rows of `x` (`k` values each, `k` a multiple of 32) into the group layout: block `b` of group
+/// `g` of row `r` gives lane `(r · groups + g) · 16 + b` of `scales` (and of `corrections`, `−8 ·` its sum, for
+/// Q4_0 weights) and four bytes (XOR `offset`) to each of the row-group's eight vectors of `quants`.
+///
+/// One function compiled for AVX-512, so the block quantisation inlines and consecutive blocks overlap (called
+/// block by block from plain code, a block cost ~120 cycles: 5 µs of every one-row linear layer on 1024 inputs).
+///
+/// # Safety
+/// The CPU must support AVX-512F/BW.
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn quantize_rows_avx512(
+    x: &[f32],
+    k: usize,
+    offset: u8,
+    quants: &mut [u8],
+    scales: &mut [f32],
+    mut corrections: Option<&mut [i32]>,
+) {
+    let groups = k.div_ceil(GROUP_IN);
+    let rows = x.len() / k;
+    assert!(k.is_multiple_of(BLOCK) && x.len() == rows * k);
+    assert!(
+        quants.len() >= rows * groups * 8 * LANES_BYTES && scales.len() >= rows * groups * GROUP
+    );
+    assert!(corrections
+        .as_ref()
+        .is_none_or(|c| c.len() >= rows * groups * GROUP));
+    let offset_word = u32::from_ne_bytes([offset; 4]);
+    let mut block = [0i8; BLOCK];
+    for (r, row) in x.chunks_exact(k).enumerate() {
+        for (blk, xb) in row.chunks_exact(BLOCK).enumerate() {
+            let (g, b) = (blk / GROUP, blk % GROUP);
+            let lane = (r * groups + g) * GROUP + b;
+            // SAFETY: AVX-512F/BW (this function's contract).
+            let (scale, sum) = unsafe { quantize_block_avx512(xb, &mut block) };
+            scales[lane] = scale;
+            if let Some(c) = corrections.as_deref_mut() {
+                c[lane] = -8 * sum;
+            }
+            // Values 4j..4j+4 of the block go to vector j, at the block's lane: one 32-bit store each.
+            let first = (r * groups + g) * 8 * LANES_BYTES + 4 * b;
+            for j in 0..8 {
+                let four = u32::from_ne_bytes(std::array::from_fn(|t| block[4 * j + t] as u8));
+                // SAFETY: `first + j · 64 + 4 ≤ (r · groups + g + 1) · 512 ≤ quants.len()` (asserted above).
+                unsafe {
+                    quants
+                        .as_mut_ptr()
+                        .add(first + j * LANES_BYTES)
+                        .cast::<u32>()
+                        .write_unaligned(four ^ offset_word)
+                };
+            }
+        }
+    }
+}
+
 /// [`quantize_block`] on AVX-512, bit for bit (the same products, the same rounding: truncation and the exact
 /// remainder), and the sum of the quantised values. A block holding a NaN takes the scalar function, whose
 /// maximum skips NaNs where the vector one would not.
 ///
 /// # Safety
 /// The CPU must support AVX-512F/BW.
+#[inline]
 #[target_feature(enable = "avx512f,avx512bw")]
 unsafe fn quantize_block_avx512(block: &[f32], quants: &mut [i8; BLOCK]) -> (f32, i32) {
     assert_eq!(block.len(), BLOCK);
