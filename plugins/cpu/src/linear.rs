@@ -361,7 +361,13 @@ impl LinearWeight {
         let quantized = match &self.storage {
             Storage::Vnni(packed) => Some((
                 packed,
-                crate::linear_vnni::PackedActs::new(x, rows, self.padded_in, packed.kind),
+                crate::linear_vnni::PackedActs::new(
+                    x,
+                    rows,
+                    self.padded_in,
+                    packed.kind,
+                    threads > 1,
+                ),
             )),
             _ => None,
         };

@@ -32,6 +32,8 @@ const GROUP_IN: usize = GROUP * BLOCK;
 const LANES_BYTES: usize = 64;
 /// Output rows whose weights one pass over a row tile reads (their groups stay in cache between tiles).
 const OUTPUT_BLOCK: usize = 16;
+/// Activation rows one task quantises when a call's rows are split across threads.
+const ROWS_PER_TASK: usize = 4;
 /// How far ahead of the weight stream a one-row tile prefetches.
 const PREFETCH_BYTES: usize = 4096;
 
@@ -291,30 +293,51 @@ pub(crate) struct PackedActs {
 }
 
 impl PackedActs {
-    /// Quantises `rows` rows of `k` values (`k` a multiple of 32, the weight's padded input) for `kind`.
-    pub fn new(x: &[f32], rows: usize, k: usize, kind: Kind) -> Self {
+    /// Quantises `rows` rows of `k` values (`k` a multiple of 32, the weight's padded input) for `kind`; with
+    /// `parallel`, groups of [`ROWS_PER_TASK`] rows on the pool (a prefill's 15 rows are ~500 blocks per layer
+    /// input, which one thread quantised while the others waited).
+    pub fn new(x: &[f32], rows: usize, k: usize, kind: Kind, parallel: bool) -> Self {
+        use rayon::prelude::*;
         assert!(k.is_multiple_of(BLOCK) && x.len() >= rows * k);
         let groups = k.div_ceil(GROUP_IN);
         let offset = if kind == Kind::Q8_0 { 0x80 } else { 0 };
         let mut lines = Lines::new(rows * groups * 8 * LANES_BYTES, offset);
         let quants = lines.bytes_mut();
         let mut scales = vec![0.0; rows * groups * GROUP];
-        let mut corrections = if kind == Kind::Q4_0 {
-            vec![0; rows * groups * GROUP]
+        // Split along with the rest even for Q8_0 (which keeps none), so that every part has its share.
+        let mut corrections = vec![0; rows * groups * GROUP];
+        let q4 = kind == Kind::Q4_0;
+        let per_task = if parallel { ROWS_PER_TASK } else { rows.max(1) };
+        let part = |(((x, quants), scales), corrections): (
+            ((&[f32], &mut [u8]), &mut [f32]),
+            &mut [i32],
+        )| {
+            // SAFETY: weights (and so activations) are packed only where `usable` found AVX-512F/BW.
+            unsafe { quantize_rows_avx512(x, k, offset, quants, scales, q4.then_some(corrections)) }
+        };
+        let (x_part, q_part, lane_part) = (
+            per_task * k,
+            per_task * groups * 8 * LANES_BYTES,
+            per_task * groups * GROUP,
+        );
+        if parallel && rows > per_task {
+            x[..rows * k]
+                .par_chunks(x_part)
+                .zip(quants.par_chunks_mut(q_part))
+                .zip(scales.par_chunks_mut(lane_part))
+                .zip(corrections.par_chunks_mut(lane_part))
+                .for_each(part);
         } else {
-            Vec::new()
-        };
-        // SAFETY: weights (and so activations) are packed only where `usable` found AVX-512F/BW.
-        unsafe {
-            quantize_rows_avx512(
-                &x[..rows * k],
-                k,
-                offset,
-                quants,
-                &mut scales,
-                (kind == Kind::Q4_0).then_some(&mut corrections[..]),
-            )
-        };
+            x[..rows * k]
+                .chunks(x_part)
+                .zip(quants.chunks_mut(q_part))
+                .zip(scales.chunks_mut(lane_part))
+                .zip(corrections.chunks_mut(lane_part))
+                .for_each(part);
+        }
+        if !q4 {
+            corrections = Vec::new();
+        }
         PackedActs {
             rows,
             groups,
@@ -778,7 +801,7 @@ mod tests {
                     for r in 0..rows {
                         xp[r * k..r * k + inp].copy_from_slice(&x[r * inp..(r + 1) * inp]);
                     }
-                    let acts = PackedActs::new(&xp, rows, k, packed.kind);
+                    let acts = PackedActs::new(&xp, rows, k, packed.kind, rows % 2 == 1);
                     for (o0, o1) in [(0, out), (1, out), (0, out / 2 + 1)] {
                         let mut got = vec![0.0; rows * (o1 - o0)];
                         // SAFETY: `usable()` checked the CPU.
