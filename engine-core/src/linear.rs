@@ -84,37 +84,67 @@ pub fn load_linear(
     bias: bool,
     storage: WeightStorage,
 ) -> Result<Weight> {
-    let weight_name = format!("{name}.weight");
+    load_stacked_linear(backend, weights, &[(name, out)], inp, bias, storage)
+}
+
+/// One linear layer whose output rows are those of the checkpoint's layers `parts` (name, output rows), in
+/// order: layers that read the same input (q/k/v, gate/up) run as one op, so its input is prepared once (the
+/// int8 kernels quantise it) and its threads are forked once. Each output is the same dot product as in its
+/// own layer. Kept "as stored" in the parts' common format (f32 where they differ); cached under the parts'
+/// names joined by `+`.
+pub fn load_stacked_linear(
+    backend: &dyn Backend,
+    weights: &dyn Weights,
+    parts: &[(&str, usize)],
+    inp: usize,
+    bias: bool,
+    storage: WeightStorage,
+) -> Result<Weight> {
+    let weight_names: Vec<String> = parts.iter().map(|(n, _)| format!("{n}.weight")).collect();
+    let out: usize = parts.iter().map(|&(_, o)| o).sum();
     let format = match storage {
-        WeightStorage::AsStored => weights.stored_format(&weight_name),
+        WeightStorage::AsStored => {
+            let first = weights.stored_format(&weight_names[0]);
+            if weight_names
+                .iter()
+                .all(|n| weights.stored_format(n) == first)
+            {
+                first
+            } else {
+                WeightFormat::F32
+            }
+        }
         WeightStorage::Convert(format) => format,
     };
-    if let Some(bytes) = weights.cached_linear(&weight_name) {
+    let cache_name = weight_names.join("+");
+    if let Some(bytes) = weights.cached_linear(&cache_name) {
         let imported = backend.import_linear(bytes, out, inp, format);
-        weights.release_cached(&weight_name);
+        weights.release_cached(&cache_name);
         if let Some(weight) = imported {
             return Ok(weight);
         }
     }
-    let w = weights.tensor_shaped(&weight_name, &[out, inp])?;
-    let b = if bias {
-        Some(weights.tensor_shaped(&format!("{name}.bias"), &[out])?)
-    } else {
-        None
-    };
+    let mut w = Vec::with_capacity(out * inp);
+    let mut b = Vec::new();
+    for (&(name, part_out), weight_name) in parts.iter().zip(&weight_names) {
+        w.extend(weights.tensor_shaped(weight_name, &[part_out, inp])?);
+        if bias {
+            b.extend(weights.tensor_shaped(&format!("{name}.bias"), &[part_out])?);
+        }
+    }
     let weight = upload(
         backend,
         WeightData::Linear {
             w: &w,
             out,
             inp,
-            bias: b.as_deref(),
+            bias: bias.then_some(&b[..]),
             format,
         },
     )?;
     if format != WeightFormat::F32 {
         if let Some(bytes) = backend.export_linear(&weight) {
-            weights.store_linear(&weight_name, bytes);
+            weights.store_linear(&cache_name, bytes);
         }
     }
     Ok(weight)

@@ -23,7 +23,8 @@ use std::sync::Mutex;
 use memmap2::Mmap;
 
 const MAGIC: &[u8; 8] = b"KZWCACHE";
-const FORMAT_VERSION: u32 = 2;
+/// 3: q/k/v and gate/up are one entry each (`load_stacked_linear`), named by their parts joined with `+`.
+const FORMAT_VERSION: u32 = 3;
 const EXTENSION: &str = "kzw";
 
 /// Offset and length of each entry's bytes in a cache file.

@@ -5,7 +5,7 @@ use kazeia_backend_abi::{AttentionSpan, Backend, Combine, Heads, Strided, View, 
 
 use crate::error::Result;
 use crate::graph::{Graph, Tensor};
-use crate::linear::{load_linear, WeightStorage};
+use crate::linear::{load_linear, load_stacked_linear, WeightStorage};
 use crate::weights::Weights;
 
 /// Shapes of one stack, from the talker's or the code predictor's config.
@@ -27,14 +27,13 @@ pub struct StackShape {
 struct Layer {
     input_norm: Vec<f32>,
     post_attention_norm: Vec<f32>,
-    q_proj: Weight,
-    k_proj: Weight,
-    v_proj: Weight,
+    /// q_proj, k_proj and v_proj stacked: one op (`load_stacked_linear`), its output split by [`columns`].
+    qkv_proj: Weight,
     o_proj: Weight,
     q_norm: Vec<f32>,
     k_norm: Vec<f32>,
-    gate_proj: Weight,
-    up_proj: Weight,
+    /// gate_proj and up_proj stacked.
+    gate_up_proj: Weight,
     down_proj: Weight,
 }
 
@@ -172,18 +171,31 @@ impl DecoderStack {
                     shape.storage,
                 )
             };
+            let stacked = |parts: &[(&str, usize)], bias| {
+                let names: Vec<(String, usize)> = parts
+                    .iter()
+                    .map(|&(n, o)| (format!("{p}.{n}"), o))
+                    .collect();
+                let parts: Vec<(&str, usize)> =
+                    names.iter().map(|(n, o)| (n.as_str(), *o)).collect();
+                load_stacked_linear(backend, weights, &parts, h, bias, shape.storage)
+            };
             layers.push(Layer {
                 input_norm: weights.tensor_shaped(&format!("{p}.input_layernorm.weight"), &[h])?,
                 post_attention_norm: weights
                     .tensor_shaped(&format!("{p}.post_attention_layernorm.weight"), &[h])?,
-                q_proj: lin("self_attn.q_proj", (q_out, h), bias)?,
-                k_proj: lin("self_attn.k_proj", (kv_out, h), bias)?,
-                v_proj: lin("self_attn.v_proj", (kv_out, h), bias)?,
+                qkv_proj: stacked(
+                    &[
+                        ("self_attn.q_proj", q_out),
+                        ("self_attn.k_proj", kv_out),
+                        ("self_attn.v_proj", kv_out),
+                    ],
+                    bias,
+                )?,
                 o_proj: lin("self_attn.o_proj", (h, q_out), bias)?,
                 q_norm: weights.tensor_shaped(&format!("{p}.self_attn.q_norm.weight"), &[hd])?,
                 k_norm: weights.tensor_shaped(&format!("{p}.self_attn.k_norm.weight"), &[hd])?,
-                gate_proj: lin("mlp.gate_proj", (inter, h), false)?,
-                up_proj: lin("mlp.up_proj", (inter, h), false)?,
+                gate_up_proj: stacked(&[("mlp.gate_proj", inter), ("mlp.up_proj", inter)], false)?,
                 down_proj: lin("mlp.down_proj", (h, inter), false)?,
             });
         }
@@ -317,12 +329,13 @@ impl DecoderStack {
         for (i, layer) in self.layers.iter().enumerate() {
             let normed = g.duplicate(&hidden);
             g.rms_norm(&normed, h, &layer.input_norm, s.eps);
-            let q = g.linear(&layer.q_proj, &normed, all, q_out);
-            g.rms_norm(&q, hd, &layer.q_norm, s.eps);
-            let k = g.linear(&layer.k_proj, &normed, all, kv_out);
-            g.rms_norm(&k, hd, &layer.k_norm, s.eps);
-            let v = g.linear(&layer.v_proj, &normed, all, kv_out);
+            let qkv_out = q_out + 2 * kv_out;
+            let qkv = g.linear(&layer.qkv_proj, &normed, all, qkv_out);
             drop(normed);
+            let q = columns(g, &qkv, all, qkv_out, 0..q_out);
+            g.rms_norm(&q, hd, &layer.q_norm, s.eps);
+            let k = columns(g, &qkv, all, qkv_out, q_out..q_out + kv_out);
+            g.rms_norm(&k, hd, &layer.k_norm, s.eps);
             let attn = g.zeros(all * q_out);
             for seq in &mut seqs {
                 let (layer_keys, layer_values) = (
@@ -347,12 +360,14 @@ impl DecoderStack {
                     dst: View::rows(seq.start * kv_out, n),
                 };
                 g.strided(Combine::Copy, &k_seq, &cached_keys, append(0));
-                g.strided(
-                    Combine::Copy,
-                    &v,
-                    &cached_values,
-                    append(seq.offset * kv_out),
-                );
+                // The values straight from their columns of `qkv` to the cache.
+                let values = Strided {
+                    rows: seq.rows,
+                    cols: kv_out,
+                    src: View::rows(seq.offset * qkv_out + q_out + kv_out, qkv_out),
+                    dst: View::rows(seq.start * kv_out, kv_out),
+                };
+                g.strided(Combine::Copy, &qkv, &cached_values, values);
                 let span = AttentionSpan {
                     queries: seq.rows,
                     query_start: seq.start,
@@ -364,7 +379,7 @@ impl DecoderStack {
                     g.attention(&q_seq, &cached_keys, &cached_values, s.heads, span, scale);
                 g.strided(Combine::Copy, &attn_seq, &attn, part(seq, q_out, false));
             }
-            drop((q, k, v));
+            drop((q, k, qkv));
             output_and_mlp(g, layer, s, attn, &hidden, all);
         }
         g.rms_norm(&hidden, h, &self.norm, s.eps);
@@ -419,20 +434,28 @@ impl DecoderStack {
         {
             let normed = g.duplicate(&hidden);
             g.rms_norm(&normed, h, &layer.input_norm, s.eps);
-            let q = g.linear(&layer.q_proj, &normed, rows, q_out);
+            let qkv_out = q_out + 2 * kv_out;
+            let qkv = g.linear(&layer.qkv_proj, &normed, rows, qkv_out);
+            drop(normed);
+            let q = columns(g, &qkv, rows, qkv_out, 0..q_out);
             g.rms_norm(&q, hd, &layer.q_norm, s.eps);
             g.rope(&q, s.heads.q_heads, hd, start, s.rope_theta);
-            let k = g.linear(&layer.k_proj, &normed, rows, kv_out);
+            let k = columns(g, &qkv, rows, qkv_out, q_out..q_out + kv_out);
             g.rms_norm(&k, hd, &layer.k_norm, s.eps);
             g.rope(&k, s.heads.kv_heads, hd, start, s.rope_theta);
-            let v = g.linear(&layer.v_proj, &normed, rows, kv_out);
-            drop(normed);
             // The cache outlives the graph ('m), and its buffers change only through the appends below.
             let cached_keys = g.resident_state(layer_keys, total * row, id + 2 * i as u64);
             let cached_values = g.resident_state(layer_values, total * row, id + 2 * i as u64 + 1);
             g.strided(Combine::Copy, &k, &cached_keys, append);
-            g.strided(Combine::Copy, &v, &cached_values, append);
-            drop((k, v));
+            // The values straight from their columns of `qkv` to the cache.
+            let values = Strided {
+                rows,
+                cols: kv_out,
+                src: View::rows(q_out + kv_out, qkv_out),
+                dst: View::rows(start * row, row),
+            };
+            g.strided(Combine::Copy, &qkv, &cached_values, values);
+            drop((k, qkv));
 
             let span = AttentionSpan {
                 queries: rows,
@@ -468,12 +491,35 @@ fn output_and_mlp<'m>(
 
     let normed = g.duplicate(hidden);
     g.rms_norm(&normed, h, &layer.post_attention_norm, s.eps);
-    let gate = g.linear(&layer.gate_proj, &normed, rows, s.intermediate);
-    let up = g.linear(&layer.up_proj, &normed, rows, s.intermediate);
+    let inter = s.intermediate;
+    let gate_up = g.linear(&layer.gate_up_proj, &normed, rows, 2 * inter);
     drop(normed);
+    let gate = columns(g, &gate_up, rows, 2 * inter, 0..inter);
+    let up = columns(g, &gate_up, rows, 2 * inter, inter..2 * inter);
+    drop(gate_up);
     g.silu_mul(&gate, &up);
     drop(up);
     let branch = g.linear(&layer.down_proj, &gate, rows, h);
     drop(gate);
     g.strided(Combine::Add, &branch, hidden, Strided::contiguous(rows * h));
+}
+
+/// Columns `cols` of every one of the `rows` rows of `x` (rows `width` wide), as a new tensor `[rows][cols.len()]`.
+fn columns<'m>(
+    g: &mut Graph<'m>,
+    x: &Tensor,
+    rows: usize,
+    width: usize,
+    cols: std::ops::Range<usize>,
+) -> Tensor {
+    let n = cols.len();
+    let out = g.zeros(rows * n);
+    let shape = Strided {
+        rows,
+        cols: n,
+        src: View::rows(cols.start, width),
+        dst: View::rows(0, n),
+    };
+    g.strided(Combine::Copy, x, &out, shape);
+    out
 }
