@@ -308,10 +308,9 @@ impl PackedActs {
         let mut corrections = vec![0; rows * groups * GROUP];
         let q4 = kind == Kind::Q4_0;
         let per_task = if parallel { ROWS_PER_TASK } else { rows.max(1) };
-        let part = |(((x, quants), scales), corrections): (
-            ((&[f32], &mut [u8]), &mut [f32]),
-            &mut [i32],
-        )| {
+        /// One task's rows: `((x, quants), scales), corrections`.
+        type Part<'a> = (((&'a [f32], &'a mut [u8]), &'a mut [f32]), &'a mut [i32]);
+        let part = |(((x, quants), scales), corrections): Part<'_>| {
             // SAFETY: weights (and so activations) are packed only where `usable` found AVX-512F/BW.
             unsafe { quantize_rows_avx512(x, k, offset, quants, scales, q4.then_some(corrections)) }
         };
