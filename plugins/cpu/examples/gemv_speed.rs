@@ -1,5 +1,6 @@
 //! Times one linear layer per weight format: `cargo run --release -p kazeia-backend-cpu --example gemv_speed
-//! [out] [in] [rows] [threads] [format]`. Weights of 12 MB and more come from L3/DRAM as in the real model.
+//! [out] [in] [rows] [threads] [format]`. Weights of 12 MB and more come from L3/DRAM as in the real model;
+//! `GEMV_COPIES=1` keeps one copy (in cache), `GEMV_ITERS=N` sets the number of timed calls.
 
 use std::time::Instant;
 
