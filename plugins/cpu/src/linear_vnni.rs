@@ -307,32 +307,22 @@ impl PackedActs {
         // Split along with the rest even for Q8_0 (which keeps none), so that every part has its share.
         let mut corrections = vec![0; rows * groups * GROUP];
         let q4 = kind == Kind::Q4_0;
-        let per_task = if parallel { ROWS_PER_TASK } else { rows.max(1) };
         /// One task's rows: `((x, quants), scales), corrections`.
         type Part<'a> = (((&'a [f32], &'a mut [u8]), &'a mut [f32]), &'a mut [i32]);
         let part = |(((x, quants), scales), corrections): Part<'_>| {
             // SAFETY: weights (and so activations) are packed only where `usable` found AVX-512F/BW.
             unsafe { quantize_rows_avx512(x, k, offset, quants, scales, q4.then_some(corrections)) }
         };
-        let (x_part, q_part, lane_part) = (
-            per_task * k,
-            per_task * groups * 8 * LANES_BYTES,
-            per_task * groups * GROUP,
-        );
-        if parallel && rows > per_task {
-            x[..rows * k]
-                .par_chunks(x_part)
-                .zip(quants.par_chunks_mut(q_part))
-                .zip(scales.par_chunks_mut(lane_part))
-                .zip(corrections.par_chunks_mut(lane_part))
+        let x = &x[..rows * k];
+        if parallel && rows > ROWS_PER_TASK {
+            let per_row = (k, groups * 8 * LANES_BYTES, groups * GROUP);
+            x.par_chunks(ROWS_PER_TASK * per_row.0)
+                .zip(quants.par_chunks_mut(ROWS_PER_TASK * per_row.1))
+                .zip(scales.par_chunks_mut(ROWS_PER_TASK * per_row.2))
+                .zip(corrections.par_chunks_mut(ROWS_PER_TASK * per_row.2))
                 .for_each(part);
         } else {
-            x[..rows * k]
-                .chunks(x_part)
-                .zip(quants.chunks_mut(q_part))
-                .zip(scales.chunks_mut(lane_part))
-                .zip(corrections.chunks_mut(lane_part))
-                .for_each(part);
+            part((((x, quants), &mut scales), &mut corrections));
         }
         if !q4 {
             corrections = Vec::new();
