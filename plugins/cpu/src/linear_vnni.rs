@@ -304,9 +304,17 @@ impl PackedActs {
         let mut lines = Lines::new(rows * groups * 8 * LANES_BYTES, offset);
         let quants = lines.bytes_mut();
         let mut scales = vec![0.0; rows * groups * GROUP];
-        // Split along with the rest even for Q8_0 (which keeps none), so that every part has its share.
-        let mut corrections = vec![0; rows * groups * GROUP];
         let q4 = kind == Kind::Q4_0;
+        let split = parallel && rows > ROWS_PER_TASK;
+        // Split along with the rest even for Q8_0 (which keeps none), so that every part has its share.
+        let mut corrections = vec![
+            0;
+            if q4 || split {
+                rows * groups * GROUP
+            } else {
+                0
+            }
+        ];
         /// One task's rows: `((x, quants), scales), corrections`.
         type Part<'a> = (((&'a [f32], &'a mut [u8]), &'a mut [f32]), &'a mut [i32]);
         let part = |(((x, quants), scales), corrections): Part<'_>| {
@@ -314,7 +322,7 @@ impl PackedActs {
             unsafe { quantize_rows_avx512(x, k, offset, quants, scales, q4.then_some(corrections)) }
         };
         let x = &x[..rows * k];
-        if parallel && rows > ROWS_PER_TASK {
+        if split {
             let per_row = (k, groups * 8 * LANES_BYTES, groups * GROUP);
             x.par_chunks(ROWS_PER_TASK * per_row.0)
                 .zip(quants.par_chunks_mut(ROWS_PER_TASK * per_row.1))
