@@ -163,6 +163,9 @@ pub struct StreamSection {
     pub first_chunk_frames: usize,
     /// Frames in each later chunk.
     pub chunk_frames: usize,
+    /// The first chunk's sound is handed out in this many parts, each as soon as it is decoded
+    /// (`StreamConfig::first_chunk_parts`): 1 = the whole chunk at once.
+    pub first_chunk_parts: usize,
     /// Chunks of one text (sentences) generated together, one row each per talker and code-predictor step
     /// (`StreamConfig::batch`); 1 = one after the other. Audio still comes in order, and the first chunk's
     /// first sound waits for no other.
@@ -225,6 +228,7 @@ impl Default for StreamSection {
         StreamSection {
             first_chunk_frames: 1,
             chunk_frames: 8,
+            first_chunk_parts: 2,
             batch: 4,
         }
     }
@@ -278,9 +282,12 @@ impl DaemonConfig {
         }
         if self.stream.first_chunk_frames == 0
             || self.stream.chunk_frames == 0
+            || self.stream.first_chunk_parts == 0
             || self.stream.batch == 0
         {
-            bail!("[stream] first_chunk_frames, chunk_frames and batch must be positive");
+            bail!(
+                "[stream] first_chunk_frames, chunk_frames, first_chunk_parts and batch must be positive"
+            );
         }
         if self.voice.language.trim().is_empty() {
             bail!("[voice] language is empty (use \"auto\")");
@@ -376,6 +383,7 @@ mod tests {
             ("[audio]\nsink = \"speaker\"\n", "sink"),
             ("[queue]\nmax_utterances = 0\n", "queue"),
             ("[stream]\nchunk_frames = 0\n", "stream"),
+            ("[stream]\nfirst_chunk_parts = 0\n", "first_chunk_parts"),
             (
                 "[generation]\ntext = \"later\"\n",
                 "unknown variant `later`",

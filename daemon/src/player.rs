@@ -271,6 +271,7 @@ impl Player {
         let stream = StreamConfig {
             first_chunk_frames: config.stream.first_chunk_frames,
             chunk_frames: config.stream.chunk_frames,
+            first_chunk_parts: config.stream.first_chunk_parts,
             profile_decoder: false,
             batch: config.stream.batch,
             ..StreamConfig::default()

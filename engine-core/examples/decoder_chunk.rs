@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use kazeia_backend_abi::WeightFormat;
 use kazeia_backend_cpu::CpuBackend;
-use kazeia_engine::codec::{CodecConfig, CodecDecoder};
+use kazeia_engine::codec::{CodecConfig, CodecDecoder, Trace};
 use kazeia_engine::random_weights::RandomWeights;
 
 fn main() {
@@ -60,6 +60,25 @@ fn main() {
             later.push(ms(t));
         }
     }
+    // The first chunk handed out in parts, as a stream's first chunk is: its first samples, and all of them.
+    let mut in_parts = Vec::new();
+    for parts in [2, 4] {
+        let (mut to_first, mut to_all) = (Vec::new(), Vec::new());
+        for _ in 0..repeats {
+            let mut state = decoder.new_state();
+            let t = Instant::now();
+            let mut first_part = None;
+            decoder
+                .decode_chunk_in_parts(&mut state, &chunk(0), parts, Trace::none(), &mut |_| {
+                    first_part.get_or_insert_with(|| ms(t));
+                    Ok(true)
+                })
+                .expect("decode");
+            to_all.push(ms(t));
+            to_first.extend(first_part);
+        }
+        in_parts.push((parts, to_first, to_all));
+    }
     let summary = |v: &mut Vec<f64>| {
         v.sort_by(f64::total_cmp);
         format!("best {:.1} ms, median {:.1} ms", v[0], v[v.len() / 2])
@@ -73,4 +92,11 @@ fn main() {
         "  chunks 2-4 {} ({per_frame:.1} ms per 80 ms frame at the median)",
         summary(&mut later)
     );
+    for (parts, mut to_first, mut to_all) in in_parts {
+        println!(
+            "  first in {parts} parts: first part {}; whole chunk {}",
+            summary(&mut to_first),
+            summary(&mut to_all)
+        );
+    }
 }

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use kazeia_engine::codec::CodecDecoder;
+use kazeia_engine::codec::{CodecDecoder, Trace};
 use kazeia_engine::codes::parse_codes_json;
 use kazeia_engine::weights::WeightFile;
 use kazeia_engine::CpuBackend;
@@ -204,6 +204,63 @@ fn chunked_decoding_equals_one_shot_for_every_chunk_size() {
         }
     }
     eprintln!("chunked vs one-shot: worst max abs difference {worst:e}");
+}
+
+/// A chunk handed out in parts (the vocoder on a part of its columns at a time) is the chunk's waveform, part
+/// by part in order, whatever the number of parts, on a fresh state or after other chunks.
+#[test]
+fn a_chunk_in_parts_equals_the_one_shot_decode() {
+    let mut worst = 0.0f32;
+    for case in ["window", "rates"] {
+        let dir = fixture(case);
+        let decoder = CodecDecoder::load(&dir, Arc::new(CpuBackend::new(1))).unwrap();
+        let codes = load_codes(&dir);
+        let one_shot = decoder.decode(&codes).unwrap();
+        let spf = decoder.samples_per_frame();
+        for (chunks, parts) in [(&[1usize][..], 2), (&[1], 4), (&[1, 3, 2], 3), (&[2, 5], 7)] {
+            let mut state = decoder.new_state();
+            let mut streamed = Vec::new();
+            let (mut start, mut i) = (0, 0);
+            while start < codes.len() {
+                let end = (start + chunks[i % chunks.len()]).min(codes.len());
+                let mut sizes = Vec::new();
+                decoder
+                    .decode_chunk_in_parts(
+                        &mut state,
+                        &codes[start..end],
+                        parts,
+                        Trace::none(),
+                        &mut |wav| {
+                            sizes.push(wav.len());
+                            streamed.extend_from_slice(wav);
+                            Ok(true)
+                        },
+                    )
+                    .unwrap();
+                // Columns split as evenly as they go; never an empty part.
+                let upsampled = (end - start) * spf
+                    / decoder
+                        .config()
+                        .decoder_config
+                        .upsample_rates
+                        .iter()
+                        .product::<usize>();
+                assert_eq!(sizes.len(), parts.min(upsampled), "{case}: {sizes:?}");
+                assert!(sizes.iter().all(|&n| n > 0));
+                assert_eq!(sizes.iter().sum::<usize>(), (end - start) * spf);
+                start = end;
+                i += 1;
+            }
+            assert_eq!(state.frames(), codes.len());
+            let err = max_abs_diff(&streamed, &one_shot);
+            assert!(
+                err <= 1e-5,
+                "{case}, chunks {chunks:?} in {parts} parts: differs from one-shot by {err:e}"
+            );
+            worst = worst.max(err);
+        }
+    }
+    eprintln!("chunks in parts vs one-shot: worst max abs difference {worst:e}");
 }
 
 /// Weights that reach the decoder rounded to a lower precision, to measure what F16 or BF16 storage would do

@@ -111,14 +111,17 @@ fn a_stage_whose_backend_fails_moves_to_the_cpu_and_the_utterance_is_still_the_o
         ..StreamConfig::default()
     };
     // Lists each stage runs before its failure: the talker's prompt takes 5 and its prefill 1, so 8 fails
-    // in the second frame; the code predictor runs 15 a frame; the decoder one per chunk. 0: the very first.
+    // in the second frame; the code predictor runs 15 a frame; the decoder one per chunk, three for the first
+    // (the stages before the vocoder, then its two parts: 2 fails after the first part was heard, which is not
+    // heard twice). 0: the very first.
     let cases = [
         (Stage::Talker, 0),
         (Stage::Talker, 8),
         (Stage::CodePredictor, 0),
         (Stage::CodePredictor, 37),
         (Stage::Decoder, 0),
-        (Stage::Decoder, 3),
+        (Stage::Decoder, 2),
+        (Stage::Decoder, 4),
     ];
     for (stage, after) in cases {
         let what = format!("{} failing after {after} lists", stage.name());

@@ -60,6 +60,9 @@ pub struct BenchArgs {
     /// Frames in the first streamed chunk (the first-audio measurement).
     #[arg(long, default_value_t = StreamConfig::default().first_chunk_frames)]
     first_chunk_frames: usize,
+    /// Parts the first chunk's sound is handed out in (the first-audio measurement).
+    #[arg(long, default_value_t = StreamConfig::default().first_chunk_parts)]
+    first_chunk_parts: usize,
     #[command(flatten)]
     backends: BackendArgs,
     /// Only time the codec decoder.
@@ -263,7 +266,7 @@ struct Latency {
 fn measure_latency(
     loaded: &Loaded,
     frames: usize,
-    first_chunk_frames: usize,
+    (first_chunk_frames, first_chunk_parts): (usize, usize),
 ) -> Result<Option<Latency>> {
     let (Some(model), Some(request)) = (&loaded.model, &loaded.request) else {
         return Ok(None);
@@ -273,6 +276,7 @@ fn measure_latency(
     options.ignore_eos = true;
     let config = StreamConfig {
         first_chunk_frames,
+        first_chunk_parts,
         ..StreamConfig::default()
     };
     // One whole session of the benchmark prompt, timed from the request (prompt building included).
@@ -371,7 +375,14 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let r = best.expect("at least one run");
     let new_voice_prefill = new_voice_prefill_s(&loaded, args.repeat)?;
     let latency = if args.frames >= 4 {
-        measure_latency(&loaded, args.frames, args.first_chunk_frames.max(1))?
+        measure_latency(
+            &loaded,
+            args.frames,
+            (
+                args.first_chunk_frames.max(1),
+                args.first_chunk_parts.max(1),
+            ),
+        )?
     } else {
         None
     };
@@ -497,10 +508,11 @@ pub fn run(args: BenchArgs) -> Result<()> {
     println!("{:<30}{:>12.1}", "total", r.total_s * 1e3);
     if let Some(l) = &latency {
         println!(
-            "streaming: first audio {:.0} ms after the request ({} frame(s) first chunk; {:.0} ms for a voice's first \
-             utterance); stop {:.3} ms to silence, {:.1} ms to end the session",
+            "streaming: first audio {:.0} ms after the request ({} frame(s) first chunk in {} part(s); {:.0} ms for \
+             a voice's first utterance); stop {:.3} ms to silence, {:.1} ms to end the session",
             l.first_audio_ms,
             args.first_chunk_frames,
+            args.first_chunk_parts,
             l.new_voice_first_audio_ms,
             l.stop_ms,
             l.stop_session_ms

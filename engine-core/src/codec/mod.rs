@@ -282,7 +282,6 @@ impl CodecDecoder {
         if frames == 0 {
             return Ok(Vec::new());
         }
-        let cfg = &self.config.decoder_config;
         let DecoderState {
             pre_conv,
             pre_transformer,
@@ -291,30 +290,12 @@ impl CodecDecoder {
             frames: decoded,
         } = state;
         let mut g = Graph::new(self.backend.as_ref());
-
-        let z = self.quantizer.decode(&mut g, codes);
-        let z_cols = g.transpose(&z, frames, cfg.codebook_dim);
-        drop(z);
-        trace.show(&mut g, "quantizer", &z_cols);
-        let x = self.pre_conv.forward(&mut g, pre_conv, &z_cols, frames);
-        drop(z_cols);
-        trace.show(&mut g, "pre_conv", &x);
-        let rows = g.transpose(&x, cfg.latent_dim, frames);
-        drop(x);
-        let rows_out = self
-            .pre_transformer
-            .forward(&mut g, pre_transformer, &rows, frames);
-        drop(rows);
-        let mut h = g.transpose(&rows_out, frames, cfg.latent_dim);
-        drop(rows_out);
-        trace.show(&mut g, "pre_transformer", &h);
-        let mut len = frames;
-        for (i, (stage, stage_state)) in self.upsample.iter().zip(upsample.iter_mut()).enumerate() {
-            let (y, y_len) = stage.forward(&mut g, stage_state, &h, len);
-            drop(h);
-            (h, len) = (y, y_len);
-            trace.show(&mut g, &format!("upsample.{i}"), &h);
-        }
+        let (h, len) = self.upsampled(
+            &mut g,
+            (pre_conv, pre_transformer, upsample),
+            codes,
+            &mut trace,
+        );
         let wav = self.vocoder.forward(&mut g, vocoder, &h, len, &mut trace);
         drop(h);
         let mut wav = g.take(wav)?;
@@ -325,6 +306,113 @@ impl CodecDecoder {
         trace.show_host("wav", &wav);
         *decoded += frames;
         Ok(wav)
+    }
+
+    /// [`CodecDecoder::decode_chunk_traced`] handing the samples to `on_part` in up to `parts` consecutive
+    /// pieces, each as soon as it is decoded: the vocoder (most of the work) runs on a part of the chunk's
+    /// 50 Hz columns at a time, its state carried between them as between chunks, so the first samples of a
+    /// chunk wait for a fraction of its work. The samples are those of one call (the same state, the same
+    /// values). `on_part` returns whether to go on; after an error (the decoder's or `on_part`'s) or a stop the
+    /// state is partly advanced: restart from a copy.
+    pub fn decode_chunk_in_parts(
+        &self,
+        state: &mut DecoderState,
+        codes: &[Vec<u32>],
+        parts: usize,
+        mut trace: Trace<'_>,
+        on_part: &mut dyn FnMut(&[f32]) -> Result<bool>,
+    ) -> Result<()> {
+        self.validate_codes(codes)?;
+        let frames = codes.len();
+        if frames == 0 {
+            return Ok(());
+        }
+        let latent = self.config.decoder_config.latent_dim;
+        let DecoderState {
+            pre_conv,
+            pre_transformer,
+            upsample,
+            vocoder,
+            frames: decoded,
+        } = state;
+        let mut g = Graph::new(self.backend.as_ref());
+        let (h, len) = self.upsampled(
+            &mut g,
+            (pre_conv, pre_transformer, upsample),
+            codes,
+            &mut trace,
+        );
+        let h = g.take(h)?;
+        g.finish()?;
+        let parts = parts.clamp(1, len);
+        let mut start = 0;
+        for part in 0..parts {
+            let end = len * (part + 1) / parts;
+            let width = end - start;
+            // Columns start..end of h[latent][len].
+            let columns: Vec<f32> = h
+                .chunks_exact(len)
+                .flat_map(|row| &row[start..end])
+                .copied()
+                .collect();
+            debug_assert_eq!(columns.len(), latent * width);
+            let mut g = Graph::new(self.backend.as_ref());
+            let x = g.input(columns);
+            let wav = self.vocoder.forward(&mut g, vocoder, &x, width, &mut trace);
+            drop(x);
+            let mut wav = g.take(wav)?;
+            g.finish()?;
+            for s in &mut wav {
+                *s = s.clamp(-1.0, 1.0);
+            }
+            trace.show_host("wav", &wav);
+            if !on_part(&wav)? {
+                return Ok(());
+            }
+            start = end;
+        }
+        *decoded += frames;
+        Ok(())
+    }
+
+    /// The stages before the vocoder on the next frames: `(h[latent][len], len)` at the upsampled rate.
+    fn upsampled<'m>(
+        &'m self,
+        g: &mut Graph<'m>,
+        (pre_conv, pre_transformer, upsample): (
+            &'m mut ConvState,
+            &'m mut pre_transformer::PreTransformerState,
+            &'m mut [upsample::UpsampleState],
+        ),
+        codes: &[Vec<u32>],
+        trace: &mut Trace<'_>,
+    ) -> (Tensor, usize) {
+        let cfg = &self.config.decoder_config;
+        let frames = codes.len();
+        let z = self.quantizer.decode(g, codes);
+        let z_cols = g.transpose(&z, frames, cfg.codebook_dim);
+        drop(z);
+        trace.show(g, "quantizer", &z_cols);
+        let x = self.pre_conv.forward(g, pre_conv, &z_cols, frames);
+        drop(z_cols);
+        trace.show(g, "pre_conv", &x);
+        let rows = g.transpose(&x, cfg.latent_dim, frames);
+        drop(x);
+        let rows_out = self
+            .pre_transformer
+            .forward(g, pre_transformer, &rows, frames);
+        drop(rows);
+        let mut h = g.transpose(&rows_out, frames, cfg.latent_dim);
+        drop(rows_out);
+        trace.show(g, "pre_transformer", &h);
+        let mut len = frames;
+        for (i, (stage, stage_state)) in self.upsample.iter().zip(upsample.iter_mut()).enumerate() {
+            let (y, y_len) = stage.forward(g, stage_state, &h, len);
+            drop(h);
+            (h, len) = (y, y_len);
+            trace.show(g, &format!("upsample.{i}"), &h);
+        }
+        (h, len)
     }
 
     /// The official `chunked_decode`: chunks of 300 frames, each after the first decoded from scratch with 25
