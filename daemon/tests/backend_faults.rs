@@ -94,10 +94,11 @@ async fn a_decoder_plugin_that_fails_mid_utterance_falls_back_and_the_utterance_
     write_config(&config, &model, plugin.parent().unwrap());
     let bus = DbusSession::start(None);
     let log = dir.path().join("kazeiad.log");
-    // The warm-up runs at most 2 decoder lists (3 frames); the first utterance's chunks fail from the
-    // second or third on, after audio went out.
+    // The warm-up runs at most 4 decoder lists (3 frames: the first chunk's three, the stages before the
+    // vocoder and its two parts, then one); the first utterance's lists fail from its third on (its first
+    // chunk's second part, or a later chunk), after audio went out.
     let mut env = bus.env();
-    env.push(("KAZEIA_FAULTY_AFTER".into(), "3".into()));
+    env.push(("KAZEIA_FAULTY_AFTER".into(), "6".into()));
     env.push((
         "KAZEIA_CACHE_DIR".into(),
         dir.path().join("cache").display().to_string(),

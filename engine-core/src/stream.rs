@@ -413,7 +413,10 @@ pub fn stream_utterances(
                 let (mut listening, mut handing) = (true, Duration::ZERO);
                 let mut give = |wav: &[f32]| -> Result<bool> {
                     out.set(out.get() + wav.len());
-                    if listening && !wav.is_empty() {
+                    if !listening {
+                        return Ok(false);
+                    }
+                    if !wav.is_empty() {
                         let t = Instant::now();
                         listening = hand_out(wav, &mut marks, &mut done, control, on_event)?;
                         if listening {
@@ -437,13 +440,20 @@ pub fn stream_utterances(
                     let e = decoded.unwrap_err();
                     decoded = stages.recover(Stage::Decoder, e).and_then(|()| {
                         state = saved;
-                        let wav = stages.decoder().decode_chunk_traced(
+                        // In the same parts: a part's seam rounds as a chunk's does, so the samples are
+                        // those the backend would have made.
+                        let mut skip = out.get();
+                        stages.decoder().decode_chunk_in_parts(
                             &mut state,
                             &frames,
+                            parts,
                             Trace::none(),
-                        )?;
-                        let handed = out.get().min(wav.len());
-                        give(&wav[handed..]).map(|_| ())
+                            &mut |part| {
+                                let fresh = &part[skip.min(part.len())..];
+                                skip -= part.len() - fresh.len();
+                                give(fresh)
+                            },
+                        )
                     });
                 }
                 stats.time += t.elapsed().saturating_sub(handing);

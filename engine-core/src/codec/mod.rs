@@ -311,9 +311,11 @@ impl CodecDecoder {
     /// [`CodecDecoder::decode_chunk_traced`] handing the samples to `on_part` in up to `parts` consecutive
     /// pieces, each as soon as it is decoded: the vocoder (most of the work) runs on a part of the chunk's
     /// 50 Hz columns at a time, its state carried between them as between chunks, so the first samples of a
-    /// chunk wait for a fraction of its work. The samples are those of one call (the same state, the same
-    /// values). `on_part` returns whether to go on; after an error (the decoder's or `on_part`'s) or a stop the
-    /// state is partly advanced: restart from a copy.
+    /// chunk wait for a fraction of its work. The samples are those of one call but for the rounding at the
+    /// seams between parts, as between chunks (a transposed convolution's overlap is added after its sum instead
+    /// of inside it); a chunk decoded again in the same parts gives the same bits. `on_part` returns whether to
+    /// go on; after an error (the decoder's or `on_part`'s) or a stop the state is partly advanced: restart from
+    /// a copy.
     pub fn decode_chunk_in_parts(
         &self,
         state: &mut DecoderState,
