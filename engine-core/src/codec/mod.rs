@@ -298,12 +298,7 @@ impl CodecDecoder {
         );
         let wav = self.vocoder.forward(&mut g, vocoder, &h, len, &mut trace);
         drop(h);
-        let mut wav = g.take(wav)?;
-        g.finish()?;
-        for s in &mut wav {
-            *s = s.clamp(-1.0, 1.0);
-        }
-        trace.show_host("wav", &wav);
+        let wav = waveform(g, wav, &mut trace)?;
         *decoded += frames;
         Ok(wav)
     }
@@ -362,12 +357,7 @@ impl CodecDecoder {
             let x = g.input(columns);
             let wav = self.vocoder.forward(&mut g, vocoder, &x, width, &mut trace);
             drop(x);
-            let mut wav = g.take(wav)?;
-            g.finish()?;
-            for s in &mut wav {
-                *s = s.clamp(-1.0, 1.0);
-            }
-            trace.show_host("wav", &wav);
+            let wav = waveform(g, wav, &mut trace)?;
             if !on_part(&wav)? {
                 return Ok(());
             }
@@ -438,4 +428,15 @@ impl CodecDecoder {
         }
         Ok(wav)
     }
+}
+
+/// The vocoder's output `wav` of graph `g`, run, clamped to [−1, 1] as the official decoder does, and shown.
+fn waveform(mut g: Graph<'_>, wav: Tensor, trace: &mut Trace<'_>) -> Result<Vec<f32>> {
+    let mut wav = g.take(wav)?;
+    g.finish()?;
+    for s in &mut wav {
+        *s = s.clamp(-1.0, 1.0);
+    }
+    trace.show_host("wav", &wav);
+    Ok(wav)
 }
