@@ -79,13 +79,15 @@ fn streamed_audio_equals_the_official_one_shot_waveform_for_any_chunking() {
                 .fold(0.0, f32::max);
             assert!(err <= 1e-4, "{case} {first}/{later}: {err:e}");
             let frames = report.frames;
-            // The first chunk comes in its parts (it has four 50 Hz columns per frame, more than the parts).
-            let expected = if frames <= first {
-                1
-            } else {
-                1 + (frames - first).div_ceil(later)
-            } + parts
-                - 1;
+            // Chunks of `first` frames, then each one frame more up to `later`, the last one what is left; the
+            // first comes in its parts (it has four 50 Hz columns per frame, more than the parts).
+            let (mut chunks, mut size, mut left) = (0, first, frames);
+            while left > 0 {
+                chunks += 1;
+                left = left.saturating_sub(size);
+                size = config.next_chunk_frames(size);
+            }
+            let expected = chunks + parts - 1;
             assert_eq!(
                 deliveries, expected,
                 "{case} {first}/{later}: {frames} frames"
@@ -93,6 +95,25 @@ fn streamed_audio_equals_the_official_one_shot_waveform_for_any_chunking() {
             assert!(report.first_audio.is_some());
         }
     }
+}
+
+/// After the first chunk each grows by one frame up to the largest, so that it is made while the audio before
+/// it plays (a jump from one frame to eight left a long silence after the first sound).
+#[test]
+fn chunks_grow_by_one_frame_up_to_the_largest() {
+    let config = StreamConfig::default();
+    let mut sizes = vec![config.first_chunk_frames];
+    while sizes.len() < 10 {
+        sizes.push(config.next_chunk_frames(*sizes.last().unwrap()));
+    }
+    assert_eq!(sizes, [1, 2, 3, 4, 5, 6, 7, 8, 8, 8]);
+    // A first chunk larger than the largest later one: the later ones are the largest.
+    let config = StreamConfig {
+        first_chunk_frames: 12,
+        chunk_frames: 5,
+        ..StreamConfig::default()
+    };
+    assert_eq!(config.next_chunk_frames(12), 5);
 }
 
 /// Long text that never runs out during the test.

@@ -254,6 +254,9 @@ fn new_voice_prefill_s(loaded: &Loaded, repeat: usize) -> Result<Option<f64>> {
 /// → session ended.
 struct Latency {
     first_audio_ms: f64,
+    /// After the first sound, the silence a player that plays each sample as soon as it can would insert while
+    /// waiting for the next chunk: in all, and the longest.
+    silence: Silence,
     /// The same with the talker's kept prefixes forgotten first (a voice's first utterance).
     new_voice_first_audio_ms: f64,
     /// First audio with the text streamed into the talker (`non_streaming_mode=False`, `[generation] text =
@@ -261,6 +264,37 @@ struct Latency {
     streamed_text_first_audio_ms: Option<f64>,
     stop_ms: f64,
     stop_session_ms: f64,
+}
+
+/// Gaps in a stream's audio as a real-time player would hear them.
+#[derive(Clone, Copy, Default)]
+struct Silence {
+    total_ms: f64,
+    longest_ms: f64,
+    gaps: usize,
+}
+
+impl Silence {
+    /// From each delivery's arrival and its samples: playback starts with the first, and whenever the audio
+    /// out so far has played before the next arrives, the wait is silence.
+    fn of(arrivals: &[(Instant, usize)], rate: u32) -> Self {
+        let mut silence = Silence::default();
+        let Some(&(first, _)) = arrivals.first() else {
+            return silence;
+        };
+        let mut played_until = first;
+        for &(at, samples) in arrivals {
+            if at > played_until {
+                let gap = (at - played_until).as_secs_f64() * 1e3;
+                silence.total_ms += gap;
+                silence.longest_ms = silence.longest_ms.max(gap);
+                silence.gaps += 1;
+                played_until = at;
+            }
+            played_until += std::time::Duration::from_secs_f64(samples as f64 / rate as f64);
+        }
+        silence
+    }
 }
 
 fn measure_latency(
@@ -305,14 +339,21 @@ fn measure_latency(
          on_audio: &mut (dyn FnMut(&[f32]) -> kazeia_engine::Result<()> + Send)| {
             session_of(request, control, on_audio)
         };
-    let first_audio_of = |request: &PromptRequest| -> Result<f64> {
-        let report = session_of(request, &SessionControl::new(), &mut |_| Ok(()))?;
-        Ok(report
+    let rate = loaded.decoder.sample_rate();
+    let heard = |request: &PromptRequest| -> Result<(f64, Silence)> {
+        let mut arrivals = Vec::new();
+        let report = session_of(request, &SessionControl::new(), &mut |audio| {
+            arrivals.push((Instant::now(), audio.len()));
+            Ok(())
+        })?;
+        let first_audio_ms = report
             .first_audio
-            .map_or(f64::NAN, |d| d.as_secs_f64() * 1e3))
+            .map_or(f64::NAN, |d| d.as_secs_f64() * 1e3);
+        Ok((first_audio_ms, Silence::of(&arrivals, rate)))
     };
+    let first_audio_of = |request: &PromptRequest| heard(request).map(|(ms, _)| ms);
     // First audio with the voice's prefix kept (as the daemon has it after its warm-up), then forgotten.
-    let first_audio_ms = first_audio_of(request)?;
+    let (first_audio_ms, silence) = heard(request)?;
     model.talker.clear_prefixes();
     let new_voice_first_audio_ms = first_audio_of(request)?;
     // The voice's fixed rows are the same in both modes, so the prefix kept by the run above serves this one.
@@ -347,6 +388,7 @@ fn measure_latency(
     })?;
     Ok(Some(Latency {
         first_audio_ms,
+        silence,
         new_voice_first_audio_ms,
         streamed_text_first_audio_ms,
         stop_ms,
@@ -431,9 +473,12 @@ pub fn run(args: BenchArgs) -> Result<()> {
             stages.join(", "),
             r.decoder_list_s * 1e3,
             latency.as_ref().map_or(String::new(), |l| format!(
-                ", \"first_audio_ms\": {:.1}, \"new_voice_first_audio_ms\": {:.1}, \"stop_ms\": {:.3}, \
-                 \"stop_session_ms\": {:.1}{}",
+                ", \"first_audio_ms\": {:.1}, \"silence_ms\": {:.1}, \"longest_gap_ms\": {:.1}, \"gaps\": {}, \
+                 \"new_voice_first_audio_ms\": {:.1}, \"stop_ms\": {:.3}, \"stop_session_ms\": {:.1}{}",
                 l.first_audio_ms,
+                l.silence.total_ms,
+                l.silence.longest_ms,
+                l.silence.gaps,
                 l.new_voice_first_audio_ms,
                 l.stop_ms,
                 l.stop_session_ms,
@@ -516,6 +561,11 @@ pub fn run(args: BenchArgs) -> Result<()> {
             l.new_voice_first_audio_ms,
             l.stop_ms,
             l.stop_session_ms
+        );
+        println!(
+            "streaming: after the first sound, {:.0} ms of silence in {} gap(s), the longest {:.0} ms (a player that \
+             plays each sample as soon as it is out)",
+            l.silence.total_ms, l.silence.gaps, l.silence.longest_ms
         );
         if let Some(ms) = l.streamed_text_first_audio_ms {
             println!(
