@@ -319,6 +319,14 @@ impl CodecDecoder {
         mut trace: Trace<'_>,
         on_part: &mut dyn FnMut(&[f32]) -> Result<bool>,
     ) -> Result<()> {
+        if parts <= 1 {
+            // One list, as a whole chunk (no round trip of the upsampled columns through the host).
+            let wav = self.decode_chunk_traced(state, codes, trace)?;
+            if !wav.is_empty() {
+                on_part(&wav)?;
+            }
+            return Ok(());
+        }
         self.validate_codes(codes)?;
         let frames = codes.len();
         if frames == 0 {
