@@ -1,7 +1,7 @@
 //! Streaming synthesis: the talker and code predictor produce frames on the calling thread while the codec
 //! decoder turns them into audio on its own worker, chunk by chunk (a small first chunk for a fast first sound,
-//! then one frame larger every second chunk, up to a size for efficiency, so that each is made while the audio
-//! before it plays). Audio is handed out as soon as each chunk is decoded, the first chunk's in
+//! then each one frame larger, up to a size for efficiency, so that each is made while the audio before it
+//! plays). Audio is handed out as soon as each chunk is decoded, the first chunk's in
 //! parts ([`StreamConfig::first_chunk_parts`]).
 //!
 //! A [`SessionControl`] stops or pauses a session from any thread: after [`SessionControl::stop`] returns no
@@ -29,8 +29,8 @@ use crate::marks::{MarkPlacer, MarkPlan, SpeakingRate};
 pub struct StreamConfig {
     /// Frames in the first audio chunk of a session (80 ms each): small, for latency.
     pub first_chunk_frames: usize,
-    /// Frames in the largest later chunk: after the first, chunks grow by one frame every second chunk, up to
-    /// this ([`StreamConfig::chunk_frames_at`]).
+    /// Frames in the largest later chunk: each chunk after the first has one frame more than the one before,
+    /// up to this ([`StreamConfig::next_chunk_frames`]).
     pub chunk_frames: usize,
     /// Time each decoder stage ([`StreamReport::decoder_stages`]). Each stage then ends its own list of ops
     /// on the backend, so a device backend submits five times per chunk instead of once: for profiles only.
@@ -68,19 +68,12 @@ impl Default for StreamConfig {
 }
 
 impl StreamConfig {
-    /// Frames in a session's chunk `index` (0 the first): `first_chunk_frames`, then one frame more every second
-    /// chunk (1, 1, 2, 2, 3, 3, …), up to `chunk_frames`. A chunk is made while the audio already out plays, so
-    /// it grows with that audio. Measured for a 31-frame sentence (2 vCPUs, 0.6B q4_0, RTF ~0.8-1), the silence a
-    /// real-time player inserts after the first sound: jumping from one frame to eight, ~0.5 s right after the
-    /// first 80 ms; growing by one each chunk, 230-785 ms in all (median 356), the longest gap 100-231 ms;
-    /// growing every second chunk, 69-371 ms (median 139), the longest 36-149 ms (median 82).
-    pub fn chunk_frames_at(&self, index: usize) -> usize {
-        let first = self.first_chunk_frames.max(1);
-        if index == 0 {
-            first
-        } else {
-            (first + index / 2).min(self.chunk_frames.max(1))
-        }
+    /// Frames in the chunk after one of `frames`: one more, up to `chunk_frames`. A chunk is made while the
+    /// audio already out plays, so it grows with that audio: jumping from one frame to eight left a real-time
+    /// player ~0.5 s of silence after the first 80 ms (2 vCPUs, 0.6B q4_0, RTF ~0.8); growing by one, 0.17-0.26 s
+    /// in all over a 31-frame sentence, in gaps of at most ~0.13 s.
+    pub fn next_chunk_frames(&self, frames: usize) -> usize {
+        (frames + 1).min(self.chunk_frames.max(1))
     }
 }
 
@@ -493,8 +486,7 @@ pub fn stream_utterances(
             Ok(stats)
         });
 
-        let mut chunks = 0;
-        let mut target = config.chunk_frames_at(chunks);
+        let mut target = config.first_chunk_frames.max(1);
         // Whether the session's first chunk has gone to the decoder.
         let mut first_sent: Option<()> = None;
         let generation: Result<()> = if config.batch > 1 {
@@ -549,8 +541,7 @@ pub fn stream_utterances(
                                     first_sent = Some(());
                                     first_chunk.wait(control, failed);
                                 }
-                                chunks += 1;
-                                target = config.chunk_frames_at(chunks);
+                                target = config.next_chunk_frames(target);
                             }
                             control.wait_while_paused();
                             !(control.is_stopped() || failed.load(Ordering::SeqCst))
@@ -615,8 +606,7 @@ struct InOrder<'t> {
     rate: &'t SpeakingRate,
     config: StreamConfig,
     samples_per_frame: f64,
-    /// Chunks sent, and the frames of the next one.
-    chunks: usize,
+    /// Frames of the next chunk sent.
     target: usize,
     /// The utterance being heard (an index into `queued`).
     current: usize,
@@ -687,8 +677,7 @@ impl InOrder<'_> {
                 self.first_sent = true;
                 self.first_chunk.wait(self.control, self.failed);
             }
-            self.chunks += 1;
-            self.target = self.config.chunk_frames_at(self.chunks);
+            self.target = self.config.next_chunk_frames(self.target);
         }
     }
 
@@ -753,8 +742,7 @@ fn generate_batched(
         rate,
         config,
         samples_per_frame,
-        chunks: 0,
-        target: config.chunk_frames_at(0),
+        target: config.first_chunk_frames.max(1),
         current: 0,
         queued: Vec::new(),
         placer: None,

@@ -81,10 +81,11 @@ fn streamed_audio_equals_the_official_one_shot_waveform_for_any_chunking() {
             let frames = report.frames;
             // Chunks of `first` frames, then each one frame more up to `later`, the last one what is left; the
             // first comes in its parts (it has four 50 Hz columns per frame, more than the parts).
-            let (mut chunks, mut left) = (0, frames);
+            let (mut chunks, mut size, mut left) = (0, first, frames);
             while left > 0 {
-                left = left.saturating_sub(config.chunk_frames_at(chunks));
                 chunks += 1;
+                left = left.saturating_sub(size);
+                size = config.next_chunk_frames(size);
             }
             let expected = chunks + parts - 1;
             assert_eq!(
@@ -96,28 +97,23 @@ fn streamed_audio_equals_the_official_one_shot_waveform_for_any_chunking() {
     }
 }
 
-/// After the first chunk, chunks grow by one frame every second one up to the largest, so that each is made
-/// while the audio before it plays (a jump from one frame to eight left a long silence after the first sound).
+/// After the first chunk each grows by one frame up to the largest, so that it is made while the audio before
+/// it plays (a jump from one frame to eight left a long silence after the first sound).
 #[test]
-fn chunks_grow_by_one_frame_every_second_chunk_up_to_the_largest() {
+fn chunks_grow_by_one_frame_up_to_the_largest() {
     let config = StreamConfig::default();
-    let sizes: Vec<usize> = (0..18).map(|i| config.chunk_frames_at(i)).collect();
-    assert_eq!(
-        sizes,
-        [1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7, 8, 8, 8, 8]
-    );
+    let mut sizes = vec![config.first_chunk_frames];
+    while sizes.len() < 10 {
+        sizes.push(config.next_chunk_frames(*sizes.last().unwrap()));
+    }
+    assert_eq!(sizes, [1, 2, 3, 4, 5, 6, 7, 8, 8, 8]);
     // A first chunk larger than the largest later one: the later ones are the largest.
     let config = StreamConfig {
         first_chunk_frames: 12,
         chunk_frames: 5,
         ..StreamConfig::default()
     };
-    assert_eq!(
-        (0..3)
-            .map(|i| config.chunk_frames_at(i))
-            .collect::<Vec<_>>(),
-        [12, 5, 5]
-    );
+    assert_eq!(config.next_chunk_frames(12), 5);
 }
 
 /// Long text that never runs out during the test.
