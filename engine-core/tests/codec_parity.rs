@@ -170,6 +170,21 @@ fn bad_codes_are_rejected_with_a_reason() {
     assert!(decoder.decode(&[]).unwrap().is_empty());
 }
 
+/// `(start, end)` of each chunk of `frames` frames cut by the sizes of `pattern`, repeated.
+fn chunk_bounds(frames: usize, pattern: &[usize]) -> Vec<(usize, usize)> {
+    let mut bounds = Vec::new();
+    let mut start = 0;
+    for &size in pattern.iter().cycle() {
+        if start >= frames {
+            break;
+        }
+        let end = (start + size).min(frames);
+        bounds.push((start, end));
+        start = end;
+    }
+    bounds
+}
+
 /// Streaming: any chunking of the frames gives the one-shot waveform (issue bound: 1e-5).
 #[test]
 fn chunked_decoding_equals_one_shot_for_every_chunk_size() {
@@ -183,16 +198,12 @@ fn chunked_decoding_equals_one_shot_for_every_chunk_size() {
         for pattern in patterns {
             let mut state = decoder.new_state();
             let mut streamed = Vec::new();
-            let (mut start, mut i) = (0, 0);
-            while start < codes.len() {
-                let end = (start + pattern[i % pattern.len()]).min(codes.len());
+            for (start, end) in chunk_bounds(codes.len(), pattern) {
                 let chunk = decoder
                     .decode_chunk(&mut state, &codes[start..end])
                     .unwrap();
                 assert_eq!(chunk.len(), (end - start) * decoder.samples_per_frame());
                 streamed.extend(chunk);
-                start = end;
-                i += 1;
             }
             assert_eq!(state.frames(), codes.len());
             let err = max_abs_diff(&streamed, &one_shot);
@@ -220,9 +231,7 @@ fn a_chunk_in_parts_equals_the_one_shot_decode() {
         for (chunks, parts) in [(&[1usize][..], 2), (&[1], 4), (&[1, 3, 2], 3), (&[2, 5], 7)] {
             let mut state = decoder.new_state();
             let mut streamed = Vec::new();
-            let (mut start, mut i) = (0, 0);
-            while start < codes.len() {
-                let end = (start + chunks[i % chunks.len()]).min(codes.len());
+            for (start, end) in chunk_bounds(codes.len(), chunks) {
                 let mut sizes = Vec::new();
                 decoder
                     .decode_chunk_in_parts(
@@ -248,8 +257,6 @@ fn a_chunk_in_parts_equals_the_one_shot_decode() {
                 assert_eq!(sizes.len(), parts.min(upsampled), "{case}: {sizes:?}");
                 assert!(sizes.iter().all(|&n| n > 0));
                 assert_eq!(sizes.iter().sum::<usize>(), (end - start) * spf);
-                start = end;
-                i += 1;
             }
             assert_eq!(state.frames(), codes.len());
             let err = max_abs_diff(&streamed, &one_shot);

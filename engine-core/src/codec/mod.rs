@@ -282,24 +282,12 @@ impl CodecDecoder {
         if frames == 0 {
             return Ok(Vec::new());
         }
-        let DecoderState {
-            pre_conv,
-            pre_transformer,
-            upsample,
-            vocoder,
-            frames: decoded,
-        } = state;
         let mut g = Graph::new(self.backend.as_ref());
-        let (h, len) = self.upsampled(
-            &mut g,
-            (pre_conv, pre_transformer, upsample),
-            codes,
-            &mut trace,
-        );
+        let (h, len, vocoder) = self.upsampled(&mut g, state, codes, &mut trace);
         let wav = self.vocoder.forward(&mut g, vocoder, &h, len, &mut trace);
         drop(h);
         let wav = waveform(g, wav, &mut trace)?;
-        *decoded += frames;
+        state.frames += frames;
         Ok(wav)
     }
 
@@ -333,20 +321,8 @@ impl CodecDecoder {
             return Ok(());
         }
         let latent = self.config.decoder_config.latent_dim;
-        let DecoderState {
-            pre_conv,
-            pre_transformer,
-            upsample,
-            vocoder,
-            frames: decoded,
-        } = state;
         let mut g = Graph::new(self.backend.as_ref());
-        let (h, len) = self.upsampled(
-            &mut g,
-            (pre_conv, pre_transformer, upsample),
-            codes,
-            &mut trace,
-        );
+        let (h, len, _) = self.upsampled(&mut g, state, codes, &mut trace);
         let h = g.take(h)?;
         g.finish()?;
         let parts = parts.clamp(1, len);
@@ -363,7 +339,9 @@ impl CodecDecoder {
             debug_assert_eq!(columns.len(), latent * width);
             let mut g = Graph::new(self.backend.as_ref());
             let x = g.input(columns);
-            let wav = self.vocoder.forward(&mut g, vocoder, &x, width, &mut trace);
+            let wav = self
+                .vocoder
+                .forward(&mut g, &mut state.vocoder, &x, width, &mut trace);
             drop(x);
             let wav = waveform(g, wav, &mut trace)?;
             if !on_part(&wav)? {
@@ -371,22 +349,26 @@ impl CodecDecoder {
             }
             start = end;
         }
-        *decoded += frames;
+        state.frames += frames;
         Ok(())
     }
 
-    /// The stages before the vocoder on the next frames: `(h[latent][len], len)` at the upsampled rate.
+    /// The stages before the vocoder on the next frames: `(h[latent][len], len)` at the upsampled rate, and
+    /// the vocoder's state for the stage after.
     fn upsampled<'m>(
         &'m self,
         g: &mut Graph<'m>,
-        (pre_conv, pre_transformer, upsample): (
-            &'m mut ConvState,
-            &'m mut pre_transformer::PreTransformerState,
-            &'m mut [upsample::UpsampleState],
-        ),
+        state: &'m mut DecoderState,
         codes: &[Vec<u32>],
         trace: &mut Trace<'_>,
-    ) -> (Tensor, usize) {
+    ) -> (Tensor, usize, &'m mut bigvgan::VocoderState) {
+        let DecoderState {
+            pre_conv,
+            pre_transformer,
+            upsample,
+            vocoder,
+            ..
+        } = state;
         let cfg = &self.config.decoder_config;
         let frames = codes.len();
         let z = self.quantizer.decode(g, codes);
@@ -412,7 +394,7 @@ impl CodecDecoder {
             (h, len) = (y, y_len);
             trace.show(g, &format!("upsample.{i}"), &h);
         }
-        (h, len)
+        (h, len, vocoder)
     }
 
     /// The official `chunked_decode`: chunks of 300 frames, each after the first decoded from scratch with 25
