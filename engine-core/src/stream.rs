@@ -70,8 +70,8 @@ impl Default for StreamConfig {
 impl StreamConfig {
     /// Frames in the chunk after one of `frames`: one more, up to `chunk_frames`. A chunk is made while the
     /// audio already out plays, so it grows with that audio: jumping from one frame to eight left a real-time
-    /// player ~0.5 s of silence after the first 80 ms (2 vCPUs, 0.6B q4_0, RTF ~0.8); growing by one, 0.17-0.26 s
-    /// in all over a 31-frame sentence, in gaps of at most ~0.13 s.
+    /// player ~0.5 s of silence after the first 80 ms (2 vCPUs, 0.6B q4_0, RTF ~0.8); growing by one, 0.17-0.79 s
+    /// in all over a 31-frame sentence, the longest gap 0.10-0.23 s (ten runs).
     pub fn next_chunk_frames(&self, frames: usize) -> usize {
         (frames + 1).min(self.chunk_frames.max(1))
     }
@@ -438,13 +438,9 @@ pub fn stream_utterances(
                     }
                     Ok(listening)
                 };
-                let mut decoded = stages.decoder().decode_chunk_in_parts(
-                    &mut state,
-                    &frames,
-                    parts,
-                    trace,
-                    &mut |part| give(part),
-                );
+                let mut decoded = stages
+                    .decoder()
+                    .decode_chunk_in_parts(&mut state, &frames, parts, trace, &mut give);
                 if let (Err(Error::Backend { .. }), Some(saved)) = (&decoded, saved) {
                     // The chunk again on the decoder's new backend, from the state before it; what was
                     // already handed out is not handed out twice.
