@@ -138,6 +138,11 @@ impl MarkPlacer {
         })
     }
 
+    /// Whether every mark has been placed.
+    pub fn is_done(&self) -> bool {
+        self.next >= self.plan.marks.len()
+    }
+
     /// Generation ended after `frames` frames: every mark left, at its share of that length.
     pub fn finish(&mut self, frames: usize) -> Vec<(usize, f64)> {
         self.take(|share| Some(share * frames as f64))
@@ -192,7 +197,9 @@ mod tests {
         assert_eq!(placer.due(10), vec![(1, 10.0)]);
         // The generation ended early, at 16 frames: the mark at half is at 8 — never before one already
         // placed, never after the end.
+        assert!(!placer.is_done());
         assert_eq!(placer.finish(16), vec![(2, 10.0), (3, 16.0)]);
+        assert!(placer.is_done());
         assert_eq!(placer.finish(16), vec![]);
     }
 

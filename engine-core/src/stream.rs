@@ -482,24 +482,17 @@ pub fn stream_utterances(
             Ok(stats)
         });
 
-        let mut target = config.first_chunk_frames.max(1);
-        // Whether the session's first chunk has gone to the decoder.
-        let mut first_sent: Option<()> = None;
+        let mut order = InOrder::new(
+            &tx,
+            first_chunk,
+            control,
+            failed,
+            rate,
+            config,
+            samples_per_frame,
+        );
         let generation: Result<()> = if config.batch > 1 {
-            generate_batched(
-                stages,
-                utterances,
-                options,
-                &mut rng,
-                config,
-                control,
-                rate,
-                failed,
-                &tx,
-                first_chunk,
-                samples_per_frame,
-                &mut report,
-            )
+            generate_batched(stages, utterances, options, &mut rng, order, &mut report)
         } else {
             (|| {
                 for (i, utterance) in utterances.enumerate() {
@@ -507,20 +500,7 @@ pub fn stream_utterances(
                         break;
                     }
                     let Utterance { prompt, marks } = utterance?;
-                    if i > 0 || prompt.decoder_start.is_some() {
-                        tx.send(Work::Restart(prompt.decoder_start.clone())).ok();
-                    }
-                    let weight = marks.weight;
-                    let mut placer = MarkPlacer::new(marks, rate);
-                    let send_marks = |placed: Vec<(usize, f64)>| {
-                        for (id, frame) in placed {
-                            let sample = (frame * samples_per_frame).round() as u64;
-                            tx.send(Work::Mark { id, sample }).ok();
-                        }
-                    };
-                    send_marks(placer.due(0));
-                    let mut pending: Vec<Vec<u32>> = Vec::new();
-                    let mut made = 0;
+                    order.add(marks, prompt.decoder_start.clone());
                     let t = Instant::now();
                     let generated = generate_on(
                         stages,
@@ -528,17 +508,7 @@ pub fn stream_utterances(
                         options,
                         &mut || rng.uniform(),
                         &mut |frame| {
-                            made += 1;
-                            send_marks(placer.due(made));
-                            pending.push(frame.to_vec());
-                            if pending.len() >= target {
-                                tx.send(Work::Frames(std::mem::take(&mut pending))).ok();
-                                if config.first_chunk_alone && first_sent.is_none() {
-                                    first_sent = Some(());
-                                    first_chunk.wait(control, failed);
-                                }
-                                target = config.next_chunk_frames(target);
-                            }
+                            order.frame(i, frame);
                             control.wait_while_paused();
                             !(control.is_stopped() || failed.load(Ordering::SeqCst))
                         },
@@ -552,13 +522,7 @@ pub fn stream_utterances(
                     report.timings.code_predictor += g.code_predictor;
                     report.utterances += 1;
                     report.frames += generated.codes.len();
-                    if generated.eos {
-                        rate.learn(generated.codes.len(), weight);
-                    }
-                    send_marks(placer.finish(generated.codes.len()));
-                    if !pending.is_empty() {
-                        tx.send(Work::Frames(pending)).ok();
-                    }
+                    order.end(i, generated.codes.len(), generated.eos);
                 }
                 Ok(())
             })()
@@ -590,8 +554,9 @@ struct Queued {
     ended: Option<(usize, bool)>,
 }
 
-/// The frames of a batched session handed to the decoder in the order they are heard: the utterance being
-/// heard's at once, chunked as a sequential session chunks them, and later ones' held until it has ended.
+/// A session's frames and marks handed to the decoder in the order they are heard, in chunks
+/// ([`StreamConfig::next_chunk_frames`]): the utterance being heard's at once, and (in a batched session) later
+/// ones' held until it has ended.
 struct InOrder<'t> {
     tx: &'t mpsc::Sender<Work>,
     /// The session's first chunk, waited for once it is sent ([`StreamConfig::first_chunk_alone`]).
@@ -614,7 +579,35 @@ struct InOrder<'t> {
     pending: Vec<Vec<u32>>,
 }
 
-impl InOrder<'_> {
+impl<'t> InOrder<'t> {
+    fn new(
+        tx: &'t mpsc::Sender<Work>,
+        first_chunk: &'t FirstChunk,
+        control: &'t SessionControl,
+        failed: &'t AtomicBool,
+        rate: &'t SpeakingRate,
+        config: StreamConfig,
+        samples_per_frame: f64,
+    ) -> Self {
+        InOrder {
+            tx,
+            first_chunk,
+            first_sent: false,
+            control,
+            failed,
+            rate,
+            config,
+            samples_per_frame,
+            target: config.first_chunk_frames.max(1),
+            current: 0,
+            queued: Vec::new(),
+            placer: None,
+            weight: 0.0,
+            made: 0,
+            pending: Vec::new(),
+        }
+    }
+
     fn send_marks(&self, placed: Vec<(usize, f64)>) {
         for (id, frame) in placed {
             let sample = (frame * self.samples_per_frame).round() as u64;
@@ -665,12 +658,17 @@ impl InOrder<'_> {
         let due = self.placer.as_mut().expect("begun").due(self.made);
         self.send_marks(due);
         self.pending.push(frame);
-        if self.pending.len() >= self.target {
-            self.tx
-                .send(Work::Frames(std::mem::take(&mut self.pending)))
-                .ok();
-            if self.config.first_chunk_alone && !self.first_sent {
-                self.first_sent = true;
+        // While marks are left to place, the newest frame stays until the next one comes (or generation ends):
+        // the marks left when generation ends are placed within its audio, and must find some of it not yet
+        // handed out, or they would all come after it. Not the session's first chunk: its sound comes first.
+        let hold = self.first_sent && self.placer.as_ref().is_some_and(|p| !p.is_done());
+        if self.pending.len() >= self.target + usize::from(hold) {
+            let newest = if hold { self.pending.pop() } else { None };
+            let chunk = std::mem::replace(&mut self.pending, newest.into_iter().collect());
+            self.tx.send(Work::Frames(chunk)).ok();
+            let first = !self.first_sent;
+            self.first_sent = true;
+            if first && self.config.first_chunk_alone {
                 self.first_chunk.wait(self.control, self.failed);
             }
             self.target = self.config.next_chunk_frames(self.target);
@@ -714,38 +712,16 @@ impl InOrder<'_> {
 
 /// The generator's side of [`stream_utterances`] with `config.batch` > 1: the utterances generated up to
 /// `config.batch` at a time, their frames handed to the decoder in order ([`InOrder`]).
-#[allow(clippy::too_many_arguments)]
 fn generate_batched(
     stages: &dyn Stages,
     utterances: &mut dyn Iterator<Item = Result<Utterance>>,
     options: &GenerateOptions,
     rng: &mut SeededRng,
-    config: StreamConfig,
-    control: &SessionControl,
-    rate: &SpeakingRate,
-    failed: &AtomicBool,
-    tx: &mpsc::Sender<Work>,
-    first_chunk: &FirstChunk,
-    samples_per_frame: f64,
+    order: InOrder,
     report: &mut StreamReport,
 ) -> Result<()> {
-    let order = RefCell::new(InOrder {
-        tx,
-        first_chunk,
-        first_sent: false,
-        control,
-        failed,
-        rate,
-        config,
-        samples_per_frame,
-        target: config.first_chunk_frames.max(1),
-        current: 0,
-        queued: Vec::new(),
-        placer: None,
-        weight: 0.0,
-        made: 0,
-        pending: Vec::new(),
-    });
+    let (control, failed, config) = (order.control, order.failed, order.config);
+    let order = RefCell::new(order);
     let rng = RefCell::new(rng);
     let go_on = || !(control.is_stopped() || failed.load(Ordering::SeqCst));
     let mut index = 0;

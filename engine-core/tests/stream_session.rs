@@ -356,3 +356,52 @@ fn a_batched_session_hands_out_what_a_sequential_one_does() {
         assert!(events == expected, "batch {batch}: events differ");
     }
 }
+
+/// Marks that generation has not reached when it ends (here cut by the frame cap long before the speaking
+/// rate predicted) are placed within its audio: each comes before the last of it, even with one-frame chunks
+/// that would otherwise have handed it all out already.
+#[test]
+fn marks_left_when_generation_ends_come_before_its_last_audio() {
+    use kazeia_engine::stream::StreamEvent;
+    let text = "Hello world. How are you today, my old friend? Fine, thank you.";
+    let words = [
+        "world", "How", "today", "old", "friend", "Fine", "thank", "you.",
+    ];
+    let marks: Vec<usize> = words.iter().map(|w| text.find(w).unwrap()).collect();
+    let synth = Synthesizer::load(&fixture("shape_0b6"), Arc::new(CpuBackend::new(2))).unwrap();
+    for chunk_frames in [1, 2, 8] {
+        let config = StreamConfig {
+            first_chunk_frames: 1,
+            chunk_frames,
+            ..StreamConfig::default()
+        };
+        // (marks seen, samples) in order of delivery.
+        let mut events: Vec<(Option<usize>, usize)> = Vec::new();
+        let (report, _) = synth
+            .synthesize_marked(
+                text,
+                &marks,
+                &voice(),
+                &greedy(12),
+                config,
+                &SessionControl::new(),
+                &mut |event| {
+                    events.push(match event {
+                        StreamEvent::Audio(samples) => (None, samples.len()),
+                        StreamEvent::Mark(id) => (Some(id), 0),
+                    });
+                    Ok(())
+                },
+            )
+            .unwrap();
+        assert_eq!(report.frames, 11, "the tiny model runs to the cap");
+        let ids: Vec<usize> = events.iter().filter_map(|e| e.0).collect();
+        assert_eq!(ids, (0..words.len()).collect::<Vec<_>>());
+        let last_mark = events.iter().rposition(|e| e.0.is_some()).unwrap();
+        let audio_after: usize = events[last_mark..].iter().map(|e| e.1).sum();
+        assert!(
+            audio_after > 0,
+            "chunks of {chunk_frames}: the last mark came after all the audio"
+        );
+    }
+}
