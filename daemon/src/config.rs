@@ -161,7 +161,7 @@ pub struct QueueSection {
 pub struct StreamSection {
     /// Frames (80 ms each) in the first decoded chunk: the time to first sound.
     pub first_chunk_frames: usize,
-    /// Frames in the largest later chunk (each grows by one frame from the first, up to this).
+    /// Frames in the largest later chunk (from the first they grow by one frame every third chunk, up to this).
     pub chunk_frames: usize,
     /// The first chunk's sound is handed out in this many parts, each as soon as it is decoded
     /// (`StreamConfig::first_chunk_parts`): 1 = the whole chunk at once.

@@ -29,8 +29,8 @@ use crate::marks::{MarkPlacer, MarkPlan, SpeakingRate};
 pub struct StreamConfig {
     /// Frames in the first audio chunk of a session (80 ms each): small, for latency.
     pub first_chunk_frames: usize,
-    /// Frames in the largest later chunk: each chunk after the first has one frame more than the one before,
-    /// up to this ([`StreamConfig::next_chunk_frames`]).
+    /// Frames in the largest later chunk: the chunks grow by one frame every third chunk up to this
+    /// ([`StreamConfig::chunk_frames_at`]).
     pub chunk_frames: usize,
     /// Time each decoder stage ([`StreamReport::decoder_stages`]). Each stage then ends its own list of ops
     /// on the backend, so a device backend submits five times per chunk instead of once: for profiles only.
@@ -67,13 +67,22 @@ impl Default for StreamConfig {
     }
 }
 
+/// Chunks of each size before the next is one frame larger ([`StreamConfig::chunk_frames_at`]).
+const CHUNKS_PER_SIZE: usize = 3;
+
 impl StreamConfig {
-    /// Frames in the chunk after one of `frames`: one more, up to `chunk_frames`. A chunk is made while the
-    /// audio already out plays, so it grows with that audio: jumping from one frame to eight left a real-time
-    /// player ~0.5 s of silence after the first 80 ms (2 vCPUs, 0.6B q4_0, RTF ~0.8); growing by one, 0.17-0.79 s
-    /// in all over a 31-frame sentence, the longest gap 0.10-0.23 s (ten runs).
-    pub fn next_chunk_frames(&self, frames: usize) -> usize {
-        (frames + 1).min(self.chunk_frames.max(1))
+    /// Frames in a session's chunk number `index` (0: the first): `first_chunk_frames`, and one more every
+    /// third chunk after that, up to `chunk_frames`. A chunk is made while the audio already out plays, so it
+    /// may only grow as fast as that audio: jumping from one frame to eight left a real-time player ~0.5 s of
+    /// silence after the first 80 ms; growing by one every chunk still left 15-72 ms of silence in each of eight
+    /// runs, growing every third chunk none in four and 1-41 ms in the four others (AMD EPYC Zen 5, 0.6B q4_0,
+    /// 31 frames, 1 and 2 threads, RTF 0.47-0.83, runs alternated; first audio and RTF unchanged).
+    pub fn chunk_frames_at(&self, index: usize) -> usize {
+        let first = self.first_chunk_frames.max(1);
+        if index == 0 {
+            return first;
+        }
+        (first + index / CHUNKS_PER_SIZE).min(self.chunk_frames.max(1))
     }
 }
 
@@ -555,20 +564,20 @@ struct Queued {
 }
 
 /// A session's frames and marks handed to the decoder in the order they are heard, in chunks
-/// ([`StreamConfig::next_chunk_frames`]): the utterance being heard's at once, and (in a batched session) later
+/// ([`StreamConfig::chunk_frames_at`]): the utterance being heard's at once, and (in a batched session) later
 /// ones' held until it has ended.
 struct InOrder<'t> {
     tx: &'t mpsc::Sender<Work>,
     /// The session's first chunk, waited for once it is sent ([`StreamConfig::first_chunk_alone`]).
     first_chunk: &'t FirstChunk,
     first_sent: bool,
+    /// Chunks sent so far; the next one's size follows from it.
+    chunks: usize,
     control: &'t SessionControl,
     failed: &'t AtomicBool,
     rate: &'t SpeakingRate,
     config: StreamConfig,
     samples_per_frame: f64,
-    /// Frames of the next chunk sent.
-    target: usize,
     /// The utterance being heard (an index into `queued`).
     current: usize,
     queued: Vec<Queued>,
@@ -593,12 +602,12 @@ impl<'t> InOrder<'t> {
             tx,
             first_chunk,
             first_sent: false,
+            chunks: 0,
             control,
             failed,
             rate,
             config,
             samples_per_frame,
-            target: config.first_chunk_frames.max(1),
             current: 0,
             queued: Vec::new(),
             placer: None,
@@ -662,7 +671,7 @@ impl<'t> InOrder<'t> {
         // the marks left when generation ends are placed within its audio, and must find some of it not yet
         // handed out, or they would all come after it. Not the session's first chunk: its sound comes first.
         let hold = self.first_sent && self.placer.as_ref().is_some_and(|p| !p.is_done());
-        if self.pending.len() >= self.target + usize::from(hold) {
+        if self.pending.len() >= self.config.chunk_frames_at(self.chunks) + usize::from(hold) {
             let newest = if hold { self.pending.pop() } else { None };
             let chunk = std::mem::replace(&mut self.pending, newest.into_iter().collect());
             self.tx.send(Work::Frames(chunk)).ok();
@@ -671,7 +680,7 @@ impl<'t> InOrder<'t> {
             if first && self.config.first_chunk_alone {
                 self.first_chunk.wait(self.control, self.failed);
             }
-            self.target = self.config.next_chunk_frames(self.target);
+            self.chunks += 1;
         }
     }
 

@@ -79,13 +79,12 @@ fn streamed_audio_equals_the_official_one_shot_waveform_for_any_chunking() {
                 .fold(0.0, f32::max);
             assert!(err <= 1e-4, "{case} {first}/{later}: {err:e}");
             let frames = report.frames;
-            // Chunks of `first` frames, then each one frame more up to `later`, the last one what is left; the
-            // first comes in its parts (it has four 50 Hz columns per frame, more than the parts).
-            let (mut chunks, mut size, mut left) = (0, first, frames);
+            // Chunks of `first` frames, then one frame more every third chunk up to `later`, the last one what is
+            // left; the first comes in its parts (it has four 50 Hz columns per frame, more than the parts).
+            let (mut chunks, mut left) = (0, frames);
             while left > 0 {
+                left = left.saturating_sub(config.chunk_frames_at(chunks));
                 chunks += 1;
-                left = left.saturating_sub(size);
-                size = config.next_chunk_frames(size);
             }
             let expected = chunks + parts - 1;
             assert_eq!(
@@ -97,23 +96,25 @@ fn streamed_audio_equals_the_official_one_shot_waveform_for_any_chunking() {
     }
 }
 
-/// After the first chunk each grows by one frame up to the largest, so that it is made while the audio before
-/// it plays (a jump from one frame to eight left a long silence after the first sound).
+/// After the first chunk they grow by one frame every third chunk up to the largest, so that each is made while
+/// the audio before it plays (a jump from one frame to eight left a long silence after the first sound).
 #[test]
-fn chunks_grow_by_one_frame_up_to_the_largest() {
+fn chunks_grow_by_one_frame_every_third_chunk_up_to_the_largest() {
     let config = StreamConfig::default();
-    let mut sizes = vec![config.first_chunk_frames];
-    while sizes.len() < 10 {
-        sizes.push(config.next_chunk_frames(*sizes.last().unwrap()));
-    }
-    assert_eq!(sizes, [1, 2, 3, 4, 5, 6, 7, 8, 8, 8]);
+    let sizes: Vec<usize> = (0..24).map(|i| config.chunk_frames_at(i)).collect();
+    assert_eq!(
+        sizes,
+        [1, 1, 1, 2, 2, 2, 3, 3, 3, 4, 4, 4, 5, 5, 5, 6, 6, 6, 7, 7, 7, 8, 8, 8]
+    );
+    assert_eq!(config.chunk_frames_at(1000), 8);
     // A first chunk larger than the largest later one: the later ones are the largest.
     let config = StreamConfig {
         first_chunk_frames: 12,
         chunk_frames: 5,
         ..StreamConfig::default()
     };
-    assert_eq!(config.next_chunk_frames(12), 5);
+    assert_eq!(config.chunk_frames_at(0), 12);
+    assert_eq!(config.chunk_frames_at(1), 5);
 }
 
 /// Long text that never runs out during the test.

@@ -54,7 +54,7 @@ pub struct SynthArgs {
     /// Frames (80 ms each) in the first decoded chunk.
     #[arg(long, default_value_t = StreamConfig::default().first_chunk_frames)]
     first_chunk_frames: usize,
-    /// Frames in the largest later decoded chunk (each grows by one frame from the first, up to this).
+    /// Frames in the largest later decoded chunk (from the first they grow by one frame every third chunk, up to this).
     #[arg(long, default_value_t = StreamConfig::default().chunk_frames)]
     chunk_frames: usize,
     /// Text chunks (sentences) generated together, one row each per talker and code-predictor step; the
