@@ -34,7 +34,9 @@ const LANES_BYTES: usize = 64;
 const OUTPUT_BLOCK: usize = 16;
 /// Activation rows one task quantises when a call's rows are split across threads.
 const ROWS_PER_TASK: usize = 4;
-/// How far ahead of the weight stream a one-row tile prefetches.
+/// How far ahead of the weight stream a tile prefetches (Q4_0 and Q8_0 alike). Measured in one process, calls
+/// alternating with and without (AMD EPYC Zen 5, 2 threads, weights from DRAM): Q4_0 one row 12 % faster with;
+/// Q8_0 one row 5-12 %, four rows 29 %. 2-16 KB ahead and the T1/NTA hints were all within ±4 % of this.
 const PREFETCH_BYTES: usize = 4096;
 
 /// Bytes in whole, aligned cache lines, so that no vector load straddles two lines.
@@ -631,6 +633,13 @@ unsafe fn tile<const O: usize, const R: usize>(
             }
             Kind::Q8_0 => {
                 for j in 0..8 {
+                    {
+                        let ahead =
+                            w_data.wrapping_add(g * w_group + j * w_vector + PREFETCH_BYTES);
+                        // A prefetch reads nothing the program sees, wherever it points (a safe intrinsic).
+                        _mm_prefetch::<_MM_HINT_T0>(ahead.cast());
+                        _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64).cast());
+                    }
                     let mut wv = [_mm512_setzero_si512(); O];
                     for (oi, v) in wv.iter_mut().enumerate() {
                         *v = weights(oi, j);
