@@ -608,13 +608,7 @@ unsafe fn tile<const O: usize, const R: usize>(
         match w.kind {
             Kind::Q4_0 => {
                 for p in 0..4 {
-                    {
-                        let ahead =
-                            w_data.wrapping_add(g * w_group + p * w_vector + PREFETCH_BYTES);
-                        // A prefetch reads nothing the program sees, wherever it points (a safe intrinsic).
-                        _mm_prefetch::<_MM_HINT_T0>(ahead.cast());
-                        _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64).cast());
-                    }
+                    prefetch_vector(w_data.wrapping_add(g * w_group + p * w_vector));
                     let mut low = [_mm512_setzero_si512(); O];
                     let mut high = [_mm512_setzero_si512(); O];
                     for oi in 0..O {
@@ -633,13 +627,7 @@ unsafe fn tile<const O: usize, const R: usize>(
             }
             Kind::Q8_0 => {
                 for j in 0..8 {
-                    {
-                        let ahead =
-                            w_data.wrapping_add(g * w_group + j * w_vector + PREFETCH_BYTES);
-                        // A prefetch reads nothing the program sees, wherever it points (a safe intrinsic).
-                        _mm_prefetch::<_MM_HINT_T0>(ahead.cast());
-                        _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64).cast());
-                    }
+                    prefetch_vector(w_data.wrapping_add(g * w_group + j * w_vector));
                     let mut wv = [_mm512_setzero_si512(); O];
                     for (oi, v) in wv.iter_mut().enumerate() {
                         *v = weights(oi, j);
@@ -669,6 +657,16 @@ unsafe fn tile<const O: usize, const R: usize>(
             store(o + oi, r0 + ri, reduce(*a));
         }
     }
+}
+
+/// Prefetches the two lines (a pair's vector) [`PREFETCH_BYTES`] past `at` in the weight stream.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn prefetch_vector(at: *const u8) {
+    let ahead = at.wrapping_add(PREFETCH_BYTES);
+    // A prefetch reads nothing the program sees, wherever it points (a safe intrinsic).
+    _mm_prefetch::<_MM_HINT_T0>(ahead.cast());
+    _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64).cast());
 }
 
 /// [`sum_lanes`] in registers: each step adds the lanes `width` apart (halves, then 128-bit quarters, then
