@@ -14,7 +14,7 @@ use kazeia_engine::synth::{SynthOptions, Voice};
 use kazeia_text::prosody_filter::ProsodyFilter;
 use kazeia_text::ssml::{Piece, MAX_BREAK, MAX_TOTAL_BREAK};
 
-use crate::audio::{open_sink, AudioSink, Playback};
+use crate::audio::{open_sink, AudioSink, Playback, SinkSpec};
 use crate::config::DaemonConfig;
 use crate::engine::Engine;
 use crate::queue::{Event, Interrupt, Interruption, Lane, Limits, Reason, SpeechQueue};
@@ -104,6 +104,9 @@ pub struct Player {
     pub queue: SpeechQueue,
     engine: RwLock<Option<Arc<Engine>>>,
     sink: RwLock<Option<Arc<dyn AudioSink>>>,
+    /// Held while a sink is opened: an utterance and a configuration (re)load opening the same sink at once
+    /// would open it twice (a second `wav:` sink truncates the file the first one writes).
+    opening: Mutex<()>,
     config: RwLock<DaemonConfig>,
     cache: ShortCache,
     /// The voices of the running engine (speakers, `[voices]`, stored voices).
@@ -116,6 +119,7 @@ impl Player {
             queue: SpeechQueue::new(limits(&config), events),
             engine: RwLock::new(None),
             sink: RwLock::new(None),
+            opening: Mutex::new(()),
             config: RwLock::new(config),
             cache: ShortCache::default(),
             catalog: RwLock::new(Arc::new(Catalog::default())),
@@ -163,25 +167,34 @@ impl Player {
         self.cache.clear();
     }
 
-    pub fn set_sink(&self, sink: Arc<dyn AudioSink>) {
-        *self.sink.write().unwrap_or_else(|e| e.into_inner()) = Some(sink);
+    fn current_sink(&self) -> Option<Arc<dyn AudioSink>> {
+        self.sink.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
-    /// Forgets the sink (it could not be opened); the next utterance tries to open the configured one.
-    pub fn clear_sink(&self) {
-        *self.sink.write().unwrap_or_else(|e| e.into_inner()) = None;
+    /// Opens `spec` as the sink (a configuration load). With `replace` false, a sink already in place is
+    /// kept: one opened by an utterance since the caller saw none is the same configured sink. A sink that
+    /// cannot be opened is forgotten; the next utterance tries the configured one again.
+    pub fn open_sink(&self, spec: &SinkSpec, replace: bool) -> Result<Arc<dyn AudioSink>> {
+        let _one = self.opening.lock().unwrap_or_else(|e| e.into_inner());
+        if !replace {
+            if let Some(sink) = self.current_sink() {
+                return Ok(sink);
+            }
+        }
+        let opened = open_sink(spec);
+        *self.sink.write().unwrap_or_else(|e| e.into_inner()) = opened.as_ref().ok().cloned();
+        opened
     }
 
     /// The open sink, or the configured one opened now: the audio server may start after the daemon (at
     /// login), or restart while it runs.
     fn sink_or_open(&self) -> Result<Arc<dyn AudioSink>> {
-        if let Some(sink) = self.sink.read().unwrap_or_else(|e| e.into_inner()).clone() {
+        if let Some(sink) = self.current_sink() {
             return Ok(sink);
         }
         let spec = self.config().sink()?;
-        let sink = open_sink(&spec).map_err(|e| anyhow!("audio sink {}: {e:#}", spec))?;
-        self.set_sink(sink.clone());
-        Ok(sink)
+        self.open_sink(&spec, false)
+            .map_err(|e| anyhow!("audio sink {}: {e:#}", spec))
     }
 
     /// The running configuration (voice defaults, queue limits, stream sizes apply from the next utterance).
@@ -654,7 +667,33 @@ impl Speaker<'_> {
 
 #[cfg(test)]
 mod tests {
-    use super::resume_point;
+    use super::{resume_point, Player};
+    use crate::config::DaemonConfig;
+    use std::sync::Arc;
+
+    #[test]
+    fn a_load_keeps_the_sink_an_utterance_opened_meanwhile() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("out.wav");
+        let mut config = DaemonConfig::default();
+        config.audio.sink = format!("wav:{}", path.display());
+        let spec = config.sink().unwrap();
+        let player = Player::new(config, |_| {});
+        // An utterance finds no sink yet, opens the configured one and speaks.
+        let opened = player.sink_or_open().unwrap();
+        let playback = opened.open(24_000).unwrap();
+        playback.write(&[0.5; 96]).unwrap();
+        playback.finish().unwrap();
+        // The first load, which saw no sink before it began opening, keeps it: the file is not truncated.
+        let kept = player.open_sink(&spec, false).unwrap();
+        assert!(Arc::ptr_eq(&opened, &kept), "the sink was opened twice");
+        let written = std::fs::read(&path).unwrap();
+        let audio = crate::audio::wav_read::parse_wav(&written).unwrap();
+        assert_eq!(audio.samples.len(), 96, "the utterance's audio was lost");
+        // A changed sink is opened anew.
+        let replaced = player.open_sink(&spec, true).unwrap();
+        assert!(!Arc::ptr_eq(&opened, &replaced));
+    }
 
     #[test]
     fn an_interrupted_utterance_resumes_at_the_first_piece_not_heard() {

@@ -10,7 +10,6 @@ use kazeia_engine::synth::Voice;
 use kazeia_text::ssml::{parse_ssml, plain_text, Piece};
 use kazeia_text::text::{split_for_synthesis, DEFAULT_CHUNK_CHARS};
 
-use crate::audio::open_sink;
 use crate::config::DaemonConfig;
 use crate::engine::{Engine, EngineInfo, LoadStatus};
 use crate::player::Player;
@@ -221,23 +220,21 @@ impl Service {
             }
             self.player.set_catalog(Arc::new(catalog));
         }
-        if config.audio.sink != running.audio.sink || self.player.sink_description() == "none" {
+        let new_sink = config.audio.sink != running.audio.sink;
+        if new_sink || self.player.sink_description() == "none" {
             let spec = config.sink()?;
-            let opening = spec.clone();
-            let opened = tokio::task::spawn_blocking(move || open_sink(&opening))
+            let (player, opening) = (self.player.clone(), spec.clone());
+            // Not replacing the same sink: an utterance may have opened it meanwhile, and keeps it.
+            let opened = tokio::task::spawn_blocking(move || player.open_sink(&opening, new_sink))
                 .await
                 .context("opening the audio sink panicked")?;
             match opened {
-                Ok(sink) => {
-                    changes.push(format!("audio sink {}", sink.describe()));
-                    self.player.set_sink(sink);
-                }
+                Ok(sink) => changes.push(format!("audio sink {}", sink.describe())),
                 // The audio server may not run yet (the daemon can start first at login): Spiel clients are
                 // served meanwhile, and each utterance for the sink tries again.
                 Err(e) => {
                     tracing::warn!("audio sink {spec}: {e:#}; will retry when speaking");
                     changes.push(format!("audio sink {spec} (not open yet)"));
-                    self.player.clear_sink();
                 }
             }
         }
