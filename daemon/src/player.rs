@@ -148,8 +148,10 @@ impl Player {
             .map_or_else(|| "none".into(), |s| s.describe())
     }
 
-    /// Puts a new engine in place; the utterance in progress finishes on the old one.
-    pub fn set_engine(&self, engine: Arc<Engine>) {
+    /// Puts a new engine and its voices in place; the utterance in progress finishes on the old one. The voices
+    /// go first: whoever sees the new engine (a request waiting for the first load) finds its voices with it.
+    pub fn set_engine(&self, engine: Arc<Engine>, catalog: Arc<Catalog>) {
+        self.set_catalog(catalog);
         *self.engine.write().unwrap_or_else(|e| e.into_inner()) = Some(engine);
         self.cache.clear();
     }

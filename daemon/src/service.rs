@@ -202,8 +202,7 @@ impl Service {
                 backends_summary(&engine.info),
                 engine.info.load_time.as_secs_f64()
             ));
-            self.player.set_engine(Arc::new(engine));
-            self.player.set_catalog(Arc::new(catalog));
+            self.player.set_engine(Arc::new(engine), Arc::new(catalog));
         } else if let Some(engine) = self.player.engine() {
             // Voice defaults are checked against the running model before they are taken.
             let mut catalog = voice_catalog(&engine.info, &config);
