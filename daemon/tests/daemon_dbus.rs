@@ -826,11 +826,12 @@ fn bench_daemon(label: &str) -> (TempDir, DbusSession, Service) {
 
 /// Time to first audio through the daemon, on a real-size model (`KAZEIA_BENCH_TEXT=streamed`: the text
 /// streamed into the talker; `KAZEIA_BENCH_BATCH=1`: `[stream] batch`). The daemon runs on the CPU plugin
-/// built from this tree (`bench_daemon`).
-/// `KAZEIA_BENCH_MODEL=/path/to/model KAZEIA_BENCH_WEIGHTS=q4_0 cargo test --release -p kazeiad --test
-/// daemon_dbus daemon_first_audio -- --ignored --nocapture`.
+/// built from this tree (`bench_daemon`), on `KAZEIA_BENCH_MODEL` or, without it, a real-size random 0.6B model
+/// written once (~2.5 GB, see `random_model`; nothing to download).
+/// `KAZEIA_BENCH_WEIGHTS=q4_0 cargo test --release -p kazeiad --test daemon_dbus daemon_first_audio -- --ignored
+/// --nocapture`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "benchmark: needs KAZEIA_BENCH_MODEL"]
+#[ignore = "benchmark: a real-size model (KAZEIA_BENCH_MODEL, else a random one written once)"]
 async fn daemon_first_audio() {
     let (_dir, bus, daemon) = bench_daemon("daemon-bench");
     let connection = connect(&bus).await;
@@ -991,7 +992,7 @@ async fn an_interrupted_text_resumes_where_it_was_and_reports_each_mark_once() {
 /// drives it, timing SPEAK / CHAR → first `705` audio block. Same command as [`daemon_first_audio`] with
 /// `module_first_audio`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "benchmark: needs KAZEIA_BENCH_MODEL"]
+#[ignore = "benchmark: a real-size model (KAZEIA_BENCH_MODEL, else a random one written once)"]
 async fn module_first_audio() {
     use std::io::Write;
     use std::process::Stdio;
