@@ -103,7 +103,8 @@ fn injected_panic(text: &str, place: &str) {
 pub struct Player {
     pub queue: SpeechQueue,
     engine: RwLock<Option<Arc<Engine>>>,
-    sink: RwLock<Option<Arc<dyn AudioSink>>>,
+    /// The open sink, with what it was opened from.
+    sink: RwLock<Option<(SinkSpec, Arc<dyn AudioSink>)>>,
     /// Held while a sink is opened: an utterance and a configuration (re)load opening the same sink at once
     /// would open it twice (a second `wav:` sink truncates the file the first one writes).
     opening: Mutex<()>,
@@ -141,11 +142,8 @@ impl Player {
     }
 
     pub fn sink_description(&self) -> String {
-        self.sink
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .as_ref()
-            .map_or_else(|| "none".into(), |s| s.describe())
+        self.current_sink()
+            .map_or_else(|| "none".into(), |(_, s)| s.describe())
     }
 
     /// Puts a new engine and its voices in place; the utterance in progress finishes on the old one. The voices
@@ -169,34 +167,38 @@ impl Player {
         self.cache.clear();
     }
 
-    fn current_sink(&self) -> Option<Arc<dyn AudioSink>> {
+    fn current_sink(&self) -> Option<(SinkSpec, Arc<dyn AudioSink>)> {
         self.sink.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
-    /// Opens `spec` as the sink (a configuration load). With `replace` false, a sink already in place is
-    /// kept: one opened by an utterance since the caller saw none is the same configured sink. A sink that
-    /// cannot be opened is forgotten; the next utterance tries the configured one again.
-    pub fn open_sink(&self, spec: &SinkSpec, replace: bool) -> Result<Arc<dyn AudioSink>> {
+    /// The sink `spec` (a configuration load, or an utterance finding none open): the one in place when it was
+    /// opened from `spec` (by an utterance, or a load, since the caller looked), else `spec` opened now in its
+    /// place. A sink that cannot be opened leaves none; the next utterance tries the configured one again.
+    pub fn use_sink(&self, spec: &SinkSpec) -> Result<Arc<dyn AudioSink>> {
         let _one = self.opening.lock().unwrap_or_else(|e| e.into_inner());
-        if !replace {
-            if let Some(sink) = self.current_sink() {
+        if let Some((open, sink)) = self.current_sink() {
+            if open == *spec {
                 return Ok(sink);
             }
         }
         let opened = open_sink(spec);
-        *self.sink.write().unwrap_or_else(|e| e.into_inner()) = opened.as_ref().ok().cloned();
+        *self.sink.write().unwrap_or_else(|e| e.into_inner()) = opened
+            .as_ref()
+            .ok()
+            .map(|sink| (spec.clone(), sink.clone()));
         opened
     }
 
     /// The open sink, or the configured one opened now: the audio server may start after the daemon (at
     /// login), or restart while it runs.
     fn sink_or_open(&self) -> Result<Arc<dyn AudioSink>> {
-        if let Some(sink) = self.current_sink() {
-            return Ok(sink);
-        }
         let spec = self.config().sink()?;
-        self.open_sink(&spec, false)
-            .map_err(|e| anyhow!("audio sink {}: {e:#}", spec))
+        match self.current_sink() {
+            Some((open, sink)) if open == spec => Ok(sink),
+            _ => self
+                .use_sink(&spec)
+                .map_err(|e| anyhow!("audio sink {}: {e:#}", spec)),
+        }
     }
 
     /// The running configuration (voice defaults, queue limits, stream sizes apply from the next utterance).
@@ -686,15 +688,18 @@ mod tests {
         let playback = opened.open(24_000).unwrap();
         playback.write(&[0.5; 96]).unwrap();
         playback.finish().unwrap();
-        // The first load, which saw no sink before it began opening, keeps it: the file is not truncated.
-        let kept = player.open_sink(&spec, false).unwrap();
+        // The load, which saw no sink before it began opening the same one, keeps it: the file is not
+        // truncated.
+        let kept = player.use_sink(&spec).unwrap();
         assert!(Arc::ptr_eq(&opened, &kept), "the sink was opened twice");
         let written = std::fs::read(&path).unwrap();
         let audio = crate::audio::wav_read::parse_wav(&written).unwrap();
         assert_eq!(audio.samples.len(), 96, "the utterance's audio was lost");
-        // A changed sink is opened anew.
-        let replaced = player.open_sink(&spec, true).unwrap();
+        // Another sink is opened in its place, and utterances take it once the configuration says so.
+        let other = crate::audio::SinkSpec::Wav(dir.path().join("other.wav"));
+        let replaced = player.use_sink(&other).unwrap();
         assert!(!Arc::ptr_eq(&opened, &replaced));
+        assert!(Arc::ptr_eq(&player.use_sink(&other).unwrap(), &replaced));
     }
 
     #[test]

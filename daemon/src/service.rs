@@ -219,12 +219,15 @@ impl Service {
             }
             self.player.set_catalog(Arc::new(catalog));
         }
-        let new_sink = config.audio.sink != running.audio.sink;
-        if new_sink || self.player.sink_description() == "none" {
-            let spec = config.sink()?;
+        let spec = config.sink()?;
+        let changed = config != running;
+        // Utterances from here on take the new settings with the new engine, also while the sink opens (which
+        // can take a while when the audio server does not answer).
+        self.player.set_config(config.clone());
+        if config.audio.sink != running.audio.sink || self.player.sink_description() == "none" {
             let (player, opening) = (self.player.clone(), spec.clone());
-            // Not replacing the same sink: an utterance may have opened it meanwhile, and keeps it.
-            let opened = tokio::task::spawn_blocking(move || player.open_sink(&opening, new_sink))
+            // An utterance may have opened the same sink meanwhile: it is kept, not opened twice.
+            let opened = tokio::task::spawn_blocking(move || player.use_sink(&opening))
                 .await
                 .context("opening the audio sink panicked")?;
             match opened {
@@ -237,10 +240,9 @@ impl Service {
                 }
             }
         }
-        if config != running && changes.is_empty() {
+        if changed && changes.is_empty() {
             changes.push("settings".into());
         }
-        self.player.set_config(config);
         Ok(if changes.is_empty() {
             "no change".into()
         } else {
