@@ -681,7 +681,16 @@ async fn shuts_down_on_sigterm_and_when_the_bus_goes_away() {
         .stderr(std::fs::File::create(&log).unwrap())
         .spawn()
         .unwrap();
-    wait_for_name(&bus, "org.kazeia.Speech");
+    // Serving: both names taken and the bus watched (the name alone appears while the daemon still sets up,
+    // and a bus that goes away then is a failed start, reported as such).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !std::fs::read_to_string(&log)
+        .unwrap()
+        .contains("serving as")
+    {
+        assert!(Instant::now() < deadline, "the daemon never served");
+        std::thread::sleep(Duration::from_millis(20));
+    }
     drop(bus);
     wait_exit(&mut child, Duration::from_secs(10));
     let text = std::fs::read_to_string(&log).unwrap();
