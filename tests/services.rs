@@ -750,6 +750,25 @@ impl Recording {
         crossings as f64 / 2.0 / (part.len() as f64 / self.rate as f64)
     }
 
+    /// Where a tone of `hz` in `samples[range]` is not regular: (ms from `start`, samples) of each period
+    /// between upward zero crossings more than a tenth off `rate / hz` — a dropout, a click, a lost cycle. For
+    /// failure messages: it says where the audio went wrong.
+    pub fn irregular_periods(&self, start: usize, end: usize, hz: f64) -> Vec<(f64, usize)> {
+        let expected = self.rate as f64 / hz;
+        let upward: Vec<usize> = self.samples[start..end]
+            .windows(2)
+            .enumerate()
+            .filter(|(_, w)| w[0] < 0.0 && w[1] >= 0.0)
+            .map(|(i, _)| i)
+            .collect();
+        upward
+            .windows(2)
+            .map(|w| (w[0], w[1] - w[0]))
+            .filter(|&(_, period)| (period as f64 - expected).abs() > expected / 10.0)
+            .map(|(at, period)| (at as f64 * 1e3 / self.rate as f64, period))
+            .collect()
+    }
+
     /// Pitch of the dominant tone in `samples[range]`: the rate over the mean of the middle half of the
     /// periods between upward zero crossings. Unlike [`Recording::frequency`] it ignores a dropout or a
     /// click, for audio the test's own tools (pw-play) play on a loaded machine.
@@ -784,6 +803,26 @@ impl Recording {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn irregular_periods_find_a_lost_cycle_and_nothing_in_a_clean_tone() {
+        let tone: Vec<f32> = (0..48_000)
+            .map(|i| (2.0 * std::f64::consts::PI * 440.0 * i as f64 / 48_000.0).sin() as f32 * 0.5)
+            .collect();
+        let recording = |samples: Vec<f32>| Recording {
+            rate: 48_000,
+            samples,
+            arrivals: Vec::new(),
+        };
+        let clean = recording(tone.clone());
+        assert!(clean.irregular_periods(0, 48_000, 440.0).is_empty());
+        // 256 samples (a graph quantum at 48 kHz) lost half a second in.
+        let mut lost = tone;
+        lost.drain(24_000..24_256);
+        let irregular = recording(lost).irregular_periods(0, 47_744, 440.0);
+        assert_eq!(irregular.len(), 1, "{irregular:?}");
+        assert!((irregular[0].0 - 500.0).abs() < 3.0, "{irregular:?}");
+    }
 
     #[test]
     fn bus_activates_from_its_service_dir() {

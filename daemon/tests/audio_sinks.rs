@@ -116,7 +116,11 @@ mod headless_pipewire {
         // Whole: not even a resampler's delay short at the end (the brief allows ±50 ms).
         assert!(
             (duration - 1.0).abs() <= 0.005,
-            "heard {duration} s of a 1 s tone"
+            "heard {duration} s of a 1 s tone; irregular periods (ms into the tone, samples) {:.1?}; sound \
+             spans {:?} at {} Hz",
+            rec.irregular_periods(first, end, 440.0),
+            rec.sound_spans(THRESHOLD, 0.001),
+            rec.rate
         );
         assert!((rec.peak() - 0.5).abs() < 0.03, "peak {}", rec.peak());
         assert!((rec.frequency(first, end) - 440.0).abs() < 3.0);
