@@ -192,7 +192,12 @@ impl Player {
     /// The open sink, or the configured one opened now: the audio server may start after the daemon (at
     /// login), or restart while it runs.
     fn sink_or_open(&self) -> Result<Arc<dyn AudioSink>> {
-        let spec = self.config().sink()?;
+        // The spec alone, not a copy of the whole configuration.
+        let spec = self
+            .config
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .sink()?;
         match self.current_sink() {
             Some((open, sink)) if open == spec => Ok(sink),
             _ => self

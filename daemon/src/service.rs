@@ -221,10 +221,11 @@ impl Service {
         }
         let spec = config.sink()?;
         let changed = config != running;
+        let new_sink = config.audio.sink != running.audio.sink;
         // Utterances from here on take the new settings with the new engine, also while the sink opens (which
         // can take a while when the audio server does not answer).
-        self.player.set_config(config.clone());
-        if config.audio.sink != running.audio.sink || self.player.sink_description() == "none" {
+        self.player.set_config(config);
+        if new_sink || self.player.sink_description() == "none" {
             let (player, opening) = (self.player.clone(), spec.clone());
             // An utterance may have opened the same sink meanwhile: it is kept, not opened twice.
             let opened = tokio::task::spawn_blocking(move || player.use_sink(&opening))

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use kazeia_spiel::{s16le_to_f32, Chunk, EventKind, SpielReader};
-use kazeia_tests::services::{DbusSession, PipeWire, Recorder, Service, TempDir};
+use kazeia_tests::services::{wait_until, DbusSession, PipeWire, Recorder, Service, TempDir};
 use kazeia_tests::{fixtures_dir, speaking_model};
 use kazeiad::dbus::client::SpeechProxy;
 use zbus::wire::Variant;
@@ -683,14 +683,11 @@ async fn shuts_down_on_sigterm_and_when_the_bus_goes_away() {
         .unwrap();
     // Serving: both names taken and the bus watched (the name alone appears while the daemon still sets up,
     // and a bus that goes away then is a failed start, reported as such).
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !std::fs::read_to_string(&log)
-        .unwrap()
-        .contains("serving as")
-    {
-        assert!(Instant::now() < deadline, "the daemon never served");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_until("the daemon serving", || {
+        std::fs::read_to_string(&log)
+            .unwrap()
+            .contains("serving as")
+    });
     drop(bus);
     wait_exit(&mut child, Duration::from_secs(10));
     let text = std::fs::read_to_string(&log).unwrap();
