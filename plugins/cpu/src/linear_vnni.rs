@@ -574,8 +574,15 @@ unsafe fn tile<const O: usize, const R: usize>(
     let x_rows = |ri: usize| (r0 + ri) * groups;
     let x_data = x.quants.bytes().as_ptr();
     let nibble_mask = _mm512_set1_epi8(0x0f);
+    // The pair's lanes (scales, and Q8_0's corrections: 128 bytes a group each) are streams of their own beside
+    // the weights, as far ahead in their stream as the weights' prefetch is in theirs.
+    let lanes_ahead = PREFETCH_BYTES * (2 * GROUP * 4) / w_group;
     let mut acc = [[_mm512_setzero_ps(); R]; O];
     for g in 0..groups {
+        prefetch_two_lines(w_scales.wrapping_add(g * w_lanes_group).cast(), lanes_ahead);
+        if w.kind == Kind::Q8_0 {
+            prefetch_two_lines(w_corr.wrapping_add(g * w_lanes_group).cast(), lanes_ahead);
+        }
         // Each block's exact integer sum starts at its correction.
         let mut sums = [[_mm512_setzero_si512(); R]; O];
         for (oi, row) in sums.iter_mut().enumerate() {
@@ -608,7 +615,10 @@ unsafe fn tile<const O: usize, const R: usize>(
         match w.kind {
             Kind::Q4_0 => {
                 for p in 0..4 {
-                    prefetch_vector(w_data.wrapping_add(g * w_group + p * w_vector));
+                    prefetch_two_lines(
+                        w_data.wrapping_add(g * w_group + p * w_vector),
+                        PREFETCH_BYTES,
+                    );
                     let mut low = [_mm512_setzero_si512(); O];
                     let mut high = [_mm512_setzero_si512(); O];
                     for oi in 0..O {
@@ -627,7 +637,10 @@ unsafe fn tile<const O: usize, const R: usize>(
             }
             Kind::Q8_0 => {
                 for j in 0..8 {
-                    prefetch_vector(w_data.wrapping_add(g * w_group + j * w_vector));
+                    prefetch_two_lines(
+                        w_data.wrapping_add(g * w_group + j * w_vector),
+                        PREFETCH_BYTES,
+                    );
                     let mut wv = [_mm512_setzero_si512(); O];
                     for (oi, v) in wv.iter_mut().enumerate() {
                         *v = weights(oi, j);
@@ -659,11 +672,12 @@ unsafe fn tile<const O: usize, const R: usize>(
     }
 }
 
-/// Prefetches the two lines (a pair's vector) [`PREFETCH_BYTES`] past `at` in the weight stream.
+/// Prefetches the two lines `ahead` bytes past `at`: a pair's vector in the weight stream ([`PREFETCH_BYTES`]
+/// ahead), or a pair's lanes of one group in a lanes stream.
 #[inline]
 #[target_feature(enable = "avx512f")]
-fn prefetch_vector(at: *const u8) {
-    let ahead = at.wrapping_add(PREFETCH_BYTES);
+fn prefetch_two_lines(at: *const u8, ahead: usize) {
+    let ahead = at.wrapping_add(ahead);
     // A prefetch reads nothing the program sees, wherever it points (a safe intrinsic).
     _mm_prefetch::<_MM_HINT_T0>(ahead.cast());
     _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64).cast());
