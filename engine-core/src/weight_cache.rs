@@ -24,7 +24,9 @@ use memmap2::Mmap;
 
 const MAGIC: &[u8; 8] = b"KZWCACHE";
 /// 3: q/k/v and gate/up are one entry each (`load_stacked_linear`), named by their parts joined with `+`.
-const FORMAT_VERSION: u32 = 3;
+/// 4: Q8_0/Q4_0 block scales are rounded to halves where they are normal halves (ggml's rule), which the x86
+/// kernel then streams at 2 bytes a block: a cache made before would keep every weight on 4-byte scales.
+const FORMAT_VERSION: u32 = 4;
 const EXTENSION: &str = "kzw";
 
 /// Offset and length of each entry's bytes in a cache file.

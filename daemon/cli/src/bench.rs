@@ -436,7 +436,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let rtf = r.total_s / audio_s;
     // After the peak RSS is read: the probe's buffer is not the model's memory.
     let traffic = loaded.model.as_ref().map(|model| {
-        let bytes = model.config.frame_weight_bytes(loaded.format);
+        let bytes = model
+            .config
+            .frame_weight_bytes(loaded.format, kazeia_engine::lm::BlockBytes::this_cpu());
         let steps = bytes.code_predictor_steps;
         let talker = Traffic::new(bytes.talker, 1, r.talker_s / frames, args.threads);
         let cp = Traffic::new(bytes.code_predictor, steps, r.cp_s / frames, args.threads);

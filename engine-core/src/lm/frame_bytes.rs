@@ -30,18 +30,45 @@ pub struct FrameBytes {
 /// Weights per block of the block formats.
 const BLOCK: u64 = 32;
 
-/// Resident bytes of a linear layer `[out, inp]` stored as `format`, as the CPU backend holds it: each row padded
-/// to whole blocks of 32; q8_0 and q4_0 blocks carry an f32 scale (36 and 20 B per 32 weights; ggml's files,
-/// with an f16 scale, take 34 and 18); the bias, if any, in f32.
-pub fn linear_bytes(format: WeightFormat, out: usize, inp: usize, bias: bool) -> u64 {
-    let blocks = out as u64 * (inp as u64).div_ceil(BLOCK);
+/// Bytes one block of 32 weights of the quantised formats takes, resident.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockBytes {
+    pub q8_0: u64,
+    pub q4_0: u64,
+}
+
+impl BlockBytes {
+    /// The plain layout: the values and an f32 scale (36 and 20 B; ggml's files, with an f16 scale, 34 and 18).
+    pub const PLAIN: BlockBytes = BlockBytes { q8_0: 36, q4_0: 20 };
+
+    /// As this CPU's kernels hold them (`kazeia_backend_cpu::resident_block_bytes`: the x86 VNNI kernel keeps
+    /// half scales, 38 and 18 B with its Q8_0 corrections).
+    pub fn this_cpu() -> BlockBytes {
+        let of = |format| kazeia_backend_cpu::resident_block_bytes(format).expect("a block format");
+        BlockBytes {
+            q8_0: of(WeightFormat::Q8_0),
+            q4_0: of(WeightFormat::Q4_0),
+        }
+    }
+}
+
+/// Resident bytes of a linear layer `[out, inp]` stored as `format`, with quantised blocks of `blocks` bytes:
+/// each row padded to whole blocks of 32; the bias, if any, in f32.
+pub fn linear_bytes(
+    format: WeightFormat,
+    blocks: BlockBytes,
+    out: usize,
+    inp: usize,
+    bias: bool,
+) -> u64 {
+    let count = out as u64 * (inp as u64).div_ceil(BLOCK);
     let per_block = match format {
         WeightFormat::F32 => 4 * BLOCK,
         WeightFormat::F16 | WeightFormat::BF16 => 2 * BLOCK,
-        WeightFormat::Q8_0 => BLOCK + 4,
-        WeightFormat::Q4_0 => BLOCK / 2 + 4,
+        WeightFormat::Q8_0 => blocks.q8_0,
+        WeightFormat::Q4_0 => blocks.q4_0,
     };
-    blocks * per_block + if bias { 4 * out as u64 } else { 0 }
+    count * per_block + if bias { 4 * out as u64 } else { 0 }
 }
 
 /// One decoder stack (see `transformer.rs`) run over a step: all layers once, plus the final norm.
@@ -56,22 +83,24 @@ struct Stack {
 }
 
 impl Stack {
-    fn bytes(&self, format: WeightFormat) -> u64 {
+    fn bytes(&self, format: WeightFormat, blocks: BlockBytes) -> u64 {
         let (h, i, b) = (self.hidden, self.intermediate, self.attention_bias);
-        let linears = linear_bytes(format, self.q_out, h, b)
-            + 2 * linear_bytes(format, self.kv_out, h, b)
-            + linear_bytes(format, h, self.q_out, b)
-            + 2 * linear_bytes(format, i, h, false)
-            + linear_bytes(format, h, i, false);
+        let linear = |out, inp, bias| linear_bytes(format, blocks, out, inp, bias);
+        let linears = linear(self.q_out, h, b)
+            + 2 * linear(self.kv_out, h, b)
+            + linear(h, self.q_out, b)
+            + 2 * linear(i, h, false)
+            + linear(h, i, false);
         let norms = 4 * (2 * h + 2 * self.head_dim) as u64;
         self.layers as u64 * (linears + norms) + 4 * h as u64
     }
 }
 
 impl ModelConfig {
-    /// The weight bytes one frame reads with the talker's and code predictor's linear layers stored as `format`
-    /// (everything else is f32, as loaded).
-    pub fn frame_weight_bytes(&self, format: WeightFormat) -> FrameBytes {
+    /// The weight bytes one frame reads with the talker's and code predictor's linear layers stored as `format`,
+    /// quantised blocks taking `blocks` bytes (everything else is f32, as loaded).
+    pub fn frame_weight_bytes(&self, format: WeightFormat, blocks: BlockBytes) -> FrameBytes {
+        let linear = |out, inp, bias| linear_bytes(format, blocks, out, inp, bias);
         let t = &self.talker_config;
         let cp = &t.code_predictor_config;
         let talker_stack = Stack {
@@ -84,7 +113,7 @@ impl ModelConfig {
             attention_bias: t.attention_bias,
         };
         let talker =
-            talker_stack.bytes(format) + linear_bytes(format, t.vocab_size, t.hidden_size, false);
+            talker_stack.bytes(format, blocks) + linear(t.vocab_size, t.hidden_size, false);
         let cp_stack = Stack {
             hidden: cp.hidden_size,
             intermediate: cp.intermediate_size,
@@ -95,14 +124,14 @@ impl ModelConfig {
             attention_bias: cp.attention_bias,
         };
         let projection = if cp.hidden_size != t.hidden_size {
-            linear_bytes(format, cp.hidden_size, t.hidden_size, true)
+            linear(cp.hidden_size, t.hidden_size, true)
         } else {
             0
         };
         let steps = cp.num_code_groups as u64 - 1;
         let step = projection
-            + cp_stack.bytes(format)
-            + linear_bytes(format, cp.vocab_size, cp.hidden_size, false);
+            + cp_stack.bytes(format, blocks)
+            + linear(cp.vocab_size, cp.hidden_size, false);
         let embedding_rows = steps * 4 * t.hidden_size as u64;
         FrameBytes {
             talker,
@@ -133,7 +162,7 @@ mod tests {
         let cp_step_0b6_bf16 = 161_480_704 + 46_080 + 4_096;
         let rows_0b6 = 15 * 4 * 1024;
         assert_eq!(
-            small.frame_weight_bytes(WeightFormat::BF16),
+            small.frame_weight_bytes(WeightFormat::BF16, BlockBytes::PLAIN),
             FrameBytes {
                 talker: talker_0b6_bf16,
                 code_predictor: 15 * cp_step_0b6_bf16 + rows_0b6,
@@ -142,7 +171,7 @@ mod tests {
         );
         // q4_0: 20 B per 32 weights (443,547,648 and 80,740,352 weights); the f32 parts are unchanged.
         assert_eq!(
-            small.frame_weight_bytes(WeightFormat::Q4_0),
+            small.frame_weight_bytes(WeightFormat::Q4_0, BlockBytes::PLAIN),
             FrameBytes {
                 talker: 277_217_280 + 258_048 + 4_096,
                 code_predictor: 15 * (50_462_720 + 46_080 + 4_096) + rows_0b6,
@@ -150,24 +179,24 @@ mod tests {
             }
         );
         // q8_0: 36 B per 32; f32: 4 B per weight.
-        let q8 = small.frame_weight_bytes(WeightFormat::Q8_0);
+        let q8 = small.frame_weight_bytes(WeightFormat::Q8_0, BlockBytes::PLAIN);
         assert_eq!(q8.talker, 498_991_104 + 258_048 + 4_096);
         assert_eq!(
             q8.code_predictor,
             15 * (90_832_896 + 46_080 + 4_096) + rows_0b6
         );
-        let f32 = small.frame_weight_bytes(WeightFormat::F32);
+        let f32 = small.frame_weight_bytes(WeightFormat::F32, BlockBytes::PLAIN);
         assert_eq!(f32.talker, 1_774_190_592 + 258_048 + 4_096);
 
         // 1.7B, bf16: talker (28 · 50,331,648 + 6,291,456) · 2 + 28 · 17,408 + 8,192; code-predictor step as
         // the 0.6B one plus the projection (2,097,152 · 2 + 4,096); 15 rows of 2048 f32.
-        let b = large.frame_weight_bytes(WeightFormat::BF16);
+        let b = large.frame_weight_bytes(WeightFormat::BF16, BlockBytes::PLAIN);
         assert_eq!(b.talker, 2_831_155_200 + 487_424 + 8_192);
         assert_eq!(
             b.code_predictor,
             15 * (cp_step_0b6_bf16 + 4_194_304 + 4_096) + 15 * 4 * 2048
         );
-        let q4 = large.frame_weight_bytes(WeightFormat::Q4_0);
+        let q4 = large.frame_weight_bytes(WeightFormat::Q4_0, BlockBytes::PLAIN);
         assert_eq!(q4.talker, 884_736_000 + 487_424 + 8_192);
         assert_eq!(
             q4.code_predictor,
@@ -175,14 +204,37 @@ mod tests {
         );
     }
 
+    /// With half scales (the x86 VNNI kernel's 18 B per Q4_0 block), the 0.6B q4_0 talker reads ggml's size:
+    /// 443,547,648 weights at 18 B per 32 = 249,495,552 B; the f32 parts as before.
+    #[test]
+    fn half_scales_count_ggml_sizes() {
+        let small = ModelConfig::released("0.6b").unwrap();
+        let halves = BlockBytes { q8_0: 38, q4_0: 18 };
+        assert_eq!(
+            small.frame_weight_bytes(WeightFormat::Q4_0, halves).talker,
+            249_495_552 + 258_048 + 4_096
+        );
+        assert_eq!(
+            linear_bytes(WeightFormat::Q8_0, halves, 2, 64, false),
+            2 * 2 * 38
+        );
+    }
+
     #[test]
     fn rows_are_padded_to_whole_blocks() {
         // 40 inputs take two blocks of 32 per row.
-        assert_eq!(linear_bytes(WeightFormat::Q4_0, 3, 40, false), 3 * 2 * 20);
+        let plain = BlockBytes::PLAIN;
         assert_eq!(
-            linear_bytes(WeightFormat::Q8_0, 3, 40, true),
+            linear_bytes(WeightFormat::Q4_0, plain, 3, 40, false),
+            3 * 2 * 20
+        );
+        assert_eq!(
+            linear_bytes(WeightFormat::Q8_0, plain, 3, 40, true),
             3 * 2 * 36 + 12
         );
-        assert_eq!(linear_bytes(WeightFormat::BF16, 1, 33, false), 2 * 64);
+        assert_eq!(
+            linear_bytes(WeightFormat::BF16, plain, 1, 33, false),
+            2 * 64
+        );
     }
 }

@@ -19,7 +19,7 @@ use kazeia_backend_abi::Backend;
 
 pub use batch::{generate_batch, BatchFailure, BatchGenerated, BatchOptions, BatchSequence};
 pub use config::{GenerationConfig, ModelConfig};
-pub use frame_bytes::FrameBytes;
+pub use frame_bytes::{BlockBytes, FrameBytes};
 pub use generate::{generate, GenerateOptions, GenerateTimings, Generated};
 pub use prompt::{build_clone_prompt, build_prompt, ClonePromptParts, Prompt, PromptRequest};
 pub use sampler::SamplingParams;

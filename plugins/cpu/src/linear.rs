@@ -76,9 +76,56 @@ fn f16_to_f32(h: u16) -> f32 {
     f32::from_bits(sign | special)
 }
 
+/// A block's scale as the quantised formats keep it: the nearest IEEE half when that is a normal half (ggml's
+/// rule, f16 scales: the VNNI kernel then streams 2 bytes a block instead of 4, a tenth of Q4_0's bytes), else
+/// as computed (a scale under 2^-14 would lose bits as a half; the kernel keeps f32 scales for such a weight).
+fn block_scale(d: f32) -> f32 {
+    let half = f16_to_f32(half_bits(d));
+    if half.is_finite() && half.abs() >= f32::from_bits(0x3880_0000) {
+        half
+    } else {
+        d
+    }
+}
+
+/// Bytes a 32-weight block of `format` (Q8_0 or Q4_0; `None` for the others) takes as this CPU's kernels hold it,
+/// for a weight whose scales are all halves (the quantisers make them so but for blocks of tiny or huge values):
+/// the x86 VNNI kernel holds 2-byte scales and, for Q8_0, a 4-byte correction; the other kernels 4-byte scales.
+pub fn resident_block_bytes(format: WeightFormat) -> Option<u64> {
+    #[cfg(target_arch = "x86_64")]
+    let vnni = crate::linear_vnni::usable();
+    #[cfg(not(target_arch = "x86_64"))]
+    let vnni = false;
+    match format {
+        #[cfg(target_arch = "x86_64")]
+        WeightFormat::Q8_0 if vnni && crate::linear_vnni::q8_0_enabled() => {
+            Some(BLOCK as u64 + 2 + 4)
+        }
+        WeightFormat::Q8_0 => Some(BLOCK as u64 + 4),
+        WeightFormat::Q4_0 if vnni => Some(BLOCK as u64 / 2 + 2),
+        WeightFormat::Q4_0 => Some(BLOCK as u64 / 2 + 4),
+        _ => None,
+    }
+}
+
+/// Whether `v` is an IEEE half exactly (the VNNI kernel then stores it as one).
+pub(crate) fn is_half(v: f32) -> bool {
+    f16_to_f32(half_bits(v)).to_bits() == v.to_bits()
+}
+
+/// `v` as an IEEE half, rounded to nearest even.
+pub(crate) fn to_half(v: f32) -> u16 {
+    half_bits(v)
+}
+
+/// An IEEE half as f32 (exact).
+pub(crate) fn from_half(h: u16) -> f32 {
+    f16_to_f32(h)
+}
+
 fn quantize_q8_0(block: &[f32], quants: &mut [i8]) -> f32 {
     let amax = block.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-    let d = amax / 127.0;
+    let d = block_scale(amax / 127.0);
     let inv = if d != 0.0 { 1.0 / d } else { 0.0 };
     for (q, v) in quants.iter_mut().zip(block) {
         *q = (v * inv).round().clamp(-127.0, 127.0) as i8;
@@ -91,7 +138,7 @@ fn quantize_q4_0(block: &[f32], nibbles: &mut [u8]) -> f32 {
     let max = block
         .iter()
         .fold(0.0f32, |m, &v| if v.abs() > m.abs() { v } else { m });
-    let d = max / -8.0;
+    let d = block_scale(max / -8.0);
     let inv = if d != 0.0 { 1.0 / d } else { 0.0 };
     let q = |v: f32| ((v * inv + 8.5) as i32).clamp(0, 15) as u8;
     for j in 0..BLOCK / 2 {
@@ -836,6 +883,42 @@ mod tests {
                 WeightFormat::Q4_0
             };
             assert!(LinearWeight::import(&bytes, out, inp, other).is_none());
+        }
+    }
+
+    /// Q8_0 and Q4_0 block scales are the nearest half where that is a normal half, else the f32 scale; the
+    /// largest value still maps to the end of the range.
+    #[test]
+    fn block_scales_are_halves_unless_tiny_or_huge() {
+        // (largest value, Q8_0's scale a half, Q4_0's): amax / 127 and amax / 8 against 2^-14 and 65504.
+        let cases = [
+            (0.37f32, true, true),
+            (3e-3, false, true),
+            (1e-7, false, false),
+            (1e6, true, false),
+            (1e7, false, false),
+        ];
+        for (magnitude, half8, half4) in cases {
+            let block: Vec<f32> = (0..BLOCK)
+                .map(|i| magnitude * (i as f32 - 13.3) / 17.0)
+                .collect();
+            let mut quants = [0i8; BLOCK];
+            let d8 = quantize_q8_0(&block, &mut quants);
+            let mut nibbles = [0u8; BLOCK / 2];
+            let d4 = quantize_q4_0(&block, &mut nibbles);
+            let amax = block.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+            for (d, exact, half) in [(d8, amax / 127.0, half8), (d4, amax / 8.0, half4)] {
+                assert_eq!(is_half(d), half, "{magnitude}: scale {d}");
+                assert!(
+                    (d.abs() - exact).abs() <= exact * 1e-3,
+                    "{magnitude}: scale {d} vs {exact}"
+                );
+            }
+            assert!(quants.iter().any(|&q| q.abs() == 127), "{quants:?}");
+            assert!(
+                nibbles.iter().any(|&n| n & 0x0f == 0 || n >> 4 == 0),
+                "{nibbles:?}"
+            );
         }
     }
 

@@ -12,6 +12,9 @@
 //! - Q8_0: the activations offset to `x + 128` (a flipped sign bit) times the signed weights; each block's sum
 //!   starts at `−128 · Σw`, kept with the weight.
 //!
+//! Block scales are stored as IEEE halves when every scale of the weight is one (the quantisers round them so,
+//! as ggml does: Q4_0 then streams 18 bytes a block instead of 20), else as f32; one kernel, two instances.
+//!
 //! What a row's output is, exactly (the tests' scalar reference computes it the same way and compares bits):
 //! lane `b` sums `(dot of block 16g + b) · (w scale · x scale)` over the groups `g` with fused multiply-adds,
 //! and the 16 lanes end in the fixed tree of [`reduce`] (lanes 8 apart, then 4, 2, 1).
@@ -107,13 +110,36 @@ pub(crate) struct Packed {
     /// Blocks per output row in the plain layout (`padded_in / 32`); the rest of the last group is zeros.
     blocks: usize,
     /// `[out][groups][16]`: block scales, 0 past the row.
-    scales: Vec<f32>,
+    scales: Scales,
     /// `[out][groups][vectors][64]`. Q8_0: byte `4b + t` of vector `j` is value `4j + t` of block `b`. Q4_0:
     /// vector `p` holds value `8p + t` of block `b` in the low nibble of byte `4b + t`, value `8p + 4 + t` in
     /// the high nibble (nibbles are `w + 8`).
     data: Lines,
     /// Q8_0: `[out][groups][16]`, `−128 · Σ` of each block's weights. Empty for Q4_0.
     corrections: Vec<i32>,
+}
+
+/// A weight's block scales in the lanes layout: IEEE halves where every scale is one (what the quantisers make:
+/// 64 bytes a group and pair of rows instead of 128), else f32.
+enum Scales {
+    Half(Vec<u16>),
+    Full(Vec<f32>),
+}
+
+impl Scales {
+    fn get(&self, lane: usize) -> f32 {
+        match self {
+            Scales::Half(h) => crate::linear::from_half(h[lane]),
+            Scales::Full(f) => f[lane],
+        }
+    }
+
+    fn bytes(&self) -> usize {
+        match self {
+            Scales::Half(h) => h.len() * 2,
+            Scales::Full(f) => f.len() * 4,
+        }
+    }
 }
 
 impl Packed {
@@ -179,6 +205,11 @@ impl Packed {
                     plain_scales[o * blocks + blk];
             }
         }
+        let scales = if scales.iter().all(|&s| crate::linear::is_half(s)) {
+            Scales::Half(scales.iter().map(|&s| crate::linear::to_half(s)).collect())
+        } else {
+            Scales::Full(scales)
+        };
         // Q4_0 padding nibbles are 8 (weight 0), Q8_0 padding bytes 0.
         let fill = if kind == Kind::Q4_0 { 0x88 } else { 0 };
         Packed {
@@ -268,12 +299,18 @@ impl Packed {
 
     /// The scale of block `blk` of output row `o`.
     pub fn scale(&self, o: usize, blk: usize) -> f32 {
-        self.scales[self.lanes_offset(o, blk / GROUP) + blk % GROUP]
+        self.scales
+            .get(self.lanes_offset(o, blk / GROUP) + blk % GROUP)
+    }
+
+    /// Whether the block scales are stored as IEEE halves.
+    pub fn half_scales(&self) -> bool {
+        matches!(self.scales, Scales::Half(_))
     }
 
     /// Resident bytes.
     pub fn bytes(&self) -> usize {
-        self.data.bytes().len() + self.scales.len() * 4 + self.corrections.len() * 4
+        self.data.bytes().len() + self.scales.bytes() + self.corrections.len() * 4
     }
 }
 
@@ -514,6 +551,30 @@ pub(crate) unsafe fn dot_into(
     assert!(o0 <= o1 && o1 <= w.out);
     assert_eq!(x.corrections.is_empty(), w.kind == Kind::Q8_0);
     assert_eq!(w.corrections.is_empty(), w.kind == Kind::Q4_0);
+    // SAFETY: the features are enabled here; `o0 ≤ o1 ≤ out` (asserted).
+    unsafe {
+        if w.half_scales() {
+            tiles::<true>(w, x, o0, o1, &mut store)
+        } else {
+            tiles::<false>(w, x, o0, o1, &mut store)
+        }
+    }
+}
+
+/// [`dot_into`]'s tiles, for a weight whose scales are IEEE halves (`HALF`) or f32.
+///
+/// # Safety
+/// AVX-512F/BW and AVX512-VNNI enabled; `w` and `x` as [`dot_into`] asserts, `o0 ≤ o1 ≤ w.out`, and `HALF`
+/// what `w` stores.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn tiles<const HALF: bool>(
+    w: &Packed,
+    x: &PackedActs,
+    o0: usize,
+    o1: usize,
+    store: &mut impl FnMut(usize, usize, f32),
+) {
     for ob in (o0..o1).step_by(OUTPUT_BLOCK) {
         let ob_end = (ob + OUTPUT_BLOCK).min(o1);
         for r0 in (0..x.rows).step_by(4) {
@@ -522,18 +583,18 @@ pub(crate) unsafe fn dot_into(
             while o < ob_end {
                 // Two rows where a stored pair starts (an even row), else one.
                 let outs = if o % 2 == 0 { (ob_end - o).min(2) } else { 1 };
-                // SAFETY: the features are enabled here; `o + outs ≤ out` and `r0 + rows ≤ x.rows` (asserted and
-                // by the loop bounds), which is what `tile` reads.
+                // SAFETY: the features are enabled here; `o + outs ≤ out` and `r0 + rows ≤ x.rows` (the caller's
+                // contract and the loop bounds), which is what `tile` reads.
                 unsafe {
                     match (outs, rows) {
-                        (2, 4) => tile::<2, 4>(w, x, o, r0, &mut store),
-                        (2, 3) => tile::<2, 3>(w, x, o, r0, &mut store),
-                        (2, 2) => tile::<2, 2>(w, x, o, r0, &mut store),
-                        (2, _) => tile::<2, 1>(w, x, o, r0, &mut store),
-                        (_, 4) => tile::<1, 4>(w, x, o, r0, &mut store),
-                        (_, 3) => tile::<1, 3>(w, x, o, r0, &mut store),
-                        (_, 2) => tile::<1, 2>(w, x, o, r0, &mut store),
-                        _ => tile::<1, 1>(w, x, o, r0, &mut store),
+                        (2, 4) => tile::<2, 4, HALF>(w, x, o, r0, store),
+                        (2, 3) => tile::<2, 3, HALF>(w, x, o, r0, store),
+                        (2, 2) => tile::<2, 2, HALF>(w, x, o, r0, store),
+                        (2, _) => tile::<2, 1, HALF>(w, x, o, r0, store),
+                        (_, 4) => tile::<1, 4, HALF>(w, x, o, r0, store),
+                        (_, 3) => tile::<1, 3, HALF>(w, x, o, r0, store),
+                        (_, 2) => tile::<1, 2, HALF>(w, x, o, r0, store),
+                        _ => tile::<1, 1, HALF>(w, x, o, r0, store),
                     }
                 }
                 o += outs;
@@ -546,10 +607,10 @@ pub(crate) unsafe fn dot_into(
 ///
 /// # Safety
 /// AVX-512F/BW and AVX512-VNNI enabled; `o + O ≤ w.out`, `r0 + R ≤ x.rows`, `w` and `x` of the same groups
-/// and the corrections of `w.kind` present; `o` even when `O` is 2 (one stored pair).
+/// and the corrections of `w.kind` present; `o` even when `O` is 2 (one stored pair); `HALF` what `w` stores.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-unsafe fn tile<const O: usize, const R: usize>(
+unsafe fn tile<const O: usize, const R: usize, const HALF: bool>(
     w: &Packed,
     x: &PackedActs,
     o: usize,
@@ -569,19 +630,36 @@ unsafe fn tile<const O: usize, const R: usize>(
         .bytes()
         .as_ptr()
         .wrapping_add(w.vector_offset(o, 0, 0));
-    let w_scales = w.scales.as_ptr().wrapping_add(w.lanes_offset(o, 0));
+    // The pair's scales: `w_half` or `w_full`, as `HALF` says (the other is never read).
+    let lanes = w.lanes_offset(o, 0);
+    let (w_half, w_full, scale_bytes) = match &w.scales {
+        Scales::Half(h) => (h.as_ptr().wrapping_add(lanes), std::ptr::null(), 2),
+        Scales::Full(f) => (std::ptr::null(), f.as_ptr().wrapping_add(lanes), 4),
+    };
     let w_corr = w.corrections.as_ptr().wrapping_add(w.lanes_offset(o, 0));
     let x_rows = |ri: usize| (r0 + ri) * groups;
     let x_data = x.quants.bytes().as_ptr();
     let nibble_mask = _mm512_set1_epi8(0x0f);
-    // The pair's lanes (scales, and Q8_0's corrections: 128 bytes a group each) are streams of their own beside
-    // the weights, as far ahead in their stream as the weights' prefetch is in theirs.
-    let lanes_ahead = PREFETCH_BYTES * (2 * GROUP * 4) / w_group;
+    // The pair's lanes (scales: 64 or 128 bytes a group; Q8_0's corrections: 128) are streams of their own beside
+    // the weights, prefetched as far ahead in their stream as the weights are in theirs.
+    let scales_ahead = PREFETCH_BYTES * (2 * GROUP * scale_bytes) / w_group;
+    let corrections_ahead = PREFETCH_BYTES * (2 * GROUP * 4) / w_group;
+    let w_scale_lanes = |g: usize| -> *const u8 {
+        if HALF {
+            w_half.wrapping_add(g * w_lanes_group).cast()
+        } else {
+            w_full.wrapping_add(g * w_lanes_group).cast()
+        }
+    };
     let mut acc = [[_mm512_setzero_ps(); R]; O];
     for g in 0..groups {
-        prefetch_two_lines(w_scales.wrapping_add(g * w_lanes_group).cast(), lanes_ahead);
+        prefetch_lines(w_scale_lanes(g), scales_ahead, if HALF { 1 } else { 2 });
         if w.kind == Kind::Q8_0 {
-            prefetch_two_lines(w_corr.wrapping_add(g * w_lanes_group).cast(), lanes_ahead);
+            prefetch_lines(
+                w_corr.wrapping_add(g * w_lanes_group).cast(),
+                corrections_ahead,
+                2,
+            );
         }
         // Each block's exact integer sum starts at its correction.
         let mut sums = [[_mm512_setzero_si512(); R]; O];
@@ -615,9 +693,10 @@ unsafe fn tile<const O: usize, const R: usize>(
         match w.kind {
             Kind::Q4_0 => {
                 for p in 0..4 {
-                    prefetch_two_lines(
+                    prefetch_lines(
                         w_data.wrapping_add(g * w_group + p * w_vector),
                         PREFETCH_BYTES,
+                        2,
                     );
                     let mut low = [_mm512_setzero_si512(); O];
                     let mut high = [_mm512_setzero_si512(); O];
@@ -637,9 +716,10 @@ unsafe fn tile<const O: usize, const R: usize>(
             }
             Kind::Q8_0 => {
                 for j in 0..8 {
-                    prefetch_two_lines(
+                    prefetch_lines(
                         w_data.wrapping_add(g * w_group + j * w_vector),
                         PREFETCH_BYTES,
+                        2,
                     );
                     let mut wv = [_mm512_setzero_si512(); O];
                     for (oi, v) in wv.iter_mut().enumerate() {
@@ -656,7 +736,14 @@ unsafe fn tile<const O: usize, const R: usize>(
         }
         for (oi, (acc_row, sum_row)) in acc.iter_mut().zip(&sums).enumerate() {
             // SAFETY: 16 f32 lanes of group `g` (see above).
-            let sw = unsafe { _mm512_loadu_ps(w_scales.add(g * w_lanes_group + oi * GROUP)) };
+            let sw = unsafe {
+                let at = w_scale_lanes(g).add(oi * GROUP * scale_bytes);
+                if HALF {
+                    _mm512_cvtph_ps(_mm256_loadu_si256(at.cast()))
+                } else {
+                    _mm512_loadu_ps(at.cast())
+                }
+            };
             for (ri, (a, s)) in acc_row.iter_mut().zip(sum_row).enumerate() {
                 // SAFETY: as above.
                 let sx =
@@ -672,15 +759,16 @@ unsafe fn tile<const O: usize, const R: usize>(
     }
 }
 
-/// Prefetches the two lines `ahead` bytes past `at`: a pair's vector in the weight stream ([`PREFETCH_BYTES`]
+/// Prefetches the `lines` lines `ahead` bytes past `at`: a pair's vector in the weight stream ([`PREFETCH_BYTES`]
 /// ahead), or a pair's lanes of one group in a lanes stream.
 #[inline]
 #[target_feature(enable = "avx512f")]
-fn prefetch_two_lines(at: *const u8, ahead: usize) {
+fn prefetch_lines(at: *const u8, ahead: usize, lines: usize) {
     let ahead = at.wrapping_add(ahead);
-    // A prefetch reads nothing the program sees, wherever it points (a safe intrinsic).
-    _mm_prefetch::<_MM_HINT_T0>(ahead.cast());
-    _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64).cast());
+    for line in 0..lines {
+        // A prefetch reads nothing the program sees, wherever it points (a safe intrinsic).
+        _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * line).cast());
+    }
 }
 
 /// [`sum_lanes`] in registers: each step adds the lanes `width` apart (halves, then 128-bit quarters, then
@@ -806,11 +894,19 @@ mod tests {
         }
         // Inputs: under a block, partial groups, one group, groups and a partial one; outputs odd and past a
         // 16-row output block; rows past a 4-row tile; values with outliers that hit the int8 clamp.
-        for &(out, inp) in &[(3, 20), (5, 32), (17, 96), (33, 512), (6, 1056), (2, 1536)] {
+        // Scales as halves (what the quantisers make) and, where one block's values are tiny, as f32.
+        let shapes = [(3, 20), (5, 32), (17, 96), (33, 512), (6, 1056), (2, 1536)];
+        for (&(out, inp), tiny) in shapes.iter().flat_map(|s| [(s, false), (s, true)]) {
             for format in [WeightFormat::Q4_0, WeightFormat::Q8_0] {
                 let mut w = values(out * inp, (out * inp) as u64);
                 w[inp / 2] = 40.0;
+                if tiny {
+                    w[inp..inp + inp.min(32)]
+                        .iter_mut()
+                        .for_each(|v| *v *= 1e-6);
+                }
                 let (packed, k) = pack(&w, out, inp, format);
+                assert_eq!(packed.half_scales(), !tiny, "{format} {out}×{inp}");
                 for rows in [1, 2, 3, 4, 5, 7, 9, 17] {
                     let mut x = values(rows * inp, 7 + rows as u64);
                     x[0] = -25.0;
@@ -829,7 +925,8 @@ mod tests {
                                 assert_eq!(
                                     got[r * (o1 - o0) + o - o0].to_bits(),
                                     want[r * out + o].to_bits(),
-                                    "{format} {out}×{inp}, {rows} rows, outputs {o0}..{o1}: row {r} output {o}"
+                                    "{format} {out}×{inp} (tiny block {tiny}), {rows} rows, outputs {o0}..{o1}: row {r} \
+                                     output {o}"
                                 );
                             }
                         }
