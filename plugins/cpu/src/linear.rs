@@ -109,16 +109,19 @@ pub fn resident_block_bytes(format: WeightFormat) -> Option<u64> {
 }
 
 /// Whether `v` is an IEEE half exactly (the VNNI kernel then stores it as one).
+#[cfg(any(target_arch = "x86_64", test))]
 pub(crate) fn is_half(v: f32) -> bool {
     f16_to_f32(half_bits(v)).to_bits() == v.to_bits()
 }
 
 /// `v` as an IEEE half, rounded to nearest even.
+#[cfg(target_arch = "x86_64")]
 pub(crate) fn to_half(v: f32) -> u16 {
     half_bits(v)
 }
 
 /// An IEEE half as f32 (exact).
+#[cfg(target_arch = "x86_64")]
 pub(crate) fn from_half(h: u16) -> f32 {
     f16_to_f32(h)
 }
