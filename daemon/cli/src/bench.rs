@@ -579,8 +579,10 @@ pub fn run(args: BenchArgs) -> Result<()> {
     println!("RTF {rtf:.3} (wall time / audio time); load {load_s:.1} s; peak RSS {rss:.0} MB");
     if let Some((t, cp, steps)) = traffic {
         println!(
-            "weights read per frame ({}) against a plain read of one step's bytes, repeated ({} thread(s), best pass)",
-            loaded.format, args.threads,
+            "weights read per frame ({}) against a plain read of one step's bytes, repeated ({} thread(s), best of {} windows)",
+            loaded.format,
+            args.threads,
+            crate::bandwidth::WINDOWS,
         );
         println!(
             "{:<30}{:>12}{:>12}{:>14}{:>10}",
