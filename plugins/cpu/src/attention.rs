@@ -103,12 +103,12 @@ pub fn attention(
         lo..hi
     };
     #[cfg(target_arch = "x86_64")]
-    if d == Group::HEAD_DIM && std::arch::is_x86_feature_detected!("avx512f") {
+    if d == AVX512_HEAD_DIM && std::arch::is_x86_feature_detected!("avx512f") {
         // One task per query row and kv head: its query heads read each key and value row once, together.
         chunks_mut(parallel, out, group * d, |idx, o| {
             let (qi, kvh) = (idx / kv_heads, idx % kv_heads);
             let at = (qi * q_heads + kvh * group) * d;
-            let g = Group {
+            let g = Head {
                 q: &q[at..at + group * d],
                 k,
                 v,
@@ -179,7 +179,8 @@ unsafe fn dot_avx2(a: &[f32], b: &[f32]) -> f32 {
     sum
 }
 
-/// One query head's attention over its visible keys.
+/// One query head's attention over its visible keys (for the AVX-512 path, `q` holds every query head that
+/// shares the kv head `kvh`).
 struct Head<'a> {
     q: &'a [f32],
     k: &'a [f32],
@@ -235,24 +236,14 @@ impl Head<'_> {
     }
 }
 
-/// The query heads of one query row that share a kv head (grouped-query attention), for the AVX-512 path.
+/// The head width the AVX-512 path holds in registers (every Qwen3 LM's).
 #[cfg(target_arch = "x86_64")]
-struct Group<'a> {
-    /// `[heads][HEAD_DIM]`.
-    q: &'a [f32],
-    k: &'a [f32],
-    v: &'a [f32],
-    kvh: usize,
-    kv_heads: usize,
-    keys: std::ops::Range<usize>,
-    scale: f32,
-}
+const AVX512_HEAD_DIM: usize = 128;
 
+/// The AVX-512 path, on a [`Head`] whose `q` holds every query head of one query row that shares its kv head
+/// (grouped-query attention), `[heads][AVX512_HEAD_DIM]`.
 #[cfg(target_arch = "x86_64")]
-impl Group<'_> {
-    /// The head width this path holds in registers (every Qwen3 LM's).
-    const HEAD_DIM: usize = 128;
-
+impl Head<'_> {
     /// [`Head::attend`] for each head of the group, with the same operations in the same order (so the same
     /// bits), but each query and each output row held in eight AVX-512 registers and each key and value row read
     /// once for two heads: a decode step's attention was ~45 ns per head and key, most of it loads and stores of
@@ -262,7 +253,7 @@ impl Group<'_> {
     /// The CPU must have AVX-512F.
     #[target_feature(enable = "avx512f")]
     unsafe fn attend_avx512(&self, out: &mut [f32]) {
-        let d = Self::HEAD_DIM;
+        let d = AVX512_HEAD_DIM;
         let mut scores = Vec::with_capacity(2 * self.keys.len());
         for (q, o) in self.q.chunks(2 * d).zip(out.chunks_mut(2 * d)) {
             // SAFETY: AVX-512F (this function's contract); `q` and `o` hold one or two heads.
@@ -285,8 +276,8 @@ impl Group<'_> {
     unsafe fn heads_avx512<const H: usize>(&self, q: &[f32], o: &mut [f32], scores: &mut Vec<f32>) {
         use std::arch::x86_64::*;
         /// Registers of one row.
-        const R: usize = Group::HEAD_DIM / 16;
-        let d = Self::HEAD_DIM;
+        const R: usize = AVX512_HEAD_DIM / 16;
+        let d = AVX512_HEAD_DIM;
         assert!(q.len() == H * d && o.len() == H * d);
         o.fill(0.0);
         let n = self.keys.len();
