@@ -373,6 +373,16 @@ impl Head<'_> {
 mod tests {
     use super::*;
 
+    /// Pseudo-random values in [−width/2, width/2) (xorshift32 from `seed`).
+    fn values(mut seed: u32, width: f32) -> impl FnMut() -> f32 {
+        move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 17;
+            seed ^= seed << 5;
+            (seed as f32 / u32::MAX as f32 - 0.5) * width
+        }
+    }
+
     /// Every query head's attention through [`Head::attend`] with the plain [`dot`], one head at a time.
     fn reference(
         q: &[f32],
@@ -410,13 +420,7 @@ mod tests {
     /// thread and on several.
     #[test]
     fn every_path_gives_the_plain_paths_bits() {
-        let mut seed = 0x9e37_79b9u32;
-        let mut next = || {
-            seed ^= seed << 13;
-            seed ^= seed >> 17;
-            seed ^= seed << 5;
-            (seed as f32 / u32::MAX as f32 - 0.5) * 4.0
-        };
+        let mut next = values(0x9e37_79b9, 4.0);
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(2)
             .build()
@@ -471,13 +475,7 @@ mod tests {
     /// the same operands give the same bits however they are sliced from a longer buffer.
     #[test]
     fn lane_dot_products_are_exact_within_rounding_and_deterministic() {
-        let mut seed = 0x2545_f491u32;
-        let mut next = || {
-            seed ^= seed << 13;
-            seed ^= seed >> 17;
-            seed ^= seed << 5;
-            (seed as f32 / u32::MAX as f32 - 0.5) * 3.0
-        };
+        let mut next = values(0x2545_f491, 3.0);
         for n in [1, 7, 8, 9, 31, 32, 33, 64, 72, 128, 131] {
             let a: Vec<f32> = (0..n + 5).map(|_| next()).collect();
             let b: Vec<f32> = (0..n + 5).map(|_| next()).collect();
