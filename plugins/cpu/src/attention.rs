@@ -66,6 +66,16 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
     sum
 }
 
+/// The keys query `qi` sees: `key_start + j ≤ qpos` and `qpos − (key_start + j) < window`.
+fn visible_keys(span: &AttentionSpan, qi: usize) -> std::ops::Range<usize> {
+    let qpos = span.query_start + qi;
+    let lo = span.window.map_or(0, |w| {
+        (qpos + 1).saturating_sub(w).saturating_sub(span.key_start)
+    });
+    let hi = (qpos + 1).saturating_sub(span.key_start).min(span.keys);
+    lo..hi
+}
+
 #[allow(clippy::too_many_arguments)]
 pub fn attention(
     parallel: bool,
@@ -92,16 +102,6 @@ pub fn attention(
     assert_eq!(v.len(), span.keys * kv_heads * d, "attention v size");
     assert_eq!(out.len(), q.len(), "attention out size");
 
-    // visible keys of query `qi`: key_start + j ≤ qpos and qpos − (key_start + j) < window
-    let visible = |qi: usize| {
-        let qpos = span.query_start + qi;
-        let mut lo = 0usize;
-        if let Some(w) = span.window {
-            lo = (qpos + 1).saturating_sub(w).saturating_sub(span.key_start);
-        }
-        let hi = (qpos + 1).saturating_sub(span.key_start).min(span.keys);
-        lo..hi
-    };
     #[cfg(target_arch = "x86_64")]
     if d == AVX512_HEAD_DIM && std::arch::is_x86_feature_detected!("avx512f") {
         // One task per query row and kv head: its query heads read each key and value row once, together.
@@ -114,7 +114,7 @@ pub fn attention(
                 v,
                 kvh,
                 kv_heads,
-                keys: visible(qi),
+                keys: visible_keys(&span, qi),
                 scale,
             };
             // SAFETY: the CPU has AVX-512F (checked above).
@@ -132,7 +132,7 @@ pub fn attention(
             v,
             kvh: h / group,
             kv_heads,
-            keys: visible(qi),
+            keys: visible_keys(&span, qi),
             scale,
         };
         #[cfg(target_arch = "x86_64")]
@@ -279,18 +279,17 @@ impl Head<'_> {
         const R: usize = AVX512_HEAD_DIM / 16;
         let d = AVX512_HEAD_DIM;
         assert!(q.len() == H * d && o.len() == H * d);
-        o.fill(0.0);
         let n = self.keys.len();
         if n == 0 {
+            o.fill(0.0);
             return;
         }
-        let row = |j: usize| {
-            let at = (j * self.kv_heads + self.kvh) * d;
-            assert!(at + d <= self.k.len() && at + d <= self.v.len());
-            at
-        };
-        // Every load and store below: `row` checked that a key and value row of `d` values is in bounds, `q`
-        // and `o` hold `H` rows of `d` (asserted), and `c < R = d / 16`.
+        // Rows grow with `j`: the last visible key's row in bounds makes every one in bounds.
+        let row = |j: usize| (j * self.kv_heads + self.kvh) * d;
+        let end = row(self.keys.end - 1) + d;
+        assert!(end <= self.k.len() && end <= self.v.len());
+        // Every load and store below: key and value rows `j` in `keys` hold `d` values (asserted), `q` and `o`
+        // hold `H` rows of `d` (asserted), and `c < R = d / 16`.
         let mut qv = [[_mm512_setzero_ps(); R]; H];
         for (h, regs) in qv.iter_mut().enumerate() {
             for (c, r) in regs.iter_mut().enumerate() {
@@ -396,18 +395,13 @@ mod tests {
         let mut out = vec![f32::NAN; q.len()];
         for (idx, o) in out.chunks_mut(d).enumerate() {
             let (qi, h) = (idx / heads.q_heads, idx % heads.q_heads);
-            let qpos = span.query_start + qi;
-            let lo = span.window.map_or(0, |w| {
-                (qpos + 1).saturating_sub(w).saturating_sub(span.key_start)
-            });
-            let hi = (qpos + 1).saturating_sub(span.key_start).min(span.keys);
             let head = Head {
                 q: &q[idx * d..(idx + 1) * d],
                 k,
                 v,
                 kvh: h / (heads.q_heads / heads.kv_heads),
                 kv_heads: heads.kv_heads,
-                keys: lo..hi,
+                keys: visible_keys(&span, qi),
                 scale,
             };
             head.attend(o, dot);

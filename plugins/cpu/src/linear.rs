@@ -62,7 +62,7 @@ fn f32_to_bf16(v: f32) -> u16 {
 /// IEEE half → f32 with integer operations only (branch-free, so it vectorises). Finite inputs only matter
 /// here; infinities and NaNs keep their class.
 #[inline(always)]
-fn f16_to_f32(h: u16) -> f32 {
+pub(crate) fn f16_to_f32(h: u16) -> f32 {
     let h = h as u32;
     let sign = (h & 0x8000) << 16;
     let magnitude = h & 0x7fff;
@@ -112,18 +112,6 @@ pub fn resident_block_bytes(format: WeightFormat) -> Option<u64> {
 #[cfg(any(target_arch = "x86_64", test))]
 pub(crate) fn is_half(v: f32) -> bool {
     f16_to_f32(half_bits(v)).to_bits() == v.to_bits()
-}
-
-/// `v` as an IEEE half, rounded to nearest even.
-#[cfg(target_arch = "x86_64")]
-pub(crate) fn to_half(v: f32) -> u16 {
-    half_bits(v)
-}
-
-/// An IEEE half as f32 (exact).
-#[cfg(target_arch = "x86_64")]
-pub(crate) fn from_half(h: u16) -> f32 {
-    f16_to_f32(h)
 }
 
 fn quantize_q8_0(block: &[f32], quants: &mut [i8]) -> f32 {
@@ -507,7 +495,7 @@ impl LinearWeight {
     }
 }
 
-fn half_bits(v: f32) -> u16 {
+pub(crate) fn half_bits(v: f32) -> u16 {
     // f32 → f16 with round-to-nearest-even.
     let bits = v.to_bits();
     let sign = ((bits >> 16) & 0x8000) as u16;

@@ -129,7 +129,7 @@ enum Scales {
 impl Scales {
     fn get(&self, lane: usize) -> f32 {
         match self {
-            Scales::Half(h) => crate::linear::from_half(h[lane]),
+            Scales::Half(h) => crate::linear::f16_to_f32(h[lane]),
             Scales::Full(f) => f[lane],
         }
     }
@@ -206,7 +206,12 @@ impl Packed {
             }
         }
         let scales = if scales.iter().all(|&s| crate::linear::is_half(s)) {
-            Scales::Half(scales.iter().map(|&s| crate::linear::to_half(s)).collect())
+            Scales::Half(
+                scales
+                    .iter()
+                    .map(|&s| crate::linear::half_bits(s))
+                    .collect(),
+            )
         } else {
             Scales::Full(scales)
         };
@@ -630,12 +635,13 @@ unsafe fn tile<const O: usize, const R: usize, const HALF: bool>(
         .bytes()
         .as_ptr()
         .wrapping_add(w.vector_offset(o, 0, 0));
-    // The pair's scales: `w_half` or `w_full`, as `HALF` says (the other is never read).
+    // The pair's scales, halves or f32 (as `HALF` says).
     let lanes = w.lanes_offset(o, 0);
-    let (w_half, w_full, scale_bytes) = match &w.scales {
-        Scales::Half(h) => (h.as_ptr().wrapping_add(lanes), std::ptr::null(), 2),
-        Scales::Full(f) => (std::ptr::null(), f.as_ptr().wrapping_add(lanes), 4),
+    let w_scales: *const u8 = match &w.scales {
+        Scales::Half(h) => h.as_ptr().wrapping_add(lanes).cast(),
+        Scales::Full(f) => f.as_ptr().wrapping_add(lanes).cast(),
     };
+    let scale_bytes = if HALF { 2 } else { 4 };
     let w_corr = w.corrections.as_ptr().wrapping_add(w.lanes_offset(o, 0));
     let x_rows = |ri: usize| (r0 + ri) * groups;
     let x_data = x.quants.bytes().as_ptr();
@@ -644,13 +650,7 @@ unsafe fn tile<const O: usize, const R: usize, const HALF: bool>(
     // the weights, prefetched as far ahead in their stream as the weights are in theirs.
     let scales_ahead = PREFETCH_BYTES * (2 * GROUP * scale_bytes) / w_group;
     let corrections_ahead = PREFETCH_BYTES * (2 * GROUP * 4) / w_group;
-    let w_scale_lanes = |g: usize| -> *const u8 {
-        if HALF {
-            w_half.wrapping_add(g * w_lanes_group).cast()
-        } else {
-            w_full.wrapping_add(g * w_lanes_group).cast()
-        }
-    };
+    let w_scale_lanes = |g: usize| w_scales.wrapping_add(g * w_lanes_group * scale_bytes);
     let mut acc = [[_mm512_setzero_ps(); R]; O];
     for g in 0..groups {
         prefetch_lines(w_scale_lanes(g), scales_ahead, if HALF { 1 } else { 2 });
