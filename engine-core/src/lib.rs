@@ -3,6 +3,7 @@
 //! Model code in this crate says *what* is computed as ops on a [`graph::Graph`] (a stage at a time, handed to a
 //! [`Backend`] as one list); backends (the CPU one is always linked in) say *how*.
 
+pub mod allocator;
 pub mod codec;
 pub mod codes;
 pub mod error;

@@ -84,6 +84,7 @@ pub fn default_threads() -> usize {
 }
 
 fn main() -> ExitCode {
+    kazeia_engine::allocator::keep_freed_memory();
     let cli = Cli::parse();
     kazeiad::logging::init("kazeia");
     let result = match cli.command {
