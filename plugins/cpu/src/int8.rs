@@ -7,7 +7,7 @@
 //! f32 into four partial sums, block `b` into sum `b mod 4`, which end as `(s0 + s1) + (s2 + s3)`. Fixing that
 //! order is what lets a vector kernel (one lane per block) equal the scalar one exactly.
 
-use crate::linear::{LinearWeight, Storage, BLOCK};
+use crate::linear::{LinearWeight, Scales, Storage, BLOCK};
 
 /// Quantises one block: returns its scale `d` and writes `round(v / d)`.
 #[inline]
@@ -135,7 +135,7 @@ fn rounding_without_libm_equals_round_then_clamp() {
     }
 }
 
-pub(crate) fn weight_scales(w: &LinearWeight) -> &[f32] {
+pub(crate) fn weight_scales(w: &LinearWeight) -> &Scales {
     match &w.storage {
         Storage::Q8_0 { scales, .. } | Storage::Q4_0 { scales, .. } => scales,
         _ => unreachable!("integer dot products are for Q8_0/Q4_0 weights"),
@@ -160,7 +160,7 @@ pub(crate) fn dot_reference(
                 let dot: i32 = (b * BLOCK..(b + 1) * BLOCK)
                     .map(|i| weight_q(w, o, i) * x.quants[r * k + i] as i32)
                     .sum();
-                let scale = ws[o * nb + b] * x.scales[r * nb + b];
+                let scale = ws.get(o * nb + b) * x.scales[r * nb + b];
                 sums[b % 4] = (dot as f32).mul_add(scale, sums[b % 4]);
             }
             partial[r * width + (o - o0)] = (sums[0] + sums[1]) + (sums[2] + sums[3]);

@@ -27,16 +27,60 @@ pub(crate) enum Storage {
     F16(Vec<u16>),
     BF16(Vec<u16>),
     Q8_0 {
-        scales: Vec<f32>,
+        scales: Scales,
         quants: Vec<i8>,
     },
     Q4_0 {
-        scales: Vec<f32>,
+        scales: Scales,
         nibbles: Vec<u8>,
     },
     /// Q4_0 or Q8_0 repacked for the AVX512-VNNI kernel (`linear_vnni.rs`), on CPUs that run it.
     #[cfg(target_arch = "x86_64")]
     Vnni(crate::linear_vnni::Packed),
+}
+
+/// A quantised weight's block scales: `f32` (the plain layout, which `export` writes), or IEEE halves where
+/// every scale is one (as the quantisers make them but for blocks of tiny or huge values) and the CPU's kernels
+/// read halves (aarch64: 18 bytes a Q4_0 block instead of 20, ggml's size; x86 with VNNI holds its own layout).
+pub(crate) enum Scales {
+    F32(Vec<f32>),
+    Half(Vec<u16>),
+}
+
+impl Scales {
+    /// Scale `b` (exact: a half widens exactly).
+    pub(crate) fn get(&self, b: usize) -> f32 {
+        match self {
+            Scales::F32(s) => s[b],
+            Scales::Half(s) => f16_to_f32(s[b]),
+        }
+    }
+
+    /// The scales as `f32` (borrowed in the plain layout).
+    pub(crate) fn to_f32(&self) -> std::borrow::Cow<'_, [f32]> {
+        match self {
+            Scales::F32(s) => s.into(),
+            Scales::Half(s) => s.iter().map(|&h| f16_to_f32(h)).collect(),
+        }
+    }
+
+    fn bytes(&self) -> usize {
+        match self {
+            Scales::F32(s) => s.len() * 4,
+            Scales::Half(s) => s.len() * 2,
+        }
+    }
+
+    /// As halves if every scale is one, else as they are.
+    #[cfg_attr(not(target_arch = "aarch64"), allow(dead_code))]
+    fn halved(self) -> Self {
+        match self {
+            Scales::F32(s) if s.iter().all(|&v| is_half(v)) => {
+                Scales::Half(s.iter().map(|&v| half_bits(v)).collect())
+            }
+            other => other,
+        }
+    }
 }
 
 /// A linear layer resident in the CPU backend.
@@ -90,26 +134,27 @@ fn block_scale(d: f32) -> f32 {
 
 /// Bytes a 32-weight block of `format` (Q8_0 or Q4_0; `None` for the others) takes as this CPU's kernels hold it,
 /// for a weight whose scales are all halves (the quantisers make them so but for blocks of tiny or huge values):
-/// the x86 VNNI kernel holds 2-byte scales and, for Q8_0, a 4-byte correction; the other kernels 4-byte scales.
+/// the x86 VNNI kernel holds 2-byte scales and, for Q8_0, a 4-byte correction; the aarch64 kernels 2-byte
+/// scales; x86 without VNNI 4-byte scales.
 pub fn resident_block_bytes(format: WeightFormat) -> Option<u64> {
     #[cfg(target_arch = "x86_64")]
-    let vnni = crate::linear_vnni::usable();
+    let (vnni, half) = (crate::linear_vnni::usable(), false);
     #[cfg(not(target_arch = "x86_64"))]
-    let vnni = false;
+    let (vnni, half) = (false, cfg!(target_arch = "aarch64"));
+    let scale = if half || vnni { 2 } else { 4 };
     match format {
         #[cfg(target_arch = "x86_64")]
         WeightFormat::Q8_0 if vnni && crate::linear_vnni::q8_0_enabled() => {
             Some(BLOCK as u64 + 2 + 4)
         }
+        WeightFormat::Q8_0 if half => Some(BLOCK as u64 + 2),
         WeightFormat::Q8_0 => Some(BLOCK as u64 + 4),
-        WeightFormat::Q4_0 if vnni => Some(BLOCK as u64 / 2 + 2),
-        WeightFormat::Q4_0 => Some(BLOCK as u64 / 2 + 4),
+        WeightFormat::Q4_0 => Some(BLOCK as u64 / 2 + scale),
         _ => None,
     }
 }
 
-/// Whether `v` is an IEEE half exactly (the VNNI kernel then stores it as one).
-#[cfg(any(target_arch = "x86_64", test))]
+/// Whether `v` is an IEEE half exactly (the kernels that read halves then store it as one).
 pub(crate) fn is_half(v: f32) -> bool {
     f16_to_f32(half_bits(v)).to_bits() == v.to_bits()
 }
@@ -181,7 +226,10 @@ impl LinearWeight {
                     .zip(quants.chunks_exact_mut(BLOCK))
                     .map(|(b, q)| quantize_q8_0(b, q))
                     .collect();
-                Storage::Q8_0 { scales, quants }
+                Storage::Q8_0 {
+                    scales: Scales::F32(scales),
+                    quants,
+                }
             }
             WeightFormat::Q4_0 => {
                 let padded: Vec<f32> = padded_rows().collect();
@@ -191,7 +239,10 @@ impl LinearWeight {
                     .zip(nibbles.chunks_exact_mut(BLOCK / 2))
                     .map(|(b, q)| quantize_q4_0(b, q))
                     .collect();
-                Storage::Q4_0 { scales, nibbles }
+                Storage::Q4_0 {
+                    scales: Scales::F32(scales),
+                    nibbles,
+                }
             }
         };
         LinearWeight {
@@ -204,7 +255,8 @@ impl LinearWeight {
     }
 
     /// Repacks Q4_0 and Q8_0 for the AVX512-VNNI kernel where the CPU has it (int8 activations, as on
-    /// aarch64; `KAZEIA_VNNI_Q8=0` keeps Q8_0 on the float kernel); other weights stay as they are.
+    /// aarch64; `KAZEIA_VNNI_Q8=0` keeps Q8_0 on the float kernel), and holds their scales as halves on aarch64
+    /// where they all are; other weights stay as they are.
     fn for_this_cpu(self) -> Self {
         #[cfg(target_arch = "x86_64")]
         if crate::linear_vnni::usable() {
@@ -212,15 +264,31 @@ impl LinearWeight {
             let (out, k) = (self.out_features, self.padded_in);
             let storage = match self.storage {
                 Storage::Q4_0 { scales, nibbles } => {
-                    Storage::Vnni(Packed::from_q4_0(&scales, &nibbles, out, k))
+                    Storage::Vnni(Packed::from_q4_0(&scales.to_f32(), &nibbles, out, k))
                 }
                 Storage::Q8_0 { scales, quants } if crate::linear_vnni::q8_0_enabled() => {
-                    Storage::Vnni(Packed::from_q8_0(&scales, &quants, out, k))
+                    Storage::Vnni(Packed::from_q8_0(&scales.to_f32(), &quants, out, k))
                 }
                 other => other,
             };
             return LinearWeight { storage, ..self };
         }
+        #[cfg(target_arch = "aarch64")]
+        {
+            let storage = match self.storage {
+                Storage::Q4_0 { scales, nibbles } => Storage::Q4_0 {
+                    scales: scales.halved(),
+                    nibbles,
+                },
+                Storage::Q8_0 { scales, quants } => Storage::Q8_0 {
+                    scales: scales.halved(),
+                    quants,
+                },
+                other => other,
+            };
+            return LinearWeight { storage, ..self };
+        }
+        #[allow(unreachable_code)]
         self
     }
 
@@ -232,11 +300,11 @@ impl LinearWeight {
             let (scales, data) = packed.to_plain();
             let storage = match packed.kind {
                 crate::linear_vnni::Kind::Q4_0 => Storage::Q4_0 {
-                    scales,
+                    scales: Scales::F32(scales),
                     nibbles: data,
                 },
                 crate::linear_vnni::Kind::Q8_0 => Storage::Q8_0 {
-                    scales,
+                    scales: Scales::F32(scales),
                     quants: data.into_iter().map(|b| b as i8).collect(),
                 },
             };
@@ -273,11 +341,11 @@ impl LinearWeight {
                 .iter()
                 .for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
             Storage::Q8_0 { scales, quants } => {
-                f32s(&mut out, scales);
+                f32s(&mut out, &scales.to_f32());
                 out.extend(quants.iter().map(|&q| q as u8));
             }
             Storage::Q4_0 { scales, nibbles } => {
-                f32s(&mut out, scales);
+                f32s(&mut out, &scales.to_f32());
                 out.extend_from_slice(nibbles);
             }
             #[cfg(target_arch = "x86_64")]
@@ -307,11 +375,11 @@ impl LinearWeight {
             WeightFormat::F16 => Storage::F16(r.u16s(n)?),
             WeightFormat::BF16 => Storage::BF16(r.u16s(n)?),
             WeightFormat::Q8_0 => Storage::Q8_0 {
-                scales: r.f32s(n / BLOCK)?,
+                scales: Scales::F32(r.f32s(n / BLOCK)?),
                 quants: r.take(n)?.iter().map(|&b| b as i8).collect(),
             },
             WeightFormat::Q4_0 => Storage::Q4_0 {
-                scales: r.f32s(n / BLOCK)?,
+                scales: Scales::F32(r.f32s(n / BLOCK)?),
                 nibbles: r.take(n / 2)?.to_vec(),
             },
         };
@@ -341,8 +409,8 @@ impl LinearWeight {
         match &self.storage {
             Storage::F32(w) => w.len() * 4,
             Storage::F16(w) | Storage::BF16(w) => w.len() * 2,
-            Storage::Q8_0 { scales, quants } => scales.len() * 4 + quants.len(),
-            Storage::Q4_0 { scales, nibbles } => scales.len() * 4 + nibbles.len(),
+            Storage::Q8_0 { scales, quants } => scales.bytes() + quants.len(),
+            Storage::Q4_0 { scales, nibbles } => scales.bytes() + nibbles.len(),
             #[cfg(target_arch = "x86_64")]
             Storage::Vnni(packed) => packed.bytes(),
         }
@@ -585,13 +653,13 @@ fn decode_block(w: &LinearWeight, o: usize, b: usize, out: &mut [f32; BLOCK]) {
             }
         }
         Storage::Q8_0 { scales, quants } => {
-            let s = scales[o * nb + b];
+            let s = scales.get(o * nb + b);
             for (d, &q) in out.iter_mut().zip(&quants[base..base + BLOCK]) {
                 *d = q as f32 * s;
             }
         }
         Storage::Q4_0 { scales, nibbles } => {
-            let s = scales[o * nb + b];
+            let s = scales.get(o * nb + b);
             let bytes = &nibbles[base / 2..base / 2 + BLOCK / 2];
             for j in 0..BLOCK / 2 {
                 out[j] = ((bytes[j] & 0x0f) as i32 - 8) as f32 * s;

@@ -3,7 +3,8 @@
 //! - Q8_0 / Q4_0 weights × int8 activations ([`crate::int8`]): one exact `i32` product per 32-value block,
 //!   by `SDOT` (ARMv8.2 dotprod), by `SMMLA` (ARMv8.6 i8mm: 2 activation rows × 2 output rows per
 //!   instruction, for 2–8 rows), or on ARMv8.0 by `SMULL`/`SMLAL` + `SADALP`. All three give exactly
-//!   [`crate::int8::dot_reference`]'s result.
+//!   [`crate::int8::dot_reference`]'s result. The block scales are read as `f32`, or as halves where all of a
+//!   weight's are halves ([`BlockScales`]: 2 bytes a block less to stream).
 //! - F32 / F16 / BF16 (and, for comparisons, Q8_0 / Q4_0 decoded to f32): weights widened to f32 in registers
 //!   (BF16 by a shift, F16 by `FCVTL`), `FMLA` into f32 accumulators, activations kept in f32 (f16 arithmetic
 //!   or BFDOT would round the activations to 11 or 8 bits, which the official implementation does not).
@@ -17,7 +18,7 @@ use std::arch::asm;
 use std::sync::OnceLock;
 
 use crate::int8::{weight_scales, QuantizedActs};
-use crate::linear::{LinearWeight, Storage, BLOCK};
+use crate::linear::{f16_to_f32, LinearWeight, Scales, Storage, BLOCK};
 
 /// The integer kernels, slowest first.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -75,6 +76,53 @@ pub(crate) fn quantize_for(w: &LinearWeight, x: &[f32], rows: usize) -> Option<Q
         let pairs = selected() == Kernel::I8mm && rows >= 2;
         QuantizedActs::new(x, rows, w.padded_in, pairs)
     })
+}
+
+/// A weight's block scales as the integer kernels read them: `f32`, or halves widened by `FCVTL`.
+trait BlockScales {
+    /// Scales `at..at + n` (n ≤ 4) in lanes 0..n, zero beyond.
+    ///
+    /// # Safety
+    /// When `n == 4`, scales `at..at + 4` must exist (fewer are copied through a bounds-checked slice).
+    unsafe fn load4(&self, at: usize, n: usize) -> float32x4_t;
+
+    fn get(&self, at: usize) -> f32;
+}
+
+impl BlockScales for [f32] {
+    #[inline(always)]
+    unsafe fn load4(&self, at: usize, n: usize) -> float32x4_t {
+        // SAFETY: this function's contract is `load4`'s.
+        unsafe { load4(self, at, n) }
+    }
+
+    #[inline(always)]
+    fn get(&self, at: usize) -> f32 {
+        self[at]
+    }
+}
+
+impl BlockScales for [u16] {
+    #[inline(always)]
+    unsafe fn load4(&self, at: usize, n: usize) -> float32x4_t {
+        // SAFETY: the load reads `self[at..at + 4]`, in bounds by this function's contract, or the local `t`;
+        // NEON (with its f16 → f32 conversion) is part of the aarch64 baseline; the bits are IEEE halves.
+        unsafe {
+            let halves = if n == 4 {
+                vld1_u16(self.as_ptr().add(at))
+            } else {
+                let mut t = [0u16; 4];
+                t[..n].copy_from_slice(&self[at..at + n]);
+                vld1_u16(t.as_ptr())
+            };
+            vcvt_f32_f16(std::mem::transmute::<uint16x4_t, float16x4_t>(halves))
+        }
+    }
+
+    #[inline(always)]
+    fn get(&self, at: usize) -> f32 {
+        f16_to_f32(self[at])
+    }
 }
 
 /// Signed int8 weights of block `b` of output row `o`: elements 0–15 and 16–31.
@@ -202,9 +250,9 @@ fn sum4(a: float32x4_t) -> f32 {
 /// `SDOT` the CPU must have dotprod.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn int_group<const R: usize, const SDOT: bool, W: IntWeights>(
+unsafe fn int_group<const R: usize, const SDOT: bool, W: IntWeights, S: BlockScales + ?Sized>(
     w: &W,
-    ws: &[f32],
+    ws: &S,
     x: &QuantizedActs,
     r0: usize,
     o: usize,
@@ -221,7 +269,7 @@ unsafe fn int_group<const R: usize, const SDOT: bool, W: IntWeights>(
         for (j, v) in wv.iter_mut().enumerate().take(n) {
             *v = w.halves(o, b0 + j);
         }
-        let wsc = load4(ws, o * nb + b0, n);
+        let wsc = ws.load4(o * nb + b0, n);
         for (r, a) in acc.iter_mut().enumerate() {
             let row = r0 + r;
             let xp = x.quants.as_ptr().add(row * k + b0 * BLOCK);
@@ -247,9 +295,9 @@ unsafe fn int_group<const R: usize, const SDOT: bool, W: IntWeights>(
 /// As [`int_group`], for the four blocks `b0..b0+4` (`b0 + 4 ≤ x.k / 32`).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn int_group4<const R: usize, const SDOT: bool, W: IntWeights>(
+unsafe fn int_group4<const R: usize, const SDOT: bool, W: IntWeights, S: BlockScales + ?Sized>(
     w: &W,
-    ws: &[f32],
+    ws: &S,
     x: &QuantizedActs,
     r0: usize,
     o: usize,
@@ -272,7 +320,7 @@ unsafe fn int_group4<const R: usize, const SDOT: bool, W: IntWeights>(
         }
         let (a0, a1) = w.halves(o, b0 + 2);
         let (c0, c1) = w.halves(o, b0 + 3);
-        let wsc = vld1q_f32(ws.as_ptr().add(o * nb + b0));
+        let wsc = ws.load4(o * nb + b0, 4);
         for (r, a) in acc.iter_mut().enumerate() {
             let xp = xq.add((r0 + r) * k + b0 * BLOCK);
             let d2 = block_dot::<SDOT>(a0, a1, vld1q_s8(xp.add(64)), vld1q_s8(xp.add(80)));
@@ -291,9 +339,9 @@ unsafe fn int_group4<const R: usize, const SDOT: bool, W: IntWeights>(
 /// are `x.k` long), and with `SDOT` the CPU must have dotprod.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn int_rows<const R: usize, const SDOT: bool, W: IntWeights>(
+unsafe fn int_rows<const R: usize, const SDOT: bool, W: IntWeights, S: BlockScales + ?Sized>(
     w: &W,
-    ws: &[f32],
+    ws: &S,
     x: &QuantizedActs,
     r0: usize,
     o0: usize,
@@ -308,11 +356,11 @@ unsafe fn int_rows<const R: usize, const SDOT: bool, W: IntWeights>(
             let mut acc = [vdupq_n_f32(0.0); R];
             let mut b0 = 0;
             while b0 + 4 <= nb {
-                int_group4::<R, SDOT, W>(w, ws, x, r0, o, b0, &mut acc);
+                int_group4::<R, SDOT, W, S>(w, ws, x, r0, o, b0, &mut acc);
                 b0 += 4;
             }
             if b0 < nb {
-                int_group::<R, SDOT, W>(w, ws, x, r0, o, b0, nb - b0, &mut acc);
+                int_group::<R, SDOT, W, S>(w, ws, x, r0, o, b0, nb - b0, &mut acc);
             }
             for (r, a) in acc.iter().enumerate() {
                 partial[(r0 + r) * (o1 - o0) + (o - o0)] = sum4(*a);
@@ -329,9 +377,9 @@ unsafe fn int_rows<const R: usize, const SDOT: bool, W: IntWeights>(
 /// row pairs `p0..p0+P`.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn smmla_block<const P: usize, W: IntWeights>(
+unsafe fn smmla_block<const P: usize, W: IntWeights, S: BlockScales + ?Sized>(
     w: &W,
-    ws: &[f32],
+    ws: &S,
     x: &QuantizedActs,
     p0: usize,
     o: usize,
@@ -354,7 +402,7 @@ unsafe fn smmla_block<const P: usize, W: IntWeights>(
         };
         // 8-value chunks of both output rows side by side: the 2×8 right operand.
         let wm = [zip1(a0, c0), zip2(a0, c0), zip1(a1, c1), zip2(a1, c1)];
-        let pair = [ws[o * nb + b], ws[o2 * nb + b]];
+        let pair = [ws.get(o * nb + b), ws.get(o2 * nb + b)];
         let wsc = vcombine_f32(vld1_f32(pair.as_ptr()), vld1_f32(pair.as_ptr()));
         for (p, a) in acc.iter_mut().enumerate() {
             let at = (p0 + p) * nb + b;
@@ -375,9 +423,9 @@ unsafe fn smmla_block<const P: usize, W: IntWeights>(
 /// # Safety
 /// As [`smmla_block`] for every block of rows `o` and `o2`.
 #[inline(always)]
-unsafe fn smmla_pairs<const P: usize, W: IntWeights>(
+unsafe fn smmla_pairs<const P: usize, W: IntWeights, S: BlockScales + ?Sized>(
     w: &W,
-    ws: &[f32],
+    ws: &S,
     x: &QuantizedActs,
     p0: usize,
     o: usize,
@@ -390,14 +438,14 @@ unsafe fn smmla_pairs<const P: usize, W: IntWeights>(
         let mut b = 0;
         while b + 4 <= nb {
             // Unrolled by hand so that each slot is a register.
-            smmla_block::<P, W>(w, ws, x, p0, o, o2, b, 0, &mut acc);
-            smmla_block::<P, W>(w, ws, x, p0, o, o2, b + 1, 1, &mut acc);
-            smmla_block::<P, W>(w, ws, x, p0, o, o2, b + 2, 2, &mut acc);
-            smmla_block::<P, W>(w, ws, x, p0, o, o2, b + 3, 3, &mut acc);
+            smmla_block::<P, W, S>(w, ws, x, p0, o, o2, b, 0, &mut acc);
+            smmla_block::<P, W, S>(w, ws, x, p0, o, o2, b + 1, 1, &mut acc);
+            smmla_block::<P, W, S>(w, ws, x, p0, o, o2, b + 2, 2, &mut acc);
+            smmla_block::<P, W, S>(w, ws, x, p0, o, o2, b + 3, 3, &mut acc);
             b += 4;
         }
         while b < nb {
-            smmla_block::<P, W>(w, ws, x, p0, o, o2, b, b % 4, &mut acc);
+            smmla_block::<P, W, S>(w, ws, x, p0, o, o2, b, b % 4, &mut acc);
             b += 1;
         }
         acc.map(|a| vaddq_f32(vaddq_f32(a[0], a[1]), vaddq_f32(a[2], a[3])))
@@ -410,9 +458,9 @@ unsafe fn smmla_pairs<const P: usize, W: IntWeights>(
 /// The CPU must have i8mm; `x.pairs` must hold rows `r0..r0+R`, `o0..o1` must be output rows of the weight.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn smmla_rows<const R: usize, const P: usize, W: IntWeights>(
+unsafe fn smmla_rows<const R: usize, const P: usize, W: IntWeights, S: BlockScales + ?Sized>(
     w: &W,
-    ws: &[f32],
+    ws: &S,
     x: &QuantizedActs,
     r0: usize,
     o0: usize,
@@ -425,7 +473,7 @@ unsafe fn smmla_rows<const R: usize, const P: usize, W: IntWeights>(
         let mut o = o0;
         while o < o1 {
             let o2 = (o + 1).min(o1 - 1);
-            let sums = smmla_pairs::<P, W>(w, ws, x, r0 / 2, o, o2);
+            let sums = smmla_pairs::<P, W, S>(w, ws, x, r0 / 2, o, o2);
             for (p, s) in sums.iter().enumerate() {
                 let mut lanes = [0.0f32; 4];
                 vst1q_f32(lanes.as_mut_ptr(), *s);
@@ -459,14 +507,14 @@ macro_rules! by_rows {
 macro_rules! int_rows_match {
     ($sdot:expr, $w:expr, $ws:expr, $x:expr, $r:expr, $n:expr, $o0:expr, $o1:expr, $partial:expr) => {
         match $n {
-            8 => int_rows::<8, $sdot, _>($w, $ws, $x, $r, $o0, $o1, $partial),
-            7 => int_rows::<7, $sdot, _>($w, $ws, $x, $r, $o0, $o1, $partial),
-            6 => int_rows::<6, $sdot, _>($w, $ws, $x, $r, $o0, $o1, $partial),
-            5 => int_rows::<5, $sdot, _>($w, $ws, $x, $r, $o0, $o1, $partial),
-            4 => int_rows::<4, $sdot, _>($w, $ws, $x, $r, $o0, $o1, $partial),
-            3 => int_rows::<3, $sdot, _>($w, $ws, $x, $r, $o0, $o1, $partial),
-            2 => int_rows::<2, $sdot, _>($w, $ws, $x, $r, $o0, $o1, $partial),
-            _ => int_rows::<1, $sdot, _>($w, $ws, $x, $r, $o0, $o1, $partial),
+            8 => int_rows::<8, $sdot, _, _>($w, $ws, $x, $r, $o0, $o1, $partial),
+            7 => int_rows::<7, $sdot, _, _>($w, $ws, $x, $r, $o0, $o1, $partial),
+            6 => int_rows::<6, $sdot, _, _>($w, $ws, $x, $r, $o0, $o1, $partial),
+            5 => int_rows::<5, $sdot, _, _>($w, $ws, $x, $r, $o0, $o1, $partial),
+            4 => int_rows::<4, $sdot, _, _>($w, $ws, $x, $r, $o0, $o1, $partial),
+            3 => int_rows::<3, $sdot, _, _>($w, $ws, $x, $r, $o0, $o1, $partial),
+            2 => int_rows::<2, $sdot, _, _>($w, $ws, $x, $r, $o0, $o1, $partial),
+            _ => int_rows::<1, $sdot, _, _>($w, $ws, $x, $r, $o0, $o1, $partial),
         }
     };
 }
@@ -474,9 +522,9 @@ macro_rules! int_rows_match {
 /// # Safety
 /// The CPU must have this function's features; the sizes must pass `dot_int8`'s asserts.
 #[target_feature(enable = "neon")]
-unsafe fn int_neon<W: IntWeights>(
+unsafe fn int_neon<W: IntWeights, S: BlockScales + ?Sized>(
     w: &W,
-    ws: &[f32],
+    ws: &S,
     x: &QuantizedActs,
     o0: usize,
     o1: usize,
@@ -497,9 +545,9 @@ unsafe fn int_neon<W: IntWeights>(
 /// # Safety
 /// The CPU must have this function's features; the sizes must pass `dot_int8`'s asserts.
 #[target_feature(enable = "neon,dotprod")]
-unsafe fn int_dotprod<W: IntWeights>(
+unsafe fn int_dotprod<W: IntWeights, S: BlockScales + ?Sized>(
     w: &W,
-    ws: &[f32],
+    ws: &S,
     x: &QuantizedActs,
     o0: usize,
     o1: usize,
@@ -520,9 +568,9 @@ unsafe fn int_dotprod<W: IntWeights>(
 /// # Safety
 /// The CPU must have this function's features; the sizes must pass `dot_int8`'s asserts.
 #[target_feature(enable = "neon,dotprod,i8mm")]
-unsafe fn int_i8mm<W: IntWeights>(
+unsafe fn int_i8mm<W: IntWeights, S: BlockScales + ?Sized>(
     w: &W,
-    ws: &[f32],
+    ws: &S,
     x: &QuantizedActs,
     o0: usize,
     o1: usize,
@@ -536,14 +584,14 @@ unsafe fn int_i8mm<W: IntWeights>(
             r,
             n,
             match n {
-                8 => smmla_rows::<8, 4, W>(w, ws, x, r, o0, o1, partial),
-                7 => smmla_rows::<7, 4, W>(w, ws, x, r, o0, o1, partial),
-                6 => smmla_rows::<6, 3, W>(w, ws, x, r, o0, o1, partial),
-                5 => smmla_rows::<5, 3, W>(w, ws, x, r, o0, o1, partial),
-                4 => smmla_rows::<4, 2, W>(w, ws, x, r, o0, o1, partial),
-                3 => smmla_rows::<3, 2, W>(w, ws, x, r, o0, o1, partial),
-                2 => smmla_rows::<2, 1, W>(w, ws, x, r, o0, o1, partial),
-                _ => int_rows::<1, true, W>(w, ws, x, r, o0, o1, partial),
+                8 => smmla_rows::<8, 4, W, S>(w, ws, x, r, o0, o1, partial),
+                7 => smmla_rows::<7, 4, W, S>(w, ws, x, r, o0, o1, partial),
+                6 => smmla_rows::<6, 3, W, S>(w, ws, x, r, o0, o1, partial),
+                5 => smmla_rows::<5, 3, W, S>(w, ws, x, r, o0, o1, partial),
+                4 => smmla_rows::<4, 2, W, S>(w, ws, x, r, o0, o1, partial),
+                3 => smmla_rows::<3, 2, W, S>(w, ws, x, r, o0, o1, partial),
+                2 => smmla_rows::<2, 1, W, S>(w, ws, x, r, o0, o1, partial),
+                _ => int_rows::<1, true, W, S>(w, ws, x, r, o0, o1, partial),
             }
         );
     }
@@ -565,17 +613,24 @@ pub(crate) fn dot_int8(
     );
     assert!(x.k == w.padded_in && o1 <= w.out_features && partial.len() >= x.rows * (o1 - o0));
     assert!(kernel != Kernel::I8mm || x.rows < 2 || x.pairs.len() >= x.rows.div_ceil(2) * 2 * x.k);
-    let ws = weight_scales(w);
     let k = w.padded_in;
-    macro_rules! run {
-        ($wt:expr) => {
+    macro_rules! with_scales {
+        ($wt:expr, $ws:expr) => {
             // SAFETY: the CPU has the kernel's features (checked above); the sizes were checked above.
             unsafe {
                 match kernel {
-                    Kernel::Neon => int_neon(&$wt, ws, x, o0, o1, partial),
-                    Kernel::Dotprod => int_dotprod(&$wt, ws, x, o0, o1, partial),
-                    Kernel::I8mm => int_i8mm(&$wt, ws, x, o0, o1, partial),
+                    Kernel::Neon => int_neon(&$wt, $ws, x, o0, o1, partial),
+                    Kernel::Dotprod => int_dotprod(&$wt, $ws, x, o0, o1, partial),
+                    Kernel::I8mm => int_i8mm(&$wt, $ws, x, o0, o1, partial),
                 }
+            }
+        };
+    }
+    macro_rules! run {
+        ($wt:expr) => {
+            match weight_scales(w) {
+                Scales::F32(ws) => with_scales!($wt, ws.as_slice()),
+                Scales::Half(ws) => with_scales!($wt, ws.as_slice()),
             }
         };
     }
@@ -596,8 +651,8 @@ trait FloatWeights {
 struct F32W(*const f32, usize);
 struct Bf16W(*const u16, usize);
 struct F16W(*const u16, usize);
-struct Q8F<'a>(*const i8, &'a [f32], usize);
-struct Q4F<'a>(*const u8, &'a [f32], usize);
+struct Q8F<'a>(*const i8, &'a Scales, usize);
+struct Q4F<'a>(*const u8, &'a Scales, usize);
 
 impl FloatWeights for F32W {
     #[inline(always)]
@@ -649,7 +704,7 @@ impl FloatWeights for Q8F<'_> {
         // SAFETY: row `o`'s elements `i..i + 8` are inside the `out × k` weights (`load8`'s contract); NEON is
         // part of the aarch64 baseline.
         unsafe {
-            let s = vdupq_n_f32(self.1[(o * self.2 + i) / BLOCK]);
+            let s = vdupq_n_f32(self.1.get((o * self.2 + i) / BLOCK));
             let q = vmovl_s8(vld1_s8(self.0.add(o * self.2 + i)));
             let lo = vcvtq_f32_s32(vmovl_s16(vget_low_s16(q)));
             let hi = vcvtq_f32_s32(vmovl_high_s16(q));
@@ -665,7 +720,7 @@ impl FloatWeights for Q4F<'_> {
         // weights (`load8`'s contract); NEON is part of the aarch64 baseline.
         unsafe {
             let (b, j) = ((o * self.2 + i) / BLOCK, i % BLOCK);
-            let s = vdupq_n_f32(self.1[b]);
+            let s = vdupq_n_f32(self.1.get(b));
             let bytes = vld1_u8(self.0.add(b * BLOCK / 2 + j % 16));
             let nib = if j < 16 {
                 vand_u8(bytes, vdup_n_u8(0x0f))
@@ -850,12 +905,75 @@ mod tests {
         }
     }
 
+    /// `w` with its block scales held as `f32` (as for a weight with a scale that is no half).
+    fn with_f32_scales(mut w: LinearWeight) -> LinearWeight {
+        match &mut w.storage {
+            Storage::Q8_0 { scales, .. } | Storage::Q4_0 { scales, .. } => {
+                *scales = Scales::F32(scales.to_f32().into_owned())
+            }
+            _ => unreachable!("a quantised weight"),
+        }
+        w
+    }
+
+    /// Q8_0/Q4_0 scales are held as halves (18 bytes a Q4_0 block, 34 a Q8_0 one, as `resident_block_bytes`
+    /// says) unless one of them is no half, and the layer computes the same either way.
+    #[test]
+    fn quantised_scales_are_held_as_halves_unless_one_is_not() {
+        let (out, inp) = (8, 96);
+        for format in [WeightFormat::Q8_0, WeightFormat::Q4_0] {
+            let mut w = values(out * inp, 5);
+            let halves = LinearWeight::new(&w, out, inp, None, format);
+            assert!(matches!(
+                halves.storage,
+                Storage::Q8_0 {
+                    scales: Scales::Half(_),
+                    ..
+                } | Storage::Q4_0 {
+                    scales: Scales::Half(_),
+                    ..
+                }
+            ));
+            let blocks = (out * inp / BLOCK) as u64;
+            let block_bytes = crate::linear::resident_block_bytes(format).unwrap();
+            assert_eq!(halves.bytes() as u64, blocks * block_bytes);
+            assert_eq!(
+                block_bytes,
+                if format == WeightFormat::Q4_0 { 18 } else { 34 }
+            );
+            // A block of tiny values: its scale is under the smallest normal half.
+            w[..BLOCK].iter_mut().for_each(|v| *v *= 1e-7);
+            let tiny = LinearWeight::new(&w, out, inp, None, format);
+            assert!(matches!(
+                tiny.storage,
+                Storage::Q8_0 {
+                    scales: Scales::F32(_),
+                    ..
+                } | Storage::Q4_0 {
+                    scales: Scales::F32(_),
+                    ..
+                }
+            ));
+            let x = values(3 * inp, 6);
+            let forward = |lw: &LinearWeight| {
+                let mut y = vec![0.0; 3 * out];
+                lw.forward(&x, 3, &mut y, gemm::Parallelism::None);
+                y
+            };
+            assert_eq!(forward(&halves), forward(&with_f32_scales(halves)));
+        }
+    }
+
     #[test]
     fn every_int8_kernel_equals_the_scalar_reference_bit_for_bit() {
-        for format in [WeightFormat::Q8_0, WeightFormat::Q4_0] {
+        let layouts = [(|w| w) as fn(LinearWeight) -> LinearWeight, with_f32_scales];
+        for (format, layout) in [WeightFormat::Q8_0, WeightFormat::Q4_0]
+            .into_iter()
+            .flat_map(|f| layouts.map(|l| (f, l)))
+        {
             for (out, inp) in SHAPES {
                 let w = values(out * inp, 1 + out as u32);
-                let lw = LinearWeight::new(&w, out, inp, None, format);
+                let lw = layout(LinearWeight::new(&w, out, inp, None, format));
                 let k = lw.padded_in;
                 for rows in ROWS {
                     let x = values(rows * inp, 7 + rows as u32);

@@ -812,10 +812,12 @@ mod tests {
         let lw = LinearWeight::new_plain(w, out, inp, None, format);
         let padded = lw.padded_in;
         match lw.storage {
-            Storage::Q4_0 { scales, nibbles } => (scales, nibbles, padded),
-            Storage::Q8_0 { scales, quants } => {
-                (scales, quants.iter().map(|&q| q as u8).collect(), padded)
-            }
+            Storage::Q4_0 { scales, nibbles } => (scales.to_f32().into_owned(), nibbles, padded),
+            Storage::Q8_0 { scales, quants } => (
+                scales.to_f32().into_owned(),
+                quants.iter().map(|&q| q as u8).collect(),
+                padded,
+            ),
             _ => unreachable!(),
         }
     }

@@ -244,11 +244,12 @@ pub unsafe fn dot_avx512(
         match &w.storage {
             Storage::BF16(d) => rows(&Bf16(d, k), x, k, n, o0, o1, partial),
             Storage::F16(d) => rows(&F16(d, k), x, k, n, o0, o1, partial),
+            // Scales stay f32 on x86 (only the VNNI layout holds halves): borrowed, not converted.
             Storage::Q8_0 { scales, quants } => {
-                rows(&Q8(scales, quants, k), x, k, n, o0, o1, partial)
+                rows(&Q8(&scales.to_f32(), quants, k), x, k, n, o0, o1, partial)
             }
             Storage::Q4_0 { scales, nibbles } => {
-                rows(&Q4(scales, nibbles, k), x, k, n, o0, o1, partial)
+                rows(&Q4(&scales.to_f32(), nibbles, k), x, k, n, o0, o1, partial)
             }
             Storage::F32(d) => rows(&F32(d, k), x, k, n, o0, o1, partial),
             Storage::Vnni(_) => {
