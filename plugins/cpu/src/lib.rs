@@ -17,6 +17,8 @@ mod linear;
 #[cfg(target_arch = "aarch64")]
 pub mod linear_arm;
 #[cfg(target_arch = "x86_64")]
+mod linear_avx2;
+#[cfg(target_arch = "x86_64")]
 mod linear_vnni;
 #[cfg(target_arch = "x86_64")]
 mod linear_x86;

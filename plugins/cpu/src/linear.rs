@@ -477,6 +477,8 @@ impl LinearWeight {
             )),
             _ => None,
         };
+        #[cfg(target_arch = "x86_64")]
+        let avx2_int8 = crate::linear_avx2::quantize_for(self, x, rows);
         #[cfg(target_arch = "aarch64")]
         let quantized = crate::linear_arm::quantize_for(self, x, rows);
         let run = |o0: usize, o1: usize| {
@@ -494,7 +496,10 @@ impl LinearWeight {
             }
             let mut partial = vec![0.0f32; rows * (o1 - o0)];
             #[cfg(target_arch = "x86_64")]
-            dispatch_dot(self, x, rows, o0, o1, &mut partial);
+            match &avx2_int8 {
+                Some(acts) => crate::linear_avx2::dot_int8(self, acts, o0, o1, &mut partial),
+                None => dispatch_dot(self, x, rows, o0, o1, &mut partial),
+            }
             #[cfg(target_arch = "aarch64")]
             match &quantized {
                 Some(q) => {

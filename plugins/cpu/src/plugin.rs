@@ -171,6 +171,8 @@ unsafe extern "C" fn device_info(index: u32, out: *mut DeviceInfo) -> i32 {
         "{}, convolutions: {}",
         if crate::linear_vnni::usable() {
             ", int8 kernels: avx512-vnni"
+        } else if crate::linear_avx2::usable() {
+            ", int8 kernels: avx2"
         } else {
             ""
         },
