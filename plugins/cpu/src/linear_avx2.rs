@@ -10,8 +10,9 @@
 //! `vpmaddubsw` multiplies unsigned bytes by signed ones: Q4_0's nibbles (0..15) are the unsigned side, and the
 //! block's sum of activations times 8 is subtracted afterwards (`Σ (n − 8)·x = Σ n·x − 8·Σ x`); Q8_0's signed
 //! weights go in as their magnitudes, their signs moved onto the activations (`vpsignb`). No pair of products
-//! overflows its `i16` (15·127·2 and 127·127·2 are under 2¹⁵). `KAZEIA_X86_LINEAR=avx2` takes this path on an
-//! AVX-512 CPU too (with `KAZEIA_NO_VNNI=1`), to compare.
+//! overflows its `i16` (15·127·2 and 127·127·2 are under 2¹⁵). Where the CPU has AVX-VNNI, one `vpdpbusd`
+//! replaces the two (the same exact sums). `KAZEIA_X86_LINEAR=avx2` takes this path on an AVX-512 CPU too (with
+//! `KAZEIA_NO_VNNI=1`), `avx2-plain` without AVX-VNNI, to compare.
 
 use std::arch::x86_64::*;
 
@@ -24,7 +25,7 @@ pub(crate) fn usable() -> bool {
     *ON.get_or_init(|| {
         let avx512 = std::arch::is_x86_feature_detected!("avx512f")
             && std::arch::is_x86_feature_detected!("avx512bw");
-        let capped = std::env::var("KAZEIA_X86_LINEAR").is_ok_and(|v| v == "avx2");
+        let capped = std::env::var("KAZEIA_X86_LINEAR").is_ok_and(|v| v.starts_with("avx2"));
         available() && (!avx512 || capped)
     })
 }
@@ -65,11 +66,12 @@ trait Blocks {
     /// # Safety
     /// AVX2 enabled; `o`, `b` a row and block of the weight.
     unsafe fn load(&self, o: usize, b: usize) -> __m256i;
-    /// Sixteen `i16` sums of pairs of products of the block `w` (from `load`) and the activations `x`.
+    /// The block `w` (from `load`) and the activations `x` as the unsigned and the signed operand whose
+    /// products are the block's.
     ///
     /// # Safety
     /// AVX2 enabled.
-    unsafe fn product(w: __m256i, x: __m256i) -> __m256i;
+    unsafe fn operands(w: __m256i, x: __m256i) -> (__m256i, __m256i);
     /// Whether the block's activation sum times 8 is to be subtracted (Q4_0).
     const OFFSET: bool;
 }
@@ -88,9 +90,9 @@ impl Blocks for Q8<'_> {
         unsafe { _mm256_loadu_si256(self.0.as_ptr().add(o * self.1 + b * BLOCK).cast()) }
     }
     #[inline(always)]
-    unsafe fn product(w: __m256i, x: __m256i) -> __m256i {
+    unsafe fn operands(w: __m256i, x: __m256i) -> (__m256i, __m256i) {
         // SAFETY: AVX2 is enabled (the contract); no memory is touched.
-        unsafe { _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(x, w)) }
+        unsafe { (_mm256_abs_epi8(w), _mm256_sign_epi8(x, w)) }
     }
 }
 
@@ -109,9 +111,8 @@ impl Blocks for Q4<'_> {
         }
     }
     #[inline(always)]
-    unsafe fn product(w: __m256i, x: __m256i) -> __m256i {
-        // SAFETY: AVX2 is enabled (the contract); no memory is touched.
-        unsafe { _mm256_maddubs_epi16(w, x) }
+    unsafe fn operands(w: __m256i, x: __m256i) -> (__m256i, __m256i) {
+        (w, x)
     }
 }
 
@@ -133,7 +134,23 @@ unsafe fn lanes<T: Copy + Default>(s: &[T], at: usize, n: usize) -> [T; 4] {
 /// `partial[r][o − o0] = Σ_b (w·x)_b · d_w · d_x` for Q8_0/Q4_0 `w`: [`crate::int8::dot_reference`] bit for
 /// bit. The CPU must have AVX2 and FMA ([`available`]).
 pub(crate) fn dot_int8(w: &LinearWeight, x: &Acts, o0: usize, o1: usize, partial: &mut [f32]) {
+    dot_int8_with(avx_vnni(), w, x, o0, o1, partial)
+}
+
+/// [`dot_int8`] with or without AVX-VNNI (which the CPU must then have).
+fn dot_int8_with(
+    vnni: bool,
+    w: &LinearWeight,
+    x: &Acts,
+    o0: usize,
+    o1: usize,
+    partial: &mut [f32],
+) {
     assert!(available(), "the AVX2 integer kernel on a CPU without AVX2");
+    assert!(
+        !vnni || std::arch::is_x86_feature_detected!("avxvnni"),
+        "AVX-VNNI on a CPU without it"
+    );
     let (k, rows) = (w.padded_in, x.q.rows);
     assert!(x.q.k == k && o1 <= w.out_features && partial.len() >= rows * (o1 - o0));
     let scales = match &w.storage {
@@ -146,21 +163,77 @@ pub(crate) fn dot_int8(w: &LinearWeight, x: &Acts, o0: usize, o1: usize, partial
         match &w.storage {
             Storage::Q8_0 { quants, .. } => {
                 assert!(quants.len() >= w.out_features * k);
-                rows_avx2(&Q8(quants, k), &scales, x, o0, o1, partial)
+                let w = Q8(quants, k);
+                if vnni {
+                    rows_avx_vnni(&w, &scales, x, o0, o1, partial)
+                } else {
+                    rows_avx2(&w, &scales, x, o0, o1, partial)
+                }
             }
             Storage::Q4_0 { nibbles, .. } => {
                 assert!(nibbles.len() >= w.out_features * k / 2);
-                rows_avx2(&Q4(nibbles, k), &scales, x, o0, o1, partial)
+                let w = Q4(nibbles, k);
+                if vnni {
+                    rows_avx_vnni(&w, &scales, x, o0, o1, partial)
+                } else {
+                    rows_avx2(&w, &scales, x, o0, o1, partial)
+                }
             }
             _ => unreachable!("integer dot products are for Q8_0/Q4_0 weights"),
         }
     }
 }
 
+/// Whether the CPU has AVX-VNNI (Intel since Alder Lake, AMD since Zen 5): one `vpdpbusd` for a block's
+/// products instead of `vpmaddubsw` + `vpmaddwd` (the same exact sums). `KAZEIA_X86_LINEAR=avx2-plain` keeps
+/// the plain AVX2 instructions, to compare.
+fn avx_vnni() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| {
+        std::arch::is_x86_feature_detected!("avxvnni")
+            && std::env::var("KAZEIA_X86_LINEAR").map_or(true, |v| v != "avx2-plain")
+    })
+}
+
+/// [`rows`] with AVX-VNNI.
+///
 /// # Safety
-/// AVX2 and FMA; `w` of `x.q.k` columns holding the output rows `o0..o1`, `ws` its block scales.
+/// AVX2, FMA and AVX-VNNI; as [`rows`].
+#[target_feature(enable = "avx2,fma,avxvnni")]
+unsafe fn rows_avx_vnni<W: Blocks>(
+    w: &W,
+    ws: &[f32],
+    x: &Acts,
+    o0: usize,
+    o1: usize,
+    partial: &mut [f32],
+) {
+    // SAFETY: the contract.
+    unsafe { rows::<W, true>(w, ws, x, o0, o1, partial) }
+}
+
+/// [`rows`] with AVX2 alone.
+///
+/// # Safety
+/// AVX2 and FMA; as [`rows`].
 #[target_feature(enable = "avx2,fma")]
 unsafe fn rows_avx2<W: Blocks>(
+    w: &W,
+    ws: &[f32],
+    x: &Acts,
+    o0: usize,
+    o1: usize,
+    partial: &mut [f32],
+) {
+    // SAFETY: the contract.
+    unsafe { rows::<W, false>(w, ws, x, o0, o1, partial) }
+}
+
+/// # Safety
+/// AVX2 and FMA (and AVX-VNNI with `VNNI`) enabled in the caller; `w` of `x.q.k` columns holding the output
+/// rows `o0..o1`, `ws` its block scales.
+#[inline(always)]
+unsafe fn rows<W: Blocks, const VNNI: bool>(
     w: &W,
     ws: &[f32],
     x: &Acts,
@@ -178,10 +251,10 @@ unsafe fn rows_avx2<W: Blocks>(
             // SAFETY: the features are enabled here; rows `r..r + n` exist; `o` is a row of `w`.
             unsafe {
                 match n {
-                    4 => row::<4, W>(w, ws, x, r, o, &mut out),
-                    3 => row::<3, W>(w, ws, x, r, o, &mut out),
-                    2 => row::<2, W>(w, ws, x, r, o, &mut out),
-                    _ => row::<1, W>(w, ws, x, r, o, &mut out),
+                    4 => row::<4, W, VNNI>(w, ws, x, r, o, &mut out),
+                    3 => row::<3, W, VNNI>(w, ws, x, r, o, &mut out),
+                    2 => row::<2, W, VNNI>(w, ws, x, r, o, &mut out),
+                    _ => row::<1, W, VNNI>(w, ws, x, r, o, &mut out),
                 }
             }
             for (i, v) in out.iter().take(n).enumerate() {
@@ -196,9 +269,10 @@ unsafe fn rows_avx2<W: Blocks>(
 /// into lane `b mod 4`, ending as `(s0 + s1) + (s2 + s3)`.
 ///
 /// # Safety
-/// AVX2 and FMA enabled; rows `r0..r0 + R` of `x`, row `o` of `w`, and its `k / 32` scales in `ws` exist.
+/// AVX2 and FMA (and AVX-VNNI with `VNNI`) enabled; rows `r0..r0 + R` of `x`, row `o` of `w`, and its `k / 32`
+/// scales in `ws` exist.
 #[inline(always)]
-unsafe fn row<const R: usize, W: Blocks>(
+unsafe fn row<const R: usize, W: Blocks, const VNNI: bool>(
     w: &W,
     ws: &[f32],
     x: &Acts,
@@ -228,7 +302,12 @@ unsafe fn row<const R: usize, W: Blocks>(
                     let xv = _mm256_loadu_si256(
                         x.q.quants.as_ptr().add(row * k + (b0 + j) * BLOCK).cast(),
                     );
-                    *d = _mm256_madd_epi16(W::product(wv[j], xv), ones);
+                    let (u, s) = W::operands(wv[j], xv);
+                    *d = if VNNI {
+                        _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s)
+                    } else {
+                        _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), ones)
+                    };
                 }
                 // Eight i32 per block → one per block, lane j = block b0 + j (integer sums: exact).
                 let h = _mm256_hadd_epi32(
@@ -279,6 +358,12 @@ mod tests {
             .collect()
     }
 
+    /// Without AVX-VNNI, and with it where the CPU has it.
+    fn variants() -> Vec<bool> {
+        let vnni = std::arch::is_x86_feature_detected!("avxvnni");
+        [false, true].into_iter().filter(|&v| !v || vnni).collect()
+    }
+
     #[test]
     fn the_avx2_integer_kernel_equals_the_scalar_reference_bit_for_bit() {
         if !available() {
@@ -299,14 +384,18 @@ mod tests {
                         }
                         let mut want = vec![0.0f32; rows * (o1 - o0)];
                         dot_reference(&lw, &x.q, o0, o1, &mut want);
-                        let mut got = vec![f32::NAN; rows * (o1 - o0)];
-                        dot_int8(&lw, &x, o0, o1, &mut got);
-                        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-                        assert_eq!(
-                            bits(&got),
-                            bits(&want),
-                            "{format} out {out} in {inp} rows {rows} outputs {o0}..{o1}"
-                        );
+                        for vnni in variants() {
+                            let mut got = vec![f32::NAN; rows * (o1 - o0)];
+                            dot_int8_with(vnni, &lw, &x, o0, o1, &mut got);
+                            let bits =
+                                |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                            assert_eq!(
+                                bits(&got),
+                                bits(&want),
+                                "{format} out {out} in {inp} rows {rows} outputs {o0}..{o1} \
+                                 AVX-VNNI {vnni}"
+                            );
+                        }
                     }
                 }
             }
