@@ -280,59 +280,88 @@ unsafe fn row<const R: usize, W: Blocks, const VNNI: bool>(
     o: usize,
     out: &mut [f32; 4],
 ) {
-    let (k, nb) = (x.q.k, x.q.k / BLOCK);
+    let nb = x.q.k / BLOCK;
     // SAFETY: AVX2 is enabled (the contract); no memory is touched.
-    let (ones, mut acc) = unsafe { (_mm256_set1_epi16(1), [_mm_setzero_ps(); R]) };
-    let mut b0 = 0;
-    while b0 < nb {
-        let n = (nb - b0).min(4);
-        // Lanes j < n: block b0 + j; the others zero (and scale zero), which adds +0 to a sum.
-        // SAFETY: the blocks b0..b0 + n of row `o` and of rows `r0..r0 + R` exist (the contract); the features
-        // are enabled.
-        unsafe {
-            let wsc = _mm_loadu_ps(lanes(ws, o * nb + b0, n).as_ptr());
-            let mut wv = [_mm256_setzero_si256(); 4];
-            for (j, v) in wv.iter_mut().enumerate().take(n) {
-                *v = w.load(o, b0 + j);
-            }
-            for (ri, a) in acc.iter_mut().enumerate() {
-                let row = r0 + ri;
-                let mut dots = [_mm256_setzero_si256(); 4];
-                for (j, d) in dots.iter_mut().enumerate().take(n) {
-                    let xv = _mm256_loadu_si256(
-                        x.q.quants.as_ptr().add(row * k + (b0 + j) * BLOCK).cast(),
-                    );
-                    let (u, s) = W::operands(wv[j], xv);
-                    *d = if VNNI {
-                        _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s)
-                    } else {
-                        _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), ones)
-                    };
-                }
-                // Eight i32 per block → one per block, lane j = block b0 + j (integer sums: exact).
-                let h = _mm256_hadd_epi32(
-                    _mm256_hadd_epi32(dots[0], dots[1]),
-                    _mm256_hadd_epi32(dots[2], dots[3]),
-                );
-                let mut sums =
-                    _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h));
-                let xsc = lanes(&x.q.scales, row * nb + b0, n);
-                if W::OFFSET {
-                    let offsets = lanes(&x.sums, row * nb + b0, n);
-                    let offsets = _mm_slli_epi32::<3>(_mm_loadu_si128(offsets.as_ptr().cast()));
-                    sums = _mm_sub_epi32(sums, offsets);
-                }
-                let scale = _mm_mul_ps(wsc, _mm_loadu_ps(xsc.as_ptr()));
-                *a = _mm_fmadd_ps(_mm_cvtepi32_ps(sums), scale, *a);
-            }
+    let mut acc = unsafe { [_mm_setzero_ps(); R] };
+    // Whole groups of four blocks with every count a constant (so the accumulators stay in registers), then
+    // the last one to three.
+    let whole = nb - nb % 4;
+    // SAFETY: the groups' blocks lie in row `o` and rows `r0..r0 + R` (the contract); the features are the
+    // caller's.
+    unsafe {
+        for b0 in (0..whole).step_by(4) {
+            group::<R, 4, W, VNNI>(w, ws, x, r0, o, b0, &mut acc);
         }
-        b0 += n;
+        match nb - whole {
+            3 => group::<R, 3, W, VNNI>(w, ws, x, r0, o, whole, &mut acc),
+            2 => group::<R, 2, W, VNNI>(w, ws, x, r0, o, whole, &mut acc),
+            1 => group::<R, 1, W, VNNI>(w, ws, x, r0, o, whole, &mut acc),
+            _ => {}
+        }
     }
     for (o, a) in out.iter_mut().zip(&acc) {
         let mut s = [0.0f32; 4];
         // SAFETY: four writable values; SSE is part of the x86-64 baseline.
         unsafe { _mm_storeu_ps(s.as_mut_ptr(), *a) };
         *o = (s[0] + s[1]) + (s[2] + s[3]);
+    }
+}
+
+/// Blocks `b0..b0 + N` (N ≤ 4) of output row `o` into the sums of rows `r0..r0 + R`: lane `j` ← block `b0 + j`;
+/// lanes from `N` on add zero times a zero scale (+0, which leaves a sum as it is).
+///
+/// # Safety
+/// As [`row`], for these blocks.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn group<const R: usize, const N: usize, W: Blocks, const VNNI: bool>(
+    w: &W,
+    ws: &[f32],
+    x: &Acts,
+    r0: usize,
+    o: usize,
+    b0: usize,
+    acc: &mut [__m128; R],
+) {
+    let (k, nb) = (x.q.k, x.q.k / BLOCK);
+    // SAFETY: the blocks b0..b0 + N of row `o` and of rows `r0..r0 + R` exist (the contract); the features are
+    // enabled.
+    unsafe {
+        let ones = _mm256_set1_epi16(1);
+        let zero = _mm256_setzero_si256();
+        let wsc = _mm_loadu_ps(lanes(ws, o * nb + b0, N).as_ptr());
+        let mut wv = [zero; 4];
+        for (j, v) in wv.iter_mut().enumerate().take(N) {
+            *v = w.load(o, b0 + j);
+        }
+        for (ri, a) in acc.iter_mut().enumerate() {
+            let row = r0 + ri;
+            let mut dots = [zero; 4];
+            for (j, d) in dots.iter_mut().enumerate().take(N) {
+                let xv =
+                    _mm256_loadu_si256(x.q.quants.as_ptr().add(row * k + (b0 + j) * BLOCK).cast());
+                let (u, s) = W::operands(wv[j], xv);
+                *d = if VNNI {
+                    _mm256_dpbusd_avx_epi32(zero, u, s)
+                } else {
+                    _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), ones)
+                };
+            }
+            // Eight i32 per block → one per block, lane j = block b0 + j (integer sums: exact).
+            let h = _mm256_hadd_epi32(
+                _mm256_hadd_epi32(dots[0], dots[1]),
+                _mm256_hadd_epi32(dots[2], dots[3]),
+            );
+            let mut sums =
+                _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h));
+            let xsc = _mm_loadu_ps(lanes(&x.q.scales, row * nb + b0, N).as_ptr());
+            if W::OFFSET {
+                let offsets = lanes(&x.sums, row * nb + b0, N);
+                let offsets = _mm_slli_epi32::<3>(_mm_loadu_si128(offsets.as_ptr().cast()));
+                sums = _mm_sub_epi32(sums, offsets);
+            }
+            *a = _mm_fmadd_ps(_mm_cvtepi32_ps(sums), _mm_mul_ps(wsc, xsc), *a);
+        }
     }
 }
 
