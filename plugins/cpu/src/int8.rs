@@ -142,6 +142,56 @@ pub(crate) fn weight_scales(w: &LinearWeight) -> &Scales {
     }
 }
 
+/// Values in [−1, 1] with a few blocks scaled up, all-zero and with outliers, so the int8 rounding, the ±127
+/// clamp and zero scales all occur (the integer kernels' tests).
+#[cfg(test)]
+pub(crate) fn test_values(n: usize, seed: u32) -> Vec<f32> {
+    (0..n)
+        .map(|i| {
+            let v = (i as u32).wrapping_mul(2654435761).wrapping_add(seed) >> 8;
+            let base = (v % 2001) as f32 / 1000.0 - 1.0;
+            match (i / BLOCK + seed as usize) % 7 {
+                0 => base * 37.0,
+                3 => 0.0,
+                5 if i % 13 == 0 => base * 500.0,
+                _ => base,
+            }
+        })
+        .collect()
+}
+
+/// A Q8_0 and a Q4_0 layer with a bias, through `LinearWeight::forward` (on whichever integer kernel this CPU
+/// runs) for each of `rows` rows, with 1 and 2 threads: [`dot_reference`] plus the bias, exactly.
+#[cfg(test)]
+pub(crate) fn check_layers_give_the_reference_plus_bias(rows: &[usize]) {
+    use kazeia_backend_abi::WeightFormat;
+    for format in [WeightFormat::Q8_0, WeightFormat::Q4_0] {
+        let (out, inp) = (150, 70);
+        let w = test_values(out * inp, 3);
+        let bias = test_values(out, 4);
+        let lw = LinearWeight::new(&w, out, inp, Some(&bias), format);
+        let k = lw.padded_in;
+        for &rows in rows {
+            let x = test_values(rows * inp, 9 + rows as u32);
+            let mut padded = vec![0.0; rows * k];
+            for r in 0..rows {
+                padded[r * k..r * k + inp].copy_from_slice(&x[r * inp..(r + 1) * inp]);
+            }
+            let mut want = vec![0.0f32; rows * out];
+            let q = QuantizedActs::new(&padded, rows, k, false);
+            dot_reference(&lw, &q, 0, out, &mut want);
+            for (i, v) in want.iter_mut().enumerate() {
+                *v += bias[i % out];
+            }
+            for par in [gemm::Parallelism::None, gemm::Parallelism::Rayon(2)] {
+                let mut y = vec![0.0; rows * out];
+                lw.forward(&x, rows, &mut y, par);
+                assert_eq!(y, want, "{format} rows {rows} {par:?}");
+            }
+        }
+    }
+}
+
 /// `partial[r][o − o0]` for `o` in `o0..o1`, in scalar code: the definition the vector kernels reproduce.
 #[cfg(test)]
 pub(crate) fn dot_reference(

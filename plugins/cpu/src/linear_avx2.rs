@@ -368,24 +368,10 @@ unsafe fn group<const R: usize, const N: usize, W: Blocks, const VNNI: bool>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::int8::dot_reference;
+    use crate::int8::{
+        check_layers_give_the_reference_plus_bias, dot_reference, test_values as values,
+    };
     use kazeia_backend_abi::WeightFormat;
-
-    /// Values of several magnitudes, zero blocks and blocks of one large value among small ones.
-    fn values(n: usize, seed: u32) -> Vec<f32> {
-        (0..n)
-            .map(|i| {
-                let v = (i as u32).wrapping_mul(2654435761).wrapping_add(seed) >> 8;
-                let base = (v % 2001) as f32 / 1000.0 - 1.0;
-                match (i / BLOCK + seed as usize) % 7 {
-                    0 => base * 37.0,
-                    3 => 0.0,
-                    5 if i % 13 == 0 => base * 500.0,
-                    _ => base,
-                }
-            })
-            .collect()
-    }
 
     /// Without AVX-VNNI, and with it where the CPU has it.
     fn variants() -> Vec<bool> {
@@ -441,29 +427,6 @@ mod tests {
             );
             return;
         }
-        for format in [WeightFormat::Q8_0, WeightFormat::Q4_0] {
-            let (out, inp) = (150, 70);
-            let w = values(out * inp, 3);
-            let bias = values(out, 4);
-            let lw = LinearWeight::new(&w, out, inp, Some(&bias), format);
-            let k = lw.padded_in;
-            for rows in [1, 2, 5, 8] {
-                let x = values(rows * inp, 9 + rows as u32);
-                let mut padded = vec![0.0; rows * k];
-                for r in 0..rows {
-                    padded[r * k..r * k + inp].copy_from_slice(&x[r * inp..(r + 1) * inp]);
-                }
-                let mut want = vec![0.0f32; rows * out];
-                dot_reference(&lw, &acts(&padded, rows, k).q, 0, out, &mut want);
-                for (i, v) in want.iter_mut().enumerate() {
-                    *v += bias[i % out];
-                }
-                for par in [gemm::Parallelism::None, gemm::Parallelism::Rayon(2)] {
-                    let mut y = vec![0.0; rows * out];
-                    lw.forward(&x, rows, &mut y, par);
-                    assert_eq!(y, want, "{format} rows {rows} {par:?}");
-                }
-            }
-        }
+        check_layers_give_the_reference_plus_bias(&[1, 2, 5, 8]);
     }
 }
