@@ -19,6 +19,8 @@ pub mod linear_arm;
 #[cfg(target_arch = "x86_64")]
 mod linear_avx2;
 #[cfg(target_arch = "x86_64")]
+mod linear_avx2_float;
+#[cfg(target_arch = "x86_64")]
 mod linear_vnni;
 #[cfg(target_arch = "x86_64")]
 mod linear_x86;

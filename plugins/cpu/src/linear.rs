@@ -681,7 +681,7 @@ fn decode_block(w: &LinearWeight, o: usize, b: usize, out: &mut [f32; BLOCK]) {
     }
 }
 
-fn decode_row(w: &LinearWeight, o: usize, row: &mut [f32]) {
+pub(crate) fn decode_row(w: &LinearWeight, o: usize, row: &mut [f32]) {
     let mut block = [0.0f32; BLOCK];
     for (b, chunk) in row.chunks_exact_mut(BLOCK).enumerate() {
         decode_block(w, o, b, &mut block);
@@ -715,7 +715,13 @@ fn dispatch_dot(
             && std::arch::is_x86_feature_detected!("f16c")
         {
             // SAFETY: the features were detected at run time.
-            return unsafe { dot_avx2(w, x, rows, o0, o1, partial) };
+            return unsafe {
+                if crate::linear_avx2_float::runs(w) {
+                    crate::linear_avx2_float::dot(w, x, rows, o0, o1, partial)
+                } else {
+                    dot_avx2(w, x, rows, o0, o1, partial)
+                }
+            };
         }
     }
     #[cfg(target_arch = "aarch64")]
