@@ -135,7 +135,7 @@ impl DecoderBlock {
 
 #[derive(Clone)]
 struct BlockState {
-    carry: Vec<f32>,
+    carry: ConvState,
     units: Vec<ConvState>,
 }
 

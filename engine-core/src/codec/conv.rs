@@ -3,9 +3,13 @@
 //! by `k − stride`, and SnakeBeta.
 //!
 //! Each module runs on a chunk of new columns with a state carried from the previous chunk: a convolution keeps
-//! its last `(k−1)·dilation` input columns (initially zeros: the causal padding), a transposed convolution keeps
-//! the `k − stride` output columns that later input still adds to. A one-shot decode is one chunk from a fresh
-//! state, so chunked and one-shot decodes run the same code.
+//! its last `(k−1)·dilation` input columns (initially zeros: the causal padding), a transposed convolution its
+//! last `⌈k / stride⌉ − 1` input columns (those its next outputs still read). A one-shot decode is one chunk from
+//! a fresh state, so chunked and one-shot decodes run the same code, and each of these modules' outputs is the
+//! same sum in the same order whatever the chunking, so the same bits on a backend whose kernels fix their order
+//! (the CPU's tile kernels). Carrying a transposed convolution's overlapping outputs instead, and adding them to
+//! the next chunk's, summed them in another order: the same text with and without SSML marks (which cut the
+//! chunks elsewhere) differed by 6e-7 on the AVX2 and `gemm` convolution paths.
 
 use kazeia_backend_abi::{Backend, Combine, Strided, View, Weight, WeightData, WeightFormat};
 
@@ -208,6 +212,7 @@ impl CausalDepthwiseConv1d {
 pub struct CausalConvTranspose1d {
     weight: Weight,
     bias: Vec<f32>,
+    cin: usize,
     pub cout: usize,
     k: usize,
     pub stride: usize,
@@ -237,6 +242,7 @@ impl CausalConvTranspose1d {
                 },
             )?,
             bias,
+            cin,
             cout,
             k,
             stride,
@@ -248,17 +254,19 @@ impl CausalConvTranspose1d {
         len * self.stride
     }
 
-    /// The `[cout][k − stride]` overlap carried between chunks (bias not yet added).
-    pub fn new_state(&self) -> Vec<f32> {
-        vec![0.0; self.cout * self.k.saturating_sub(self.stride)]
+    /// The last `⌈k / stride⌉ − 1` input columns, which the next chunk's first outputs read.
+    pub fn new_state(&self) -> ConvState {
+        ConvState::new(self.cin, self.k.div_ceil(self.stride) - 1)
     }
 
-    /// `x[cin][len]` → `y[cout][len · stride]`: the full transposed convolution plus the previous chunk's
-    /// overlap; the new overlap is carried (the one-shot decode drops it: the official right trim).
+    /// `x[cin][len]` → `y[cout][len · stride]`: input position `m` gives output columns `m·stride + r` (the
+    /// official trim keeps them up to the last input's), each the sum over the taps `r + j·stride` of the inputs
+    /// `m − j`, `j` up to the carried columns' reach. The transposed convolution runs on the carried columns
+    /// then `x`, and keeps the outputs of `x`'s positions, which read no column before the carried ones.
     pub fn forward<'m>(
         &'m self,
         g: &mut Graph<'m>,
-        carry: &'m mut [f32],
+        state: &'m mut ConvState,
         x: &Tensor,
         len: usize,
     ) -> Tensor {
@@ -266,36 +274,23 @@ impl CausalConvTranspose1d {
             self.k >= self.stride,
             "kernel shorter than the stride is not a causal upsampler"
         );
-        let full = (len - 1) * self.stride + self.k;
-        let overlap = self.k - self.stride;
+        let reach = state.pad;
+        let extended = state.extend(g, x, self.cin, len);
+        let full = (reach + len - 1) * self.stride + self.k;
+        let y_full = g.conv_transpose1d(&self.weight, &extended, reach + len, self.cout * full);
+        drop(extended);
         let out_len = self.out_len(len);
-        let columns = |cols, from: View, to: View| Strided {
-            rows: self.cout,
-            cols,
-            src: from,
-            dst: to,
-        };
-        let y_full = g.conv_transpose1d(&self.weight, x, len, self.cout * full);
-        let carry = g.state(carry);
-        let rows = |offset, width| View::rows(offset, width);
-        g.strided(
-            Combine::Add,
-            &carry,
-            &y_full,
-            columns(overlap, rows(0, overlap), rows(0, full)),
-        );
-        g.strided(
-            Combine::Copy,
-            &y_full,
-            &carry,
-            columns(overlap, rows(out_len, full), rows(0, overlap)),
-        );
         let y = g.zeros(self.cout * out_len);
         g.strided(
             Combine::Copy,
             &y_full,
             &y,
-            columns(out_len, rows(0, full), rows(0, out_len)),
+            Strided {
+                rows: self.cout,
+                cols: out_len,
+                src: View::rows(reach * self.stride, full),
+                dst: View::rows(0, out_len),
+            },
         );
         drop(y_full);
         let bias = g.constant(&self.bias);
@@ -303,7 +298,12 @@ impl CausalConvTranspose1d {
             Combine::Add,
             &bias,
             &y,
-            columns(out_len, View::per_row(), rows(0, out_len)),
+            Strided {
+                rows: self.cout,
+                cols: out_len,
+                src: View::per_row(),
+                dst: View::rows(0, out_len),
+            },
         );
         y
     }

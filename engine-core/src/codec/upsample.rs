@@ -101,7 +101,7 @@ pub struct UpsampleStage {
 /// What a stage carries between chunks.
 #[derive(Clone)]
 pub struct UpsampleState {
-    carry: Vec<f32>,
+    carry: ConvState,
     dwconv: ConvState,
 }
 

@@ -191,7 +191,7 @@ enum Taps {
 }
 
 /// Which kernel a new weight is laid out for.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Debug)]
 pub(crate) enum Layout {
     Gemm,
     #[cfg(target_arch = "aarch64")]
@@ -710,6 +710,54 @@ pub(crate) mod tests {
         layer(&w, WeightFormat::F16).forward(x, len, &mut a, par);
         layer(&rounded(&w), WeightFormat::F32).forward(x, len, &mut b, par);
         assert_eq!(bits(&a), bits(&b), "conv_transpose1d");
+    }
+
+    /// A streamed signal's chunks give the whole signal's outputs bit for bit: a dilated convolution over
+    /// columns `a..b` of the input gives the whole input's output columns `a..b − span`, whatever tiles the
+    /// columns fall in.
+    pub(crate) fn tile_outputs_are_those_of_the_whole_signal(layout: Layout) {
+        for cout in [37, 16, 8, 1] {
+            let (cin, k, dilation, len) = (23, 7, 3, 700);
+            let span = (k - 1) * dilation;
+            let w = values(cout * cin * k, 41, 0.5);
+            let bias = values(cout, 42, 0.5);
+            let x = values(cin * len, 43, 1.0);
+            for (format, _) in formats(&w) {
+                let layer =
+                    ConvWeight::with_layout(&w, (cout, cin, k), Some(&bias), format, layout);
+                for par in parallelisms() {
+                    let lout = len - span;
+                    let mut whole = unwritten(cout * lout);
+                    layer.forward(&x, len, dilation, &mut whole, par);
+                    for (a, b) in [(0, span + 1), (5, 300), (17, 700), (290, 611)] {
+                        let part: Vec<f32> = x
+                            .chunks_exact(len)
+                            .flat_map(|row| row[a..b].iter().copied())
+                            .collect();
+                        let n = b - a - span;
+                        let mut y = unwritten(cout * n);
+                        layer.forward(&part, b - a, dilation, &mut y, par);
+                        for o in 0..cout {
+                            let got: Vec<u32> =
+                                y[o * n..][..n].iter().map(|v| v.to_bits()).collect();
+                            let want: Vec<u32> = whole[o * lout + a..][..n]
+                                .iter()
+                                .map(|v| v.to_bits())
+                                .collect();
+                            assert_eq!(
+                                got, want,
+                                "{layout:?} cout {cout} {format} {par:?} columns {a}..{b}, output {o}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn gemm_outputs_are_those_of_the_whole_signal() {
+        tile_outputs_are_those_of_the_whole_signal(Layout::Gemm);
     }
 
     /// The `gemm` path (aarch64 too, where `KAZEIA_ARM_CONV=gemm` selects it; the NEON kernel's tests are in

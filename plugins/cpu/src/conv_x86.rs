@@ -671,6 +671,13 @@ mod tests {
     }
 
     #[test]
+    fn x86_outputs_are_those_of_the_whole_signal() {
+        for (layout, _) in kernels() {
+            crate::conv::tests::tile_outputs_are_those_of_the_whole_signal(layout);
+        }
+    }
+
+    #[test]
     fn x86_f16_is_f32_on_rounded_weights_bit_for_bit() {
         for (layout, _) in kernels() {
             tile_f16_is_f32_on_rounded_weights_bit_for_bit(layout);
