@@ -706,6 +706,7 @@ fn dispatch_dot(
         }
         if std::arch::is_x86_feature_detected!("avx512f")
             && std::arch::is_x86_feature_detected!("avx512bw")
+            && !crate::linear_avx2::capped()
         {
             // SAFETY: the features were detected at run time (AVX-512 implies FMA and F16C).
             return unsafe { crate::linear_x86::dot_avx512(w, x, rows, o0, o1, partial) };

@@ -26,9 +26,15 @@ pub(crate) fn usable() -> bool {
     *ON.get_or_init(|| {
         let avx512 = std::arch::is_x86_feature_detected!("avx512f")
             && std::arch::is_x86_feature_detected!("avx512bw");
-        let capped = std::env::var("KAZEIA_X86_LINEAR").is_ok_and(|v| v.starts_with("avx2"));
-        available() && (!avx512 || capped)
+        available() && (!avx512 || capped())
     })
+}
+
+/// Whether `KAZEIA_X86_LINEAR=avx2` (or `avx2-plain`) asks for the linear layers as an AVX2 CPU runs them: this
+/// kernel, and the AVX2 float kernel instead of the AVX-512 one (with `KAZEIA_NO_VNNI=1`, nothing of AVX-512).
+pub(crate) fn capped() -> bool {
+    static CAPPED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *CAPPED.get_or_init(|| std::env::var("KAZEIA_X86_LINEAR").is_ok_and(|v| v.starts_with("avx2")))
 }
 
 /// Whether this CPU can run the kernel.
