@@ -41,7 +41,8 @@ pub(crate) enum Storage {
 
 /// A quantised weight's block scales: `f32` (the plain layout, which `export` writes), or IEEE halves where
 /// every scale is one (as the quantisers make them but for blocks of tiny or huge values) and the CPU's kernels
-/// read halves (aarch64: 18 bytes a Q4_0 block instead of 20, ggml's size; x86 with VNNI holds its own layout).
+/// read halves (the aarch64 and AVX2 integer kernels: 18 bytes a Q4_0 block instead of 20, ggml's size; x86 with
+/// VNNI holds its own layout).
 pub(crate) enum Scales {
     F32(Vec<f32>),
     Half(Vec<u16>),
@@ -72,7 +73,10 @@ impl Scales {
     }
 
     /// As halves if every scale is one, else as they are.
-    #[cfg_attr(not(target_arch = "aarch64"), allow(dead_code))]
+    #[cfg_attr(
+        not(any(target_arch = "aarch64", target_arch = "x86_64")),
+        allow(dead_code)
+    )]
     fn halved(self) -> Self {
         match self {
             Scales::F32(s) if s.iter().all(|&v| is_half(v)) => {
@@ -134,11 +138,11 @@ fn block_scale(d: f32) -> f32 {
 
 /// Bytes a 32-weight block of `format` (Q8_0 or Q4_0; `None` for the others) takes as this CPU's kernels hold it,
 /// for a weight whose scales are all halves (the quantisers make them so but for blocks of tiny or huge values):
-/// the x86 VNNI kernel holds 2-byte scales and, for Q8_0, a 4-byte correction; the aarch64 kernels 2-byte
-/// scales; x86 without VNNI 4-byte scales.
+/// the x86 VNNI kernel holds 2-byte scales and, for Q8_0, a 4-byte correction; the aarch64 and AVX2 integer
+/// kernels 2-byte scales; the AVX-512 float kernel (AVX-512 without VNNI) 4-byte scales.
 pub fn resident_block_bytes(format: WeightFormat) -> Option<u64> {
     #[cfg(target_arch = "x86_64")]
-    let (vnni, half) = (crate::linear_vnni::usable(), false);
+    let (vnni, half) = (crate::linear_vnni::usable(), crate::linear_avx2::usable());
     #[cfg(not(target_arch = "x86_64"))]
     let (vnni, half) = (false, cfg!(target_arch = "aarch64"));
     let scale = if half || vnni { 2 } else { 4 };
@@ -273,23 +277,34 @@ impl LinearWeight {
             };
             return LinearWeight { storage, ..self };
         }
-        #[cfg(target_arch = "aarch64")]
-        {
-            let storage = match self.storage {
-                Storage::Q4_0 { scales, nibbles } => Storage::Q4_0 {
-                    scales: scales.halved(),
-                    nibbles,
-                },
-                Storage::Q8_0 { scales, quants } => Storage::Q8_0 {
-                    scales: scales.halved(),
-                    quants,
-                },
-                other => other,
-            };
-            return LinearWeight { storage, ..self };
+        #[cfg(target_arch = "x86_64")]
+        if crate::linear_avx2::usable() {
+            return self.with_half_scales();
         }
+        #[cfg(target_arch = "aarch64")]
+        return self.with_half_scales();
         #[allow(unreachable_code)]
         self
+    }
+
+    /// Q8_0/Q4_0 scales held as halves where every one is (for the aarch64 and AVX2 integer kernels).
+    #[cfg_attr(
+        not(any(target_arch = "aarch64", target_arch = "x86_64")),
+        allow(dead_code)
+    )]
+    pub(crate) fn with_half_scales(self) -> Self {
+        let storage = match self.storage {
+            Storage::Q4_0 { scales, nibbles } => Storage::Q4_0 {
+                scales: scales.halved(),
+                nibbles,
+            },
+            Storage::Q8_0 { scales, quants } => Storage::Q8_0 {
+                scales: scales.halved(),
+                quants,
+            },
+            other => other,
+        };
+        LinearWeight { storage, ..self }
     }
 
     /// The weight as bytes (`export`/`import` round-trip it; the on-disk cache stores them), always in the
