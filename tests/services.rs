@@ -91,7 +91,30 @@ impl TempDir {
 }
 
 impl Drop for TempDir {
+    /// Removes the directory, unless its test is failing: the services' and the daemon's logs in it are then what
+    /// tells why (a failure seen once in CI is rarely seen again on demand), so their last lines are printed
+    /// with the failure and the directory is kept.
     fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("test failed: its files are kept in {}", self.0.display());
+            let mut logs: Vec<PathBuf> = std::fs::read_dir(&self.0)
+                .into_iter()
+                .flatten()
+                .flatten()
+                .map(|e| e.path())
+                .filter(|p| p.extension().is_some_and(|x| x == "log"))
+                .collect();
+            logs.sort();
+            for log in logs {
+                let text = std::fs::read_to_string(&log).unwrap_or_default();
+                let lines: Vec<&str> = text.lines().collect();
+                eprintln!("--- last lines of {}:", log.display());
+                for line in &lines[lines.len().saturating_sub(40)..] {
+                    eprintln!("{line}");
+                }
+            }
+            return;
+        }
         let _ = std::fs::remove_dir_all(&self.0);
     }
 }
