@@ -109,7 +109,7 @@ impl DecoderBlock {
 
     fn new_state(&self) -> BlockState {
         BlockState {
-            carry: self.upsample.new_state(),
+            context: self.upsample.new_state(),
             units: self.units.iter().map(|u| u.conv1.new_state()).collect(),
         }
     }
@@ -122,9 +122,9 @@ impl DecoderBlock {
         x: &Tensor,
         len: usize,
     ) -> (Tensor, usize) {
-        let BlockState { carry, units } = state;
+        let BlockState { context, units } = state;
         self.snake.forward(g, x, len);
-        let y = self.upsample.forward(g, carry, x, len);
+        let y = self.upsample.forward(g, context, x, len);
         let out_len = self.upsample.out_len(len);
         for (unit, unit_state) in self.units.iter().zip(units.iter_mut()) {
             unit.forward(g, unit_state, &y, out_len);
@@ -135,7 +135,7 @@ impl DecoderBlock {
 
 #[derive(Clone)]
 struct BlockState {
-    carry: ConvState,
+    context: ConvState,
     units: Vec<ConvState>,
 }
 

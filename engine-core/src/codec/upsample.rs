@@ -101,7 +101,7 @@ pub struct UpsampleStage {
 /// What a stage carries between chunks.
 #[derive(Clone)]
 pub struct UpsampleState {
-    carry: ConvState,
+    context: ConvState,
     dwconv: ConvState,
 }
 
@@ -129,7 +129,7 @@ impl UpsampleStage {
 
     pub fn new_state(&self) -> UpsampleState {
         UpsampleState {
-            carry: self.transconv.new_state(),
+            context: self.transconv.new_state(),
             dwconv: self.convnext.dwconv.new_state(),
         }
     }
@@ -142,8 +142,8 @@ impl UpsampleStage {
         x: &Tensor,
         len: usize,
     ) -> (Tensor, usize) {
-        let UpsampleState { carry, dwconv } = state;
-        let y = self.transconv.forward(g, carry, x, len);
+        let UpsampleState { context, dwconv } = state;
+        let y = self.transconv.forward(g, context, x, len);
         let out_len = self.transconv.out_len(len);
         self.convnext.forward(g, dwconv, &y, out_len);
         (y, out_len)

@@ -189,7 +189,8 @@ pub enum WeightData<'a> {
         bias: Option<&'a [f32]>,
     },
     /// `ConvTranspose1d`: `w[cin][cout][k]`, `stride`. The bias stays with the caller: the op writes the full
-    /// transposed convolution without it, so the overlapping tail can be carried to the next chunk and summed.
+    /// transposed convolution without it, of which the caller keeps the columns it needs (the codec streams on
+    /// carried input columns and keeps the positions of the new ones).
     /// `format` as for [`WeightData::Conv1d`].
     ConvTranspose1d {
         w: &'a [f32],

@@ -87,6 +87,17 @@ impl Scales {
     }
 }
 
+/// Whether a Q8_0/Q4_0 weight holds its scales as halves (`None` for other storage), for tests.
+#[cfg(test)]
+pub(crate) fn half_scales(w: &LinearWeight) -> Option<bool> {
+    match &w.storage {
+        Storage::Q8_0 { scales, .. } | Storage::Q4_0 { scales, .. } => {
+            Some(matches!(scales, Scales::Half(_)))
+        }
+        _ => None,
+    }
+}
+
 /// A linear layer resident in the CPU backend.
 pub struct LinearWeight {
     pub(crate) storage: Storage,
