@@ -48,23 +48,33 @@ pub(crate) fn available() -> bool {
 /// The activations for this kernel: int8 blocks and each block's sum (for Q4_0's −8 offset).
 pub(crate) struct Acts {
     q: QuantizedActs,
-    /// `[rows][k / 32]`.
+    /// `[rows][k / 32]` for Q4_0; empty for Q8_0.
     sums: Vec<i32>,
 }
 
 /// Int8 activations for `w` when this kernel runs it (Q8_0 or Q4_0 on a CPU where it is [`usable`]).
 pub(crate) fn quantize_for(w: &LinearWeight, x: &[f32], rows: usize) -> Option<Acts> {
-    (usable() && matches!(w.storage, Storage::Q8_0 { .. } | Storage::Q4_0 { .. }))
-        .then(|| acts(x, rows, w.padded_in))
+    (usable() && matches!(w.storage, Storage::Q8_0 { .. } | Storage::Q4_0 { .. })).then(|| {
+        acts(
+            x,
+            rows,
+            w.padded_in,
+            matches!(w.storage, Storage::Q4_0 { .. }),
+        )
+    })
 }
 
-fn acts(x: &[f32], rows: usize, k: usize) -> Acts {
+/// `with_sums`: the blocks' sums too (Q4_0's offset needs them).
+fn acts(x: &[f32], rows: usize, k: usize, with_sums: bool) -> Acts {
     let q = QuantizedActs::new(x, rows, k, false);
-    let sums = q
-        .quants
-        .chunks_exact(BLOCK)
-        .map(|b| b.iter().map(|&v| i32::from(v)).sum())
-        .collect();
+    let sums = if with_sums {
+        q.quants
+            .chunks_exact(BLOCK)
+            .map(|b| b.iter().map(|&v| i32::from(v)).sum())
+            .collect()
+    } else {
+        Vec::new()
+    };
     Acts { q, sums }
 }
 
@@ -213,6 +223,11 @@ fn dot_int8_with(
             }
             Storage::Q4_0 { nibbles, .. } => {
                 assert!(nibbles.len() >= w.out_features * k / 2);
+                assert_eq!(
+                    x.sums.len(),
+                    rows * (k / BLOCK),
+                    "Q4_0 needs the blocks' sums"
+                );
                 run!(Q4(nibbles, k))
             }
             _ => unreachable!("integer dot products are for Q8_0/Q4_0 weights"),
@@ -436,7 +451,8 @@ mod tests {
                 let halves = LinearWeight::new_plain(&w, out, inp, None, format).with_half_scales();
                 assert_eq!(crate::linear::half_scales(&halves), Some(true));
                 for rows in [1, 2, 3, 4, 5, 8] {
-                    let x = acts(&values(rows * k, 7 + rows as u32), rows, k);
+                    let q4 = format == WeightFormat::Q4_0;
+                    let x = acts(&values(rows * k, 7 + rows as u32), rows, k, q4);
                     for (o0, o1) in [(0, out), (out / 3, out - out / 4)] {
                         if o0 >= o1 {
                             continue;
