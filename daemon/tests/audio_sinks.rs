@@ -465,6 +465,41 @@ mod headless_pipewire {
         }
     }
 
+    /// An utterance that takes the stream while the one before drains its last samples (a new message right
+    /// as the last one ends, the most common case for a screen reader) plays whole: the drain must not stay
+    /// with the stream. Every moment of the drain is tried, from before it starts to after it ends.
+    #[test]
+    fn pipewire_an_utterance_taking_over_a_draining_one_plays() {
+        let _serial = serial();
+        let bus = DbusSession::start(None);
+        let pw = PipeWire::start(&bus);
+        let sink = pipewire_sink(&pw);
+        let next = tone(0.05, 440.0, 0.5);
+        for i in 0..40u64 {
+            let ending = std::sync::Arc::<dyn Playback>::from(sink.open(RATE).unwrap());
+            write_in_frames(&*ending, &tone(0.02, 330.0, 0.5));
+            let finishing = {
+                let ending = ending.clone();
+                std::thread::spawn(move || ending.finish())
+            };
+            std::thread::sleep(Duration::from_micros(700 * i));
+            let t = Instant::now();
+            let playback = sink.open(RATE).unwrap();
+            write_in_frames(&*playback, &next);
+            playback
+                .finish()
+                .unwrap_or_else(|e| panic!("round {i}: {e:#}"));
+            assert_eq!(playback.played(), next.len() as u64, "round {i}");
+            assert!(
+                t.elapsed() < Duration::from_secs(1),
+                "round {i}: took {:?}",
+                t.elapsed()
+            );
+            // The one taken over ends without an error, played or not.
+            finishing.join().unwrap().unwrap();
+        }
+    }
+
     #[test]
     fn pipewire_going_away_gives_errors_and_the_sink_reconnects() {
         let _serial = serial();
