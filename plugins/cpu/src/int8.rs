@@ -1,6 +1,6 @@
 //! Int8 activations for the integer dot products of Q8_0/Q4_0 linear layers, and the exact definition of those
-//! products that every integer kernel (x86 VNNI quantises the same way; the aarch64 NEON/SDOT/SMMLA kernels
-//! compute bit for bit what [`dot_reference`] computes).
+//! products that the aarch64 NEON/SDOT/SMMLA kernels compute bit for bit ([`dot_reference`]). The x86 integer
+//! kernels quantise the same way and sum in their own lane order (`linear_vnni.rs`).
 //!
 //! Each row of activations is cut into blocks of 32 and quantised like a Q8_0 weight block (`d = amax/127`,
 //! round to nearest). A block product is then an exact `i32` sum; it is scaled by `d_w · d_x` and summed in

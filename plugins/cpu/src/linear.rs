@@ -34,17 +34,19 @@ pub(crate) enum Storage {
         scales: Scales,
         nibbles: Vec<u8>,
     },
-    /// Q4_0 or Q8_0 repacked for the AVX512-VNNI kernel (`linear_vnni.rs`), on CPUs that run it.
+    /// Q4_0 or Q8_0 repacked in the group layout of the x86 integer kernels (`linear_vnni.rs`: AVX512-VNNI, or
+    /// `linear_avx2.rs` on CPUs without AVX-512, in 256-bit halves).
     #[cfg(target_arch = "x86_64")]
-    Vnni(crate::linear_vnni::Packed),
+    Packed(crate::linear_vnni::Packed),
 }
 
 /// A quantised weight's block scales: `f32` (the plain layout, which `export` writes), or IEEE halves where
 /// every scale is one (as the quantisers make them but for blocks of tiny or huge values) and the CPU's kernels
-/// read halves (the aarch64 and AVX2 integer kernels: 18 bytes a Q4_0 block instead of 20, ggml's size; x86 with
-/// VNNI holds its own layout).
+/// read halves (the aarch64 integer kernels: 18 bytes a Q4_0 block instead of 20, ggml's size; x86's integer
+/// kernels hold their own layout).
 pub(crate) enum Scales {
     F32(Vec<f32>),
+    #[cfg_attr(not(target_arch = "aarch64"), allow(dead_code))]
     Half(Vec<u16>),
 }
 
@@ -73,10 +75,7 @@ impl Scales {
     }
 
     /// As halves if every scale is one, else as they are.
-    #[cfg_attr(
-        not(any(target_arch = "aarch64", target_arch = "x86_64")),
-        allow(dead_code)
-    )]
+    #[cfg_attr(not(target_arch = "aarch64"), allow(dead_code))]
     fn halved(self) -> Self {
         match self {
             Scales::F32(s) if s.iter().all(|&v| is_half(v)) => {
@@ -88,7 +87,7 @@ impl Scales {
 }
 
 /// Whether a Q8_0/Q4_0 weight holds its scales as halves (`None` for other storage), for tests.
-#[cfg(test)]
+#[cfg(all(test, target_arch = "aarch64"))]
 pub(crate) fn half_scales(w: &LinearWeight) -> Option<bool> {
     match &w.storage {
         Storage::Q8_0 { scales, .. } | Storage::Q4_0 { scales, .. } => {
@@ -149,8 +148,9 @@ fn block_scale(d: f32) -> f32 {
 
 /// Bytes a 32-weight block of `format` (Q8_0 or Q4_0; `None` for the others) takes as this CPU's kernels hold it,
 /// for a weight whose scales are all halves (the quantisers make them so but for blocks of tiny or huge values):
-/// the x86 VNNI kernel holds 2-byte scales and, for Q8_0, a 4-byte correction; the aarch64 and AVX2 integer
-/// kernels 2-byte scales; the AVX-512 float kernel (AVX-512 without VNNI) 4-byte scales.
+/// the x86 integer kernels (AVX512-VNNI, AVX2) hold 2-byte scales and, for Q8_0, a 4-byte correction (which
+/// AVX2 without AVX-VNNI keeps but does not read); the aarch64 integer kernels 2-byte scales; the AVX-512 float
+/// kernel (AVX-512 without VNNI) 4-byte scales.
 pub fn resident_block_bytes(format: WeightFormat) -> Option<u64> {
     #[cfg(target_arch = "x86_64")]
     let (vnni, half) = (crate::linear_vnni::usable(), crate::linear_avx2::usable());
@@ -159,7 +159,7 @@ pub fn resident_block_bytes(format: WeightFormat) -> Option<u64> {
     let scale = if half || vnni { 2 } else { 4 };
     match format {
         #[cfg(target_arch = "x86_64")]
-        WeightFormat::Q8_0 if vnni && crate::linear_vnni::q8_0_enabled() => {
+        WeightFormat::Q8_0 if half || (vnni && crate::linear_vnni::q8_0_enabled()) => {
             Some(BLOCK as u64 + 2 + 4)
         }
         WeightFormat::Q8_0 if half => Some(BLOCK as u64 + 2),
@@ -269,28 +269,28 @@ impl LinearWeight {
         }
     }
 
-    /// Repacks Q4_0 and Q8_0 for the AVX512-VNNI kernel where the CPU has it (int8 activations, as on
-    /// aarch64; `KAZEIA_VNNI_Q8=0` keeps Q8_0 on the float kernel), and holds their scales as halves on aarch64
-    /// where they all are; other weights stay as they are.
+    /// Repacks Q4_0 and Q8_0 for the x86 integer kernels where the CPU runs one (AVX512-VNNI, or AVX2; int8
+    /// activations, as on aarch64; `KAZEIA_VNNI_Q8=0` keeps Q8_0 on the AVX-512 float kernel), and holds their
+    /// scales as halves on aarch64 where they all are; other weights stay as they are.
     fn for_this_cpu(self) -> Self {
         #[cfg(target_arch = "x86_64")]
-        if crate::linear_vnni::usable() {
+        {
             use crate::linear_vnni::Packed;
+            let (vnni, avx2) = (crate::linear_vnni::usable(), crate::linear_avx2::usable());
+            if !vnni && !avx2 {
+                return self;
+            }
             let (out, k) = (self.out_features, self.padded_in);
             let storage = match self.storage {
                 Storage::Q4_0 { scales, nibbles } => {
-                    Storage::Vnni(Packed::from_q4_0(&scales.to_f32(), &nibbles, out, k))
+                    Storage::Packed(Packed::from_q4_0(&scales.to_f32(), &nibbles, out, k))
                 }
-                Storage::Q8_0 { scales, quants } if crate::linear_vnni::q8_0_enabled() => {
-                    Storage::Vnni(Packed::from_q8_0(&scales.to_f32(), &quants, out, k))
+                Storage::Q8_0 { scales, quants } if avx2 || crate::linear_vnni::q8_0_enabled() => {
+                    Storage::Packed(Packed::from_q8_0(&scales.to_f32(), &quants, out, k))
                 }
                 other => other,
             };
             return LinearWeight { storage, ..self };
-        }
-        #[cfg(target_arch = "x86_64")]
-        if crate::linear_avx2::usable() {
-            return self.with_half_scales();
         }
         #[cfg(target_arch = "aarch64")]
         return self.with_half_scales();
@@ -298,11 +298,8 @@ impl LinearWeight {
         self
     }
 
-    /// Q8_0/Q4_0 scales held as halves where every one is (for the aarch64 and AVX2 integer kernels).
-    #[cfg_attr(
-        not(any(target_arch = "aarch64", target_arch = "x86_64")),
-        allow(dead_code)
-    )]
+    /// Q8_0/Q4_0 scales held as halves where every one is (for the aarch64 integer kernels).
+    #[cfg_attr(not(target_arch = "aarch64"), allow(dead_code))]
     pub(crate) fn with_half_scales(self) -> Self {
         let storage = match self.storage {
             Storage::Q4_0 { scales, nibbles } => Storage::Q4_0 {
@@ -322,7 +319,7 @@ impl LinearWeight {
     /// plain layout of its format, so a cache is the same on every CPU.
     pub fn export(&self) -> Vec<u8> {
         #[cfg(target_arch = "x86_64")]
-        if let Storage::Vnni(packed) = &self.storage {
+        if let Storage::Packed(packed) = &self.storage {
             let (scales, data) = packed.to_plain();
             let storage = match packed.kind {
                 crate::linear_vnni::Kind::Q4_0 => Storage::Q4_0 {
@@ -349,7 +346,7 @@ impl LinearWeight {
             Storage::Q8_0 { .. } => WeightFormat::Q8_0,
             Storage::Q4_0 { .. } => WeightFormat::Q4_0,
             #[cfg(target_arch = "x86_64")]
-            Storage::Vnni(_) => unreachable!("exported in the plain layout above"),
+            Storage::Packed(_) => unreachable!("exported in the plain layout above"),
         };
         out.extend_from_slice(EXPORT_MAGIC);
         out.extend_from_slice(&format.code().to_le_bytes());
@@ -375,7 +372,7 @@ impl LinearWeight {
                 out.extend_from_slice(nibbles);
             }
             #[cfg(target_arch = "x86_64")]
-            Storage::Vnni(_) => unreachable!("exported in the plain layout above"),
+            Storage::Packed(_) => unreachable!("exported in the plain layout above"),
         }
         if let Some(b) = &self.bias {
             f32s(&mut out, b);
@@ -438,7 +435,7 @@ impl LinearWeight {
             Storage::Q8_0 { scales, quants } => scales.bytes() + quants.len(),
             Storage::Q4_0 { scales, nibbles } => scales.bytes() + nibbles.len(),
             #[cfg(target_arch = "x86_64")]
-            Storage::Vnni(packed) => packed.bytes(),
+            Storage::Packed(packed) => packed.bytes(),
         }
     }
 
@@ -462,7 +459,7 @@ impl LinearWeight {
             _ => 1,
         };
         #[cfg(target_arch = "x86_64")]
-        let integer_kernel = matches!(self.storage, Storage::Vnni(_));
+        let integer_kernel = matches!(self.storage, Storage::Packed(_));
         #[cfg(not(target_arch = "x86_64"))]
         let integer_kernel = false;
         // The VNNI kernel runs integer products at the compute rate for any number of rows.
@@ -491,7 +488,7 @@ impl LinearWeight {
         let out = SharedOut::new(y);
         #[cfg(target_arch = "x86_64")]
         let quantized = match &self.storage {
-            Storage::Vnni(packed) => Some((
+            Storage::Packed(packed) => Some((
                 packed,
                 crate::linear_vnni::PackedActs::new(
                     x,
@@ -503,29 +500,27 @@ impl LinearWeight {
             )),
             _ => None,
         };
-        #[cfg(target_arch = "x86_64")]
-        let avx2_int8 = crate::linear_avx2::quantize_for(self, x, rows);
         #[cfg(target_arch = "aarch64")]
         let quantized = crate::linear_arm::quantize_for(self, x, rows);
         let run = |o0: usize, o1: usize| {
             #[cfg(target_arch = "x86_64")]
             if let Some((packed, acts)) = &quantized {
                 let bias = |o: usize| self.bias.as_ref().map_or(0.0, |b| b[o]);
-                // SAFETY: weights are packed only where `linear_vnni::usable` found the CPU features; tasks
-                // own disjoint output columns o0..o1 of every row.
-                unsafe {
-                    crate::linear_vnni::dot_into(packed, acts, o0, o1, |o, r, v| {
-                        out.write(r * n + o, v + bias(o))
-                    })
-                };
+                // SAFETY: tasks own disjoint output columns o0..o1 of every row.
+                let store =
+                    |o: usize, r: usize, v: f32| unsafe { out.write(r * n + o, v + bias(o)) };
+                if crate::linear_vnni::usable() {
+                    // SAFETY: `linear_vnni::usable` found the CPU features.
+                    unsafe { crate::linear_vnni::dot_into(packed, acts, o0, o1, store) };
+                } else {
+                    // Packed without AVX512-VNNI: `linear_avx2::usable` found AVX2.
+                    crate::linear_avx2::dot_into(packed, acts, o0, o1, store);
+                }
                 return;
             }
             let mut partial = vec![0.0f32; rows * (o1 - o0)];
             #[cfg(target_arch = "x86_64")]
-            match &avx2_int8 {
-                Some(acts) => crate::linear_avx2::dot_int8(self, acts, o0, o1, &mut partial),
-                None => dispatch_dot(self, x, rows, o0, o1, &mut partial),
-            }
+            dispatch_dot(self, x, rows, o0, o1, &mut partial);
             #[cfg(target_arch = "aarch64")]
             match &quantized {
                 Some(q) => {
@@ -698,7 +693,7 @@ fn decode_block(w: &LinearWeight, o: usize, b: usize, out: &mut [f32; BLOCK]) {
             }
         }
         #[cfg(target_arch = "x86_64")]
-        Storage::Vnni(packed) => {
+        Storage::Packed(packed) => {
             let s = packed.scale(o, b);
             for (v, d) in out.iter_mut().enumerate() {
                 *d = packed.value(o, b, v) as f32 * s;
@@ -726,7 +721,7 @@ fn dispatch_dot(
 ) {
     #[cfg(target_arch = "x86_64")]
     {
-        if matches!(w.storage, Storage::Vnni(_)) {
+        if matches!(w.storage, Storage::Packed(_)) {
             // Reached only by tests comparing with float activations: the portable loop decodes any layout.
             return dot_rows::<false>(w, x, rows, o0, o1, partial);
         }

@@ -21,6 +21,9 @@
 //!
 //! Tiles: two output rows × up to four activation rows share every load (16 `i32` and 8 f32 accumulators), and
 //! output rows are taken 16 at a time so that a tile's activations stay in L1 while those weights pass.
+//!
+//! The layout (`Packed`, `PackedActs`) is also the AVX2 kernel's (`linear_avx2.rs`, CPUs without AVX-512), which
+//! reads each vector as two 256-bit halves and gives the same bits; the activations are then quantised with AVX2.
 
 use std::arch::x86_64::*;
 
@@ -28,22 +31,22 @@ use crate::int8::quantize_block;
 use crate::linear::BLOCK;
 
 /// Blocks in a group: one per 32-bit lane of a 512-bit vector.
-const GROUP: usize = 16;
+pub(crate) const GROUP: usize = 16;
 /// Inputs in a group.
 const GROUP_IN: usize = GROUP * BLOCK;
 /// Bytes of one vector.
-const LANES_BYTES: usize = 64;
+pub(crate) const LANES_BYTES: usize = 64;
 /// Output rows whose weights one pass over a row tile reads (their groups stay in cache between tiles).
-const OUTPUT_BLOCK: usize = 16;
+pub(crate) const OUTPUT_BLOCK: usize = 16;
 /// Activation rows one task quantises when a call's rows are split across threads.
 const ROWS_PER_TASK: usize = 4;
 /// How far ahead of the weight stream a tile prefetches (Q4_0 and Q8_0 alike). Measured in one process, calls
 /// alternating with and without (AMD EPYC Zen 5, 2 threads, weights from DRAM): Q4_0 one row 12 % faster with;
 /// Q8_0 one row 5-12 %, four rows 29 %. 2-16 KB ahead and the T1/NTA hints were all within ±4 % of this.
-const PREFETCH_BYTES: usize = 4096;
+pub(crate) const PREFETCH_BYTES: usize = 4096;
 
 /// Bytes in whole, aligned cache lines, so that no vector load straddles two lines.
-struct Lines(Vec<Line>);
+pub(crate) struct Lines(Vec<Line>);
 
 #[derive(Clone, Copy)]
 #[repr(C, align(64))]
@@ -54,7 +57,7 @@ impl Lines {
         Lines(vec![Line([fill; LANES_BYTES]); len.div_ceil(LANES_BYTES)])
     }
 
-    fn bytes(&self) -> &[u8] {
+    pub(crate) fn bytes(&self) -> &[u8] {
         // SAFETY: `Line` is 64 plain bytes with no padding (repr C, size = alignment = 64).
         unsafe { std::slice::from_raw_parts(self.0.as_ptr().cast(), self.0.len() * LANES_BYTES) }
     }
@@ -75,7 +78,7 @@ pub(crate) enum Kind {
 
 impl Kind {
     /// Weight vectors per group: Q4_0 packs two vectors' values into one (low and high nibbles).
-    fn vectors(self) -> usize {
+    pub(crate) fn vectors(self) -> usize {
         match self {
             Kind::Q4_0 => 4,
             Kind::Q8_0 => 8,
@@ -104,24 +107,24 @@ pub(crate) fn q8_0_enabled() -> bool {
 /// A Q4_0 or Q8_0 weight `[out][in]` in the group layout.
 pub(crate) struct Packed {
     pub kind: Kind,
-    out: usize,
+    pub(crate) out: usize,
     /// Groups per output row.
-    groups: usize,
+    pub(crate) groups: usize,
     /// Blocks per output row in the plain layout (`padded_in / 32`); the rest of the last group is zeros.
     blocks: usize,
     /// `[out][groups][16]`: block scales, 0 past the row.
-    scales: Scales,
+    pub(crate) scales: Scales,
     /// `[out][groups][vectors][64]`. Q8_0: byte `4b + t` of vector `j` is value `4j + t` of block `b`. Q4_0:
     /// vector `p` holds value `8p + t` of block `b` in the low nibble of byte `4b + t`, value `8p + 4 + t` in
     /// the high nibble (nibbles are `w + 8`).
-    data: Lines,
+    pub(crate) data: Lines,
     /// Q8_0: `[out][groups][16]`, `−128 · Σ` of each block's weights. Empty for Q4_0.
-    corrections: Vec<i32>,
+    pub(crate) corrections: Vec<i32>,
 }
 
 /// A weight's block scales in the lanes layout: IEEE halves where every scale is one (what the quantisers make:
 /// 64 bytes a group and pair of rows instead of 128), else f32.
-enum Scales {
+pub(crate) enum Scales {
     Half(Vec<u16>),
     Full(Vec<f32>),
 }
@@ -230,12 +233,12 @@ impl Packed {
 
     /// Where vector `v` of group `g` of output row `o` starts: the two rows of a pair alternate vector by
     /// vector, so a tile of two rows reads one sequential stream.
-    fn vector_offset(&self, o: usize, g: usize, v: usize) -> usize {
+    pub(crate) fn vector_offset(&self, o: usize, g: usize, v: usize) -> usize {
         (((o / 2 * self.groups + g) * self.kind.vectors() + v) * 2 + o % 2) * LANES_BYTES
     }
 
     /// Where the 16 lanes (scales, corrections) of group `g` of output row `o` start.
-    fn lanes_offset(&self, o: usize, g: usize) -> usize {
+    pub(crate) fn lanes_offset(&self, o: usize, g: usize) -> usize {
         lanes_offset(self.groups, o, g)
     }
 
@@ -326,14 +329,14 @@ fn lanes_offset(groups: usize, o: usize, g: usize) -> usize {
 
 /// Activations quantised for a [`Packed`] weight: `[rows][groups]` of 8 vectors, laid out as Q8_0 weights are.
 pub(crate) struct PackedActs {
-    rows: usize,
-    groups: usize,
+    pub(crate) rows: usize,
+    pub(crate) groups: usize,
     /// `[rows][groups][8][64]`; for Q8_0 weights offset by 128 (sign bit flipped).
-    quants: Lines,
+    pub(crate) quants: Lines,
     /// `[rows][groups][16]`: block scales, 0 past the row.
-    scales: Vec<f32>,
+    pub(crate) scales: Vec<f32>,
     /// Q4_0 weights: `[rows][groups][16]`, `−8 · Σ` of each block's quantised values. Empty for Q8_0.
-    corrections: Vec<i32>,
+    pub(crate) corrections: Vec<i32>,
 }
 
 impl PackedActs {
@@ -341,6 +344,18 @@ impl PackedActs {
     /// `parallel`, groups of [`ROWS_PER_TASK`] rows on the pool (a prefill's 15 rows are ~500 blocks per layer
     /// input, which one thread quantised while the others waited).
     pub fn new(x: &[f32], rows: usize, k: usize, kind: Kind, parallel: bool) -> Self {
+        Self::new_with(x, rows, k, kind, parallel, usable())
+    }
+
+    /// [`PackedActs::new`] quantising with AVX-512 (`wide`, which the CPU must have) or AVX2 (the same bits).
+    pub(crate) fn new_with(
+        x: &[f32],
+        rows: usize,
+        k: usize,
+        kind: Kind,
+        parallel: bool,
+        wide: bool,
+    ) -> Self {
         use rayon::prelude::*;
         assert!(k.is_multiple_of(BLOCK) && x.len() >= rows * k);
         let groups = k.div_ceil(GROUP_IN);
@@ -362,8 +377,18 @@ impl PackedActs {
         /// One task's rows: `((x, quants), scales), corrections`.
         type Part<'a> = (((&'a [f32], &'a mut [u8]), &'a mut [f32]), &'a mut [i32]);
         let part = |(((x, quants), scales), corrections): Part<'_>| {
-            // SAFETY: weights (and so activations) are packed only where `usable` found AVX-512F/BW.
-            unsafe { quantize_rows_avx512(x, k, offset, quants, scales, q4.then_some(corrections)) }
+            let corrections = q4.then_some(corrections);
+            if wide {
+                // SAFETY: `wide` only where the CPU has AVX-512F/BW (`usable`, or a test that checked).
+                unsafe { quantize_rows_avx512(x, k, offset, quants, scales, corrections) }
+            } else {
+                assert!(
+                    crate::linear_avx2::available(),
+                    "packed activations without AVX2"
+                );
+                // SAFETY: AVX2 and FMA (checked above).
+                unsafe { quantize_rows_avx2(x, k, offset, quants, scales, corrections) }
+            }
         };
         let x = &x[..rows * k];
         if split {
@@ -389,12 +414,7 @@ impl PackedActs {
     }
 }
 
-/// Quantises the rows of `x` (`k` values each, `k` a multiple of 32) into the group layout: block `b` of group
-/// `g` of row `r` gives lane `(r · groups + g) · 16 + b` of `scales` (and of `corrections`, `−8 ·` its sum, for
-/// Q4_0 weights) and four bytes (XOR `offset`) to each of the row-group's eight vectors of `quants`.
-///
-/// One function compiled for AVX-512, so the block quantisation inlines and consecutive blocks overlap (called
-/// block by block from plain code, a block cost ~120 cycles: 5 µs of every one-row linear layer on 1024 inputs).
+/// [`quantize_rows`] with AVX-512's block quantisation.
 ///
 /// # Safety
 /// The CPU must support AVX-512F/BW.
@@ -405,7 +425,51 @@ unsafe fn quantize_rows_avx512(
     offset: u8,
     quants: &mut [u8],
     scales: &mut [f32],
+    corrections: Option<&mut [i32]>,
+) {
+    // SAFETY: AVX-512F/BW (this function's contract).
+    let block = |b: &[f32], q: &mut [i8; BLOCK]| unsafe { quantize_block_avx512(b, q) };
+    quantize_rows(x, k, offset, quants, scales, corrections, block)
+}
+
+/// [`quantize_rows`] with the scalar block quantisation compiled for AVX2 (the same bits as AVX-512's), for
+/// the AVX2 kernel (`linear_avx2.rs`) on CPUs without AVX-512.
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn quantize_rows_avx2(
+    x: &[f32],
+    k: usize,
+    offset: u8,
+    quants: &mut [u8],
+    scales: &mut [f32],
+    corrections: Option<&mut [i32]>,
+) {
+    let block = |b: &[f32], q: &mut [i8; BLOCK]| {
+        let d = quantize_block(b, q);
+        (d, q.iter().map(|&v| i32::from(v)).sum())
+    };
+    quantize_rows(x, k, offset, quants, scales, corrections, block)
+}
+
+/// Quantises the rows of `x` (`k` values each, `k` a multiple of 32) into the group layout: block `b` of group
+/// `g` of row `r` gives lane `(r · groups + g) · 16 + b` of `scales` (and of `corrections`, `−8 ·` its sum, for
+/// Q4_0 weights) and four bytes (XOR `offset`) to each of the row-group's eight vectors of `quants`. `block`
+/// quantises one block and sums its values.
+///
+/// Inlined into a function compiled for the CPU's vectors, so the block quantisation inlines and consecutive
+/// blocks overlap (called block by block from plain code, a block cost ~120 cycles: 5 µs of every one-row linear
+/// layer on 1024 inputs).
+#[inline(always)]
+fn quantize_rows(
+    x: &[f32],
+    k: usize,
+    offset: u8,
+    quants: &mut [u8],
+    scales: &mut [f32],
     mut corrections: Option<&mut [i32]>,
+    block_fn: impl Fn(&[f32], &mut [i8; BLOCK]) -> (f32, i32),
 ) {
     let groups = k.div_ceil(GROUP_IN);
     let rows = x.len() / k;
@@ -422,8 +486,7 @@ unsafe fn quantize_rows_avx512(
         for (blk, xb) in row.chunks_exact(BLOCK).enumerate() {
             let (g, b) = (blk / GROUP, blk % GROUP);
             let lane = (r * groups + g) * GROUP + b;
-            // SAFETY: AVX-512F/BW (this function's contract).
-            let (scale, sum) = unsafe { quantize_block_avx512(xb, &mut block) };
+            let (scale, sum) = block_fn(xb, &mut block);
             scales[lane] = scale;
             if let Some(c) = corrections.as_deref_mut() {
                 c[lane] = -8 * sum;
@@ -888,10 +951,44 @@ mod tests {
         y
     }
 
+    /// A kernel over the group layout: `(name, dot)`.
+    type Kernel = (
+        &'static str,
+        fn(&Packed, &PackedActs, usize, usize, &mut [f32]),
+    );
+
+    /// The kernels over the group layout this CPU runs: AVX512-VNNI, and the AVX2 kernel with and without
+    /// AVX-VNNI (`linear_avx2.rs`).
+    fn kernels() -> Vec<Kernel> {
+        fn into(out: &mut [f32], o0: usize, o1: usize) -> impl FnMut(usize, usize, f32) + '_ {
+            let width = o1 - o0;
+            move |o, r, v| out[r * width + (o - o0)] = v
+        }
+        let mut kernels: Vec<Kernel> = Vec::new();
+        if usable() {
+            // SAFETY: `usable()` checked the CPU.
+            kernels.push(("avx512-vnni", |w, x, o0, o1, out| unsafe {
+                dot(w, x, o0, o1, out)
+            }));
+        }
+        if crate::linear_avx2::available() {
+            kernels.push(("avx2", |w, x, o0, o1, out| {
+                crate::linear_avx2::dot_into_with(false, w, x, o0, o1, into(out, o0, o1))
+            }));
+        }
+        if crate::linear_avx2::available() && std::arch::is_x86_feature_detected!("avxvnni") {
+            kernels.push(("avx-vnni", |w, x, o0, o1, out| {
+                crate::linear_avx2::dot_into_with(true, w, x, o0, o1, into(out, o0, o1))
+            }));
+        }
+        kernels
+    }
+
     #[test]
-    fn the_kernel_equals_its_scalar_definition_bit_for_bit() {
-        if !usable() {
-            eprintln!("skipped: this CPU has no AVX512-VNNI");
+    fn every_kernel_equals_the_scalar_definition_bit_for_bit() {
+        let kernels = kernels();
+        if kernels.is_empty() {
+            eprintln!("skipped: this CPU has neither AVX512-VNNI nor AVX2");
             return;
         }
         // Inputs: under a block, partial groups, one group, groups and a partial one; outputs odd and past a
@@ -917,22 +1014,56 @@ mod tests {
                     for r in 0..rows {
                         xp[r * k..r * k + inp].copy_from_slice(&x[r * inp..(r + 1) * inp]);
                     }
-                    let acts = PackedActs::new(&xp, rows, k, packed.kind, rows % 2 == 1);
-                    for (o0, o1) in [(0, out), (1, out), (0, out / 2 + 1)] {
-                        let mut got = vec![0.0; rows * (o1 - o0)];
-                        // SAFETY: `usable()` checked the CPU.
-                        unsafe { dot(&packed, &acts, o0, o1, &mut got) };
+                    // Quantised with AVX-512 where the CPU has it, and with AVX2: the same bits.
+                    let quantisers = [std::arch::is_x86_feature_detected!("avx512bw"), false];
+                    for ((name, kernel), (o0, o1), wide) in kernels.iter().flat_map(|k| {
+                        [(0, out), (1, out), (0, out / 2 + 1)]
+                            .into_iter()
+                            .flat_map(move |o| quantisers.map(|q| (k, o, q)))
+                    }) {
+                        let acts =
+                            PackedActs::new_with(&xp, rows, k, packed.kind, rows % 2 == 1, wide);
+                        let mut got = vec![f32::NAN; rows * (o1 - o0)];
+                        kernel(&packed, &acts, o0, o1, &mut got);
                         for r in 0..rows {
                             for o in o0..o1 {
                                 assert_eq!(
                                     got[r * (o1 - o0) + o - o0].to_bits(),
                                     want[r * out + o].to_bits(),
-                                    "{format} {out}×{inp} (tiny block {tiny}), {rows} rows, outputs {o0}..{o1}: row {r} \
-                                     output {o}"
+                                    "{name}: {format} {out}×{inp} (tiny block {tiny}), {rows} rows, outputs \
+                                     {o0}..{o1}: row {r} output {o}"
                                 );
                             }
                         }
                     }
+                }
+            }
+        }
+    }
+
+    /// A layer in the group layout (this CPU's kernel: AVX512-VNNI, or AVX2 with `KAZEIA_NO_VNNI=1
+    /// KAZEIA_X86_LINEAR=avx2`) gives the scalar definition plus its bias, on one thread and two.
+    #[test]
+    fn a_packed_layer_gives_the_definition_plus_its_bias() {
+        let (out, inp) = (150, 70);
+        let w = values(out * inp, 3);
+        let bias = values(out, 4);
+        for format in [WeightFormat::Q8_0, WeightFormat::Q4_0] {
+            let lw = LinearWeight::new(&w, out, inp, Some(&bias), format);
+            if !matches!(lw.storage, Storage::Packed(_)) {
+                eprintln!("skipped: {format} is not packed on this CPU");
+                continue;
+            }
+            for rows in [1, 2, 5, 8] {
+                let x = values(rows * inp, 9 + rows as u64);
+                let mut want = reference(&w, out, inp, format, &x, rows);
+                for (i, v) in want.iter_mut().enumerate() {
+                    *v += bias[i % out];
+                }
+                for par in [gemm::Parallelism::None, gemm::Parallelism::Rayon(2)] {
+                    let mut y = vec![0.0; rows * out];
+                    lw.forward(&x, rows, &mut y, par);
+                    assert_eq!(y, want, "{format} rows {rows} {par:?}");
                 }
             }
         }

@@ -252,7 +252,7 @@ pub unsafe fn dot_avx512(
                 rows(&Q4(&scales.to_f32(), nibbles, k), x, k, n, o0, o1, partial)
             }
             Storage::F32(d) => rows(&F32(d, k), x, k, n, o0, o1, partial),
-            Storage::Vnni(_) => {
+            Storage::Packed(_) => {
                 unreachable!("packed weights take the portable loop in dispatch_dot")
             }
         }

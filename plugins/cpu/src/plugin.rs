@@ -172,7 +172,11 @@ unsafe extern "C" fn device_info(index: u32, out: *mut DeviceInfo) -> i32 {
         if crate::linear_vnni::usable() {
             ", int8 kernels: avx512-vnni"
         } else if crate::linear_avx2::usable() {
-            ", int8 kernels: avx2"
+            if crate::linear_avx2::avx_vnni() {
+                ", int8 kernels: avx-vnni (256-bit)"
+            } else {
+                ", int8 kernels: avx2"
+            }
         } else {
             ""
         },
