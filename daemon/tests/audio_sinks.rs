@@ -500,6 +500,49 @@ mod headless_pipewire {
         }
     }
 
+    /// A stream left drained (kept so on purpose: `KAZEIA_TEST_PIPEWIRE_KEEP_DRAIN` makes an utterance that
+    /// takes over a draining one keep the drain) still plays the next utterance whole, within a second: the
+    /// playback restarts a stream that takes none of its waiting audio.
+    #[test]
+    fn pipewire_a_stream_left_drained_is_restarted() {
+        let _serial = serial();
+        let bus = DbusSession::start(None);
+        let pw = PipeWire::start(&bus);
+        let sink = pipewire_sink(&pw);
+        let next = tone(0.05, 440.0, 0.5);
+        /// Sets the fault for the test's lifetime (PipeWire tests run one at a time).
+        struct Fault;
+        impl Drop for Fault {
+            fn drop(&mut self) {
+                std::env::remove_var("KAZEIA_TEST_PIPEWIRE_KEEP_DRAIN");
+            }
+        }
+        std::env::set_var("KAZEIA_TEST_PIPEWIRE_KEEP_DRAIN", "1");
+        let _fault = Fault;
+        let mut slowest = Duration::ZERO;
+        for i in 0..12u64 {
+            let ending = std::sync::Arc::<dyn Playback>::from(sink.open(RATE).unwrap());
+            write_in_frames(&*ending, &tone(0.02, 330.0, 0.5));
+            let finishing = {
+                let ending = ending.clone();
+                std::thread::spawn(move || ending.finish())
+            };
+            // Inside the drain: the resampler's delay and the 10 ms quantum after the 20 ms of audio.
+            std::thread::sleep(Duration::from_millis(25 + 2 * i));
+            let t = Instant::now();
+            let playback = sink.open(RATE).unwrap();
+            write_in_frames(&*playback, &next);
+            playback
+                .finish()
+                .unwrap_or_else(|e| panic!("round {i}: {e:#}"));
+            assert_eq!(playback.played(), next.len() as u64, "round {i}");
+            slowest = slowest.max(t.elapsed());
+            finishing.join().unwrap().unwrap();
+        }
+        println!("a stream left drained: the slowest utterance took {slowest:?}");
+        assert!(slowest < Duration::from_millis(1500), "{slowest:?}");
+    }
+
     #[test]
     fn pipewire_going_away_gives_errors_and_the_sink_reconnects() {
         let _serial = serial();
