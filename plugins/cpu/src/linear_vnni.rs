@@ -432,8 +432,8 @@ unsafe fn quantize_rows_avx512(
     quantize_rows(x, k, offset, quants, scales, corrections, block)
 }
 
-/// [`quantize_rows`] with the scalar block quantisation compiled for AVX2 (the same bits as AVX-512's), for
-/// the AVX2 kernel (`linear_avx2.rs`) on CPUs without AVX-512.
+/// [`quantize_rows`] with AVX2's block quantisation (the same bits as AVX-512's), for the AVX2 kernel
+/// (`linear_avx2.rs`) on CPUs without AVX-512.
 ///
 /// # Safety
 /// The CPU must support AVX2 and FMA.
@@ -446,10 +446,8 @@ unsafe fn quantize_rows_avx2(
     scales: &mut [f32],
     corrections: Option<&mut [i32]>,
 ) {
-    let block = |b: &[f32], q: &mut [i8; BLOCK]| {
-        let d = quantize_block(b, q);
-        (d, q.iter().map(|&v| i32::from(v)).sum())
-    };
+    // SAFETY: AVX2 (this function's contract).
+    let block = |b: &[f32], q: &mut [i8; BLOCK]| unsafe { quantize_block_avx2(b, q) };
     quantize_rows(x, k, offset, quants, scales, corrections, block)
 }
 
@@ -506,6 +504,76 @@ fn quantize_rows(
             }
         }
     }
+}
+
+/// [`quantize_block`] on AVX2, bit for bit (the operations of [`quantize_block_avx512`] on eight lanes at a
+/// time), and the sum of the quantised values. A block holding a NaN takes the scalar function.
+///
+/// # Safety
+/// The CPU must support AVX2.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn quantize_block_avx2(block: &[f32], quants: &mut [i8; BLOCK]) -> (f32, i32) {
+    assert_eq!(block.len(), BLOCK);
+    // SAFETY: 32 values, asserted.
+    let v: [__m256; 4] =
+        std::array::from_fn(|i| unsafe { _mm256_loadu_ps(block.as_ptr().add(8 * i)) });
+    let unordered = _mm256_or_ps(
+        _mm256_cmp_ps::<_CMP_UNORD_Q>(v[0], v[1]),
+        _mm256_cmp_ps::<_CMP_UNORD_Q>(v[2], v[3]),
+    );
+    if _mm256_movemask_ps(unordered) != 0 {
+        let d = quantize_block(block, quants);
+        return (d, quants.iter().map(|&q| q as i32).sum());
+    }
+    let magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fff_ffff));
+    let abs = |x: __m256| _mm256_and_ps(x, magnitude);
+    let m = _mm256_max_ps(
+        _mm256_max_ps(abs(v[0]), abs(v[1])),
+        _mm256_max_ps(abs(v[2]), abs(v[3])),
+    );
+    let m = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
+    let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    let amax = _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+    let d = amax / 127.0;
+    let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
+    let round = |x: __m256| {
+        let y = _mm256_mul_ps(x, _mm256_set1_ps(inv));
+        // ∞ · 0 (a block with an infinity) is NaN, which rounds to 0 as in `round_to_i8`.
+        let y = _mm256_and_ps(y, _mm256_cmp_ps::<_CMP_ORD_Q>(y, y));
+        let y = _mm256_min_ps(
+            _mm256_max_ps(y, _mm256_set1_ps(-128.0)),
+            _mm256_set1_ps(128.0),
+        );
+        let t = _mm256_cvttps_epi32(y);
+        let rest = _mm256_sub_ps(y, _mm256_cvtepi32_ps(t));
+        // A true comparison is −1 as an integer: subtracting it adds one.
+        let up = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_GE_OQ>(rest, _mm256_set1_ps(0.5)));
+        let down = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_LE_OQ>(rest, _mm256_set1_ps(-0.5)));
+        let t = _mm256_add_epi32(_mm256_sub_epi32(t, up), down);
+        _mm256_min_epi32(
+            _mm256_max_epi32(t, _mm256_set1_epi32(-127)),
+            _mm256_set1_epi32(127),
+        )
+    };
+    let q = v.map(round);
+    let total = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+    let total = _mm_add_epi32(
+        _mm256_castsi256_si128(total),
+        _mm256_extracti128_si256::<1>(total),
+    );
+    let total = _mm_add_epi32(total, _mm_unpackhi_epi64(total, total));
+    let sum = _mm_cvtsi128_si32(_mm_add_epi32(total, _mm_shuffle_epi32::<0b01>(total)));
+    // Packing works within 128-bit halves: dword j of the packed bytes is values 4(j/2).. of q[j mod 4]'s
+    // half; the permutation puts each q's eight bytes in order.
+    let bytes = _mm256_packs_epi16(
+        _mm256_packs_epi32(q[0], q[1]),
+        _mm256_packs_epi32(q[2], q[3]),
+    );
+    let bytes = _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    // SAFETY: 32 bytes.
+    unsafe { _mm256_storeu_si256(quants.as_mut_ptr().cast(), bytes) };
+    (d, sum)
 }
 
 /// [`quantize_block`] on AVX-512, bit for bit (the same products, the same rounding: truncation and the exact
@@ -1069,10 +1137,27 @@ mod tests {
         }
     }
 
+    /// A block quantiser: `(name, quantise)`.
+    type Quantiser = (&'static str, fn(&[f32], &mut [i8; BLOCK]) -> (f32, i32));
+
+    /// The vector block quantisers this CPU runs.
+    fn quantisers() -> Vec<Quantiser> {
+        let mut all: Vec<Quantiser> = Vec::new();
+        if std::arch::is_x86_feature_detected!("avx512bw") {
+            // SAFETY: the CPU has AVX-512F/BW (BW implies F).
+            all.push(("avx512", |b, q| unsafe { quantize_block_avx512(b, q) }));
+        }
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU has AVX2.
+            all.push(("avx2", |b, q| unsafe { quantize_block_avx2(b, q) }));
+        }
+        all
+    }
+
     #[test]
     fn vector_quantisation_equals_the_scalar_one_bit_for_bit() {
-        if !usable() {
-            eprintln!("skipped: this CPU has no AVX512-VNNI");
+        if quantisers().is_empty() {
+            eprintln!("skipped: this CPU has neither AVX-512 nor AVX2");
             return;
         }
         let mut blocks: Vec<[f32; BLOCK]> = vec![[0.0; BLOCK], [-0.0; BLOCK]];
@@ -1106,19 +1191,20 @@ mod tests {
         for (i, block) in blocks.iter().enumerate() {
             let mut want = [0i8; BLOCK];
             let d = quantize_block(block, &mut want);
-            let mut got = [0i8; BLOCK];
-            // SAFETY: `usable()` checked the CPU.
-            let (gd, sum) = unsafe { quantize_block_avx512(block, &mut got) };
-            assert_eq!(
-                (gd.to_bits(), got),
-                (d.to_bits(), want),
-                "block {i}: {block:?}"
-            );
-            assert_eq!(
-                sum,
-                want.iter().map(|&q| q as i32).sum::<i32>(),
-                "block {i}"
-            );
+            for (name, quantise) in quantisers() {
+                let mut got = [0i8; BLOCK];
+                let (gd, sum) = quantise(block, &mut got);
+                assert_eq!(
+                    (gd.to_bits(), got),
+                    (d.to_bits(), want),
+                    "{name}, block {i}: {block:?}"
+                );
+                assert_eq!(
+                    sum,
+                    want.iter().map(|&q| q as i32).sum::<i32>(),
+                    "{name}, block {i}"
+                );
+            }
         }
     }
 
