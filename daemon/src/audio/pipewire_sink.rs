@@ -198,6 +198,15 @@ struct PwPlayback {
 }
 
 impl PwPlayback {
+    /// Restarts a stream that takes none of the audio waiting for it (see [`KICK_AFTER`]).
+    fn restart(&self) {
+        tracing::warn!(
+            "pipewire: no audio taken for {} ms while some waits; restarting the stream",
+            KICK_AFTER.as_millis()
+        );
+        self.send(Command::Restart(self.shared.clone()));
+    }
+
     fn send(&self, command: Command) {
         // A lost connection has already failed this playback; there is nobody to tell.
         let _ = self.connection.send(command);
@@ -219,7 +228,7 @@ impl PwPlayback {
                 progress = Progress::new(state.consumed);
             } else if progress.kick_due() {
                 drop(state);
-                self.send(Command::Restart(self.shared.clone()));
+                self.restart();
                 state = self.shared.lock();
                 continue;
             } else if progress.since.elapsed() > STALL_LIMIT {
@@ -303,7 +312,7 @@ impl Playback for PwPlayback {
             } else if !state.queue.is_empty() && progress.kick_due() {
                 // Only while audio waits: an empty queue is the drain, which a restart would cancel.
                 drop(state);
-                self.send(Command::Restart(self.shared.clone()));
+                self.restart();
                 state = self.shared.lock();
                 continue;
             } else if progress.since.elapsed() > STALL_LIMIT {
