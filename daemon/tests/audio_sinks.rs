@@ -465,70 +465,23 @@ mod headless_pipewire {
         }
     }
 
-    /// An utterance that takes the stream while the one before drains its last samples (a new message right
-    /// as the last one ends, the most common case for a screen reader) plays whole: the drain must not stay
-    /// with the stream. Every moment of the drain is tried, from before it starts to after it ends.
-    #[test]
-    fn pipewire_an_utterance_taking_over_a_draining_one_plays() {
-        let _serial = serial();
+    /// `rounds` times: a 20 ms utterance finishing (its drain under way) and, `wait(i)` later, a 50 ms one
+    /// taking the stream over, which must play whole; the one taken over ends without an error. Returns the
+    /// longest time the second one took.
+    fn take_over_during_drains(rounds: u64, wait: impl Fn(u64) -> Duration) -> Duration {
         let bus = DbusSession::start(None);
         let pw = PipeWire::start(&bus);
         let sink = pipewire_sink(&pw);
         let next = tone(0.05, 440.0, 0.5);
-        for i in 0..40u64 {
-            let ending = std::sync::Arc::<dyn Playback>::from(sink.open(RATE).unwrap());
-            write_in_frames(&*ending, &tone(0.02, 330.0, 0.5));
-            let finishing = {
-                let ending = ending.clone();
-                std::thread::spawn(move || ending.finish())
-            };
-            std::thread::sleep(Duration::from_micros(700 * i));
-            let t = Instant::now();
-            let playback = sink.open(RATE).unwrap();
-            write_in_frames(&*playback, &next);
-            playback
-                .finish()
-                .unwrap_or_else(|e| panic!("round {i}: {e:#}"));
-            assert_eq!(playback.played(), next.len() as u64, "round {i}");
-            assert!(
-                t.elapsed() < Duration::from_secs(1),
-                "round {i}: took {:?}",
-                t.elapsed()
-            );
-            // The one taken over ends without an error, played or not.
-            finishing.join().unwrap().unwrap();
-        }
-    }
-
-    /// A stream left drained (kept so on purpose: `KAZEIA_TEST_PIPEWIRE_KEEP_DRAIN` makes an utterance that
-    /// takes over a draining one keep the drain) still plays the next utterance whole, within a second: the
-    /// playback restarts a stream that takes none of its waiting audio.
-    #[test]
-    fn pipewire_a_stream_left_drained_is_restarted() {
-        let _serial = serial();
-        let bus = DbusSession::start(None);
-        let pw = PipeWire::start(&bus);
-        let sink = pipewire_sink(&pw);
-        let next = tone(0.05, 440.0, 0.5);
-        /// Sets the fault for the test's lifetime (PipeWire tests run one at a time).
-        struct Fault;
-        impl Drop for Fault {
-            fn drop(&mut self) {
-                std::env::remove_var("KAZEIA_TEST_PIPEWIRE_KEEP_DRAIN");
-            }
-        }
-        std::env::set_var("KAZEIA_TEST_PIPEWIRE_KEEP_DRAIN", "1");
-        let _fault = Fault;
         let mut slowest = Duration::ZERO;
-        for i in 0..12u64 {
+        for i in 0..rounds {
             let ending = std::sync::Arc::<dyn Playback>::from(sink.open(RATE).unwrap());
             write_in_frames(&*ending, &tone(0.02, 330.0, 0.5));
             let finishing = {
                 let ending = ending.clone();
                 std::thread::spawn(move || ending.finish())
             };
-            // Inside the drain: the resampler's delay and the 10 ms quantum after the 20 ms of audio.
-            std::thread::sleep(Duration::from_millis(25 + 2 * i));
+            std::thread::sleep(wait(i));
             let t = Instant::now();
             let playback = sink.open(RATE).unwrap();
             write_in_frames(&*playback, &next);
@@ -539,6 +492,37 @@ mod headless_pipewire {
             slowest = slowest.max(t.elapsed());
             finishing.join().unwrap().unwrap();
         }
+        slowest
+    }
+
+    /// An utterance that takes the stream while the one before drains its last samples (a new message right
+    /// as the last one ends, the most common case for a screen reader) plays whole, at once: the drain must not
+    /// stay with the stream. Every moment of the drain is tried, from before it starts to after it ends.
+    #[test]
+    fn pipewire_an_utterance_taking_over_a_draining_one_plays() {
+        let _serial = serial();
+        let slowest = take_over_during_drains(40, |i| Duration::from_micros(700 * i));
+        println!("taking over a draining utterance: the slowest took {slowest:?}");
+        assert!(slowest < Duration::from_secs(1), "{slowest:?}");
+    }
+
+    /// A stream left drained (kept so on purpose: `KAZEIA_TEST_PIPEWIRE_KEEP_DRAIN` makes an utterance that
+    /// takes over a draining one keep the drain) still plays the next utterance whole, within a second: the
+    /// playback restarts a stream that takes none of its waiting audio.
+    #[test]
+    fn pipewire_a_stream_left_drained_is_restarted() {
+        let _serial = serial();
+        /// Sets the fault for the test's lifetime (PipeWire tests run one at a time).
+        struct Fault;
+        impl Drop for Fault {
+            fn drop(&mut self) {
+                std::env::remove_var("KAZEIA_TEST_PIPEWIRE_KEEP_DRAIN");
+            }
+        }
+        std::env::set_var("KAZEIA_TEST_PIPEWIRE_KEEP_DRAIN", "1");
+        let _fault = Fault;
+        // Inside the drain: the resampler's delay and the 10 ms quantum after the 20 ms of audio.
+        let slowest = take_over_during_drains(12, |i| Duration::from_millis(25 + 2 * i));
         println!("a stream left drained: the slowest utterance took {slowest:?}");
         assert!(slowest < Duration::from_millis(1500), "{slowest:?}");
     }

@@ -198,31 +198,22 @@ unsafe fn tile<const O: usize, const R: usize, const HALF: bool, const VNNI: boo
     unsafe {
         let groups = w.groups;
         let vectors = w.kind.vectors();
-        // Strides in the pair layout (see `linear_vnni::Packed`).
-        let (w_vector, w_group) = (2 * LANES_BYTES, 2 * vectors * LANES_BYTES);
-        let (w_lanes_group, x_vector, x_group) = (2 * GROUP, LANES_BYTES, 8 * LANES_BYTES);
         // The offsets below stay inside the pair of row `o` and the rows `r0..r0+R` of `groups` groups, which the
-        // buffers hold (`Packed` stores whole pairs). Q4_0 weights have no corrections: that pointer is never read
-        // then, hence `wrapping_add`.
-        let w_data = w
-            .data
-            .bytes()
-            .as_ptr()
-            .wrapping_add(w.vector_offset(o, 0, 0));
-        let lanes = w.lanes_offset(o, 0);
-        let w_scales: *const u8 = match &w.scales {
-            Scales::Half(h) => h.as_ptr().wrapping_add(lanes).cast(),
-            Scales::Full(f) => f.as_ptr().wrapping_add(lanes).cast(),
-        };
+        // buffers hold (`Packed` stores whole pairs).
+        let pair = w.pair_streams(o);
+        let (w_data, w_corr) = (pair.data, pair.corrections);
+        let (w_vector, w_group, w_lanes_group) =
+            (pair.vector_stride, pair.group_bytes, pair.lanes_group);
+        let (x_vector, x_group) = (LANES_BYTES, 8 * LANES_BYTES);
         let scale_bytes = if HALF { 2 } else { 4 };
-        let w_corr = w.corrections.as_ptr().wrapping_add(lanes);
+        debug_assert_eq!(scale_bytes, pair.scale_bytes);
         let x_rows = |ri: usize| (r0 + ri) * groups;
         let x_data = x.quants.bytes().as_ptr();
         let nibble_mask = _mm256_set1_epi8(0x0f);
         let sign_bits = _mm256_set1_epi8(-128);
         let ones = _mm256_set1_epi16(1);
         let scales_ahead = PREFETCH_BYTES * (2 * GROUP * scale_bytes) / w_group;
-        let w_scale_lanes = |g: usize| w_scales.wrapping_add(g * w_lanes_group * scale_bytes);
+        let w_scale_lanes = |g: usize| pair.scales.wrapping_add(g * w_lanes_group * scale_bytes);
         // `acc + Σ u·s` over each lane's four byte pairs, exactly.
         let dot = |acc: __m256i, u: __m256i, s: __m256i| {
             if VNNI {

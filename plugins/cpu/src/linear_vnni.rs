@@ -322,6 +322,47 @@ impl Packed {
     }
 }
 
+/// Where a tile's streams start in the pair layout, for the pair that holds output row `o` (even): its weight
+/// vectors, its scale lanes (halves or f32) and Q8_0's correction lanes, and the strides between them. Pointers
+/// made with `wrapping_add`: Q4_0 has no corrections, which it never reads.
+pub(crate) struct PairStreams {
+    /// Vector `v` of group `g` of the pair's row `oi`: `data + g · group_bytes + v · vector_stride + oi · 64`.
+    pub data: *const u8,
+    /// Lane `b` of group `g` of row `oi`: `scales + ((g · lanes_group) + oi · 16 + b) · scale_bytes`.
+    pub scales: *const u8,
+    pub scale_bytes: usize,
+    /// As the scales, in `i32`.
+    pub corrections: *const i32,
+    pub vector_stride: usize,
+    pub group_bytes: usize,
+    pub lanes_group: usize,
+}
+
+impl Packed {
+    /// The streams of the pair holding output row `o` (see [`PairStreams`]).
+    pub(crate) fn pair_streams(&self, o: usize) -> PairStreams {
+        let lanes = self.lanes_offset(o, 0);
+        let (scales, scale_bytes): (*const u8, usize) = match &self.scales {
+            Scales::Half(h) => (h.as_ptr().wrapping_add(lanes).cast(), 2),
+            Scales::Full(f) => (f.as_ptr().wrapping_add(lanes).cast(), 4),
+        };
+        PairStreams {
+            data: self
+                .data
+                .bytes()
+                .as_ptr()
+                .wrapping_add(self.vector_offset(o, 0, 0)),
+            scales,
+            scale_bytes,
+            corrections: self.corrections.as_ptr().wrapping_add(lanes),
+            // The rows of a pair alternate vector by vector and lane set by lane set.
+            vector_stride: 2 * LANES_BYTES,
+            group_bytes: 2 * self.kind.vectors() * LANES_BYTES,
+            lanes_group: 2 * GROUP,
+        }
+    }
+}
+
 /// Lanes of group `g` of output row `o` in `[o / 2][groups][o % 2][16]`.
 fn lanes_offset(groups: usize, o: usize, g: usize) -> usize {
     ((o / 2 * groups + g) * 2 + o % 2) * GROUP
@@ -754,26 +795,15 @@ unsafe fn tile<const O: usize, const R: usize, const HALF: bool>(
     store: &mut impl FnMut(usize, usize, f32),
 ) {
     let groups = w.groups;
-    let vectors = w.kind.vectors();
-    // Strides in the pair layout: the rows of a pair alternate vector by vector and lane set by lane set.
-    let (w_vector, w_group) = (2 * LANES_BYTES, 2 * vectors * LANES_BYTES);
-    let (w_lanes_group, x_vector, x_group) = (2 * GROUP, LANES_BYTES, 8 * LANES_BYTES);
     // The offsets below stay inside the pair of row `o` and the rows `r0..r0+R` of `groups` groups, which the
-    // buffers hold (this function's contract; `Packed` stores whole pairs). Q4_0 weights have no corrections:
-    // that pointer is never read then, hence `wrapping_add`.
-    let w_data = w
-        .data
-        .bytes()
-        .as_ptr()
-        .wrapping_add(w.vector_offset(o, 0, 0));
-    // The pair's scales, halves or f32 (as `HALF` says).
-    let lanes = w.lanes_offset(o, 0);
-    let w_scales: *const u8 = match &w.scales {
-        Scales::Half(h) => h.as_ptr().wrapping_add(lanes).cast(),
-        Scales::Full(f) => f.as_ptr().wrapping_add(lanes).cast(),
-    };
+    // buffers hold (this function's contract; `Packed` stores whole pairs).
+    let pair = w.pair_streams(o);
+    let (w_data, w_corr) = (pair.data, pair.corrections);
+    let (w_vector, w_group, w_lanes_group) =
+        (pair.vector_stride, pair.group_bytes, pair.lanes_group);
+    let (x_vector, x_group) = (LANES_BYTES, 8 * LANES_BYTES);
     let scale_bytes = if HALF { 2 } else { 4 };
-    let w_corr = w.corrections.as_ptr().wrapping_add(w.lanes_offset(o, 0));
+    debug_assert_eq!(scale_bytes, pair.scale_bytes);
     let x_rows = |ri: usize| (r0 + ri) * groups;
     let x_data = x.quants.bytes().as_ptr();
     let nibble_mask = _mm512_set1_epi8(0x0f);
@@ -781,7 +811,7 @@ unsafe fn tile<const O: usize, const R: usize, const HALF: bool>(
     // the weights, prefetched as far ahead in their stream as the weights are in theirs.
     let scales_ahead = PREFETCH_BYTES * (2 * GROUP * scale_bytes) / w_group;
     let corrections_ahead = PREFETCH_BYTES * (2 * GROUP * 4) / w_group;
-    let w_scale_lanes = |g: usize| w_scales.wrapping_add(g * w_lanes_group * scale_bytes);
+    let w_scale_lanes = |g: usize| pair.scales.wrapping_add(g * w_lanes_group * scale_bytes);
     let mut acc = [[_mm512_setzero_ps(); R]; O];
     for g in 0..groups {
         prefetch_lines(w_scale_lanes(g), scales_ahead, if HALF { 1 } else { 2 });
