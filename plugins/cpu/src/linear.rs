@@ -148,9 +148,9 @@ fn block_scale(d: f32) -> f32 {
 
 /// Bytes a 32-weight block of `format` (Q8_0 or Q4_0; `None` for the others) takes as this CPU's kernels hold it,
 /// for a weight whose scales are all halves (the quantisers make them so but for blocks of tiny or huge values):
-/// the x86 integer kernels (AVX512-VNNI, AVX2) hold 2-byte scales and, for Q8_0, a 4-byte correction (which
-/// AVX2 without AVX-VNNI keeps but does not read); the aarch64 integer kernels 2-byte scales; the AVX-512 float
-/// kernel (AVX-512 without VNNI) 4-byte scales.
+/// the x86 integer kernels (AVX512-VNNI, AVX2) hold 2-byte scales and, for Q8_0 under `vpdpbusd` (AVX512-VNNI,
+/// AVX-VNNI), a 4-byte correction; the aarch64 integer kernels 2-byte scales; the AVX-512 float kernel (AVX-512
+/// without VNNI) 4-byte scales.
 pub fn resident_block_bytes(format: WeightFormat) -> Option<u64> {
     #[cfg(target_arch = "x86_64")]
     let (vnni, half) = (crate::linear_vnni::usable(), crate::linear_avx2::usable());
@@ -159,7 +159,10 @@ pub fn resident_block_bytes(format: WeightFormat) -> Option<u64> {
     let scale = if half || vnni { 2 } else { 4 };
     match format {
         #[cfg(target_arch = "x86_64")]
-        WeightFormat::Q8_0 if half || (vnni && crate::linear_vnni::q8_0_enabled()) => {
+        WeightFormat::Q8_0
+            if (vnni && crate::linear_vnni::q8_0_enabled())
+                || (half && crate::linear_avx2::avx_vnni()) =>
+        {
             Some(BLOCK as u64 + 2 + 4)
         }
         WeightFormat::Q8_0 if half => Some(BLOCK as u64 + 2),
@@ -286,7 +289,10 @@ impl LinearWeight {
                     Storage::Packed(Packed::from_q4_0(&scales.to_f32(), &nibbles, out, k))
                 }
                 Storage::Q8_0 { scales, quants } if avx2 || crate::linear_vnni::q8_0_enabled() => {
-                    Storage::Packed(Packed::from_q8_0(&scales.to_f32(), &quants, out, k))
+                    // The corrections are for `vpdpbusd`'s offset activations; plain AVX2 reads none.
+                    let offset = vnni || crate::linear_avx2::avx_vnni();
+                    let packed = Packed::from_q8_0(&scales.to_f32(), &quants, out, k, offset);
+                    Storage::Packed(packed)
                 }
                 other => other,
             };

@@ -92,7 +92,11 @@ pub(crate) fn dot_into_with(
     );
     assert!(o0 <= o1 && o1 <= w.out);
     assert_eq!(x.corrections.is_empty(), w.kind == Kind::Q8_0);
-    assert_eq!(w.corrections.is_empty(), w.kind == Kind::Q4_0);
+    assert_eq!(
+        w.corrections.is_empty(),
+        w.kind == Kind::Q4_0 || !vnni,
+        "Q8_0's corrections go with AVX-VNNI"
+    );
     let half = matches!(w.scales, Scales::Half(_));
     // SAFETY: the features were checked above; `w` and `x` agree (asserted) and `o0 ≤ o1 ≤ out`.
     unsafe {

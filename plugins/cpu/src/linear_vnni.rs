@@ -175,10 +175,22 @@ impl Packed {
         packed
     }
 
-    /// Repacks plain Q8_0 blocks (`quants[o][padded_in]`).
-    pub fn from_q8_0(scales: &[f32], quants: &[i8], out: usize, padded_in: usize) -> Self {
+    /// Repacks plain Q8_0 blocks (`quants[o][padded_in]`), with the blocks' corrections for a kernel that offsets
+    /// the activations (`vpdpbusd`: AVX512-VNNI, AVX-VNNI); plain AVX2 reads none.
+    pub fn from_q8_0(
+        scales: &[f32],
+        quants: &[i8],
+        out: usize,
+        padded_in: usize,
+        with_corrections: bool,
+    ) -> Self {
         let mut packed = Packed::empty(Kind::Q8_0, scales, out, padded_in);
-        packed.corrections = vec![0; out.div_ceil(2) * 2 * packed.groups * GROUP];
+        let lanes = if with_corrections {
+            out.div_ceil(2) * 2 * packed.groups * GROUP
+        } else {
+            0
+        };
+        packed.corrections = vec![0; lanes];
         for o in 0..out {
             for blk in 0..packed.blocks {
                 let src = &quants[o * padded_in + blk * BLOCK..][..BLOCK];
@@ -190,7 +202,9 @@ impl Packed {
                     }
                 }
                 let lane = packed.lanes_offset(o, g) + b;
-                packed.corrections[lane] = -128 * src.iter().map(|&q| q as i32).sum::<i32>();
+                if let Some(c) = packed.corrections.get_mut(lane) {
+                    *c = -128 * src.iter().map(|&q| q as i32).sum::<i32>();
+                }
             }
         }
         packed
@@ -983,16 +997,27 @@ mod tests {
         }
     }
 
-    fn pack(w: &[f32], out: usize, inp: usize, format: WeightFormat) -> (Packed, usize) {
+    /// Packed as the kernels that offset the activations take it (Q8_0 with its corrections), or not.
+    fn pack_for(
+        w: &[f32],
+        out: usize,
+        inp: usize,
+        format: WeightFormat,
+        offset: bool,
+    ) -> (Packed, usize) {
         let (scales, data, padded) = plain(w, out, inp, format);
         let packed = match format {
             WeightFormat::Q4_0 => Packed::from_q4_0(&scales, &data, out, padded),
             _ => {
                 let quants: Vec<i8> = data.iter().map(|&b| b as i8).collect();
-                Packed::from_q8_0(&scales, &quants, out, padded)
+                Packed::from_q8_0(&scales, &quants, out, padded, offset)
             }
         };
         (packed, padded)
+    }
+
+    fn pack(w: &[f32], out: usize, inp: usize, format: WeightFormat) -> (Packed, usize) {
+        pack_for(w, out, inp, format, true)
     }
 
     /// What the kernel computes, from the plain layout and the plain quantisation: exact block sums, scaled
@@ -1049,10 +1074,11 @@ mod tests {
         y
     }
 
-    /// A kernel over the group layout: `(name, dot)`.
+    /// A kernel over the group layout: `(name, dot, whether it offsets Q8_0's activations)`.
     type Kernel = (
         &'static str,
         fn(&Packed, &PackedActs, usize, usize, &mut [f32]),
+        bool,
     );
 
     /// The kernels over the group layout this CPU runs: AVX512-VNNI, and the AVX2 kernel with and without
@@ -1065,19 +1091,29 @@ mod tests {
         let mut kernels: Vec<Kernel> = Vec::new();
         if usable() {
             // SAFETY: `usable()` checked the CPU.
-            kernels.push(("avx512-vnni", |w, x, o0, o1, out| unsafe {
-                dot(w, x, o0, o1, out)
-            }));
+            kernels.push((
+                "avx512-vnni",
+                |w, x, o0, o1, out| unsafe { dot(w, x, o0, o1, out) },
+                true,
+            ));
         }
         if crate::linear_avx2::available() {
-            kernels.push(("avx2", |w, x, o0, o1, out| {
-                crate::linear_avx2::dot_into_with(false, w, x, o0, o1, into(out, o0, o1))
-            }));
+            kernels.push((
+                "avx2",
+                |w, x, o0, o1, out| {
+                    crate::linear_avx2::dot_into_with(false, w, x, o0, o1, into(out, o0, o1))
+                },
+                false,
+            ));
         }
         if crate::linear_avx2::available() && std::arch::is_x86_feature_detected!("avxvnni") {
-            kernels.push(("avx-vnni", |w, x, o0, o1, out| {
-                crate::linear_avx2::dot_into_with(true, w, x, o0, o1, into(out, o0, o1))
-            }));
+            kernels.push((
+                "avx-vnni",
+                |w, x, o0, o1, out| {
+                    crate::linear_avx2::dot_into_with(true, w, x, o0, o1, into(out, o0, o1))
+                },
+                true,
+            ));
         }
         kernels
     }
@@ -1102,7 +1138,9 @@ mod tests {
                         .iter_mut()
                         .for_each(|v| *v *= 1e-6);
                 }
+                // Q8_0 with its corrections for the kernels that offset the activations, without for plain AVX2.
                 let (packed, k) = pack(&w, out, inp, format);
+                let (bare, _) = pack_for(&w, out, inp, format, false);
                 assert_eq!(packed.half_scales(), !tiny, "{format} {out}×{inp}");
                 for rows in [1, 2, 3, 4, 5, 7, 9, 17] {
                     let mut x = values(rows * inp, 7 + rows as u64);
@@ -1114,7 +1152,7 @@ mod tests {
                     }
                     // Quantised with AVX-512 where the CPU has it, and with AVX2: the same bits.
                     let quantisers = [std::arch::is_x86_feature_detected!("avx512bw"), false];
-                    for ((name, kernel), (o0, o1), wide) in kernels.iter().flat_map(|k| {
+                    for ((name, kernel, offset), (o0, o1), wide) in kernels.iter().flat_map(|k| {
                         [(0, out), (1, out), (0, out / 2 + 1)]
                             .into_iter()
                             .flat_map(move |o| quantisers.map(|q| (k, o, q)))
@@ -1122,7 +1160,13 @@ mod tests {
                         let acts =
                             PackedActs::new_with(&xp, rows, k, packed.kind, rows % 2 == 1, wide);
                         let mut got = vec![f32::NAN; rows * (o1 - o0)];
-                        kernel(&packed, &acts, o0, o1, &mut got);
+                        kernel(
+                            if *offset { &packed } else { &bare },
+                            &acts,
+                            o0,
+                            o1,
+                            &mut got,
+                        );
                         for r in 0..rows {
                             for o in o0..o1 {
                                 assert_eq!(
