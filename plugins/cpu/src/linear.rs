@@ -149,8 +149,8 @@ fn block_scale(d: f32) -> f32 {
 /// Bytes a 32-weight block of `format` (Q8_0 or Q4_0; `None` for the others) takes as this CPU's kernels hold it,
 /// for a weight whose scales are all halves (the quantisers make them so but for blocks of tiny or huge values):
 /// the x86 integer kernels (AVX512-VNNI, AVX2) hold 2-byte scales and, for Q8_0 under `vpdpbusd` (AVX512-VNNI,
-/// AVX-VNNI), a 4-byte correction; the aarch64 integer kernels 2-byte scales; the AVX-512 float kernel (AVX-512
-/// without VNNI) 4-byte scales.
+/// AVX-VNNI), a 4-byte correction; the aarch64 integer kernels 2-byte scales; the float kernels (x86 without
+/// AVX2, `KAZEIA_VNNI_Q8=0`) 4-byte scales.
 pub fn resident_block_bytes(format: WeightFormat) -> Option<u64> {
     #[cfg(target_arch = "x86_64")]
     let (vnni, half) = (crate::linear_vnni::usable(), crate::linear_avx2::usable());
