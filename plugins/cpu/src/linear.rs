@@ -35,7 +35,7 @@ pub(crate) enum Storage {
         nibbles: Vec<u8>,
     },
     /// Q4_0 or Q8_0 repacked in the group layout of the x86 integer kernels (`linear_vnni.rs`: AVX512-VNNI, or
-    /// `linear_avx2.rs` on CPUs without AVX-512, in 256-bit halves).
+    /// `linear_avx2.rs` on CPUs without it, in 256-bit halves).
     #[cfg(target_arch = "x86_64")]
     Packed(crate::linear_vnni::Packed),
 }
@@ -75,7 +75,7 @@ impl Scales {
     }
 
     /// As halves if every scale is one, else as they are.
-    #[cfg_attr(not(target_arch = "aarch64"), allow(dead_code))]
+    #[cfg(target_arch = "aarch64")]
     fn halved(self) -> Self {
         match self {
             Scales::F32(s) if s.iter().all(|&v| is_half(v)) => {
@@ -305,7 +305,7 @@ impl LinearWeight {
     }
 
     /// Q8_0/Q4_0 scales held as halves where every one is (for the aarch64 integer kernels).
-    #[cfg_attr(not(target_arch = "aarch64"), allow(dead_code))]
+    #[cfg(target_arch = "aarch64")]
     pub(crate) fn with_half_scales(self) -> Self {
         let storage = match self.storage {
             Storage::Q4_0 { scales, nibbles } => Storage::Q4_0 {

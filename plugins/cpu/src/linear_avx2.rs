@@ -1,7 +1,7 @@
 //! Q8_0 and Q4_0 linear layers on x86 CPUs without AVX512-VNNI (AVX2: most laptops and desktops before AMD
 //! Zen 4, Intel's consumer chips; and AVX-512 CPUs without VNNI), on the weights and activations as the
-//! AVX512-VNNI kernel lays them out ([`crate::linear_vnni`]): each 64-byte vector read as two 256-bit halves, lanes 0–7 and 8–15, one 32-bit lane
-//! per 32-weight block. A group's blocks are summed exactly in `i32` lane by lane, then converted and scaled
+//! AVX512-VNNI kernel lays them out ([`crate::linear_vnni`]): each 64-byte vector read as two 256-bit halves,
+//! lanes 0–7 and 8–15, one 32-bit lane per 32-weight block. A group's blocks are summed exactly in `i32` lane by lane, then converted and scaled
 //! once per group — no horizontal sums per block, as a kernel on the plain layout needs — and the 16 lanes end
 //! in the same tree: the result is the VNNI kernel's bit for bit (the tests compare both with one scalar
 //! definition).

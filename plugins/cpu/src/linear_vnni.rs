@@ -22,8 +22,9 @@
 //! Tiles: two output rows × up to four activation rows share every load (16 `i32` and 8 f32 accumulators), and
 //! output rows are taken 16 at a time so that a tile's activations stay in L1 while those weights pass.
 //!
-//! The layout (`Packed`, `PackedActs`) is also the AVX2 kernel's (`linear_avx2.rs`, CPUs without AVX-512), which
-//! reads each vector as two 256-bit halves and gives the same bits; the activations are then quantised with AVX2.
+//! The layout (`Packed`, `PackedActs`) is also the AVX2 kernel's (`linear_avx2.rs`, CPUs without AVX512-VNNI),
+//! which reads each vector as two 256-bit halves and gives the same bits; the activations are then quantised
+//! with AVX2 (the same bits too).
 
 use std::arch::x86_64::*;
 
@@ -488,7 +489,7 @@ unsafe fn quantize_rows_avx512(
 }
 
 /// [`quantize_rows`] with AVX2's block quantisation (the same bits as AVX-512's), for the AVX2 kernel
-/// (`linear_avx2.rs`) on CPUs without AVX-512.
+/// (`linear_avx2.rs`) on CPUs without AVX512-VNNI.
 ///
 /// # Safety
 /// The CPU must support AVX2 and FMA.
