@@ -41,8 +41,8 @@ impl BlockBytes {
     /// The plain layout: the values and an f32 scale (36 and 20 B; ggml's files, with an f16 scale, 34 and 18).
     pub const PLAIN: BlockBytes = BlockBytes { q8_0: 36, q4_0: 20 };
 
-    /// As this CPU's kernels hold them (`kazeia_backend_cpu::resident_block_bytes`: the x86 VNNI kernel keeps
-    /// half scales, 38 and 18 B with its Q8_0 corrections).
+    /// As this CPU's kernels hold them (`kazeia_backend_cpu::resident_block_bytes`: the x86 integer kernels keep
+    /// half scales, 38 and 18 B with Q8_0's corrections under `vpdpbusd`, 34 and 18 B on plain AVX2).
     pub fn this_cpu() -> BlockBytes {
         let of = |format| kazeia_backend_cpu::resident_block_bytes(format).expect("a block format");
         BlockBytes {
