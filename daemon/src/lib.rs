@@ -6,7 +6,8 @@
 //! - [`config`]: the configuration file, `kazeia.toml`.
 //! - [`engine`]: the resident model on its configured backends; [`voices`]: what clients may ask for.
 //! - [`request`], [`queue`]: utterances and the priority queue; [`player`]: the worker that speaks them,
-//!   with [`short_cache`] for instant repeats of short texts.
+//!   with [`short_cache`] for instant repeats of short texts, and [`memory`] returning freed memory to the
+//!   system when the queue has been quiet.
 //! - [`service`]: request checks and live reconfiguration, behind [`dbus`] (Kazeia's API and Spiel).
 //! - [`daemon_cmd`]: the daemon's main loop (signals, reload, bus lifetime).
 //! - [`voice_store`]: voices a user makes and keeps (written by `kazeia voice …`, watched by the daemon).
@@ -18,6 +19,7 @@ pub mod daemon_cmd;
 pub mod dbus;
 pub mod engine;
 pub mod logging;
+pub mod memory;
 pub mod model_path;
 pub mod player;
 pub mod progress;

@@ -17,6 +17,7 @@ use kazeia_text::ssml::{Piece, MAX_BREAK, MAX_TOTAL_BREAK};
 use crate::audio::{open_sink, AudioSink, Playback, SinkSpec};
 use crate::config::DaemonConfig;
 use crate::engine::Engine;
+use crate::memory;
 use crate::queue::{Event, Interrupt, Interruption, Lane, Limits, Reason, SpeechQueue};
 use crate::request::{Output, Request};
 use crate::runs::{steps, Out, Placement, RunMark, Step};
@@ -240,8 +241,32 @@ impl Player {
                     eprintln!("kazeiad: cannot start a Spiel stream worker: {e}");
                 }
             }
+            let trimmer = std::thread::Builder::new()
+                .name("kazeia-idle".into())
+                .spawn_scoped(scope, || self.release_memory_when_idle());
+            if let Err(e) = trimmer {
+                eprintln!("kazeiad: cannot start the idle-memory thread: {e}");
+            }
             self.serve(Lane::Sink);
         });
+    }
+
+    /// Returns the allocator's free memory to the system each time the queue has been quiet for a while after
+    /// speech (see [`memory`]); returns when the queue is closed.
+    fn release_memory_when_idle(&self) {
+        let mut last = 0;
+        while self
+            .queue
+            .quiet_after_speech(memory::QUIET_BEFORE_TRIM, &mut last)
+        {
+            let mb = |b: Option<u64>| b.map_or(f64::NAN, |b| b as f64 / 1e6);
+            let (before, after) = memory::release_free_memory();
+            tracing::debug!(
+                "idle: free memory returned to the system, resident {:.0} → {:.0} MB",
+                mb(before),
+                mb(after)
+            );
+        }
     }
 
     /// One worker: speaks the utterances of `lane` until the queue is closed.

@@ -41,6 +41,7 @@
 
 use std::collections::HashSet;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::Duration;
 
 use crate::request::{Output, Request};
 
@@ -209,6 +210,8 @@ struct State {
     closed: bool,
     limits: Limits,
     finished: Vec<(Id, Reason)>,
+    /// Utterances the workers have been done with, ever: a quiet spell counts once new ones have ended.
+    completed: u64,
 }
 
 /// Why a request was refused.
@@ -458,6 +461,7 @@ impl SpeechQueue {
                 closed: false,
                 limits,
                 finished: Vec::new(),
+                completed: 0,
             }),
             changed: Condvar::new(),
             events: Box::new(events),
@@ -541,6 +545,34 @@ impl SpeechQueue {
         }
     }
 
+    /// Blocks until the queue has been idle (nothing speaking, waiting or held) for `quiet` after an utterance
+    /// ended; `last` is the count of ended utterances at the previous return, so each quiet spell is reported
+    /// once and only after new speech. `false` once the queue is closed.
+    pub fn quiet_after_speech(&self, quiet: Duration, last: &mut u64) -> bool {
+        let mut state = self.lock();
+        loop {
+            if state.closed {
+                return false;
+            }
+            let idle = state.speaking.is_empty() && state.waiting.is_empty();
+            if !idle || state.completed == *last {
+                state = self.changed.wait(state).unwrap_or_else(|e| e.into_inner());
+                continue;
+            }
+            let completed = state.completed;
+            let (s, waited) = self
+                .changed
+                .wait_timeout(state, quiet)
+                .unwrap_or_else(|e| e.into_inner());
+            state = s;
+            let still_idle = state.speaking.is_empty() && state.waiting.is_empty();
+            if waited.timed_out() && still_idle && state.completed == completed && !state.closed {
+                *last = completed;
+                return true;
+            }
+        }
+    }
+
     /// The worker registers how to interrupt the utterance `id` it took; returns an interruption that
     /// came in between (the worker must then act on it at once) and whether its client holds it paused.
     pub fn set_interrupt(
@@ -575,6 +607,7 @@ impl SpeechQueue {
             return;
         };
         let speaking = state.speaking.remove(at);
+        state.completed += 1;
         match speaking.interruption {
             Some(Interruption::Requeue) if !state.closed => state.insert(speaking.entry),
             Some(Interruption::End(Reason::Cancelled)) => state.cancel(speaking.entry),

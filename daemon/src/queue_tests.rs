@@ -497,3 +497,44 @@ fn a_newer_progress_replaces_the_held_back_one_while_a_worker_waits() {
         q.close();
     });
 }
+
+#[test]
+fn a_quiet_spell_is_reported_once_after_speech_and_not_while_speaking() {
+    let (q, _) = queue();
+    let quiet = Duration::from_millis(50);
+    let reports = AtomicUsize::new(0);
+    // Waits (up to 10 s, for a loaded machine) for `n` reports, then long enough for a wrong extra one.
+    let reported = |n: usize| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while reports.load(Ordering::SeqCst) < n && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        std::thread::sleep(quiet * 4);
+        reports.load(Ordering::SeqCst)
+    };
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let mut last = 0;
+            while q.quiet_after_speech(quiet, &mut last) {
+                reports.fetch_add(1, Ordering::SeqCst);
+            }
+        });
+        // Nothing said yet: no report.
+        std::thread::sleep(quiet * 4);
+        assert_eq!(reports.load(Ordering::SeqCst), 0);
+        // Speaking for longer than the quiet time: still none.
+        q.push(req(1, "a", Message)).unwrap();
+        let (id, _) = start(&q);
+        std::thread::sleep(quiet * 4);
+        assert_eq!(reports.load(Ordering::SeqCst), 0);
+        // Once it ends and the queue stays idle: one report, and no second without new speech.
+        q.done(id, Reason::Done);
+        assert_eq!(reported(1), 1);
+        // New speech, then quiet again: a second report.
+        q.push(req(2, "a", Message)).unwrap();
+        let (id, _) = start(&q);
+        q.done(id, Reason::Done);
+        assert_eq!(reported(2), 2);
+        q.close();
+    });
+}
