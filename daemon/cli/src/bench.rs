@@ -9,8 +9,11 @@
 //! The talker and the code predictor are memory-bound: each step reads all its weights. Their rows show the
 //! weight bytes one frame reads (`FrameBytes`, from the config and the resident format), the rate achieved
 //! (bytes / measured time per frame) and its share of the machine's streaming read rate over the same bytes:
-//! a short probe after the runs, with the same thread count, reading a buffer of one step's weights again and
-//! again, so that caches hold as much of it as of the stage's weights (`bandwidth.rs`).
+//! a short probe with the same thread count, reading a buffer of one step's weights again and again, so that
+//! caches hold as much of it as of the stage's weights (`bandwidth.rs`). The probe runs right after a run of
+//! the language model alone, in `--repeat` such rounds after the timed runs (and after the peak RSS is read),
+//! and the row is the round with the median share: on a shared machine the stage and the probe swing together
+//! from minute to minute, their ratio much less.
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -185,6 +188,12 @@ fn load(args: &BenchArgs) -> Result<Loaded> {
 }
 
 fn run_once(loaded: &Loaded, frames: usize) -> Result<Run> {
+    run_stages(loaded, frames, true)
+}
+
+/// [`run_once`], with the codec decoder or without it (`decode`: the bandwidth rounds time the language model
+/// alone).
+fn run_stages(loaded: &Loaded, frames: usize, decode: bool) -> Result<Run> {
     let mut run = Run::default();
     let start = Instant::now();
     let codes = match (&loaded.model, &loaded.request) {
@@ -215,6 +224,10 @@ fn run_once(loaded: &Loaded, frames: usize) -> Result<Run> {
                 .collect()
         }
     };
+    if !decode {
+        run.total_s = start.elapsed().as_secs_f64();
+        return Ok(run);
+    }
     let mut last = Instant::now();
     loaded.decoder.decode_traced(&codes, &mut |name, _| {
         let now = Instant::now();
@@ -435,15 +448,10 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let rss = peak_rss_mb();
     let rtf = r.total_s / audio_s;
     // After the peak RSS is read: the probe's buffer is not the model's memory.
-    let traffic = loaded.model.as_ref().map(|model| {
-        let bytes = model
-            .config
-            .frame_weight_bytes(loaded.format, kazeia_engine::lm::BlockBytes::this_cpu());
-        let steps = bytes.code_predictor_steps;
-        let talker = Traffic::new(bytes.talker, 1, r.talker_s / frames, args.threads);
-        let cp = Traffic::new(bytes.code_predictor, steps, r.cp_s / frames, args.threads);
-        (talker, cp, steps)
-    });
+    let traffic = match &loaded.model {
+        Some(model) => Some(bandwidth_rounds(&loaded, model, &args)?),
+        None => None,
+    };
 
     if args.json {
         let stages: Vec<String> = PROFILE_STAGES
@@ -579,10 +587,12 @@ pub fn run(args: BenchArgs) -> Result<()> {
     println!("RTF {rtf:.3} (wall time / audio time); load {load_s:.1} s; peak RSS {rss:.0} MB");
     if let Some((t, cp, steps)) = traffic {
         println!(
-            "weights read per frame ({}) against a plain read of one step's bytes, repeated ({} thread(s), best of {} windows)",
+            "weights read per frame ({}) against a plain read of one step's bytes right after ({} thread(s), the probe's best \
+             of {} windows): the median of {} rounds",
             loaded.format,
             args.threads,
             crate::bandwidth::WINDOWS,
+            args.repeat,
         );
         println!(
             "{:<30}{:>12}{:>12}{:>14}{:>10}",
@@ -607,6 +617,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
 }
 
 /// One memory-bound stage: weight bytes per frame, the rate achieved, and the probe's rate over one step's bytes.
+#[derive(Clone, Copy)]
 struct Traffic {
     mb: f64,
     gbps: f64,
@@ -614,19 +625,56 @@ struct Traffic {
 }
 
 impl Traffic {
-    /// `bytes` per frame read in `steps` equal steps in `s_per_frame`; probed with `threads` threads.
-    fn new(bytes: u64, steps: u64, s_per_frame: f64, threads: usize) -> Self {
-        let step_bytes = bytes / steps.max(1);
+    /// `bytes` per frame read in `steps` equal steps in `s_per_frame`, against the probe's rate `probe_gbps`.
+    fn new(bytes: u64, s_per_frame: f64, probe_gbps: f64) -> Self {
         Traffic {
             mb: bytes as f64 / 1e6,
             gbps: bytes as f64 / s_per_frame / 1e9,
-            probe_gbps: read_bandwidth_gbps(threads, step_bytes as usize),
+            probe_gbps,
         }
     }
 
     fn share(&self) -> f64 {
         self.gbps / self.probe_gbps
     }
+
+    /// The one of `rounds` whose share is the median (the upper one of an even count).
+    fn median(mut rounds: Vec<Traffic>) -> Traffic {
+        rounds.sort_by(|a, b| a.share().total_cmp(&b.share()));
+        rounds[rounds.len() / 2]
+    }
+}
+
+/// The talker's and code predictor's bandwidth shares, each the median of `--repeat` rounds that time the
+/// language model alone and then probe the machine's read rate at once, so that each stage rate is set against
+/// the bandwidth of its own moment (on a shared machine both swing together, by half or more from minute to
+/// minute). Returns the talker's, the code predictor's and its steps per frame.
+fn bandwidth_rounds(
+    loaded: &Loaded,
+    model: &TtsModel,
+    args: &BenchArgs,
+) -> Result<(Traffic, Traffic, u64)> {
+    let bytes = model
+        .config
+        .frame_weight_bytes(loaded.format, kazeia_engine::lm::BlockBytes::this_cpu());
+    let steps = bytes.code_predictor_steps;
+    let frames = args.frames as f64;
+    let (mut talker, mut cp) = (Vec::new(), Vec::new());
+    for _ in 0..args.repeat {
+        let run = run_stages(loaded, args.frames, false)?;
+        let probe = |stage_bytes: u64| read_bandwidth_gbps(args.threads, stage_bytes as usize);
+        talker.push(Traffic::new(
+            bytes.talker,
+            run.talker_s / frames,
+            probe(bytes.talker),
+        ));
+        cp.push(Traffic::new(
+            bytes.code_predictor,
+            run.cp_s / frames,
+            probe(bytes.code_predictor / steps.max(1)),
+        ));
+    }
+    Ok((Traffic::median(talker), Traffic::median(cp), steps))
 }
 
 /// Peak resident set size of this process (`VmHWM`), in MB; 0 where /proc is not available.
