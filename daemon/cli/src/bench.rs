@@ -12,8 +12,9 @@
 //! a short probe with the same thread count, reading a buffer of one step's weights again and again, so that
 //! caches hold as much of it as of the stage's weights (`bandwidth.rs`). The probe runs right after a run of
 //! the language model alone, in `--repeat` such rounds after the timed runs (and after the peak RSS is read),
-//! and the row is the round with the median share: on a shared machine the stage and the probe swing together
-//! from minute to minute, their ratio much less.
+//! and the row is the round with the median share: each stage run meets the bandwidth of its own moment, and
+//! one round's outlier (on a shared machine the probe alone swings by half from one minute to the next) does
+//! not decide the share.
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -647,8 +648,8 @@ impl Traffic {
 
 /// The talker's and code predictor's bandwidth shares, each the median of `--repeat` rounds that time the
 /// language model alone and then probe the machine's read rate at once, so that each stage rate is set against
-/// the bandwidth of its own moment (on a shared machine both swing together, by half or more from minute to
-/// minute). Returns the talker's, the code predictor's and its steps per frame.
+/// the bandwidth of its own moment and no single round's outlier decides. Returns the talker's, the code
+/// predictor's and its steps per frame.
 fn bandwidth_rounds(
     loaded: &Loaded,
     model: &TtsModel,
