@@ -626,7 +626,7 @@ struct Traffic {
 }
 
 impl Traffic {
-    /// `bytes` per frame read in `steps` equal steps in `s_per_frame`, against the probe's rate `probe_gbps`.
+    /// `bytes` per frame read in `s_per_frame`, against the probe's rate `probe_gbps`.
     fn new(bytes: u64, s_per_frame: f64, probe_gbps: f64) -> Self {
         Traffic {
             mb: bytes as f64 / 1e6,
