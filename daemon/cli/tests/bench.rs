@@ -1,0 +1,53 @@
+//! `kazeia bench` on a tiny fixture model: the JSON it prints for tools, and its bandwidth rows consistent
+//! (each share is its row's rate over the probe paired with it).
+
+use std::path::Path;
+use std::process::Command;
+
+#[test]
+fn bench_prints_every_stage_and_paired_bandwidth_shares() {
+    let model = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/lm/shape_0b6");
+    let output = Command::new(env!("CARGO_BIN_EXE_kazeia"))
+        .args(["bench", "--model"])
+        .arg(&model)
+        .args(["--frames", "4", "--repeat", "3", "--json"])
+        .output()
+        .expect("cannot run kazeia");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let json: serde_json::Value =
+        serde_json::from_str(stdout.lines().last().expect("a JSON line")).expect("JSON");
+    let number = |key: &str| {
+        json[key]
+            .as_f64()
+            .unwrap_or_else(|| panic!("no number `{key}` in {json}"))
+    };
+    for key in [
+        "talker_ms_per_frame",
+        "cp_ms_per_frame",
+        "decoder_ms",
+        "rtf",
+    ] {
+        assert!(number(key) > 0.0, "{key} = {}", number(key));
+    }
+    for stage in ["talker", "cp"] {
+        let (gbps, probe, share) = (
+            number(&format!("{stage}_gbps")),
+            number(&format!("{stage}_probe_gbps")),
+            number(&format!("{stage}_bandwidth_share")),
+        );
+        assert!(
+            gbps > 0.0 && probe > 0.0,
+            "{stage}: {gbps} GB/s, probe {probe}"
+        );
+        // The JSON rounds to 2 and 3 decimals.
+        assert!(
+            (gbps / probe - share).abs() < 2e-3 + 0.01 * share,
+            "{stage}: {gbps} / {probe} is not the share {share}"
+        );
+    }
+}
