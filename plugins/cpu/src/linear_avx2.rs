@@ -209,15 +209,14 @@ unsafe fn tile<const O: usize, const R: usize, const HALF: bool, const VNNI: boo
         let (w_vector, w_group, w_lanes_group) =
             (pair.vector_stride, pair.group_bytes, pair.lanes_group);
         let (x_vector, x_group) = (LANES_BYTES, 8 * LANES_BYTES);
-        let scale_bytes = if HALF { 2 } else { 4 };
-        debug_assert_eq!(scale_bytes, pair.scale_bytes);
+        let scale_bytes = pair.scale_bytes::<HALF>();
         let x_rows = |ri: usize| (r0 + ri) * groups;
         let x_data = x.quants.bytes().as_ptr();
         let nibble_mask = _mm256_set1_epi8(0x0f);
         let sign_bits = _mm256_set1_epi8(-128);
         let ones = _mm256_set1_epi16(1);
-        let scales_ahead = PREFETCH_BYTES * (2 * GROUP * scale_bytes) / w_group;
-        let w_scale_lanes = |g: usize| pair.scales.wrapping_add(g * w_lanes_group * scale_bytes);
+        let scales_ahead = pair.scales_ahead::<HALF>();
+        let w_scale_lanes = |g: usize| pair.scale_lanes::<HALF>(g);
         // `acc + Σ u·s` over each lane's four byte pairs, exactly.
         let dot = |acc: __m256i, u: __m256i, s: __m256i| {
             if VNNI {

@@ -353,6 +353,30 @@ pub(crate) struct PairStreams {
     pub lanes_group: usize,
 }
 
+impl PairStreams {
+    /// Bytes of one scale lane for a weight whose scales are IEEE halves (`HALF`) or f32 (checked in debug
+    /// builds): a constant, so that the tiles' offsets compile to shifts.
+    #[inline(always)]
+    pub(crate) fn scale_bytes<const HALF: bool>(&self) -> usize {
+        let bytes = if HALF { 2 } else { 4 };
+        debug_assert_eq!(bytes, self.scale_bytes);
+        bytes
+    }
+
+    /// The pair's scale lanes of group `g`.
+    #[inline(always)]
+    pub(crate) fn scale_lanes<const HALF: bool>(&self, g: usize) -> *const u8 {
+        self.scales
+            .wrapping_add(g * self.lanes_group * self.scale_bytes::<HALF>())
+    }
+
+    /// How far ahead in the scale stream a tile prefetches: as far as [`PREFETCH_BYTES`] in the weights'.
+    #[inline(always)]
+    pub(crate) fn scales_ahead<const HALF: bool>(&self) -> usize {
+        PREFETCH_BYTES * (2 * GROUP * self.scale_bytes::<HALF>()) / self.group_bytes
+    }
+}
+
 impl Packed {
     /// The streams of the pair holding output row `o` (see [`PairStreams`]).
     pub(crate) fn pair_streams(&self, o: usize) -> PairStreams {
@@ -817,16 +841,15 @@ unsafe fn tile<const O: usize, const R: usize, const HALF: bool>(
     let (w_vector, w_group, w_lanes_group) =
         (pair.vector_stride, pair.group_bytes, pair.lanes_group);
     let (x_vector, x_group) = (LANES_BYTES, 8 * LANES_BYTES);
-    let scale_bytes = if HALF { 2 } else { 4 };
-    debug_assert_eq!(scale_bytes, pair.scale_bytes);
+    let scale_bytes = pair.scale_bytes::<HALF>();
     let x_rows = |ri: usize| (r0 + ri) * groups;
     let x_data = x.quants.bytes().as_ptr();
     let nibble_mask = _mm512_set1_epi8(0x0f);
     // The pair's lanes (scales: 64 or 128 bytes a group; Q8_0's corrections: 128) are streams of their own beside
     // the weights, prefetched as far ahead in their stream as the weights are in theirs.
-    let scales_ahead = PREFETCH_BYTES * (2 * GROUP * scale_bytes) / w_group;
+    let scales_ahead = pair.scales_ahead::<HALF>();
     let corrections_ahead = PREFETCH_BYTES * (2 * GROUP * 4) / w_group;
-    let w_scale_lanes = |g: usize| pair.scales.wrapping_add(g * w_lanes_group * scale_bytes);
+    let w_scale_lanes = |g: usize| pair.scale_lanes::<HALF>(g);
     let mut acc = [[_mm512_setzero_ps(); R]; O];
     for g in 0..groups {
         prefetch_lines(w_scale_lanes(g), scales_ahead, if HALF { 1 } else { 2 });
