@@ -64,7 +64,8 @@ pub struct NamedVoice {
 pub struct GenerationSection {
     /// Greedy decoding instead of the model's sampling (the same text then always sounds the same).
     pub greedy: bool,
-    /// Cap on the 80 ms frames generated per chunk of text; 0: the model's own limit.
+    /// Cap on the 80 ms frames generated per chunk of text; 0: a cap from the chunk's length
+    /// ([`kazeia_engine::lm::frame_budget`]).
     pub max_frames: usize,
     /// Where the talker reads the text.
     pub text: TextMode,

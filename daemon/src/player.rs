@@ -327,6 +327,8 @@ impl Player {
             greedy: config.generation.greedy,
             max_new_tokens: (config.generation.max_frames > 0)
                 .then_some(config.generation.max_frames + 1),
+            // A cap configured replaces the one from each chunk's length.
+            text_budget: config.generation.max_frames == 0,
             ..SynthOptions::default()
         };
         let speaker = Speaker {
@@ -686,12 +688,20 @@ impl Speaker<'_> {
             report.timings.reused_rows,
             report.first_audio.map_or(f64::NAN, |d| d.as_secs_f64() * 1e3)
         );
+        if report.cut > 0 {
+            tracing::warn!(
+                "utterance {}: {} chunk(s) of the text stopped at the limit from their length: the model did not end them",
+                self.request.id,
+                report.cut
+            );
+        }
         if !self.control.is_stopped() {
             out.clear();
             filter.finish(&mut out);
             placement.output(&out, &mut emit)?;
             placement.finish(&mut emit)?;
-            if let (Some(key), Some(kept)) = (key, kept) {
+            // A cut generation is not kept: said again, it may well end as it should.
+            if let (Some(key), Some(kept), 0) = (key, kept, report.cut) {
                 self.cache.insert(key, kept);
             }
         }

@@ -205,6 +205,9 @@ pub struct StreamReport {
     /// Decoder time per [`crate::codec::PROFILE_STAGES`] entry.
     pub decoder_stages: [Duration; 5],
     pub stopped: bool,
+    /// Prompts the text budget of [`crate::synth::SynthOptions`] stopped before the model ended them
+    /// ([`crate::lm::Generated::cut`]): generations that ran away, cut short.
+    pub cut: usize,
 }
 
 impl StreamReport {
@@ -531,6 +534,7 @@ pub fn stream_utterances(
                     report.timings.code_predictor += g.code_predictor;
                     report.utterances += 1;
                     report.frames += generated.codes.len();
+                    report.cut += usize::from(generated.cut);
                     order.end(i, generated.codes.len(), generated.eos);
                 }
                 Ok(())
@@ -779,6 +783,7 @@ fn generate_batched(
         .iter()
         .map(|s| s.codes.len())
         .sum::<usize>();
+    report.cut += generated.sequences.iter().filter(|s| s.cut).count();
     Ok(())
 }
 

@@ -87,6 +87,9 @@ pub struct SynthOptions {
     pub max_new_tokens: Option<usize>,
     /// Longest chunk of text synthesised at once.
     pub chunk_chars: usize,
+    /// Each chunk also stops at a limit from its length ([`crate::lm::frame_budget`]), so a generation the model
+    /// never ends is cut after seconds, not minutes ([`crate::stream::StreamReport::cut`] counts them).
+    pub text_budget: bool,
 }
 
 impl Default for SynthOptions {
@@ -96,6 +99,7 @@ impl Default for SynthOptions {
             seed: None,
             max_new_tokens: None,
             chunk_chars: kazeia_text::text::DEFAULT_CHUNK_CHARS,
+            text_budget: true,
         }
     }
 }
@@ -365,6 +369,7 @@ impl Synthesizer {
         if let Some(n) = options.max_new_tokens {
             gen_options.max_new_tokens = n;
         }
+        gen_options.text_budget = options.text_budget;
         // The first prompt is the one just checked; the rest are built as generation reaches them.
         let rest = (1..chunks.len()).map(|c| utterance(c, &mut Vec::new()));
         let mut utterances = std::iter::once(Ok(first)).chain(rest);

@@ -65,6 +65,7 @@ fn speak(synth: &Synthesizer, config: StreamConfig) -> Result<Vec<f32>, Error> {
         seed: None,
         max_new_tokens: Some(24),
         chunk_chars: 400,
+        text_budget: true,
     };
     synth.synthesize(
         "Hello world.",
@@ -232,6 +233,7 @@ fn a_stage_failing_mid_batch_moves_to_the_cpu_and_no_chunk_is_lost() {
         seed: None,
         max_new_tokens: Some(24),
         chunk_chars: 16,
+        text_budget: true,
     };
     let speak = |synth: &Synthesizer, batch: usize| {
         let config = StreamConfig {

@@ -32,6 +32,8 @@ fn greedy(max_new_tokens: usize, chunk_chars: usize) -> SynthOptions {
         seed: None,
         max_new_tokens: Some(max_new_tokens),
         chunk_chars,
+        // Every chunk runs to the limit given (the tiny model rarely ends one), whatever its length.
+        text_budget: false,
     }
 }
 

@@ -17,7 +17,8 @@ pub struct SamplingArgs {
     #[arg(long)]
     pub seed: Option<u64>,
     /// Codebook-0 tokens to sample at most (official meaning: at most N − 1 frames come out; per text chunk
-    /// for synth). Default: generation_config.json.
+    /// for synth). Default: generation_config.json's, and for synth a limit from each chunk's length (about a
+    /// second per text token: a generation the model never ends stops there).
     #[arg(long)]
     pub max_new_tokens: Option<usize>,
     /// Text placement in the prompt; default: the official wrapper's default for the model type.

@@ -127,6 +127,8 @@ pub fn run(args: SynthArgs) -> Result<()> {
         seed: args.sampling.seed,
         max_new_tokens: args.sampling.max_new_tokens,
         chunk_chars: args.chunk_chars,
+        // A limit given replaces the one from each chunk's length.
+        text_budget: args.sampling.max_new_tokens.is_none(),
     };
     let stream = StreamConfig {
         first_chunk_frames: args.first_chunk_frames.max(1),
@@ -166,6 +168,12 @@ pub fn run(args: SynthArgs) -> Result<()> {
     }
     for warning in &warnings {
         tracing::warn!("{warning}");
+    }
+    if report.cut > 0 {
+        tracing::warn!(
+            "{} chunk(s) of the text stopped at the limit from their length: the model did not end them",
+            report.cut
+        );
     }
     if !streaming {
         wav.append(&held)?;

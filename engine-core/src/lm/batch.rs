@@ -3,7 +3,7 @@
 //!
 //! Everything that is per sequence stays so: the prompt's prefill (with the voice's kept prefix, as in
 //! [`super::generate()`]), the talker's KV cache and its positions, attention, the code predictor's cache, the
-//! repetition penalty, EOS and `max_new_tokens`, the random draws and the `on_frame` callback. A sequence that
+//! repetition penalty, EOS and `max_new_tokens` (per prompt under a text budget), the random draws and the `on_frame` callback. A sequence that
 //! ends leaves the batch, and the next prompt waiting takes its place. On a backend whose ops compute each row
 //! independently of the others (the CPU backend: its linear kernels below 64 rows, norms, element-wise ops),
 //! a sequence's frames are bit for bit those [`super::generate()`] gives on its prompt alone (tested in
@@ -111,6 +111,8 @@ struct Live<'s, 'a> {
     logits: Vec<f32>,
     /// Codebook-0 tokens sampled so far (the repetition penalty's history).
     tokens: Vec<u32>,
+    /// This sequence's limit on them ([`GenerateOptions::max_new_tokens_for`]).
+    max_new_tokens: usize,
     generated: Generated,
 }
 
@@ -180,7 +182,8 @@ fn run<'a>(
                 let index = finished.len();
                 finished.push(None);
                 let prompt = &sequence.prompt;
-                let mut talker = Step::new(stages, prompt, options.max_new_tokens, recovered);
+                let max_new_tokens = options.max_new_tokens_for(prompt);
+                let mut talker = Step::new(stages, prompt, max_new_tokens, recovered);
                 let start = Instant::now();
                 let (hidden, logits) = talker.prefill()?;
                 let prefill = start.elapsed();
@@ -211,6 +214,7 @@ fn run<'a>(
                     hidden,
                     logits,
                     tokens: Vec::new(),
+                    max_new_tokens,
                     generated,
                 });
                 cp_caches.push(stages.code_predictor().1.new_cache());
@@ -231,8 +235,10 @@ fn run<'a>(
             let token = choose(&mut l.logits, &options.talker, &mut l.sequence.uniform);
             l.tokens.push(token);
             let eos = token == rules.eos;
-            if eos || l.tokens.len() == options.max_new_tokens {
+            let at_limit = !eos && l.tokens.len() == l.max_new_tokens;
+            if eos || at_limit {
                 l.generated.eos = eos;
+                l.generated.cut = at_limit && options.budget_binds(&l.sequence.prompt);
                 end(&mut live, &mut cp_caches, i, finished, &mut lead_done);
             } else {
                 i += 1;

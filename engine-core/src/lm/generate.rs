@@ -22,6 +22,26 @@ pub struct GenerateOptions {
     pub max_new_tokens: usize,
     /// Never stop on EOS (benchmarks on random weights run a fixed number of frames).
     pub ignore_eos: bool,
+    /// Also stop each prompt at a limit from its text's length ([`super::frame_budget`]): off for the official
+    /// behaviour, on for speech.
+    pub text_budget: bool,
+}
+
+impl GenerateOptions {
+    /// `max_new_tokens` for `prompt`: the options' own, or less under [`GenerateOptions::text_budget`].
+    pub fn max_new_tokens_for(&self, prompt: &Prompt) -> usize {
+        if self.budget_binds(prompt) {
+            super::frame_budget::max_new_tokens(prompt.text_ids)
+        } else {
+            self.max_new_tokens
+        }
+    }
+
+    /// Whether `prompt`'s limit is the text budget's, below the options' own.
+    pub fn budget_binds(&self, prompt: &Prompt) -> bool {
+        self.text_budget
+            && super::frame_budget::max_new_tokens(prompt.text_ids) < self.max_new_tokens
+    }
 }
 
 /// Where the time of one generation went.
@@ -43,6 +63,9 @@ pub struct Generated {
     pub timings: GenerateTimings,
     /// The model ended the utterance (EOS), rather than `max_new_tokens` or `on_frame`.
     pub eos: bool,
+    /// The text budget stopped it ([`GenerateOptions::text_budget`]): the model had not ended it within the
+    /// limit from its text's length (below the options' own `max_new_tokens`).
+    pub cut: bool,
 }
 
 /// The official rules of codebook-0 sampling for `model`: repetition penalty, at least two tokens, EOS, and
@@ -82,7 +105,8 @@ pub fn generate_on(
     let h = model.talker.hidden();
     let rules = talker_rules(model, options);
 
-    let mut talker = Step::new(stages, prompt, options.max_new_tokens, [false; 2]);
+    let max_new_tokens = options.max_new_tokens_for(prompt);
+    let mut talker = Step::new(stages, prompt, max_new_tokens, [false; 2]);
     let mut cp_cache = stages.code_predictor().1.new_cache();
     let mut timings = GenerateTimings {
         prompt_rows: prompt.rows,
@@ -95,7 +119,8 @@ pub fn generate_on(
     let mut generated: Vec<u32> = Vec::new();
     let mut frames = Vec::new();
     let mut eos = false;
-    while generated.len() < options.max_new_tokens {
+    let mut cut = false;
+    while generated.len() < max_new_tokens {
         rules.apply(&mut logits, &generated);
         if options.ignore_eos {
             logits[rules.eos as usize] = f32::NEG_INFINITY;
@@ -103,7 +128,9 @@ pub fn generate_on(
         let token = choose(&mut logits, &options.talker, uniform);
         generated.push(token);
         eos = token == rules.eos;
-        if eos || generated.len() == options.max_new_tokens {
+        let at_limit = !eos && generated.len() == max_new_tokens;
+        cut = at_limit && options.budget_binds(prompt);
+        if eos || at_limit {
             break;
         }
         let start = Instant::now();
@@ -155,6 +182,7 @@ pub fn generate_on(
         codes: frames,
         timings,
         eos,
+        cut,
     })
 }
 

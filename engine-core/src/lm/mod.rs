@@ -4,6 +4,7 @@
 pub mod batch;
 pub mod code_predictor;
 pub mod config;
+pub mod frame_budget;
 pub mod frame_bytes;
 pub mod generate;
 pub mod prefix_cache;
@@ -184,6 +185,7 @@ impl TtsModel {
             repetition_penalty: g.repetition_penalty,
             max_new_tokens: g.max_new_tokens,
             ignore_eos: false,
+            text_budget: false,
         }
     }
 

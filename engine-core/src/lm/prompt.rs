@@ -43,6 +43,9 @@ pub struct Prompt {
     /// decode with the reference as left context (the official code decodes reference + generated codes and
     /// cuts the reference's samples off).
     pub decoder_start: Option<Arc<DecoderState>>,
+    /// Text ids it says (not a cloned voice's reference transcript): what its speech's length is measured by
+    /// ([`super::frame_budget`]).
+    pub text_ids: usize,
 }
 
 /// A Base model's voice-clone parts of the prompt (`generate_voice_clone`).
@@ -255,6 +258,7 @@ fn build_prompt_with(
         trailing,
         pad,
         decoder_start: None,
+        text_ids: text_ids.len(),
     })
 }
 
