@@ -690,7 +690,8 @@ impl Speaker<'_> {
         );
         if report.cut > 0 {
             tracing::warn!(
-                "utterance {}: {} chunk(s) of the text stopped at the limit from their length: the model did not end them",
+                "utterance {}: {} chunk(s) of the text stopped at the limit from their length: the model did \
+                 not end them",
                 self.request.id,
                 report.cut
             );

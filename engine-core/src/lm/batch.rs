@@ -3,10 +3,10 @@
 //!
 //! Everything that is per sequence stays so: the prompt's prefill (with the voice's kept prefix, as in
 //! [`super::generate()`]), the talker's KV cache and its positions, attention, the code predictor's cache, the
-//! repetition penalty, EOS and `max_new_tokens` (per prompt under a text budget), the random draws and the `on_frame` callback. A sequence that
-//! ends leaves the batch, and the next prompt waiting takes its place. On a backend whose ops compute each row
-//! independently of the others (the CPU backend: its linear kernels below 64 rows, norms, element-wise ops),
-//! a sequence's frames are bit for bit those [`super::generate()`] gives on its prompt alone (tested in
+//! repetition penalty, EOS and `max_new_tokens` (per prompt under a text budget), the random draws and the
+//! `on_frame` callback. A sequence that ends leaves the batch, and the next prompt waiting takes its place. On
+//! a backend whose ops compute each row independently of the others (the CPU backend: its linear kernels below
+//! 64 rows, norms, element-wise ops), a sequence's frames are bit for bit those [`super::generate()`] gives on its prompt alone (tested in
 //! `tests/batch_generate.rs`).
 //!
 //! Sequences start in order, one per step, at most [`BatchOptions::width`] at once; the first one generates
