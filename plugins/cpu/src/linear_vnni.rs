@@ -845,6 +845,11 @@ unsafe fn tile<const O: usize, const R: usize, const HALF: bool>(
     let x_rows = |ri: usize| (r0 + ri) * groups;
     let x_data = x.quants.bytes().as_ptr();
     let nibble_mask = _mm512_set1_epi8(0x0f);
+    // Q4_0 with one or two activation rows: the high nibbles are masked where they lie (16 times their value)
+    // into sums of their own, one op a vector fewer than shifting them down; with more rows those sums would
+    // not fit the registers.
+    let high_in_place = R <= 2;
+    let high_mask = _mm512_set1_epi8(0xf0u8 as i8);
     // The pair's lanes (scales: 64 or 128 bytes a group; Q8_0's corrections: 128) are streams of their own beside
     // the weights, prefetched as far ahead in their stream as the weights are in theirs.
     let scales_ahead = pair.scales_ahead::<HALF>();
@@ -862,6 +867,7 @@ unsafe fn tile<const O: usize, const R: usize, const HALF: bool>(
         }
         // Each block's exact integer sum starts at its correction.
         let mut sums = [[_mm512_setzero_si512(); R]; O];
+        let mut high_sums = [[_mm512_setzero_si512(); R]; O];
         for (oi, row) in sums.iter_mut().enumerate() {
             for (ri, s) in row.iter_mut().enumerate() {
                 // SAFETY: 16 i32 lanes of group `g` (see above).
@@ -902,13 +908,22 @@ unsafe fn tile<const O: usize, const R: usize, const HALF: bool>(
                     for oi in 0..O {
                         let v = weights(oi, p);
                         low[oi] = _mm512_and_si512(v, nibble_mask);
-                        high[oi] = _mm512_and_si512(_mm512_srli_epi16::<4>(v), nibble_mask);
+                        high[oi] = if high_in_place {
+                            _mm512_and_si512(v, high_mask)
+                        } else {
+                            _mm512_and_si512(_mm512_srli_epi16::<4>(v), nibble_mask)
+                        };
                     }
                     for ri in 0..R {
                         let (x0, x1) = (act(ri, 2 * p), act(ri, 2 * p + 1));
                         for (oi, row) in sums.iter_mut().enumerate() {
-                            let s = _mm512_dpbusd_epi32(row[ri], low[oi], x0);
-                            row[ri] = _mm512_dpbusd_epi32(s, high[oi], x1);
+                            row[ri] = _mm512_dpbusd_epi32(row[ri], low[oi], x0);
+                            if high_in_place {
+                                high_sums[oi][ri] =
+                                    _mm512_dpbusd_epi32(high_sums[oi][ri], high[oi], x1);
+                            } else {
+                                row[ri] = _mm512_dpbusd_epi32(row[ri], high[oi], x1);
+                            }
                         }
                     }
                 }
@@ -930,6 +945,14 @@ unsafe fn tile<const O: usize, const R: usize, const HALF: bool>(
                             row[ri] = _mm512_dpbusd_epi32(row[ri], xv, *v);
                         }
                     }
+                }
+            }
+        }
+        if w.kind == Kind::Q4_0 && high_in_place {
+            // The high nibbles' sums are 16 times theirs, exactly (no lane can overflow: |Σ| ≤ 32 · 240 · 128).
+            for (row, high_row) in sums.iter_mut().zip(&high_sums) {
+                for (s, h) in row.iter_mut().zip(high_row) {
+                    *s = _mm512_add_epi32(*s, _mm512_srai_epi32::<4>(*h));
                 }
             }
         }
