@@ -4,6 +4,7 @@
 mod activations;
 #[cfg(target_arch = "aarch64")]
 mod activations_arm;
+mod aligned;
 mod attention;
 mod conv;
 #[cfg(target_arch = "aarch64")]

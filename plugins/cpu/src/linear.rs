@@ -11,6 +11,7 @@
 use kazeia_backend_abi::WeightFormat;
 use rayon::prelude::*;
 
+use crate::aligned::Aligned;
 use crate::gemm_call::{matmul, MatMut, MatRef, SharedOut};
 
 pub(crate) const BLOCK: usize = 32;
@@ -22,10 +23,11 @@ const TILE_OUT: usize = 64;
 /// Output rows per parallel task on the kernel path.
 const TASK_OUT: usize = 64;
 
+/// The float formats' values start on a cache line ([`Aligned`]), so that rows of whole blocks are whole lines.
 pub(crate) enum Storage {
-    F32(Vec<f32>),
-    F16(Vec<u16>),
-    BF16(Vec<u16>),
+    F32(Aligned<f32>),
+    F16(Aligned<u16>),
+    BF16(Aligned<u16>),
     Q8_0 {
         scales: Scales,
         quants: Vec<i8>,
@@ -400,9 +402,9 @@ impl LinearWeight {
         let has_bias = r.take(1)?[0] != 0;
         let n = out * padded_in;
         let storage = match format {
-            WeightFormat::F32 => Storage::F32(r.f32s(n)?),
-            WeightFormat::F16 => Storage::F16(r.u16s(n)?),
-            WeightFormat::BF16 => Storage::BF16(r.u16s(n)?),
+            WeightFormat::F32 => Storage::F32(r.f32s(n)?.into()),
+            WeightFormat::F16 => Storage::F16(r.u16s(n)?.into()),
+            WeightFormat::BF16 => Storage::BF16(r.u16s(n)?.into()),
             WeightFormat::Q8_0 => Storage::Q8_0 {
                 scales: Scales::F32(r.f32s(n / BLOCK)?),
                 quants: r.take(n)?.iter().map(|&b| b as i8).collect(),

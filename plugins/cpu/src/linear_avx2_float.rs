@@ -1,6 +1,7 @@
 //! The decode-and-dot path of F32 / F16 / BF16 linear layers on x86 CPUs without AVX-512 (AVX2 + FMA + F16C):
 //! the twin of `linear_x86.rs`'s AVX-512 kernel with 8 lanes. Each 16 weights are widened to f32 in registers
-//! (BF16 by a shift, F16 by `vcvtph2ps`) and multiplied into up to four rows of f32 activations, two
+//! (BF16 by a shift and a mask of one 32-byte load, its even and odd weights against activations reordered the
+//! same way once a call; F16 by `vcvtph2ps`) and multiplied into up to four rows of f32 activations, two
 //! accumulators a row.
 //!
 //! The portable kernel compiled for AVX2 that it replaces ran the released 0.6B model as stored (bf16) at
@@ -9,6 +10,7 @@
 
 use std::arch::x86_64::*;
 
+use crate::aligned::Aligned;
 use crate::linear::{LinearWeight, Storage};
 
 /// Sixteen consecutive weights from element `i` of output row `o`, widened to f32 in two vectors.
@@ -16,6 +18,9 @@ trait Lanes {
     /// # Safety
     /// AVX2 and F16C enabled; `o` an output row of the weight, `i + 16 ≤` its padded row length.
     unsafe fn load16(&self, o: usize, i: usize) -> (__m256, __m256);
+    /// Whether [`Lanes::load16`] gives the 16 weights as the even-numbered ones and the odd ones (the
+    /// activations are then laid out the same way, [`even_odd`]) instead of the first eight and the last eight.
+    const EVEN_ODD: bool = false;
     /// Where weight `i` of row `o` is stored (for prefetching: computed, never read here).
     fn addr(&self, o: usize, i: usize) -> *const i8;
 }
@@ -40,19 +45,19 @@ impl Lanes for F32<'_> {
 }
 
 impl Lanes for Bf16<'_> {
+    /// One load and two ops for 16 weights: a bf16 is the top half of its f32, so the even weights (the low halves
+    /// of the 32-bit lanes) are shifted up and the odd ones (the high halves) masked in place.
     #[inline(always)]
     unsafe fn load16(&self, o: usize, i: usize) -> (__m256, __m256) {
         // SAFETY: the 16 weights lie in row `o` (the contract); AVX2 is enabled.
         unsafe {
-            let p = self.0.as_ptr().add(o * self.1 + i);
-            let widen =
-                |h: __m128i| _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h)));
-            (
-                widen(_mm_loadu_si128(p.cast())),
-                widen(_mm_loadu_si128(p.add(8).cast())),
-            )
+            let v = _mm256_loadu_si256(self.0.as_ptr().add(o * self.1 + i).cast());
+            let even = _mm256_slli_epi32::<16>(v);
+            let odd = _mm256_and_si256(v, _mm256_set1_epi32(0xffff_0000u32 as i32));
+            (_mm256_castsi256_ps(even), _mm256_castsi256_ps(odd))
         }
     }
+    const EVEN_ODD: bool = true;
     fn addr(&self, o: usize, i: usize) -> *const i8 {
         self.0.as_ptr().wrapping_add(o * self.1 + i).cast()
     }
@@ -127,6 +132,14 @@ unsafe fn rows<L: Lanes>(
     o1: usize,
     partial: &mut [f32],
 ) {
+    let reordered;
+    let x = if L::EVEN_ODD {
+        // SAFETY: AVX2 is enabled in the caller (as `dot_row` requires).
+        reordered = unsafe { even_odd(&x[..rows * k]) };
+        &reordered[..]
+    } else {
+        x
+    };
     let width = o1 - o0;
     let mut r = 0;
     // Four rows at most: two accumulators each and the two weight vectors fill the 16 registers.
@@ -148,6 +161,36 @@ unsafe fn rows<L: Lanes>(
         }
         r += n;
     }
+}
+
+/// `x` with each 16 values reordered as their 8 even-numbered values, then their 8 odd ones: the order in which
+/// [`Lanes::load16`] gives the weights of an [`Lanes::EVEN_ODD`] layout. Four ops for 16 values, once a call
+/// (a task of output rows, whose weights take microseconds).
+#[target_feature(enable = "avx2")]
+fn even_odd(x: &[f32]) -> Aligned<f32> {
+    let mut out = Aligned::zeroed(x.len());
+    for (dst, src) in out.chunks_exact_mut(16).zip(x.chunks_exact(16)) {
+        // SAFETY: `src` holds 16 values (`chunks_exact`).
+        let (a, b) = unsafe {
+            (
+                _mm256_loadu_ps(src.as_ptr()),
+                _mm256_loadu_ps(src.as_ptr().add(8)),
+            )
+        };
+        // Within each 128-bit half: a0 a2 b0 b2 | a4 a6 b4 b6 (and the odd ones alike); then the 64-bit pairs
+        // in order (a0 a2, a4 a6, b0 b2, b4 b6).
+        let in_order = |v: __m256| {
+            _mm256_castpd_ps(_mm256_permute4x64_pd::<0b11_01_10_00>(_mm256_castps_pd(v)))
+        };
+        let even = in_order(_mm256_shuffle_ps::<0b10_00_10_00>(a, b));
+        let odd = in_order(_mm256_shuffle_ps::<0b11_01_11_01>(a, b));
+        // SAFETY: `dst` holds 16 values, from a line boundary (`Aligned`, chunks of 64 bytes).
+        unsafe {
+            _mm256_store_ps(dst.as_mut_ptr(), even);
+            _mm256_store_ps(dst.as_mut_ptr().add(8), odd);
+        }
+    }
+    out
 }
 
 fn pad<const N: usize>(v: [f32; N]) -> [f32; 4] {
