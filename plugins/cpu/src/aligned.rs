@@ -15,6 +15,8 @@ pub(crate) unsafe trait Plain: Copy {}
 unsafe impl Plain for f32 {}
 // SAFETY: as above.
 unsafe impl Plain for u16 {}
+// SAFETY: as above.
+unsafe impl Plain for u8 {}
 
 #[derive(Clone, Copy)]
 #[repr(C, align(64))]

@@ -211,7 +211,7 @@ unsafe fn tile<const O: usize, const R: usize, const HALF: bool, const VNNI: boo
         let (x_vector, x_group) = (LANES_BYTES, 8 * LANES_BYTES);
         let scale_bytes = pair.scale_bytes::<HALF>();
         let x_rows = |ri: usize| (r0 + ri) * groups;
-        let x_data = x.quants.bytes().as_ptr();
+        let x_data = x.quants.as_ptr();
         let nibble_mask = _mm256_set1_epi8(0x0f);
         let sign_bits = _mm256_set1_epi8(-128);
         let ones = _mm256_set1_epi16(1);

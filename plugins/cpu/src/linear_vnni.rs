@@ -28,6 +28,7 @@
 
 use std::arch::x86_64::*;
 
+use crate::aligned::Aligned;
 use crate::int8::quantize_block;
 use crate::linear::BLOCK;
 
@@ -46,29 +47,11 @@ const ROWS_PER_TASK: usize = 4;
 /// Q8_0 one row 5-12 %, four rows 29 %. 2-16 KB ahead and the T1/NTA hints were all within ±4 % of this.
 pub(crate) const PREFETCH_BYTES: usize = 4096;
 
-/// Bytes in whole, aligned cache lines, so that no vector load straddles two lines.
-pub(crate) struct Lines(Vec<Line>);
-
-#[derive(Clone, Copy)]
-#[repr(C, align(64))]
-struct Line([u8; LANES_BYTES]);
-
-impl Lines {
-    fn new(len: usize, fill: u8) -> Self {
-        Lines(vec![Line([fill; LANES_BYTES]); len.div_ceil(LANES_BYTES)])
-    }
-
-    pub(crate) fn bytes(&self) -> &[u8] {
-        // SAFETY: `Line` is 64 plain bytes with no padding (repr C, size = alignment = 64).
-        unsafe { std::slice::from_raw_parts(self.0.as_ptr().cast(), self.0.len() * LANES_BYTES) }
-    }
-
-    fn bytes_mut(&mut self) -> &mut [u8] {
-        // SAFETY: as in `bytes`; the borrow is unique.
-        unsafe {
-            std::slice::from_raw_parts_mut(self.0.as_mut_ptr().cast(), self.0.len() * LANES_BYTES)
-        }
-    }
+/// `len` bytes of `fill` from a cache line on ([`Aligned`]), so that no vector load straddles two lines.
+fn lines(len: usize, fill: u8) -> Aligned<u8> {
+    let mut lines = Aligned::zeroed(len);
+    lines.fill(fill);
+    lines
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -118,7 +101,7 @@ pub(crate) struct Packed {
     /// `[out][groups][vectors][64]`. Q8_0: byte `4b + t` of vector `j` is value `4j + t` of block `b`. Q4_0:
     /// vector `p` holds value `8p + t` of block `b` in the low nibble of byte `4b + t`, value `8p + 4 + t` in
     /// the high nibble (nibbles are `w + 8`).
-    pub(crate) data: Lines,
+    pub(crate) data: Aligned<u8>,
     /// Q8_0: `[out][groups][16]`, `−128 · Σ` of each block's weights. Empty for Q4_0.
     pub(crate) corrections: Vec<i32>,
 }
@@ -167,7 +150,7 @@ impl Packed {
                 for p in 0..4 {
                     let vector = packed.vector_offset(o, g, p);
                     for t in 0..4 {
-                        packed.data.bytes_mut()[vector + 4 * b + t] =
+                        packed.data[vector + 4 * b + t] =
                             nibble(8 * p + t) | (nibble(8 * p + 4 + t) << 4);
                     }
                 }
@@ -199,7 +182,7 @@ impl Packed {
                 for j in 0..8 {
                     let vector = packed.vector_offset(o, g, j);
                     for t in 0..4 {
-                        packed.data.bytes_mut()[vector + 4 * b + t] = src[4 * j + t] as u8;
+                        packed.data[vector + 4 * b + t] = src[4 * j + t] as u8;
                     }
                 }
                 let lane = packed.lanes_offset(o, g) + b;
@@ -241,7 +224,7 @@ impl Packed {
             groups,
             blocks,
             scales,
-            data: Lines::new(rows * groups * kind.vectors() * LANES_BYTES, fill),
+            data: lines(rows * groups * kind.vectors() * LANES_BYTES, fill),
             corrections: Vec::new(),
         }
     }
@@ -272,7 +255,7 @@ impl Packed {
             Kind::Q8_0 => BLOCK,
         };
         let mut data = vec![0u8; self.out * self.blocks * per_block];
-        let bytes = self.data.bytes();
+        let bytes = &self.data[..];
         for o in 0..self.out {
             for blk in 0..self.blocks {
                 let (g, b) = (blk / GROUP, blk % GROUP);
@@ -310,13 +293,11 @@ impl Packed {
         match self.kind {
             Kind::Q4_0 => {
                 let (p, high, t) = (v / 8, v % 8 >= 4, v % 4);
-                let byte = self.data.bytes()[self.vector_offset(o, g, p) + 4 * b + t];
+                let byte = self.data[self.vector_offset(o, g, p) + 4 * b + t];
                 let nibble = if high { byte >> 4 } else { byte & 0x0f };
                 nibble as i32 - 8
             }
-            Kind::Q8_0 => {
-                self.data.bytes()[self.vector_offset(o, g, v / 4) + 4 * b + v % 4] as i8 as i32
-            }
+            Kind::Q8_0 => self.data[self.vector_offset(o, g, v / 4) + 4 * b + v % 4] as i8 as i32,
         }
     }
 
@@ -333,7 +314,7 @@ impl Packed {
 
     /// Resident bytes.
     pub fn bytes(&self) -> usize {
-        self.data.bytes().len() + self.scales.bytes() + self.corrections.len() * 4
+        self.data.len() + self.scales.bytes() + self.corrections.len() * 4
     }
 }
 
@@ -386,11 +367,7 @@ impl Packed {
             Scales::Full(f) => (f.as_ptr().wrapping_add(lanes).cast(), 4),
         };
         PairStreams {
-            data: self
-                .data
-                .bytes()
-                .as_ptr()
-                .wrapping_add(self.vector_offset(o, 0, 0)),
+            data: self.data.as_ptr().wrapping_add(self.vector_offset(o, 0, 0)),
             scales,
             scale_bytes,
             corrections: self.corrections.as_ptr().wrapping_add(lanes),
@@ -412,7 +389,7 @@ pub(crate) struct PackedActs {
     pub(crate) rows: usize,
     pub(crate) groups: usize,
     /// `[rows][groups][8][64]`; for Q8_0 weights offset by 128 (sign bit flipped).
-    pub(crate) quants: Lines,
+    pub(crate) quants: Aligned<u8>,
     /// `[rows][groups][16]`: block scales, 0 past the row.
     pub(crate) scales: Vec<f32>,
     /// Q4_0 weights: `[rows][groups][16]`, `−8 · Σ` of each block's quantised values. Empty for Q8_0.
@@ -440,8 +417,8 @@ impl PackedActs {
         assert!(k.is_multiple_of(BLOCK) && x.len() >= rows * k);
         let groups = k.div_ceil(GROUP_IN);
         let offset = if kind == Kind::Q8_0 { 0x80 } else { 0 };
-        let mut lines = Lines::new(rows * groups * 8 * LANES_BYTES, offset);
-        let quants = lines.bytes_mut();
+        let mut packed_quants = lines(rows * groups * 8 * LANES_BYTES, offset);
+        let quants = &mut packed_quants[..];
         let mut scales = vec![0.0; rows * groups * GROUP];
         let q4 = kind == Kind::Q4_0;
         let split = parallel && rows > ROWS_PER_TASK;
@@ -487,7 +464,7 @@ impl PackedActs {
         PackedActs {
             rows,
             groups,
-            quants: lines,
+            quants: packed_quants,
             scales,
             corrections,
         }
@@ -843,7 +820,7 @@ unsafe fn tile<const O: usize, const R: usize, const HALF: bool>(
     let (x_vector, x_group) = (LANES_BYTES, 8 * LANES_BYTES);
     let scale_bytes = pair.scale_bytes::<HALF>();
     let x_rows = |ri: usize| (r0 + ri) * groups;
-    let x_data = x.quants.bytes().as_ptr();
+    let x_data = x.quants.as_ptr();
     let nibble_mask = _mm512_set1_epi8(0x0f);
     // Q4_0 with one or two activation rows: the high nibbles are masked where they lie (16 times their value)
     // into sums of their own, one op a vector fewer than shifting them down; with more rows those sums would
