@@ -17,6 +17,8 @@ unsafe impl Plain for f32 {}
 unsafe impl Plain for u16 {}
 // SAFETY: as above.
 unsafe impl Plain for u8 {}
+// SAFETY: as above.
+unsafe impl Plain for i32 {}
 
 #[derive(Clone, Copy)]
 #[repr(C, align(64))]

@@ -103,14 +103,15 @@ pub(crate) struct Packed {
     /// the high nibble (nibbles are `w + 8`).
     pub(crate) data: Aligned<u8>,
     /// Q8_0: `[out][groups][16]`, `−128 · Σ` of each block's weights. Empty for Q4_0.
-    pub(crate) corrections: Vec<i32>,
+    pub(crate) corrections: Aligned<i32>,
 }
 
 /// A weight's block scales in the lanes layout: IEEE halves where every scale is one (what the quantisers make:
-/// 64 bytes a group and pair of rows instead of 128), else f32.
+/// 64 bytes a group and pair of rows instead of 128), else f32. Aligned, as the weights: a group's lanes are
+/// then one or two whole lines, which no vector load straddles.
 pub(crate) enum Scales {
-    Half(Vec<u16>),
-    Full(Vec<f32>),
+    Half(Aligned<u16>),
+    Full(Aligned<f32>),
 }
 
 impl Scales {
@@ -174,7 +175,7 @@ impl Packed {
         } else {
             0
         };
-        packed.corrections = vec![0; lanes];
+        packed.corrections = Aligned::zeroed(lanes);
         for o in 0..out {
             for blk in 0..packed.blocks {
                 let src = &quants[o * padded_in + blk * BLOCK..][..BLOCK];
@@ -214,7 +215,7 @@ impl Packed {
                     .collect(),
             )
         } else {
-            Scales::Full(scales)
+            Scales::Full(scales.into())
         };
         // Q4_0 padding nibbles are 8 (weight 0), Q8_0 padding bytes 0.
         let fill = if kind == Kind::Q4_0 { 0x88 } else { 0 };
@@ -225,7 +226,7 @@ impl Packed {
             blocks,
             scales,
             data: lines(rows * groups * kind.vectors() * LANES_BYTES, fill),
-            corrections: Vec::new(),
+            corrections: Aligned::zeroed(0),
         }
     }
 
@@ -390,10 +391,10 @@ pub(crate) struct PackedActs {
     pub(crate) groups: usize,
     /// `[rows][groups][8][64]`; for Q8_0 weights offset by 128 (sign bit flipped).
     pub(crate) quants: Aligned<u8>,
-    /// `[rows][groups][16]`: block scales, 0 past the row.
-    pub(crate) scales: Vec<f32>,
+    /// `[rows][groups][16]`: block scales, 0 past the row (aligned: a group's lanes are one line).
+    pub(crate) scales: Aligned<f32>,
     /// Q4_0 weights: `[rows][groups][16]`, `−8 · Σ` of each block's quantised values. Empty for Q8_0.
-    pub(crate) corrections: Vec<i32>,
+    pub(crate) corrections: Aligned<i32>,
 }
 
 impl PackedActs {
@@ -419,18 +420,15 @@ impl PackedActs {
         let offset = if kind == Kind::Q8_0 { 0x80 } else { 0 };
         let mut packed_quants = lines(rows * groups * 8 * LANES_BYTES, offset);
         let quants = &mut packed_quants[..];
-        let mut scales = vec![0.0; rows * groups * GROUP];
+        let mut scales = Aligned::zeroed(rows * groups * GROUP);
         let q4 = kind == Kind::Q4_0;
         let split = parallel && rows > ROWS_PER_TASK;
         // Split along with the rest even for Q8_0 (which keeps none), so that every part has its share.
-        let mut corrections = vec![
-            0;
-            if q4 || split {
-                rows * groups * GROUP
-            } else {
-                0
-            }
-        ];
+        let mut corrections = Aligned::zeroed(if q4 || split {
+            rows * groups * GROUP
+        } else {
+            0
+        });
         /// One task's rows: `((x, quants), scales), corrections`.
         type Part<'a> = (((&'a [f32], &'a mut [u8]), &'a mut [f32]), &'a mut [i32]);
         let part = |(((x, quants), scales), corrections): Part<'_>| {
@@ -456,10 +454,10 @@ impl PackedActs {
                 .zip(corrections.par_chunks_mut(ROWS_PER_TASK * per_row.2))
                 .for_each(part);
         } else {
-            part((((x, quants), &mut scales), &mut corrections));
+            part((((x, quants), &mut scales[..]), &mut corrections[..]));
         }
         if !q4 {
-            corrections = Vec::new();
+            corrections = Aligned::zeroed(0);
         }
         PackedActs {
             rows,
