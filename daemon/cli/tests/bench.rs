@@ -51,3 +51,37 @@ fn bench_prints_every_stage_and_paired_bandwidth_shares() {
         );
     }
 }
+
+/// `kazeia bench --batch` on the same model: every width's row, and the ceiling the unbatched decoder sets,
+/// which no width's ratio passes (a width's compute includes at least the decoder's).
+#[test]
+fn bench_batch_prints_each_width_under_the_decoder_ceiling() {
+    let model = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/lm/shape_0b6");
+    let output = Command::new(env!("CARGO_BIN_EXE_kazeia"))
+        .args(["bench", "--model"])
+        .arg(&model)
+        .args(["--frames", "4", "--repeat", "1", "--batch", "1,4", "--json"])
+        .output()
+        .expect("cannot run kazeia");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let json: serde_json::Value =
+        serde_json::from_str(stdout.lines().last().expect("a JSON line")).expect("JSON");
+    let ceiling = json["ratio_ceiling"].as_f64().expect("a ceiling");
+    let runs = json["runs"].as_array().expect("runs");
+    let modes: Vec<&str> = runs.iter().map(|r| r["mode"].as_str().unwrap()).collect();
+    assert_eq!(modes, ["sequential", "batch 1", "batch 4"]);
+    assert!(ceiling > 1.0 && ceiling.is_finite(), "ceiling {ceiling}");
+    for run in runs {
+        let ratio = run["ratio"].as_f64().expect("a ratio");
+        assert!(
+            ratio > 0.0 && ratio <= ceiling,
+            "{}: ratio {ratio} past the ceiling {ceiling}",
+            run["mode"]
+        );
+    }
+}
