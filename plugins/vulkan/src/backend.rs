@@ -177,6 +177,12 @@ impl VulkanBackend {
         self.exec.stats()
     }
 
+    /// The device's most workgroups per dispatch in x, y and z (`maxComputeWorkGroupCount`): 65535 on lavapipe
+    /// and many mobile GPUs (Vulkan's minimum), 2³¹ − 1 in x on NVIDIA's.
+    pub fn max_workgroups(&self) -> [u32; 3] {
+        self.gpu.limits.max_groups
+    }
+
     pub fn is_enabled(&self, kernel: Kernel) -> bool {
         self.enabled.contains(&kernel)
     }
