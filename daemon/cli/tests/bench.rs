@@ -4,13 +4,14 @@
 use std::path::Path;
 use std::process::Command;
 
-#[test]
-fn bench_prints_every_stage_and_paired_bandwidth_shares() {
+/// `kazeia bench --model <the tiny 0.6B-shaped fixture> ARGS --json`: the JSON line it prints.
+fn bench_json(args: &[&str]) -> serde_json::Value {
     let model = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/lm/shape_0b6");
     let output = Command::new(env!("CARGO_BIN_EXE_kazeia"))
         .args(["bench", "--model"])
         .arg(&model)
-        .args(["--frames", "4", "--repeat", "3", "--json"])
+        .args(args)
+        .arg("--json")
         .output()
         .expect("cannot run kazeia");
     assert!(
@@ -19,8 +20,12 @@ fn bench_prints_every_stage_and_paired_bandwidth_shares() {
         String::from_utf8_lossy(&output.stderr)
     );
     let stdout = String::from_utf8_lossy(&output.stdout);
-    let json: serde_json::Value =
-        serde_json::from_str(stdout.lines().last().expect("a JSON line")).expect("JSON");
+    serde_json::from_str(stdout.lines().last().expect("a JSON line")).expect("JSON")
+}
+
+#[test]
+fn bench_prints_every_stage_and_paired_bandwidth_shares() {
+    let json = bench_json(&["--frames", "4", "--repeat", "3"]);
     let number = |key: &str| {
         json[key]
             .as_f64()
@@ -56,21 +61,7 @@ fn bench_prints_every_stage_and_paired_bandwidth_shares() {
 /// which no width's ratio passes (a width's compute includes at least the decoder's).
 #[test]
 fn bench_batch_prints_each_width_under_the_decoder_ceiling() {
-    let model = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/lm/shape_0b6");
-    let output = Command::new(env!("CARGO_BIN_EXE_kazeia"))
-        .args(["bench", "--model"])
-        .arg(&model)
-        .args(["--frames", "4", "--repeat", "1", "--batch", "1,4", "--json"])
-        .output()
-        .expect("cannot run kazeia");
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let json: serde_json::Value =
-        serde_json::from_str(stdout.lines().last().expect("a JSON line")).expect("JSON");
+    let json = bench_json(&["--frames", "4", "--repeat", "1", "--batch", "1,4"]);
     let ceiling = json["ratio_ceiling"].as_f64().expect("a ceiling");
     let runs = json["runs"].as_array().expect("runs");
     let modes: Vec<&str> = runs.iter().map(|r| r["mode"].as_str().unwrap()).collect();
