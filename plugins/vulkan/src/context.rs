@@ -79,21 +79,19 @@ impl Gpu {
         }))
     }
 
-    /// A memory type allowed by `bits` with all of `need`, preferring one that also has `want`.
-    fn memory_type(
+    /// The memory types allowed by `bits` that have all of `need`, those `prefer` says yes to first.
+    fn memory_types(
         &self,
         bits: u32,
         need: vk::MemoryPropertyFlags,
-        want: vk::MemoryPropertyFlags,
-    ) -> Option<u32> {
-        let types = &self.memory.memory_types[..self.memory.memory_type_count as usize];
-        let fits = |i: usize, flags: vk::MemoryPropertyFlags| {
-            bits & (1 << i) != 0 && types[i].property_flags.contains(flags)
-        };
-        (0..types.len())
-            .find(|&i| fits(i, need | want))
-            .or_else(|| (0..types.len()).find(|&i| fits(i, need)))
-            .map(|i| i as u32)
+        prefer: impl Fn(vk::MemoryPropertyFlags) -> bool,
+    ) -> Vec<u32> {
+        memory_candidates(
+            &self.memory.memory_types[..self.memory.memory_type_count as usize],
+            bits,
+            need,
+            prefer,
+        )
     }
 
     /// Records commands with `record` into a one-off command buffer, submits it and waits.
@@ -178,7 +176,9 @@ impl Drop for Gpu {
 /// Where a buffer lives.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Memory {
-    /// Device-local when possible (weights): written once through a staging copy if not host-visible.
+    /// The device's own memory (weights), rather than the host-visible window into it where a discrete GPU has
+    /// both (that window, often 256 MB, is left to activations): written once through a staging copy if not
+    /// host-visible.
     Device,
     /// Host-visible and coherent, device-local when the device has such memory (activations, written and read
     /// by the host around every submission).
@@ -223,27 +223,37 @@ impl Buffer {
             let host =
                 vk::MemoryPropertyFlags::HOST_VISIBLE | vk::MemoryPropertyFlags::HOST_COHERENT;
             let local = vk::MemoryPropertyFlags::DEVICE_LOCAL;
-            let index = match memory {
-                Memory::Device => gpu.memory_type(req.memory_type_bits, local, host),
-                Memory::Shared => gpu.memory_type(req.memory_type_bits, host, local),
+            // Weights: the device's own memory, the host-visible window into it (where a discrete GPU has one)
+            // left to what the host reads and writes every step. Activations: host-visible, on the device if
+            // possible.
+            let candidates = match memory {
+                Memory::Device => {
+                    gpu.memory_types(req.memory_type_bits, local, |f| !f.contains(host))
+                }
+                Memory::Shared => {
+                    gpu.memory_types(req.memory_type_bits, host, |f| f.contains(local))
+                }
             };
-            let Some(index) = index else {
-                device.destroy_buffer(buffer, None);
-                return Err("no suitable memory type".into());
-            };
-            let mem = match device.allocate_memory(
-                &vk::MemoryAllocateInfo::default()
-                    .allocation_size(req.size)
-                    .memory_type_index(index),
-                None,
-            ) {
-                Ok(mem) => mem,
+            // The preferred type's heap can be small (a discrete GPU's host-visible window into its memory is
+            // often 256 MB): when it is full, the next type that has what is needed.
+            let allocated = first_that_allocates(&candidates, |index| {
+                device.allocate_memory(
+                    &vk::MemoryAllocateInfo::default()
+                        .allocation_size(req.size)
+                        .memory_type_index(index),
+                    None,
+                )
+            });
+            let (index, mem) = match allocated {
+                Ok(found) => found,
                 Err(e) => {
                     device.destroy_buffer(buffer, None);
-                    return Err(format!(
-                        "cannot allocate {} bytes of device memory: {e}",
-                        req.size
-                    ));
+                    return Err(match e {
+                        None => "no suitable memory type".into(),
+                        Some(e) => {
+                            format!("cannot allocate {} bytes of device memory: {e}", req.size)
+                        }
+                    });
                 }
             };
             let host_visible = gpu.memory.memory_types[index as usize]
@@ -339,5 +349,102 @@ impl Drop for Buffer {
             self.gpu.device.destroy_buffer(self.buffer, None);
             self.gpu.device.free_memory(self.memory, None);
         }
+    }
+}
+
+/// The indices of `types` allowed by `bits` that have all of `need`: those `prefer` says yes to first, each group
+/// in the device's order.
+fn memory_candidates(
+    types: &[vk::MemoryType],
+    bits: u32,
+    need: vk::MemoryPropertyFlags,
+    prefer: impl Fn(vk::MemoryPropertyFlags) -> bool,
+) -> Vec<u32> {
+    let usable: Vec<usize> = (0..types.len())
+        .filter(|&i| bits & (1 << i) != 0 && types[i].property_flags.contains(need))
+        .collect();
+    let preferred = usable.iter().filter(|&&i| prefer(types[i].property_flags));
+    let others = usable.iter().filter(|&&i| !prefer(types[i].property_flags));
+    preferred.chain(others).map(|&i| i as u32).collect()
+}
+
+/// The first of `candidates` that `allocate` succeeds with, and what it gave; else the last error (`None`: there
+/// was no candidate).
+fn first_that_allocates<T, E>(
+    candidates: &[u32],
+    mut allocate: impl FnMut(u32) -> Result<T, E>,
+) -> Result<(u32, T), Option<E>> {
+    let mut last = None;
+    for &index in candidates {
+        match allocate(index) {
+            Ok(found) => return Ok((index, found)),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A discrete GPU's usual types (NVIDIA's order): its memory, host memory (coherent, then cached), and the
+    /// host-visible window into its memory.
+    fn discrete() -> Vec<vk::MemoryType> {
+        use vk::MemoryPropertyFlags as F;
+        [
+            F::DEVICE_LOCAL,
+            F::HOST_VISIBLE | F::HOST_COHERENT,
+            F::HOST_VISIBLE | F::HOST_COHERENT | F::HOST_CACHED,
+            F::DEVICE_LOCAL | F::HOST_VISIBLE | F::HOST_COHERENT,
+        ]
+        .into_iter()
+        .map(|property_flags| vk::MemoryType {
+            property_flags,
+            heap_index: 0,
+        })
+        .collect()
+    }
+
+    #[test]
+    fn preferred_types_come_first_then_the_others_with_what_is_needed() {
+        use vk::MemoryPropertyFlags as F;
+        let (host, local) = (F::HOST_VISIBLE | F::HOST_COHERENT, F::DEVICE_LOCAL);
+        let weights = |f: F| !f.contains(host);
+        let activations = |f: F| f.contains(local);
+        let types = discrete();
+        // Weights: the device's own memory, then the host-visible window into it.
+        assert_eq!(memory_candidates(&types, !0, local, weights), [0, 3]);
+        // Activations: host-visible, on the device first, then host memory.
+        assert_eq!(memory_candidates(&types, !0, host, activations), [3, 1, 2]);
+        // Types the buffer cannot use are left out.
+        assert_eq!(memory_candidates(&types, 0b0110, host, activations), [1, 2]);
+        assert!(memory_candidates(&types, 0b0110, local, weights).is_empty());
+        // One type with everything (lavapipe, most phones' GPUs): that one for both.
+        let one = [vk::MemoryType {
+            property_flags: host | local | F::HOST_CACHED,
+            heap_index: 0,
+        }];
+        assert_eq!(memory_candidates(&one, !0, local, weights), [0]);
+        assert_eq!(memory_candidates(&one, !0, host, activations), [0]);
+    }
+
+    #[test]
+    fn a_full_heap_moves_the_allocation_to_the_next_candidate() {
+        let mut tried = Vec::new();
+        let got = first_that_allocates(&[3, 0], |i| {
+            tried.push(i);
+            if i == 3 {
+                Err("out of device memory")
+            } else {
+                Ok("memory")
+            }
+        });
+        assert_eq!(got, Ok((0, "memory")));
+        assert_eq!(tried, [3, 0]);
+        let none: Result<(u32, ()), _> =
+            first_that_allocates(&[3, 0], |_| Err("out of device memory"));
+        assert_eq!(none, Err(Some("out of device memory")));
+        assert_eq!(first_that_allocates::<(), ()>(&[], |_| Ok(())), Err(None));
     }
 }
