@@ -18,6 +18,9 @@ pub struct DeviceInfo {
     pub subgroup_arithmetic: bool,
     /// Bytes of the largest device-local memory heap (what weights and tensors can take).
     pub memory: u64,
+    /// Bytes of the largest device-local heap the host can map (all of it on integrated GPUs; on a discrete GPU
+    /// a window, often 256 MB, or none): where activations and KV caches go first.
+    pub host_visible_memory: u64,
 }
 
 impl DeviceInfo {
@@ -54,13 +57,21 @@ impl DeviceInfo {
             }
             _ => "other device",
         };
-        format!(
+        let mut line = format!(
             "{} — {kind}, Vulkan {}.{}, subgroup size {}",
             self.name,
             vk::api_version_major(self.api_version),
             vk::api_version_minor(self.api_version),
             self.subgroup_size
-        )
+        );
+        if self.kind == vk::PhysicalDeviceType::DISCRETE_GPU {
+            // What the activations get: device memory the host maps, or the host's own over the bus.
+            line += &format!(
+                ", host-visible device memory {} MiB",
+                self.host_visible_memory >> 20
+            );
+        }
+        line
     }
 }
 
@@ -197,6 +208,7 @@ fn describe(instance: &ash::Instance, pd: vk::PhysicalDevice) -> Result<DeviceIn
             .map(|h| h.size)
             .max()
             .unwrap_or(0);
+        let host_visible_memory = host_visible_device_memory(&heaps);
         Ok(DeviceInfo {
             physical: pd,
             name,
@@ -206,6 +218,53 @@ fn describe(instance: &ash::Instance, pd: vk::PhysicalDevice) -> Result<DeviceIn
             subgroup_size: subgroup.subgroup_size,
             subgroup_arithmetic,
             memory,
+            host_visible_memory,
         })
+    }
+}
+
+/// Bytes of the largest device-local heap that has a host-visible memory type.
+fn host_visible_device_memory(memory: &vk::PhysicalDeviceMemoryProperties) -> u64 {
+    let both = vk::MemoryPropertyFlags::DEVICE_LOCAL | vk::MemoryPropertyFlags::HOST_VISIBLE;
+    memory.memory_types[..memory.memory_type_count as usize]
+        .iter()
+        .filter(|t| t.property_flags.contains(both))
+        .map(|t| memory.memory_heaps[t.heap_index as usize].size)
+        .max()
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_host_visible_window_is_the_largest_mappable_device_heap() {
+        use vk::MemoryPropertyFlags as F;
+        let mut memory = vk::PhysicalDeviceMemoryProperties {
+            memory_type_count: 3,
+            memory_heap_count: 3,
+            ..Default::default()
+        };
+        // A discrete GPU: its memory (heap 0), the host's (heap 1), and a 256 MiB mappable window (heap 2).
+        memory.memory_heaps[0].size = 140 << 30;
+        memory.memory_heaps[1].size = 64 << 30;
+        memory.memory_heaps[2].size = 256 << 20;
+        memory.memory_types[0] = vk::MemoryType {
+            property_flags: F::DEVICE_LOCAL,
+            heap_index: 0,
+        };
+        memory.memory_types[1] = vk::MemoryType {
+            property_flags: F::HOST_VISIBLE | F::HOST_COHERENT,
+            heap_index: 1,
+        };
+        memory.memory_types[2] = vk::MemoryType {
+            property_flags: F::DEVICE_LOCAL | F::HOST_VISIBLE | F::HOST_COHERENT,
+            heap_index: 2,
+        };
+        assert_eq!(host_visible_device_memory(&memory), 256 << 20);
+        // Without the window: none.
+        memory.memory_type_count = 2;
+        assert_eq!(host_visible_device_memory(&memory), 0);
     }
 }
