@@ -23,6 +23,26 @@ const TILE_OUT: usize = 64;
 /// Output rows per parallel task on the kernel path.
 const TASK_OUT: usize = 64;
 
+/// Activations in the order a float kernel reads a weight's values in (BF16's even/odd halves), made by the first
+/// task of a call that needs them and shared by the later ones: about once a call, not once a task of output rows.
+pub(crate) type Reordered = std::sync::OnceLock<Aligned<f32>>;
+
+/// The call's reordered activations from `slot`, or made by `make` when none are there yet: stored for the later
+/// tasks, or kept in `own` where another task stored its copy meanwhile (a task never waits for another's).
+pub(crate) fn reordered_once<'a>(
+    slot: &'a Reordered,
+    own: &'a mut Option<Aligned<f32>>,
+    make: impl FnOnce() -> Aligned<f32>,
+) -> &'a [f32] {
+    if let Some(shared) = slot.get() {
+        return shared;
+    }
+    match slot.set(make()) {
+        Ok(()) => slot.get().expect("just stored"),
+        Err(mine) => own.insert(mine),
+    }
+}
+
 /// The float formats' values start on a cache line ([`Aligned`]), so that rows of whole blocks are whole lines.
 pub(crate) enum Storage {
     F32(Aligned<f32>),
@@ -510,6 +530,7 @@ impl LinearWeight {
         };
         #[cfg(target_arch = "aarch64")]
         let quantized = crate::linear_arm::quantize_for(self, x, rows);
+        let reordered = Reordered::new();
         let run = |o0: usize, o1: usize| {
             #[cfg(target_arch = "x86_64")]
             if let Some((packed, acts)) = &quantized {
@@ -528,17 +549,17 @@ impl LinearWeight {
             }
             let mut partial = vec![0.0f32; rows * (o1 - o0)];
             #[cfg(target_arch = "x86_64")]
-            dispatch_dot(self, x, rows, o0, o1, &mut partial);
+            dispatch_dot(self, x, &reordered, rows, o0, o1, &mut partial);
             #[cfg(target_arch = "aarch64")]
             match &quantized {
                 Some(q) => {
                     let kernel = crate::linear_arm::selected();
                     crate::linear_arm::dot_int8(kernel, self, q, o0, o1, &mut partial)
                 }
-                None => dispatch_dot(self, x, rows, o0, o1, &mut partial),
+                None => dispatch_dot(self, x, &reordered, rows, o0, o1, &mut partial),
             }
             #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
-            dispatch_dot(self, x, rows, o0, o1, &mut partial);
+            dispatch_dot(self, x, &reordered, rows, o0, o1, &mut partial);
             for r in 0..rows {
                 for o in o0..o1 {
                     let b = self.bias.as_ref().map_or(0.0, |b| b[o]);
@@ -722,6 +743,7 @@ pub(crate) fn decode_row(w: &LinearWeight, o: usize, row: &mut [f32]) {
 fn dispatch_dot(
     w: &LinearWeight,
     x: &[f32],
+    #[allow(unused_variables)] reordered: &Reordered,
     rows: usize,
     o0: usize,
     o1: usize,
@@ -738,7 +760,9 @@ fn dispatch_dot(
             && !crate::linear_avx2::capped()
         {
             // SAFETY: the features were detected at run time (AVX-512 implies FMA and F16C).
-            return unsafe { crate::linear_x86::dot_avx512(w, x, rows, o0, o1, partial) };
+            return unsafe {
+                crate::linear_x86::dot_avx512(w, x, reordered, rows, o0, o1, partial)
+            };
         }
         if std::arch::is_x86_feature_detected!("avx2")
             && std::arch::is_x86_feature_detected!("fma")
@@ -747,7 +771,7 @@ fn dispatch_dot(
             // SAFETY: the features were detected at run time.
             return unsafe {
                 if crate::linear_avx2_float::runs(w) {
-                    crate::linear_avx2_float::dot(w, x, rows, o0, o1, partial)
+                    crate::linear_avx2_float::dot(w, x, reordered, rows, o0, o1, partial)
                 } else {
                     dot_avx2(w, x, rows, o0, o1, partial)
                 }
@@ -860,6 +884,26 @@ fn dot_group<const R: usize, const FMA: bool>(
 mod tests {
     use super::*;
 
+    /// The first task makes the reordered activations; the later ones share them and make none.
+    #[test]
+    fn activations_are_reordered_once_a_call() {
+        let slot = Reordered::new();
+        let mut made = 0;
+        let mut own = None;
+        let first = reordered_once(&slot, &mut own, || {
+            made += 1;
+            Aligned::from(&[1.0f32, 2.0][..])
+        })
+        .as_ptr();
+        assert!(own.is_none(), "stored for the others, not kept");
+        for _ in 0..3 {
+            let mut own = None;
+            let again = reordered_once(&slot, &mut own, || panic!("made again"));
+            assert_eq!((again.as_ptr(), again), (first, &[1.0f32, 2.0][..]));
+        }
+        assert_eq!(made, 1);
+    }
+
     fn reference(
         w: &[f32],
         x: &[f32],
@@ -936,7 +980,7 @@ mod tests {
             lw.forward(&x, rows, &mut fast, gemm::Parallelism::None);
             // The decode-and-dot kernel on f32 activations, without integer products.
             let mut exact = vec![0.0; rows * out];
-            dispatch_dot(&lw, &x, rows, 0, out, &mut exact);
+            dispatch_dot(&lw, &x, &Reordered::new(), rows, 0, out, &mut exact);
             let scale = exact.iter().fold(0.0f32, |m, v| m.max(v.abs()));
             for r in 0..rows {
                 for o in 0..out {

@@ -11,7 +11,7 @@
 use std::arch::x86_64::*;
 
 use crate::aligned::Aligned;
-use crate::linear::{LinearWeight, Storage};
+use crate::linear::{reordered_once, LinearWeight, Reordered, Storage};
 
 /// Sixteen consecutive weights from element `i` of output row `o`, widened to f32 in two vectors.
 trait Lanes {
@@ -123,20 +123,21 @@ unsafe fn dot_row<const R: usize, L: Lanes>(
 /// # Safety
 /// As [`dot_row`] for every output row `o0..o1` and the `rows` rows of `x`.
 #[inline(always)]
+#[allow(clippy::too_many_arguments)] // the call's operands and its task's output rows
 unsafe fn rows<L: Lanes>(
     l: &L,
     x: &[f32],
+    reordered: &Reordered,
     k: usize,
     rows: usize,
     o0: usize,
     o1: usize,
     partial: &mut [f32],
 ) {
-    let reordered;
+    let mut own = None;
     let x = if L::EVEN_ODD {
-        // SAFETY: AVX2 is enabled in the caller (as `dot_row` requires).
-        reordered = unsafe { even_odd(&x[..rows * k]) };
-        &reordered[..]
+        // SAFETY: AVX2 is enabled in the caller (as `dot_row` requires), and so on this CPU.
+        reordered_once(reordered, &mut own, || unsafe { even_odd(&x[..rows * k]) })
     } else {
         x
     };
@@ -164,8 +165,8 @@ unsafe fn rows<L: Lanes>(
 }
 
 /// `x` with each 16 values reordered as their 8 even-numbered values, then their 8 odd ones: the order in which
-/// [`Lanes::load16`] gives the weights of an [`Lanes::EVEN_ODD`] layout. Four ops for 16 values, once a call
-/// (a task of output rows, whose weights take microseconds).
+/// [`Lanes::load16`] gives the weights of an [`Lanes::EVEN_ODD`] layout. Four ops for 16 values, once per linear
+/// call (its tasks share the result through [`Reordered`]).
 #[target_feature(enable = "avx2")]
 fn even_odd(x: &[f32]) -> Aligned<f32> {
     let mut out = Aligned::zeroed(x.len());
@@ -210,11 +211,13 @@ pub(crate) fn runs(w: &LinearWeight) -> bool {
 /// `partial[r][o − o0] = Σ_i x[r][i] · w[o][i]` for an F32, F16 or BF16 `w` ([`runs`]).
 ///
 /// # Safety
-/// The CPU must support AVX2, FMA and F16C; `x` holds `n` rows of `w.padded_in` values.
+/// The CPU must support AVX2, FMA and F16C; `x` holds `n` rows of `w.padded_in` values; `reordered` is shared
+/// only by calls on the same `x` and rows (one linear call's tasks).
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn dot(
     w: &LinearWeight,
     x: &[f32],
+    reordered: &Reordered,
     n: usize,
     o0: usize,
     o1: usize,
@@ -227,9 +230,9 @@ pub(crate) unsafe fn dot(
     // `out_features × padded_in` layout keep every row and element index in range.
     unsafe {
         match &w.storage {
-            Storage::F32(d) => rows(&F32(d, k), x, k, n, o0, o1, partial),
-            Storage::BF16(d) => rows(&Bf16(d, k), x, k, n, o0, o1, partial),
-            Storage::F16(d) => rows(&F16(d, k), x, k, n, o0, o1, partial),
+            Storage::F32(d) => rows(&F32(d, k), x, reordered, k, n, o0, o1, partial),
+            Storage::BF16(d) => rows(&Bf16(d, k), x, reordered, k, n, o0, o1, partial),
+            Storage::F16(d) => rows(&F16(d, k), x, reordered, k, n, o0, o1, partial),
             _ => unreachable!("the AVX2 float kernel runs F32, F16 and BF16 weights"),
         }
     }
@@ -275,7 +278,7 @@ mod tests {
                         let width = o1 - o0;
                         let mut got = vec![f32::NAN; rows * width];
                         // SAFETY: the features were checked above; `x` holds `rows` rows of `k` values.
-                        unsafe { dot(&lw, &x, rows, o0, o1, &mut got) };
+                        unsafe { dot(&lw, &x, &Reordered::new(), rows, o0, o1, &mut got) };
                         for r in 0..rows {
                             for o in o0..o1 {
                                 let terms = (0..k).map(|i| {

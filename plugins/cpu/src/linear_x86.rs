@@ -5,7 +5,7 @@
 
 use std::arch::x86_64::*;
 
-use super::linear::{LinearWeight, Storage, BLOCK};
+use super::linear::{reordered_once, LinearWeight, Reordered, Storage, BLOCK};
 use crate::aligned::Aligned;
 
 /// Widens 16 consecutive weights starting at element `i` of output row `o` to f32 (AVX-512).
@@ -226,20 +226,21 @@ unsafe fn group<const R: usize, L: Lanes16>(
 /// # Safety
 /// As [`dot_row`] for every output row `o0..o1`, with `x` holding `rows` rows.
 #[inline(always)]
+#[allow(clippy::too_many_arguments)] // the call's operands and its task's output rows
 unsafe fn rows<L: Lanes16>(
     l: &L,
     x: &[f32],
+    reordered: &Reordered,
     k: usize,
     rows: usize,
     o0: usize,
     o1: usize,
     partial: &mut [f32],
 ) {
-    let reordered;
+    let mut own = None;
     let x = if L::EVEN_ODD {
-        // SAFETY: AVX-512 is enabled in the caller (as `dot_row` requires).
-        reordered = unsafe { even_odd(&x[..rows * k]) };
-        &reordered[..]
+        // SAFETY: AVX-512 is enabled in the caller (as `dot_row` requires), and so on this CPU.
+        reordered_once(reordered, &mut own, || unsafe { even_odd(&x[..rows * k]) })
     } else {
         x
     };
@@ -265,8 +266,7 @@ unsafe fn rows<L: Lanes16>(
 
 /// `x` with each block of 32 values reordered as its 16 even-numbered values, then its 16 odd ones: the order
 /// in which [`Lanes16::load32`] gives a block of an [`Lanes16::EVEN_ODD`] layout, in aligned lines.
-/// Two permutes a block (done for every call, which is a task of output rows: ~0.1 µs for 1024 values, against
-/// microseconds of weights).
+/// Two permutes a block, once per linear call (its tasks share the result through [`Reordered`]).
 #[target_feature(enable = "avx512f")]
 fn even_odd(x: &[f32]) -> Aligned<f32> {
     let mut out = Aligned::zeroed(x.len());
@@ -292,11 +292,13 @@ fn even_odd(x: &[f32]) -> Aligned<f32> {
 /// `partial[r][o − o0] = Σ_i x[r][i] · w[o][i]` with AVX-512.
 ///
 /// # Safety
-/// The CPU must support AVX-512F/BW, F16C and FMA; `x` holds `rows` rows of `w.padded_in` values.
+/// The CPU must support AVX-512F/BW, F16C and FMA; `x` holds `rows` rows of `w.padded_in` values; `reordered`
+/// is shared only by calls on the same `x` and rows (one linear call's tasks).
 #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
 pub unsafe fn dot_avx512(
     w: &LinearWeight,
     x: &[f32],
+    reordered: &Reordered,
     n: usize,
     o0: usize,
     o1: usize,
@@ -309,16 +311,30 @@ pub unsafe fn dot_avx512(
     // `out_features × padded_in` layout keep every row and block index in range.
     unsafe {
         match &w.storage {
-            Storage::BF16(d) => rows(&Bf16(d, k), x, k, n, o0, o1, partial),
-            Storage::F16(d) => rows(&F16(d, k), x, k, n, o0, o1, partial),
+            Storage::BF16(d) => rows(&Bf16(d, k), x, reordered, k, n, o0, o1, partial),
+            Storage::F16(d) => rows(&F16(d, k), x, reordered, k, n, o0, o1, partial),
             // Scales stay f32 on x86 (only the VNNI layout holds halves): borrowed, not converted.
-            Storage::Q8_0 { scales, quants } => {
-                rows(&Q8(&scales.to_f32(), quants, k), x, k, n, o0, o1, partial)
-            }
-            Storage::Q4_0 { scales, nibbles } => {
-                rows(&Q4(&scales.to_f32(), nibbles, k), x, k, n, o0, o1, partial)
-            }
-            Storage::F32(d) => rows(&F32(d, k), x, k, n, o0, o1, partial),
+            Storage::Q8_0 { scales, quants } => rows(
+                &Q8(&scales.to_f32(), quants, k),
+                x,
+                reordered,
+                k,
+                n,
+                o0,
+                o1,
+                partial,
+            ),
+            Storage::Q4_0 { scales, nibbles } => rows(
+                &Q4(&scales.to_f32(), nibbles, k),
+                x,
+                reordered,
+                k,
+                n,
+                o0,
+                o1,
+                partial,
+            ),
+            Storage::F32(d) => rows(&F32(d, k), x, reordered, k, n, o0, o1, partial),
             Storage::Packed(_) => {
                 unreachable!("packed weights take the portable loop in dispatch_dot")
             }
