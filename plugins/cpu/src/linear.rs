@@ -29,6 +29,7 @@ pub(crate) type Reordered = std::sync::OnceLock<Aligned<f32>>;
 
 /// The call's reordered activations from `slot`, or made by `make` when none are there yet: stored for the later
 /// tasks, or kept in `own` where another task stored its copy meanwhile (a task never waits for another's).
+#[cfg(target_arch = "x86_64")]
 pub(crate) fn reordered_once<'a>(
     slot: &'a Reordered,
     own: &'a mut Option<Aligned<f32>>,
@@ -885,6 +886,7 @@ mod tests {
     use super::*;
 
     /// The first task makes the reordered activations; the later ones share them and make none.
+    #[cfg(target_arch = "x86_64")]
     #[test]
     fn activations_are_reordered_once_a_call() {
         let slot = Reordered::new();
