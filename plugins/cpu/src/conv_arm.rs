@@ -74,7 +74,7 @@ impl Blocked {
         };
         let n = cout.div_ceil(MR) * k * cin * MR;
         Blocked {
-            data: Stored::new((0..n).map(at), format),
+            data: Stored::new(n, (0..n).map(at), format),
             cout,
             cin,
             k,

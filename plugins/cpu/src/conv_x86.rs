@@ -157,7 +157,7 @@ impl Blocked {
         });
         Blocked {
             isa,
-            data: Stored::new(values, format),
+            data: Stored::new(blocks * k * cin * mr, values, format),
             cout,
             cin,
             k,
