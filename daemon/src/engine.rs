@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use kazeia_engine::fallback::Stage;
 use kazeia_engine::lm::LmBackends;
-use kazeia_engine::plugins::{backend_named, discover, search_path};
+use kazeia_engine::plugins::{backend_named, discover_for, search_path};
 use kazeia_engine::stream::{SessionControl, StreamConfig};
 use kazeia_engine::synth::{SynthOptions, Synthesizer, Voice};
 use kazeia_engine::Backend;
@@ -96,7 +96,11 @@ impl Engine {
         status.set(format!("resolving the model {}", config.model.path));
         let dir = resolve_model_with(&config.model.path, &mut status.download_progress())?;
         status.set(format!("loading the model from {}", dir.display()));
-        let plugins = discover(&search_path(&config.backends.plugin_path));
+        let b = &config.backends;
+        let plugins = discover_for(
+            &search_path(&b.plugin_path),
+            &[&b.talker, &b.code_predictor, &b.decoder],
+        );
         // One backend per (name, threads), shared by the stages that ask for the same.
         type Chosen = ((String, usize), Arc<dyn Backend>, String);
         let mut chosen: Vec<Chosen> = Vec::new();
@@ -121,7 +125,6 @@ impl Engine {
             chosen.push((key, backend.clone(), actual.clone()));
             (backend, actual)
         };
-        let b = &config.backends;
         let t = &config.threads;
         let (talker, talker_name) = pick("talker", &b.talker, t.talker);
         let (cp, cp_name) = pick("code_predictor", &b.code_predictor, t.code_predictor);

@@ -5,6 +5,8 @@
 //! `/usr/local/lib/kazeia/plugins`, `/usr/lib/kazeia/plugins`). Files named `libkazeia_backend_*.so` are
 //! candidates. A plugin that fails to load, lacks the entry symbol, speaks another ABI version or scores ≤ 0 on
 //! this machine is reported unavailable with the reason; nothing crashes. Loaded plugins are never unloaded.
+//! The engine's processes probe (score, list devices) only the plugins a stage asks for ([`discover_for`]):
+//! probing starts a driver, which stays resident.
 //!
 //! Stage backends are chosen by name: `cpu` takes the best-scoring `cpu` plugin build (the first found among
 //! equal scores, so the search order above decides), else the built-in CPU
@@ -67,8 +69,21 @@ fn is_candidate(path: &Path) -> bool {
     name.starts_with("libkazeia_backend_") && name.ends_with(std::env::consts::DLL_SUFFIX)
 }
 
-/// Every candidate plugin in `dirs` (each path once), loaded and checked.
+/// Every candidate plugin in `dirs` (each path once), loaded and checked: what `kazeia backends` lists.
 pub fn discover(dirs: &[PathBuf]) -> Vec<PluginInfo> {
+    discover_matching(dirs, |_| true)
+}
+
+/// The candidates in `dirs` as [`discover`] finds them, but only the plugins named like a backend in `specs`
+/// (`NAME` or `NAME:DEVICE`, as [`backend_named`] takes them) are asked for their score and devices; the others
+/// are listed unavailable, not probed. Probing starts a plugin's driver, which stays in the process: Mesa's
+/// software Vulkan kept ~50 MB of LLVM resident in a daemon that runs every stage on the CPU.
+pub fn discover_for(dirs: &[PathBuf], specs: &[&str]) -> Vec<PluginInfo> {
+    let wanted: Vec<&str> = specs.iter().map(|s| split_device(s).0).collect();
+    discover_matching(dirs, |name| wanted.contains(&name))
+}
+
+fn discover_matching(dirs: &[PathBuf], probe: impl Fn(&str) -> bool) -> Vec<PluginInfo> {
     let mut seen = std::collections::BTreeSet::new();
     let mut found = Vec::new();
     for dir in dirs {
@@ -83,7 +98,7 @@ pub fn discover(dirs: &[PathBuf]) -> Vec<PluginInfo> {
         for path in paths {
             let key = path.canonicalize().unwrap_or_else(|_| path.clone());
             if seen.insert(key) {
-                found.push(inspect(&path));
+                found.push(inspect_if(&path, &probe));
             }
         }
     }
@@ -103,6 +118,11 @@ fn unavailable(path: &Path, reason: String) -> PluginInfo {
 
 /// Loads one plugin file and asks it about itself.
 pub fn inspect(path: &Path) -> PluginInfo {
+    inspect_if(path, |_| true)
+}
+
+/// Loads one plugin file and checks its table; asks for its score and devices only if `probe` takes its name.
+fn inspect_if(path: &Path, probe: impl Fn(&str) -> bool) -> PluginInfo {
     // SAFETY: loading a library runs its initialisers; plugins are trusted code installed by the user.
     let library = match unsafe { libloading::Library::new(path) } {
         Ok(library) => library,
@@ -164,6 +184,14 @@ pub fn inspect(path: &Path) -> PluginInfo {
         } else {
             CStr::from_ptr(api.name).to_string_lossy().into_owned()
         };
+        if !probe(&name) {
+            return PluginInfo {
+                name,
+                unavailable: Some("not probed: no stage asked for it".into()),
+                api: Some(api),
+                ..unavailable(path, String::new())
+            };
+        }
         let score = (api.score)();
         let mut devices = Vec::new();
         for i in 0..(api.device_count)() {

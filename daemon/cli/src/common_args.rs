@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use clap::Args;
 use kazeia_engine::lm::LmBackends;
-use kazeia_engine::plugins::{backend_named, discover, search_path};
+use kazeia_engine::plugins::{backend_named, discover_for, search_path};
 use kazeia_engine::{Backend, WeightStorage};
 
 #[derive(Args)]
@@ -62,7 +62,12 @@ pub struct BackendArgs {
 impl BackendArgs {
     /// The LM stages' backends and the decoder's, logging every fallback to the CPU.
     pub fn resolve(&self, threads: usize) -> (LmBackends, Arc<dyn Backend>) {
-        let plugins = discover(&search_path(&self.plugin_path));
+        let names = [
+            self.talker_backend.as_deref().unwrap_or(&self.backend),
+            self.cp_backend.as_deref().unwrap_or(&self.backend),
+            self.decoder_backend.as_deref().unwrap_or(&self.backend),
+        ];
+        let plugins = discover_for(&search_path(&self.plugin_path), &names);
         let mut chosen: Vec<(String, Arc<dyn Backend>)> = Vec::new();
         let mut pick = |name: &str| -> Arc<dyn Backend> {
             if let Some((_, b)) = chosen.iter().find(|(n, _)| n == name) {

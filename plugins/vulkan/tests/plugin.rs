@@ -11,7 +11,7 @@ use kazeia_backend_abi::plugin::{ErrorBuffer, OpKind, PluginApi, WeightDesc, Wei
 use kazeia_backend_abi::{AttentionSpan, Heads, Weight};
 use kazeia_backend_abi::{Backend, WeightFormat};
 use kazeia_backend_cpu::CpuBackend;
-use kazeia_engine::plugins::{backend_named, discover, inspect, PluginBackend};
+use kazeia_engine::plugins::{backend_named, discover, discover_for, inspect, PluginBackend};
 
 fn plugin() -> PathBuf {
     kazeia_tests::vulkan_plugin()
@@ -58,6 +58,45 @@ fn without_a_driver_or_a_loader_the_plugin_is_unavailable_and_stages_fall_back_t
         &[("KAZEIA_VULKAN_LOADER", "/nonexistent/libvulkan.so.1")],
     );
     assert!(text.contains("no Vulkan loader"), "{text}");
+}
+
+#[test]
+fn a_process_that_asks_for_no_vulkan_stage_does_not_start_vulkan() {
+    let text = child("probe_only_what_is_asked", &[]);
+    assert!(text.contains("probed vulkan"), "{text}");
+}
+
+/// Whether the Vulkan loader is mapped into this process.
+fn vulkan_loaded() -> bool {
+    std::fs::read_to_string("/proc/self/maps")
+        .unwrap()
+        .contains("libvulkan.so")
+}
+
+/// The child side of the test above (a fresh process: no Vulkan loaded by another test).
+#[test]
+#[ignore]
+fn probe_only_what_is_asked() {
+    let dirs = [plugin().parent().unwrap().to_owned()];
+    assert!(!vulkan_loaded());
+    let found = discover_for(&dirs, &["cpu", "cpu:0"]);
+    let info = found.iter().find(|p| p.name == "vulkan").expect("listed");
+    assert!(!info.is_available());
+    assert!(
+        info.unavailable.as_deref().unwrap().contains("not probed"),
+        "{:?}",
+        info.unavailable
+    );
+    assert!(!vulkan_loaded(), "listing the plugin started its driver");
+    let (backend, _) = backend_named("cpu", 1, &found);
+    assert_eq!(backend.name(), "cpu");
+    assert!(!vulkan_loaded(), "a CPU stage started the Vulkan driver");
+
+    let found = discover_for(&dirs, &["cpu", "vulkan:0"]);
+    let info = found.iter().find(|p| p.name == "vulkan").expect("listed");
+    assert!(info.is_available(), "{:?}", info.unavailable);
+    assert!(vulkan_loaded());
+    eprintln!("probed vulkan: {:?}", info.devices);
 }
 
 /// The child side of the test above (run only by it, in an environment without Vulkan).
