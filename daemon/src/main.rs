@@ -17,6 +17,9 @@ struct Cli {
 }
 
 fn main() -> ExitCode {
+    // As in `kazeia`: the decoder's per-op buffers are reused instead of faulted in afresh; the memory kept is
+    // handed back once the queue is quiet (`kazeiad::memory`).
+    kazeia_engine::allocator::keep_freed_memory();
     let cli = Cli::parse();
     kazeiad::logging::init("kazeiad");
     match run(cli.args) {
