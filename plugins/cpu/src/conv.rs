@@ -21,6 +21,7 @@ use half::f16;
 use half::slice::HalfFloatSliceExt;
 use kazeia_backend_abi::WeightFormat;
 
+use crate::conv_winograd::{self, Winograd};
 use crate::gemm_call::{for_column_tiles, matmul, MatMut, MatRef, SharedOut};
 use crate::par::chunks_mut;
 
@@ -192,6 +193,8 @@ impl Panels {
 
 /// The tap weights, laid out for the kernel that runs them.
 enum Taps {
+    /// Winograd's F(2, k): GEMMs of transformed weights on one of the layouts below (`conv_winograd.rs`).
+    Winograd(Box<Winograd>),
     /// `gemm` GEMMs on `[k][cout][cin]` panels.
     Gemm(Panels),
     /// The NEON tile kernel's `[cout/8][k][cin][8]` blocks.
@@ -261,6 +264,7 @@ impl Taps {
     fn panels(&self) -> &Panels {
         match self {
             Taps::Gemm(panels) => panels,
+            Taps::Winograd(_) => unreachable!("Winograd convolutions run their own GEMMs"),
             #[cfg(target_arch = "aarch64")]
             Taps::Neon(_) => unreachable!("the NEON layout runs on its own kernel"),
             #[cfg(target_arch = "x86_64")]
@@ -269,7 +273,7 @@ impl Taps {
     }
 }
 
-/// A `Conv1d` weight, repacked as `k` tap panels `[cout][cin]`.
+/// A `Conv1d` weight, repacked as `k` tap panels `[cout][cin]` (or, for the wide ones, as Winograd's GEMMs).
 pub struct ConvWeight {
     taps: Taps,
     bias: Vec<f32>,
@@ -289,6 +293,43 @@ impl ConvWeight {
         format: WeightFormat,
     ) -> Self {
         Self::with_layout(w, (cout, cin, k), bias, format, Layout::selected(cout))
+    }
+
+    /// As [`ConvWeight::new`], computed by Winograd's F(2, k) where the layer suits it (`conv_winograd.rs`):
+    /// fewer multiplications, a few more ulps of rounding, and an F16 layer rounds the transformed weights
+    /// rather than the weights.
+    pub fn fast(
+        w: &[f32],
+        (cout, cin, k): (usize, usize, usize),
+        bias: Option<&[f32]>,
+        format: WeightFormat,
+    ) -> Self {
+        let layout = Layout::selected(cout);
+        if conv_winograd::suits(cout, cin, k) {
+            Self::winograd(w, (cout, cin, k), bias, format, layout)
+        } else {
+            Self::with_layout(w, (cout, cin, k), bias, format, layout)
+        }
+    }
+
+    /// Computed by Winograd's F(2, k), its GEMMs on `layout` (`conv_winograd.rs`).
+    pub(crate) fn winograd(
+        w: &[f32],
+        (cout, cin, k): (usize, usize, usize),
+        bias: Option<&[f32]>,
+        format: WeightFormat,
+        layout: Layout,
+    ) -> Self {
+        let bias = bias.map_or_else(|| vec![0.0; cout], <[f32]>::to_vec);
+        assert_eq!(bias.len(), cout, "conv1d bias size");
+        let winograd = Winograd::new(w, (cout, cin, k), format, layout);
+        ConvWeight {
+            taps: Taps::Winograd(Box::new(winograd)),
+            bias,
+            cout,
+            cin,
+            k,
+        }
     }
 
     pub(crate) fn with_layout(
@@ -324,6 +365,9 @@ impl ConvWeight {
         let lout = len - span;
         assert_eq!(x.len(), cin * len, "conv1d input size");
         assert_eq!(y.len(), cout * lout, "conv1d output size");
+        if let Taps::Winograd(winograd) = &self.taps {
+            return winograd.forward(&self.bias, x, len, dilation, y, par);
+        }
         #[cfg(target_arch = "aarch64")]
         if let Taps::Neon(blocks) = &self.taps {
             return arm::conv1d(blocks, &self.bias, x, len, dilation, y, par);

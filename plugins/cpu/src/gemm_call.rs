@@ -133,6 +133,18 @@ impl SharedOut {
         // (this method's contract).
         unsafe { *self.ptr.add(i) = value };
     }
+
+    /// The elements `start..start + len`, to write.
+    ///
+    /// # Safety
+    /// No other thread may access them while the slice lives.
+    #[allow(clippy::mut_from_ref)]
+    pub unsafe fn part(&self, start: usize, len: usize) -> &mut [f32] {
+        assert!(start + len <= self.len, "shared output part out of bounds");
+        // SAFETY: in bounds (checked above) of the buffer `new` borrowed; no other thread touches these elements
+        // while the slice lives (this method's contract).
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(start), len) }
+    }
 }
 
 /// Runs `f(first_col, end_col, parallelism)` over column tiles of `cols`: tiles in parallel, each one GEMM-serial,

@@ -9,6 +9,7 @@ mod attention;
 mod conv;
 #[cfg(target_arch = "aarch64")]
 mod conv_arm;
+mod conv_winograd;
 #[cfg(target_arch = "x86_64")]
 mod conv_x86;
 mod gemm_call;
@@ -45,6 +46,8 @@ const PARALLEL_MIN_WORK: usize = 1 << 15;
 pub struct CpuBackend {
     pool: rayon::ThreadPool,
     threads: usize,
+    /// Convolutions that suit it run Winograd's algorithm ([`ConvWeight::fast`]).
+    winograd: bool,
 }
 
 impl CpuBackend {
@@ -56,7 +59,20 @@ impl CpuBackend {
             .thread_name(|i| format!("kazeia-cpu-{i}"))
             .build()
             .expect("cannot start the CPU backend's worker threads");
-        CpuBackend { pool, threads }
+        // `KAZEIA_CONV_WINOGRAD=0` keeps every convolution direct, to compare.
+        let winograd = std::env::var("KAZEIA_CONV_WINOGRAD").as_deref() != Ok("0");
+        CpuBackend {
+            pool,
+            threads,
+            winograd,
+        }
+    }
+
+    /// This backend with every convolution computed directly (no Winograd): each output one chain of
+    /// multiply-adds of the weights as stored, as the tests of that property need.
+    pub fn with_direct_convolutions(mut self) -> Self {
+        self.winograd = false;
+        self
     }
 
     pub fn threads(&self) -> usize {
@@ -103,6 +119,14 @@ impl Backend for CpuBackend {
                 bias,
                 format,
             } => Weight::new(LinearWeight::new(w, out, inp, bias, format)),
+            WeightData::Conv1d {
+                w,
+                cout,
+                cin,
+                k,
+                bias,
+                format,
+            } if self.winograd => Weight::new(ConvWeight::fast(w, (cout, cin, k), bias, format)),
             WeightData::Conv1d {
                 w,
                 cout,

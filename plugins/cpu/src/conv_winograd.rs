@@ -1,0 +1,631 @@
+//! Dilated convolutions by Winograd's minimal filtering F(m, k): `m` outputs of a `k`-tap filter from
+//! `α = m + k − 1` products instead of `m·k`.
+//!
+//! The codec decoder's vocoder spends most of its time in `k = 7` convolutions (three per residual unit, channel
+//! to channel), already at the FMA units' peak: fewer multiplications is what is left. A tile of `m` outputs `y(t0
+//! + j·d)` (dilation `d`) reads the inputs `g_i = x(t0 + i·d)`, `i < α`; then
+//!
+//! `y = Aᵀ · ((G·w) ⊙ (Bᵀ·g))`, per output channel summed over the input channels,
+//!
+//! so each of the `α` transformed points is one GEMM `U_ξ[cout][cin] · V_ξ[cin][tiles]` — run on the same tile
+//! kernels as a `k = 1` convolution — between an input transform (`Bᵀ`, per input channel) and an output
+//! transform (`Aᵀ`, per output channel), both cheap next to the GEMMs when the channels are many. The matrices
+//! come from Toom-Cook on the points 0, ±1, ±2, ±½ and ∞ (computed in f64 here, not tabulated): `G` evaluates
+//! the filter's polynomial, `Bᵀ` is the transposed interpolation, `Aᵀ` the transposed evaluation of the output's.
+//!
+//! F(2, 7) takes 8 products for 14 multiplications per channel pair (1.75× fewer). The arithmetic is f32 as
+//! before, but not the same rounding: against an f64 reference, ~1.5e-6 of the output's peak where the direct
+//! kernel has ~1.5e-7 (the points ±2, ±½ weigh the products unevenly); on the decoder fixtures the waveform stays
+//! within 5e-6 of the official one (bound 1e-4) and a chunked decode within 5e-6 of the one-shot (8e-6 on the
+//! AVX2 path; bound 1e-5). `U` is computed in f64 from the weights and stored as the layer's format: f16 rounds
+//! `U`, not `w`, which costs ~5 dB of the f16 decoder's SNR (fixtures: 55.3 → 49.6 and 48.7 → 43.4 dB; bound 30).
+//! [`crate::CpuBackend::with_direct_convolutions`] (or `KAZEIA_CONV_WINOGRAD=0`) keeps the direct kernel.
+//!
+//! Tiles are laid out so that every transform is a contiguous loop: the input's columns are split by phase
+//! (`P_p[q·d + s] = x((q·m + p)·d + s)`), so `g_i` of tile `n = q·d + s` is `P_{i mod m}[n + (i div m)·d]`;
+//! outputs are produced per phase `j` and interleaved back.
+
+use std::cell::RefCell;
+
+use kazeia_backend_abi::WeightFormat;
+
+use crate::conv::{ConvWeight, Layout};
+use crate::gemm_call::{for_column_tiles, SharedOut};
+
+/// Outputs per tile.
+const M: usize = 2;
+
+/// The evaluation points before ∞, in the order taken (F(2, 7) takes the first seven).
+const POINTS: [f64; 9] = [0.0, 1.0, -1.0, 2.0, -2.0, 0.5, -0.5, 3.0, -3.0];
+
+/// Tiles per unit of work: a chunk's transformed inputs and products stay in L2 for the small layers.
+const TILES_PER_CHUNK: usize = 128;
+
+/// Whether a convolution is worth computing this way: enough taps to save multiplications, and channels enough
+/// that the per-channel transforms are small next to the GEMMs.
+pub(crate) fn suits(cout: usize, cin: usize, k: usize) -> bool {
+    k >= 5 && cout >= 32 && cin >= 32 && M + k - 1 <= POINTS.len() + 1
+}
+
+/// The F(m, k) matrices: `bt` `[α][α]`, `g` `[α][k]`, `at` `[m][α]`.
+pub(crate) struct Transforms {
+    pub m: usize,
+    pub alpha: usize,
+    pub bt: Vec<f64>,
+    pub g: Vec<f64>,
+    pub at: Vec<f64>,
+}
+
+/// The powers `a⁰ … a^(n−1)` of a point, or of ∞ (`None`): the leading coefficient alone.
+fn powers(point: Option<f64>, n: usize) -> Vec<f64> {
+    match point {
+        Some(a) => (0..n).map(|p| a.powi(p as i32)).collect(),
+        None => (0..n).map(|p| f64::from(u8::from(p == n - 1))).collect(),
+    }
+}
+
+/// The inverse of the `n × n` matrix `a` (row-major), by Gauss-Jordan elimination with partial pivoting.
+fn inverse(mut a: Vec<f64>, n: usize) -> Vec<f64> {
+    let mut inv: Vec<f64> = (0..n * n)
+        .map(|i| f64::from(u8::from(i / n == i % n)))
+        .collect();
+    for col in 0..n {
+        let pivot = (col..n)
+            .max_by(|&r, &s| a[r * n + col].abs().total_cmp(&a[s * n + col].abs()))
+            .expect("a row");
+        for c in 0..n {
+            a.swap(col * n + c, pivot * n + c);
+            inv.swap(col * n + c, pivot * n + c);
+        }
+        let p = a[col * n + col];
+        assert!(
+            p != 0.0,
+            "distinct evaluation points make an invertible matrix"
+        );
+        for c in 0..n {
+            a[col * n + c] /= p;
+            inv[col * n + c] /= p;
+        }
+        for r in (0..n).filter(|&r| r != col) {
+            let f = a[r * n + col];
+            for c in 0..n {
+                a[r * n + c] -= f * a[col * n + c];
+                inv[r * n + c] -= f * inv[col * n + c];
+            }
+        }
+    }
+    inv
+}
+
+impl Transforms {
+    /// F(m, k) on the first `m + k − 2` of [`POINTS`] and ∞.
+    pub(crate) fn new(m: usize, k: usize) -> Self {
+        let alpha = m + k - 1;
+        assert!(alpha - 1 <= POINTS.len(), "F({m}, {k}) needs more points");
+        let point = |i: usize| (i < alpha - 1).then(|| POINTS[i]);
+        // Row i: the point's powers, for a polynomial of degree α − 1 (the product's), k − 1 (the filter's)
+        // and m − 1 (the tile's).
+        let vandermonde: Vec<f64> = (0..alpha).flat_map(|i| powers(point(i), alpha)).collect();
+        let c = inverse(vandermonde, alpha);
+        Transforms {
+            m,
+            alpha,
+            bt: (0..alpha * alpha)
+                .map(|e| c[(e % alpha) * alpha + e / alpha])
+                .collect(),
+            g: (0..alpha).flat_map(|i| powers(point(i), k)).collect(),
+            at: (0..m * alpha)
+                .map(|e| powers(point(e % alpha), m)[e / alpha])
+                .collect(),
+        }
+    }
+}
+
+thread_local! {
+    /// A chunk's phase rows, transformed inputs and products (reused: megabytes per call).
+    static SCRATCH: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Runs `f` on a zeroed-or-stale scratch buffer of `len` floats of this thread (its own if a call on this thread
+/// is already using it: a waiting worker may run another layer's chunk).
+fn with_scratch<R>(len: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
+    SCRATCH.with(|scratch| match scratch.try_borrow_mut() {
+        Ok(mut buf) => {
+            if buf.len() < len {
+                buf.resize(len, 0.0);
+            }
+            f(&mut buf[..len])
+        }
+        Err(_) => f(&mut vec![0.0; len]),
+    })
+}
+
+/// A `Conv1d` weight `[cout][cin][k]` as the `α` GEMM panels `U_ξ = Σ_t G[ξ][t]·w[·][·][t]`.
+pub(crate) struct Winograd {
+    bt: Vec<f32>,
+    at: Vec<f32>,
+    m: usize,
+    alpha: usize,
+    /// `U_ξ` as `k = 1` convolutions (no bias): the tile kernels' GEMMs.
+    products: Vec<ConvWeight>,
+    cout: usize,
+    cin: usize,
+    k: usize,
+}
+
+impl Winograd {
+    pub(crate) fn new(
+        w: &[f32],
+        (cout, cin, k): (usize, usize, usize),
+        format: WeightFormat,
+        layout: Layout,
+    ) -> Self {
+        assert_eq!(w.len(), cout * cin * k, "conv1d weight size");
+        let t = Transforms::new(M, k);
+        let products = (0..t.alpha)
+            .map(|xi| {
+                let g = &t.g[xi * k..(xi + 1) * k];
+                let u: Vec<f32> = w
+                    .chunks_exact(k)
+                    .map(|taps| {
+                        let sum: f64 = taps.iter().zip(g).map(|(&w, &g)| f64::from(w) * g).sum();
+                        sum as f32
+                    })
+                    .collect();
+                ConvWeight::with_layout(&u, (cout, cin, 1), None, format, layout)
+            })
+            .collect();
+        Winograd {
+            bt: t.bt.iter().map(|&v| v as f32).collect(),
+            at: t.at.iter().map(|&v| v as f32).collect(),
+            m: t.m,
+            alpha: t.alpha,
+            products,
+            cout,
+            cin,
+            k,
+        }
+    }
+
+    /// The valid convolution of `x[cin][len]` with dilation `d`, plus `bias`, into `y[cout][len − (k−1)·d]`
+    /// (the caller checked the sizes).
+    pub(crate) fn forward(
+        &self,
+        bias: &[f32],
+        x: &[f32],
+        len: usize,
+        d: usize,
+        y: &mut [f32],
+        par: gemm::Parallelism,
+    ) {
+        let (m, alpha, cin, cout) = (self.m, self.alpha, self.cin, self.cout);
+        let lout = len - (self.k - 1) * d;
+        // Tile rows q: tiles n = q·d + s (s < d) start at t0 = q·m·d + s.
+        let rows = lout.div_ceil(m * d);
+        // Phase rows past a chunk's last tile row that its taps reach.
+        let reach = (alpha - 1) / m;
+        let out = SharedOut::new(y);
+        // Chunks enough for every thread to take its own (the transforms are serial within a chunk), at most
+        // TILES_PER_CHUNK tiles each.
+        let threads = match par {
+            gemm::Parallelism::Rayon(n) => n.max(1),
+            _ => 1,
+        };
+        let chunk_rows = rows
+            .div_ceil(2 * threads)
+            .clamp(1, (TILES_PER_CHUNK / d).max(1));
+        for_column_tiles(rows, chunk_rows, par, |q0, q1, par| {
+            let nt = (q1 - q0) * d;
+            let span = (q1 - q0 + reach) * d;
+            let (v_len, p_len) = (alpha * cin * nt, m * span);
+            with_scratch(v_len + alpha * cout * nt + p_len, |buf| {
+                let (v, rest) = buf.split_at_mut(v_len);
+                let (products, phases) = rest.split_at_mut(alpha * cout * nt);
+                for (ci, row) in x.chunks_exact(len).enumerate() {
+                    self.split_phases(row, (q0, span, d), phases);
+                    self.transform_input(phases, span, (ci, nt, d), v);
+                }
+                for (xi, u) in self.products.iter().enumerate() {
+                    let v = &v[xi * cin * nt..(xi + 1) * cin * nt];
+                    let p = &mut products[xi * cout * nt..(xi + 1) * cout * nt];
+                    u.forward(v, nt, 1, p, par);
+                }
+                self.transform_output(products, bias, (q0, nt, d), (out, lout));
+            });
+        });
+    }
+
+    /// `phases[p][u] = row((q0·m + (u div d)·m + p)·d + u mod d)`, zero past the row, for `u < span`: runs of
+    /// `d` values.
+    fn split_phases(&self, row: &[f32], (q0, span, d): (usize, usize, usize), phases: &mut [f32]) {
+        let m = self.m;
+        for (p, phase) in phases.chunks_exact_mut(span).enumerate() {
+            gather_runs(d, phase, row, |r| ((q0 + r) * m + p) * d);
+        }
+    }
+
+    /// `v[ξ][ci][n] = Σ_i Bᵀ[ξ][i] · phases[i mod m][n + (i div m)·d]` for the chunk's `nt` tiles.
+    fn transform_input(
+        &self,
+        phases: &[f32],
+        span: usize,
+        (ci, nt, d): (usize, usize, usize),
+        v: &mut [f32],
+    ) {
+        let (m, alpha, cin) = (self.m, self.alpha, self.cin);
+        for xi in 0..alpha {
+            let mut terms = Terms::default();
+            for i in 0..alpha {
+                terms.push(
+                    self.bt[xi * alpha + i],
+                    &phases[(i % m) * span + (i / m) * d..][..nt],
+                );
+            }
+            terms.combine(0.0, &mut v[(xi * cin + ci) * nt..][..nt]);
+        }
+    }
+
+    /// `y[co][(q·m + j)·d + s] = bias[co] + Σ_ξ Aᵀ[j][ξ] · products[ξ][co][n]` for the chunk's tiles
+    /// `n = (q − q0)·d + s`, within the `lout` columns.
+    fn transform_output(
+        &self,
+        products: &[f32],
+        bias: &[f32],
+        (q0, nt, d): (usize, usize, usize),
+        (y, lout): (SharedOut, usize),
+    ) {
+        let (m, alpha, cout) = (self.m, self.alpha, self.cout);
+        // The chunk's columns: its tile rows' outputs, one contiguous range.
+        let first = q0 * m * d;
+        let width = (nt * m).min(lout - first);
+        let mut phase = vec![0.0f32; nt];
+        for co in 0..cout {
+            // SAFETY: this chunk's columns of row `co`, which no other chunk writes.
+            let dst = unsafe { y.part(co * lout + first, width) };
+            for j in 0..m {
+                let mut terms = Terms::default();
+                for xi in 0..alpha {
+                    terms.push(
+                        self.at[j * alpha + xi],
+                        &products[(xi * cout + co) * nt..][..nt],
+                    );
+                }
+                terms.combine(bias[co], &mut phase);
+                // Tile row r's values go to columns (r·m + j)·d + s.
+                scatter_runs(d, &phase, dst, |r| (r * m + j) * d);
+            }
+        }
+    }
+}
+
+/// Lanes summed at once in [`Terms::combine`]: a block of accumulators stays in registers across the terms (four
+/// AVX-512 registers: independent chains of adds).
+const LANES: usize = 64;
+
+/// The most points a transform has.
+const MAX_ALPHA: usize = POINTS.len() + 1;
+
+/// A linear combination `Σ c · src` of equally long rows, zero coefficients left out.
+#[derive(Default)]
+struct Terms<'a> {
+    coefficients: [f32; MAX_ALPHA],
+    rows: [&'a [f32]; MAX_ALPHA],
+    len: usize,
+}
+
+impl<'a> Terms<'a> {
+    fn push(&mut self, c: f32, row: &'a [f32]) {
+        if c != 0.0 {
+            self.coefficients[self.len] = c;
+            self.rows[self.len] = row;
+            self.len += 1;
+        }
+    }
+
+    /// `dst[n] = constant + Σ c · row[n]`, `LANES` elements at a time, compiled for the widest vectors this CPU
+    /// has (the plugin's baseline build would use 4-lane SSE).
+    fn combine(&self, constant: f32, dst: &mut [f32]) {
+        // The convolutions' own choice (`KAZEIA_X86_CONV=avx2` tests the AVX2 path on an AVX-512 CPU).
+        #[cfg(target_arch = "x86_64")]
+        match crate::conv_x86::selected() {
+            Some(crate::conv_x86::Isa::Avx512) => {
+                // SAFETY: `selected` takes only a kernel the CPU has (AVX-512F).
+                return unsafe { self.combine_avx512(constant, dst) };
+            }
+            Some(crate::conv_x86::Isa::Avx2) => {
+                // SAFETY: as above (AVX2 and FMA).
+                return unsafe { self.combine_avx2(constant, dst) };
+            }
+            None => {}
+        }
+        self.combine_portable(constant, dst)
+    }
+
+    /// [`Terms::combine`] in four zmm accumulators (then one, then masked), fused multiply-adds.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn combine_avx512(&self, constant: f32, dst: &mut [f32]) {
+        use std::arch::x86_64::*;
+        let (coefficients, rows) = (&self.coefficients[..self.len], &self.rows[..self.len]);
+        let n = dst.len();
+        assert!(
+            rows.iter().all(|r| r.len() == n),
+            "rows as long as the result"
+        );
+        let out = dst.as_mut_ptr();
+        let mut i = 0;
+        // SAFETY: every load and store below is of lanes below n (full vectors while i + 16·k + 16 ≤ n, else
+        // masked) of `rows` and `dst`, all n long (asserted).
+        unsafe {
+            while i + 64 <= n {
+                let mut acc = [_mm512_set1_ps(constant); 4];
+                for (&c, row) in coefficients.iter().zip(rows) {
+                    let (c, src) = (_mm512_set1_ps(c), row.as_ptr().add(i));
+                    for (k, a) in acc.iter_mut().enumerate() {
+                        *a = _mm512_fmadd_ps(c, _mm512_loadu_ps(src.add(16 * k)), *a);
+                    }
+                }
+                for (k, a) in acc.iter().enumerate() {
+                    _mm512_storeu_ps(out.add(i + 16 * k), *a);
+                }
+                i += 64;
+            }
+            while i < n {
+                let mask: __mmask16 = if n - i >= 16 {
+                    0xffff
+                } else {
+                    (1u16 << (n - i)) - 1
+                };
+                let mut acc = _mm512_set1_ps(constant);
+                for (&c, row) in coefficients.iter().zip(rows) {
+                    let values = _mm512_maskz_loadu_ps(mask, row.as_ptr().add(i));
+                    acc = _mm512_fmadd_ps(_mm512_set1_ps(c), values, acc);
+                }
+                _mm512_mask_storeu_ps(out.add(i), mask, acc);
+                i += 16;
+            }
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn combine_avx2(&self, constant: f32, dst: &mut [f32]) {
+        self.combine_portable(constant, dst)
+    }
+
+    #[inline(always)]
+    fn combine_portable(&self, constant: f32, dst: &mut [f32]) {
+        let (coefficients, rows) = (&self.coefficients[..self.len], &self.rows[..self.len]);
+        assert!(
+            rows.iter().all(|r| r.len() == dst.len()),
+            "rows as long as the result"
+        );
+        let mut blocks = dst.chunks_exact_mut(LANES);
+        let mut start = 0;
+        for block in &mut blocks {
+            let mut acc = [constant; LANES];
+            for (&c, row) in coefficients.iter().zip(rows) {
+                let src: &[f32; LANES] = row[start..start + LANES].try_into().expect("a block");
+                for (a, &s) in acc.iter_mut().zip(src) {
+                    *a += c * s;
+                }
+            }
+            block.copy_from_slice(&acc);
+            start += LANES;
+        }
+        let rest = blocks.into_remainder();
+        rest.fill(constant);
+        for (&c, row) in coefficients.iter().zip(rows) {
+            for (a, &s) in rest.iter_mut().zip(&row[start..]) {
+                *a += c * s;
+            }
+        }
+    }
+}
+
+/// `dst`'s runs of `d` values, run `r` from `src[start(r)..]` (zeros past its end). `d` is a constant for the
+/// decoder's dilations, so that a run is a few moves rather than a copy call.
+fn gather_runs(d: usize, dst: &mut [f32], src: &[f32], start: impl Fn(usize) -> usize) {
+    fn runs<const D: usize>(
+        d: usize,
+        dst: &mut [f32],
+        src: &[f32],
+        start: impl Fn(usize) -> usize,
+    ) {
+        let d = if D > 0 { D } else { d };
+        for (r, run) in dst.chunks_exact_mut(d).enumerate() {
+            let s = start(r);
+            match src.get(s..s + d) {
+                Some(values) => run.copy_from_slice(values),
+                None => {
+                    for (k, v) in run.iter_mut().enumerate() {
+                        *v = src.get(s + k).copied().unwrap_or(0.0);
+                    }
+                }
+            }
+        }
+    }
+    match d {
+        1 => runs::<1>(d, dst, src, start),
+        3 => runs::<3>(d, dst, src, start),
+        9 => runs::<9>(d, dst, src, start),
+        _ => runs::<0>(d, dst, src, start),
+    }
+}
+
+/// `src`'s runs of `d` values, run `r` to `dst[start(r)..]` (what falls past its end dropped); as
+/// [`gather_runs`].
+fn scatter_runs(d: usize, src: &[f32], dst: &mut [f32], start: impl Fn(usize) -> usize) {
+    fn runs<const D: usize>(
+        d: usize,
+        src: &[f32],
+        dst: &mut [f32],
+        start: impl Fn(usize) -> usize,
+    ) {
+        let d = if D > 0 { D } else { d };
+        for (r, run) in src.chunks_exact(d).enumerate() {
+            let s = start(r);
+            let len = dst.len();
+            match dst.get_mut(s..s + d) {
+                Some(out) => out.copy_from_slice(run),
+                None if s < len => dst[s..].copy_from_slice(&run[..len - s]),
+                None => break,
+            }
+        }
+    }
+    match d {
+        1 => runs::<1>(d, src, dst, start),
+        3 => runs::<3>(d, src, dst, start),
+        9 => runs::<9>(d, src, dst, start),
+        _ => runs::<0>(d, src, dst, start),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The direct convolution in f64.
+    fn reference(
+        w: &[f32],
+        b: &[f32],
+        x: &[f32],
+        (cout, cin, k, len, d): (usize, usize, usize, usize, usize),
+    ) -> Vec<f64> {
+        let lout = len - (k - 1) * d;
+        let mut y = vec![0.0; cout * lout];
+        for o in 0..cout {
+            for t in 0..lout {
+                let mut s = f64::from(b[o]);
+                for i in 0..cin {
+                    for tap in 0..k {
+                        s += f64::from(w[(o * cin + i) * k + tap])
+                            * f64::from(x[i * len + t + tap * d]);
+                    }
+                }
+                y[o * lout + t] = s;
+            }
+        }
+        y
+    }
+
+    fn random(n: usize, seed: u64) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        (0..n)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_transforms_compute_a_correlation_exactly_in_f64() {
+        for (m, k) in [(2, 3), (2, 7), (4, 3), (3, 5)] {
+            let t = Transforms::new(m, k);
+            let w: Vec<f64> = (0..k).map(|i| 0.3 + i as f64 * 0.7).collect();
+            let g: Vec<f64> = (0..t.alpha).map(|i| 1.0 - i as f64 * 0.45).collect();
+            let uw: Vec<f64> = (0..t.alpha)
+                .map(|xi| (0..k).map(|i| t.g[xi * k + i] * w[i]).sum())
+                .collect();
+            let vg: Vec<f64> = (0..t.alpha)
+                .map(|xi| (0..t.alpha).map(|i| t.bt[xi * t.alpha + i] * g[i]).sum())
+                .collect();
+            for j in 0..m {
+                let y: f64 = (0..t.alpha)
+                    .map(|xi| t.at[j * t.alpha + xi] * uw[xi] * vg[xi])
+                    .sum();
+                let direct: f64 = (0..k).map(|i| w[i] * g[j + i]).sum();
+                assert!(
+                    (y - direct).abs() < 1e-9,
+                    "F({m}, {k}) output {j}: {y} vs {direct}"
+                );
+            }
+        }
+    }
+    /// Max |error| over max |reference|, of F32 and of F16 weights (against the reference on the F32 weights).
+    fn errors(
+        (cout, cin, k, len, d): (usize, usize, usize, usize, usize),
+        layout: Layout,
+        par: gemm::Parallelism,
+    ) -> Vec<f64> {
+        let w = random(cout * cin * k, 1);
+        let b = random(cout, 2);
+        let x = random(cin * len, 3);
+        let reference = reference(&w, &b, &x, (cout, cin, k, len, d));
+        let peak = reference.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+        [WeightFormat::F32, WeightFormat::F16]
+            .into_iter()
+            .map(|format| {
+                let conv = ConvWeight::winograd(&w, (cout, cin, k), Some(&b), format, layout);
+                let mut y = vec![f32::NAN; reference.len()];
+                conv.forward(&x, len, d, &mut y, par);
+                let err = y
+                    .iter()
+                    .zip(&reference)
+                    .fold(0.0f64, |m, (&y, &r)| m.max((f64::from(y) - r).abs()));
+                err / peak
+            })
+            .collect()
+    }
+
+    fn layouts() -> Vec<Layout> {
+        let mut all = vec![Layout::Gemm];
+        #[cfg(target_arch = "x86_64")]
+        for isa in [crate::conv_x86::Isa::Avx512, crate::conv_x86::Isa::Avx2] {
+            if isa.available() {
+                all.push(Layout::X86(isa));
+            }
+        }
+        #[cfg(target_arch = "aarch64")]
+        all.push(Layout::Neon);
+        all
+    }
+
+    #[test]
+    fn it_computes_the_convolution_for_every_dilation_length_and_layout() {
+        for layout in layouts() {
+            for (cout, cin, len, d) in [
+                (40, 33, 6 * 9 + 1, 9),
+                (40, 33, 6 * 9 + 20, 9),
+                (32, 48, 300, 3),
+                (33, 32, 7, 1),
+                (64, 40, 611, 1),
+                (48, 96, 6 * 3 + 1000, 3),
+            ] {
+                let dims = (cout, cin, 7, len, d);
+                let errors = errors(dims, layout, gemm::Parallelism::Rayon(2));
+                // f32: a few ulps of the sums (the direct kernel's own rounding is ~1e-7 here); f16: the weights'
+                // rounding (2⁻¹¹ relative, summed over 7·cin terms of either sign).
+                assert!(
+                    errors[0] < 2e-6,
+                    "{layout:?} {dims:?}: f32 error {:e}",
+                    errors[0]
+                );
+                assert!(
+                    errors[1] < 2e-3,
+                    "{layout:?} {dims:?}: f16 error {:e}",
+                    errors[1]
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn threads_and_chunks_do_not_change_a_bit() {
+        let (cout, cin, k, len, d) = (48, 40, 7, 2000, 3);
+        let w = random(cout * cin * k, 4);
+        let x = random(cin * len, 5);
+        let conv = ConvWeight::winograd(&w, (cout, cin, k), None, WeightFormat::F32, Layout::Gemm);
+        let run = |par| {
+            let mut y = vec![0.0; cout * (len - (k - 1) * d)];
+            conv.forward(&x, len, d, &mut y, par);
+            y
+        };
+        let one = run(gemm::Parallelism::None);
+        assert_eq!(one, run(gemm::Parallelism::Rayon(2)));
+        assert_eq!(one, run(gemm::Parallelism::Rayon(3)));
+    }
+}
