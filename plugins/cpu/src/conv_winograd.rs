@@ -41,6 +41,14 @@ const POINTS: [f64; 9] = [0.0, 1.0, -1.0, 2.0, -2.0, 0.5, -0.5, 3.0, -3.0];
 /// Tiles per unit of work: a chunk's transformed inputs and products stay in L2 for the small layers.
 const TILES_PER_CHUNK: usize = 128;
 
+/// A chunk's transformed inputs and products at most (wide layers take fewer tiles), unless that leaves fewer
+/// than [`MIN_TILES`]: each thread keeps a buffer this large. 2 MiB against none: decoder within noise (AMD Zen 4,
+/// 2 threads: 0.320/0.317 vs 0.342/0.316 s per s of audio), 11 MB less peak RSS.
+const CHUNK_BYTES: usize = 2 << 20;
+
+/// Tiles a chunk has at least: enough columns for the GEMM's register tiles.
+const MIN_TILES: usize = 16;
+
 /// Whether a convolution is worth computing this way: enough taps to save multiplications, and channels enough
 /// that the per-channel transforms are small next to the GEMMs.
 pub(crate) fn suits(cout: usize, cin: usize, k: usize) -> bool {
@@ -206,14 +214,13 @@ impl Winograd {
         let reach = (alpha - 1) / m;
         let out = SharedOut::new(y);
         // Chunks enough for every thread to take its own (the transforms are serial within a chunk), at most
-        // TILES_PER_CHUNK tiles each.
+        // TILES_PER_CHUNK tiles and about CHUNK_BYTES of transformed inputs and products each.
         let threads = match par {
             gemm::Parallelism::Rayon(n) => n.max(1),
             _ => 1,
         };
-        let chunk_rows = rows
-            .div_ceil(2 * threads)
-            .clamp(1, (TILES_PER_CHUNK / d).max(1));
+        let tiles = TILES_PER_CHUNK.min((CHUNK_BYTES / (4 * alpha * (cin + cout))).max(MIN_TILES));
+        let chunk_rows = rows.div_ceil(2 * threads).clamp(1, (tiles / d).max(1));
         for_column_tiles(rows, chunk_rows, par, |q0, q1, par| {
             let nt = (q1 - q0) * d;
             let span = (q1 - q0 + reach) * d;
