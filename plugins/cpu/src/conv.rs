@@ -320,11 +320,16 @@ impl ConvWeight {
         format: WeightFormat,
         layout: Layout,
     ) -> Self {
+        let winograd = Winograd::new(w, (cout, cin, k), format, layout);
+        Self::assemble(Taps::Winograd(Box::new(winograd)), bias, (cout, cin, k))
+    }
+
+    /// The weight of `taps`, with `bias` (zeros if none).
+    fn assemble(taps: Taps, bias: Option<&[f32]>, (cout, cin, k): (usize, usize, usize)) -> Self {
         let bias = bias.map_or_else(|| vec![0.0; cout], <[f32]>::to_vec);
         assert_eq!(bias.len(), cout, "conv1d bias size");
-        let winograd = Winograd::new(w, (cout, cin, k), format, layout);
         ConvWeight {
-            taps: Taps::Winograd(Box::new(winograd)),
+            taps,
             bias,
             cout,
             cin,
@@ -340,15 +345,8 @@ impl ConvWeight {
         layout: Layout,
     ) -> Self {
         assert_eq!(w.len(), cout * cin * k, "conv1d weight size");
-        let bias = bias.map_or_else(|| vec![0.0; cout], <[f32]>::to_vec);
-        assert_eq!(bias.len(), cout, "conv1d bias size");
-        ConvWeight {
-            taps: Taps::new(w, (cout, cin, k), None, format, layout),
-            bias,
-            cout,
-            cin,
-            k,
-        }
+        let taps = Taps::new(w, (cout, cin, k), None, format, layout);
+        Self::assemble(taps, bias, (cout, cin, k))
     }
 
     pub fn forward(
