@@ -145,7 +145,7 @@ pub fn load_stacked_linear(
             format,
         },
     )?;
-    if format != WeightFormat::F32 {
+    if format != WeightFormat::F32 && weights.stores_linear() {
         if let Some(bytes) = backend.export_linear(&weight) {
             weights.store_linear(&cache_name, bytes);
         }

@@ -182,9 +182,15 @@ impl WeightCache {
         }
     }
 
+    /// Whether [`WeightCache::put`] keeps what it is given (a cache directory, nothing found there, not read-only):
+    /// otherwise converted layers need not be exported at all.
+    pub fn takes_entries(&self) -> bool {
+        self.path.is_some() && !self.is_warm() && !self.read_only
+    }
+
     pub fn put(&self, name: &str, bytes: Vec<u8>) {
         let Some(path) = &self.path else { return };
-        if self.is_warm() || self.read_only {
+        if !self.takes_entries() {
             return;
         }
         let mut guard = self.writer.lock().unwrap_or_else(|e| e.into_inner());
@@ -472,6 +478,17 @@ mod tests {
         assert_eq!(cache.get("c"), None);
         // Only the cache file: no temporary file is left.
         assert_eq!(files(&dir), [path.file_name().unwrap().to_string_lossy()]);
+    }
+
+    #[test]
+    fn only_a_cold_writable_cache_takes_entries() {
+        let (_tmp, checkpoint, dir) = setup();
+        assert!(!WeightCache::disabled().takes_entries());
+        let cold = WeightCache::open_in(&dir, &checkpoint, "q4_0:cpu:cpu");
+        assert!(cold.takes_entries());
+        assert!(!cold.read_only().takes_entries());
+        write_cache(&dir, &checkpoint, &[("a", b"0123")]);
+        assert!(!WeightCache::open_in(&dir, &checkpoint, "q4_0:cpu:cpu").takes_entries());
     }
 
     #[test]

@@ -25,6 +25,12 @@ pub trait Weights {
     /// Offers the converted bytes of linear layer `name` to the cache.
     fn store_linear(&self, _name: &str, _bytes: Vec<u8>) {}
 
+    /// Whether [`Weights::store_linear`] keeps anything: if not, converted layers are not exported (a copy of
+    /// each, made and freed during the load, which left the heap fragmented).
+    fn stores_linear(&self) -> bool {
+        false
+    }
+
     /// The backend has copied cached layer `name`; its bytes may leave memory.
     fn release_cached(&self, _name: &str) {}
 
@@ -208,6 +214,10 @@ impl Weights for CachedWeights<'_> {
 
     fn store_linear(&self, name: &str, bytes: Vec<u8>) {
         self.cache.put(name, bytes)
+    }
+
+    fn stores_linear(&self) -> bool {
+        self.cache.takes_entries()
     }
 
     fn release_cached(&self, name: &str) {
