@@ -130,7 +130,8 @@ impl Transforms {
 }
 
 thread_local! {
-    /// A chunk's phase rows, transformed inputs and products (reused: megabytes per call).
+    /// A chunk's phase rows, transformed inputs and products (reused: megabytes per call). Not `conv.rs`'s
+    /// scratch: the GEMMs run inside this borrow, and an F16 layer on the `gemm` path widens into that one.
     static SCRATCH: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
@@ -237,7 +238,9 @@ impl Winograd {
                     let p = &mut products[xi * cout * nt..(xi + 1) * cout * nt];
                     u.forward(v, nt, 1, p, par);
                 }
-                self.transform_output(products, bias, (q0, nt, d), (out, lout));
+                // The phase rows are free again: one of them holds an output phase at a time.
+                let phase = &mut phases[..nt];
+                self.transform_output(products, bias, phase, (q0, d), (out, lout));
             });
         });
     }
@@ -273,19 +276,20 @@ impl Winograd {
     }
 
     /// `y[co][(q·m + j)·d + s] = bias[co] + Σ_ξ Aᵀ[j][ξ] · products[ξ][co][n]` for the chunk's tiles
-    /// `n = (q − q0)·d + s`, within the `lout` columns.
+    /// `n = (q − q0)·d + s` (as many as `phase` is long, the buffer of one output phase), within the `lout`
+    /// columns.
     fn transform_output(
         &self,
         products: &[f32],
         bias: &[f32],
-        (q0, nt, d): (usize, usize, usize),
+        phase: &mut [f32],
+        (q0, d): (usize, usize),
         (y, lout): (SharedOut, usize),
     ) {
-        let (m, alpha, cout) = (self.m, self.alpha, self.cout);
+        let (m, alpha, cout, nt) = (self.m, self.alpha, self.cout, phase.len());
         // The chunk's columns: its tile rows' outputs, one contiguous range.
         let first = q0 * m * d;
         let width = (nt * m).min(lout - first);
-        let mut phase = vec![0.0f32; nt];
         for co in 0..cout {
             // SAFETY: this chunk's columns of row `co`, which no other chunk writes.
             let dst = unsafe { y.part(co * lout + first, width) };
@@ -297,9 +301,9 @@ impl Winograd {
                         &products[(xi * cout + co) * nt..][..nt],
                     );
                 }
-                terms.combine(bias[co], &mut phase);
+                terms.combine(bias[co], phase);
                 // Tile row r's values go to columns (r·m + j)·d + s.
-                scatter_runs(d, &phase, dst, |r| (r * m + j) * d);
+                scatter_runs(d, phase, dst, |r| (r * m + j) * d);
             }
         }
     }
