@@ -46,7 +46,8 @@ const TILES_PER_CHUNK: usize = 128;
 /// 2 threads: 0.320/0.317 vs 0.342/0.316 s per s of audio), 11 MB less peak RSS.
 const CHUNK_BYTES: usize = 2 << 20;
 
-/// Tiles a chunk has at least: enough columns for the GEMM's register tiles.
+/// Tiles a chunk has at least (where the call has them): enough columns for the GEMM's register tiles, and
+/// for reading the weights once per chunk to be worth it.
 const MIN_TILES: usize = 16;
 
 /// Whether a convolution is worth computing this way: enough taps to save multiplications, and channels enough
@@ -221,7 +222,15 @@ impl Winograd {
             _ => 1,
         };
         let tiles = TILES_PER_CHUNK.min((CHUNK_BYTES / (4 * alpha * (cin + cout))).max(MIN_TILES));
-        let chunk_rows = rows.div_ceil(2 * threads).clamp(1, (tiles / d).max(1));
+        // Fewer on narrow calls: each chunk's GEMMs read all the weights, so a chunk has MIN_TILES tiles or
+        // more where the call has them (a one-frame chunk's input convolution, 2 tiles, was split in two and read
+        // its 25 MB twice), in a multiple of the threads where there are that many (an odd one out would leave a
+        // thread idle through the transforms). A single chunk's GEMMs still use every thread.
+        let mut chunks = (rows * d / MIN_TILES).clamp(1, 2 * threads);
+        if chunks >= threads {
+            chunks -= chunks % threads;
+        }
+        let chunk_rows = rows.div_ceil(chunks).clamp(1, (tiles / d).max(1));
         for_column_tiles(rows, chunk_rows, par, |q0, q1, par| {
             let nt = (q1 - q0) * d;
             let span = (q1 - q0 + reach) * d;
