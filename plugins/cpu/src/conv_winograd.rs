@@ -222,14 +222,15 @@ impl Winograd {
             _ => 1,
         };
         let tiles = TILES_PER_CHUNK.min((CHUNK_BYTES / (4 * alpha * (cin + cout))).max(MIN_TILES));
-        // Fewer on narrow calls: each chunk's GEMMs read all the weights, so a chunk has MIN_TILES tiles or
-        // more where the call has them (a one-frame chunk's input convolution, 2 tiles, was split in two and read
-        // its 25 MB twice), in a multiple of the threads where there are that many (an odd one out would leave a
-        // thread idle through the transforms). A single chunk's GEMMs still use every thread.
-        let mut chunks = (rows * d / MIN_TILES).clamp(1, 2 * threads);
-        if chunks >= threads {
-            chunks -= chunks % threads;
-        }
+        // A narrow call is one chunk: each chunk's GEMMs read all the weights, and chunks run side by side only
+        // when every thread gets two (`for_column_tiles`; fewer run one after the other). Split per thread, a
+        // one-frame chunk's input convolution (2 tiles) read its 25 MB twice, block 1's convolutions their 9.4
+        // MB four times.
+        let chunks = if rows * d >= 2 * threads * MIN_TILES {
+            2 * threads
+        } else {
+            1
+        };
         let chunk_rows = rows.div_ceil(chunks).clamp(1, (tiles / d).max(1));
         for_column_tiles(rows, chunk_rows, par, |q0, q1, par| {
             let nt = (q1 - q0) * d;
@@ -627,17 +628,21 @@ mod tests {
 
     #[test]
     fn threads_and_chunks_do_not_change_a_bit() {
-        let (cout, cin, k, len, d) = (48, 40, 7, 2000, 3);
-        let w = random(cout * cin * k, 4);
-        let x = random(cin * len, 5);
-        let conv = ConvWeight::winograd(&w, (cout, cin, k), None, WeightFormat::F32, Layout::Gemm);
-        let run = |par| {
-            let mut y = vec![0.0; cout * (len - (k - 1) * d)];
-            conv.forward(&x, len, d, &mut y, par);
-            y
-        };
-        let one = run(gemm::Parallelism::None);
-        assert_eq!(one, run(gemm::Parallelism::Rayon(2)));
-        assert_eq!(one, run(gemm::Parallelism::Rayon(3)));
+        // Many chunks side by side (2000 columns), and a narrow call: one chunk, its GEMMs on every thread.
+        for (len, d) in [(2000, 3), (6 + 4, 1), (18 + 40, 3)] {
+            let (cout, cin, k) = (48, 40, 7);
+            let w = random(cout * cin * k, 4);
+            let x = random(cin * len, 5);
+            let conv =
+                ConvWeight::winograd(&w, (cout, cin, k), None, WeightFormat::F32, Layout::Gemm);
+            let run = |par| {
+                let mut y = vec![0.0; cout * (len - (k - 1) * d)];
+                conv.forward(&x, len, d, &mut y, par);
+                y
+            };
+            let one = run(gemm::Parallelism::None);
+            assert_eq!(one, run(gemm::Parallelism::Rayon(2)), "{len} columns");
+            assert_eq!(one, run(gemm::Parallelism::Rayon(3)), "{len} columns");
+        }
     }
 }
