@@ -50,10 +50,22 @@ const CHUNK_BYTES: usize = 2 << 20;
 /// for reading the weights once per chunk to be worth it.
 const MIN_TILES: usize = 16;
 
-/// Whether a convolution is worth computing this way: enough taps to save multiplications, and channels enough
-/// that the per-channel transforms are small next to the GEMMs.
+/// Channel pairs above which a convolution's weights are too large for Winograd to pay: such a layer streams
+/// megabytes per call, and the decoder's one (the 1024→1536 input convolution, 1.6 M pairs, 4–32 columns a call)
+/// is bound by that stream, which Winograd makes 8/7 longer: 1.0–1.6 against 0.55–0.67 ms direct on a one-frame
+/// chunk, 3.3–4.9 against 3.4 ms on an eight-frame one (AMD EPYC Zen 4, 2 threads, f16). The vocoder's own
+/// (768² and less) gain.
+const MAX_CHANNEL_PAIRS: usize = 1 << 20;
+
+/// Whether a convolution is worth computing this way: enough taps to save multiplications, channels enough that
+/// the per-channel transforms are small next to the GEMMs, and not so many that the weights' stream bounds it
+/// ([`MAX_CHANNEL_PAIRS`]).
 pub(crate) fn suits(cout: usize, cin: usize, k: usize) -> bool {
-    k >= 5 && cout >= 32 && cin >= 32 && M + k - 1 <= POINTS.len() + 1
+    k >= 5
+        && cout >= 32
+        && cin >= 32
+        && cout * cin <= MAX_CHANNEL_PAIRS
+        && M + k - 1 <= POINTS.len() + 1
 }
 
 /// The F(m, k) matrices: `bt` `[α][α]`, `g` `[α][k]`, `at` `[m][α]`.
