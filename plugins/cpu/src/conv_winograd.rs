@@ -639,6 +639,21 @@ mod tests {
     }
 
     #[test]
+    fn only_the_vocoders_wide_convolutions_take_it() {
+        // The released vocoder's 7-tap convolutions, 768² down to 96² channel pairs.
+        for c in [768, 384, 192, 96] {
+            assert!(suits(c, c, 7), "{c} channels");
+        }
+        // Its 1024→1536 input convolution: bound by its weights' stream.
+        assert!(!suits(1536, 1024, 7));
+        // Too few taps or channels.
+        assert!(!suits(768, 768, 3));
+        assert!(!suits(768, 768, 1));
+        assert!(!suits(31, 768, 7));
+        assert!(!suits(1, 96, 7));
+    }
+
+    #[test]
     fn threads_and_chunks_do_not_change_a_bit() {
         // Many chunks side by side (2000 columns), and a narrow call: one chunk, its GEMMs on every thread.
         for (len, d) in [(2000, 3), (6 + 4, 1), (18 + 40, 3)] {
