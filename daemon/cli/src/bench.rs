@@ -311,6 +311,9 @@ impl Silence {
     }
 }
 
+/// Sessions whose median first audio (and that session's silences) the table gives.
+const SESSIONS: usize = 3;
+
 fn measure_latency(
     loaded: &Loaded,
     frames: usize,
@@ -366,13 +369,22 @@ fn measure_latency(
         Ok((first_audio_ms, Silence::of(&arrivals, rate)))
     };
     let first_audio_of = |request: &PromptRequest| heard(request).map(|(ms, _)| ms);
+    // The session of median first audio among SESSIONS: one session's swings by tens of milliseconds on a
+    // shared machine (78 to 102 ms on the same build, minutes apart).
+    let median_of = |request: &PromptRequest| -> Result<(f64, Silence)> {
+        let mut runs = (0..SESSIONS)
+            .map(|_| heard(request))
+            .collect::<Result<Vec<_>>>()?;
+        runs.sort_by(|a, b| a.0.total_cmp(&b.0));
+        Ok(runs[SESSIONS / 2])
+    };
     // First audio with the voice's prefix kept (as the daemon has it after its warm-up), then forgotten.
-    let (first_audio_ms, silence) = heard(request)?;
+    let (first_audio_ms, silence) = median_of(request)?;
     model.talker.clear_prefixes();
     let new_voice_first_audio_ms = first_audio_of(request)?;
     // The voice's fixed rows are the same in both modes, so the prefix kept by the run above serves this one.
     let streamed_text_first_audio_ms = if request.non_streaming_mode {
-        Some(first_audio_of(&streamed_request)?)
+        Some(median_of(&streamed_request)?.0)
     } else {
         None
     };
@@ -564,8 +576,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
     println!("{:<30}{:>12.1}", "total", r.total_s * 1e3);
     if let Some(l) = &latency {
         println!(
-            "streaming: first audio {:.0} ms after the request ({} frame(s) first chunk in {} part(s); {:.0} ms for \
-             a voice's first utterance); stop {:.3} ms to silence, {:.1} ms to end the session",
+            "streaming: first audio {:.0} ms after the request (median of {SESSIONS} sessions; {} frame(s) first chunk \
+             in {} part(s); {:.0} ms for a voice's first utterance); stop {:.3} ms to silence, {:.1} ms to end the \
+             session",
             l.first_audio_ms,
             args.first_chunk_frames,
             args.first_chunk_parts,
@@ -580,8 +593,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
         );
         if let Some(ms) = l.streamed_text_first_audio_ms {
             println!(
-                "streaming: first audio {ms:.0} ms with the text streamed into the talker (non_streaming_mode=False, \
-                 [generation] text = \"streamed\": a prefill of one row past the voice's)"
+                "streaming: first audio {ms:.0} ms with the text streamed into the talker (median of {SESSIONS}; \
+                 non_streaming_mode=False, [generation] text = \"streamed\": a prefill of one row past the voice's)"
             );
         }
     }
