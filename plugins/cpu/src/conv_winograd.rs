@@ -235,9 +235,8 @@ impl Winograd {
         };
         let tiles = TILES_PER_CHUNK.min((CHUNK_BYTES / (4 * alpha * (cin + cout))).max(MIN_TILES));
         // A narrow call is one chunk: each chunk's GEMMs read all the weights, and chunks run side by side only
-        // when every thread gets two (`for_column_tiles`; fewer run one after the other). Split per thread, a
-        // one-frame chunk's input convolution (2 tiles) read its 25 MB twice, block 1's convolutions their 9.4
-        // MB four times.
+        // when every thread gets two (`for_column_tiles`; fewer run one after the other). Split per thread, block
+        // 1's convolutions on a one-frame chunk (16-18 tiles) read their 9.4 MB four times.
         let chunks = if rows * d >= 2 * threads * MIN_TILES {
             2 * threads
         } else {
