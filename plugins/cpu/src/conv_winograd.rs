@@ -227,22 +227,22 @@ impl Winograd {
         // Phase rows past a chunk's last tile row that its taps reach.
         let reach = (alpha - 1) / m;
         let out = SharedOut::new(y);
-        // Chunks enough for every thread to take its own (the transforms are serial within a chunk), at most
-        // TILES_PER_CHUNK tiles and about CHUNK_BYTES of transformed inputs and products each.
+        // At least two chunks per thread, which then run side by side (the transforms are serial within a
+        // chunk), or one chunk whose GEMMs use every thread: `for_column_tiles` runs fewer than two per thread one
+        // after the other, each reading all the weights (block 1's convolutions on a one-frame chunk, 16-18
+        // tiles, read their 9.4 MB four times). Each chunk at most TILES_PER_CHUNK tiles and about CHUNK_BYTES of
+        // transformed inputs and products.
         let threads = match par {
             gemm::Parallelism::Rayon(n) => n.max(1),
             _ => 1,
         };
         let tiles = TILES_PER_CHUNK.min((CHUNK_BYTES / (4 * alpha * (cin + cout))).max(MIN_TILES));
-        // A narrow call is one chunk: each chunk's GEMMs read all the weights, and chunks run side by side only
-        // when every thread gets two (`for_column_tiles`; fewer run one after the other). Split per thread, block
-        // 1's convolutions on a one-frame chunk (16-18 tiles) read their 9.4 MB four times.
-        let chunks = if rows * d >= 2 * threads * MIN_TILES {
+        let chunks = if rows >= 2 * threads && rows * d >= 2 * threads * MIN_TILES {
             2 * threads
         } else {
             1
         };
-        let chunk_rows = rows.div_ceil(chunks).clamp(1, (tiles / d).max(1));
+        let chunk_rows = (rows / chunks).clamp(1, (tiles / d).max(1));
         for_column_tiles(rows, chunk_rows, par, |q0, q1, par| {
             let nt = (q1 - q0) * d;
             let span = (q1 - q0 + reach) * d;
