@@ -9,10 +9,11 @@ use std::time::Duration;
 
 use anyhow::{anyhow, Context};
 use zbus::fdo::DBusProxy;
-use zbus::proxy::CacheProperties;
+use zbus::proxy::{CacheProperties, MethodFlags};
 use zbus::Connection;
+use zbus::OwnedVariant;
 
-use super::synth::{spiel_s16_mono_rate, Request, Synthesizer, Voice};
+use super::synth::{spiel_s16_mono_rate, Request, Synthesizer, Voice, STATE_WAIT};
 
 pub const PROVIDER_BUS_NAME: &str = "org.kazeia.Speech.Provider";
 
@@ -86,26 +87,74 @@ impl DbusSynthesizer {
         Ok(connection)
     }
 
-    /// Runs `call` on the provider's proxy; a failure drops the connection.
+    /// Runs `call` on the provider's proxy within `timeout`; a failure drops the connection.
     fn call<T>(
         &mut self,
+        timeout: Duration,
         call: impl AsyncFnOnce(&ProviderProxy<'static>) -> zbus::Result<T>,
     ) -> anyhow::Result<T> {
         let connection = self.connection()?;
         let (bus_name, path) = (self.bus_name.clone(), self.object_path.clone());
         let result = self.runtime.block_on(async {
-            let proxy = ProviderProxy::builder(&connection)
-                .destination(bus_name)
-                .path(path)
-                .cache_properties(CacheProperties::No)
-                .build()
-                .await?;
-            call(&proxy).await
+            let call = async {
+                let proxy = ProviderProxy::builder(&connection)
+                    .destination(bus_name)
+                    .path(path)
+                    .cache_properties(CacheProperties::No)
+                    .build()
+                    .await?;
+                call(&proxy).await
+            };
+            tokio::time::timeout(timeout, call).await
         });
+        let result = match result {
+            Ok(r) => r.map_err(anyhow::Error::from),
+            Err(_) => Err(anyhow!("no answer within {:.1} s", timeout.as_secs_f64())),
+        };
         if result.is_err() {
             self.connection = None;
         }
         result.with_context(|| format!("{} on the session bus", self.bus_name))
+    }
+
+    /// kazeiad's own `State` and `LoadProgress` (`org.kazeia.Speech1`, on the provider's name without
+    /// `.Provider`), within [`STATE_WAIT`]; `start` lets the call start the daemon by activation. `None` when
+    /// the provider is not kazeiad or does not answer in time.
+    fn daemon_state(&mut self, start: bool) -> Option<(String, String)> {
+        let name = self.bus_name.strip_suffix(".Provider")?.to_owned();
+        let path = format!("/{}", name.replace('.', "/"));
+        let connection = self.connection().ok()?;
+        let flags = if start {
+            MethodFlags::empty()
+        } else {
+            MethodFlags::NO_AUTO_START
+        };
+        let asked = self.runtime.block_on(async {
+            let ask = async {
+                let properties =
+                    zbus::Proxy::new(&connection, name, path, "org.freedesktop.DBus.Properties")
+                        .await?;
+                let mut values = Vec::new();
+                for property in ["State", "LoadProgress"] {
+                    let value: Option<OwnedVariant> = properties
+                        .call_with_flags("Get", flags, &("org.kazeia.Speech1", property))
+                        .await?;
+                    let value = value.ok_or_else(|| zbus::Error::Failure("no reply".into()))?;
+                    values.push(String::try_from(value)?);
+                }
+                let progress = values.pop().unwrap_or_default();
+                Ok::<_, zbus::Error>((values.pop().unwrap_or_default(), progress))
+            };
+            tokio::time::timeout(STATE_WAIT, ask).await
+        });
+        match asked {
+            Ok(Ok(state)) => Some(state),
+            Ok(Err(e)) => {
+                super::log::debug(&format!("cannot read the daemon's state: {e}"));
+                None
+            }
+            Err(_) => None,
+        }
     }
 }
 
@@ -125,29 +174,37 @@ impl Synthesizer for DbusSynthesizer {
                 "absent"
             })
         });
-        match state {
-            Ok("absent") => Err(anyhow!(
-                "{name} is neither running nor activatable on the session bus (is kazeiad installed?)"
-            )),
-            Ok(state) => Ok(format!("kazeia: speech provider {name} {state}")),
+        let found = match state {
+            Ok("absent") => {
+                return Err(anyhow!(
+                    "{name} is neither running nor activatable on the session bus (is kazeiad installed?)"
+                ))
+            }
+            Ok(found) => found,
             Err(e) => {
                 self.connection = None;
-                Err(anyhow!(e).context("cannot ask the session bus about the provider"))
+                return Err(anyhow!(e).context("cannot ask the session bus about the provider"));
             }
+        };
+        // Started now, so the model loads while speech-dispatcher starts; a daemon that has no model it can
+        // load fails INIT, and speech-dispatcher keeps speaking with its other modules.
+        match self.daemon_state(true) {
+            Some((state, progress)) if state == "failed" => Err(anyhow!(
+                "kazeiad has no model it can load ({progress}); fix its configuration (kazeia status), \
+                 then restart speech-dispatcher"
+            )),
+            Some((state, progress)) if !progress.is_empty() => Ok(format!(
+                "kazeia: speech provider {name} {found}, {state}: {progress}"
+            )),
+            Some((state, _)) => Ok(format!("kazeia: speech provider {name} {found}, {state}")),
+            None => Ok(format!("kazeia: speech provider {name} {found}")),
         }
     }
 
     fn voices(&mut self) -> anyhow::Result<Vec<Voice>> {
         // A daemon that was just activated owns its name before its model is loaded and lists no voice until
-        // then: wait for them (a first start loads in well under this; a download reports `loading` longer).
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-        let listed = loop {
-            let listed = self.call(async |p| p.voices().await)?;
-            if !listed.is_empty() || std::time::Instant::now() >= deadline {
-                break listed;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(50));
-        };
+        // then: the caller asks again at its next message rather than wait here.
+        let listed = self.call(STATE_WAIT, async |p| p.voices().await)?;
         let mut voices = Vec::new();
         for (name, identifier, output_format, _features, languages) in listed {
             match spiel_s16_mono_rate(&output_format) {
@@ -165,7 +222,7 @@ impl Synthesizer for DbusSynthesizer {
 
     fn synthesize(&mut self, request: &Request) -> anyhow::Result<PipeReader> {
         let (reader, writer) = std::io::pipe().context("cannot create a pipe")?;
-        self.call(async |p| {
+        self.call(self.timeout, async |p| {
             p.synthesize(
                 zbus::Fd::from(&writer),
                 &request.text,
@@ -180,5 +237,14 @@ impl Synthesizer for DbusSynthesizer {
         // Our copy of the write end goes, so the stream ends when the daemon closes its copy.
         drop(writer);
         Ok(reader)
+    }
+
+    fn not_ready_reason(&mut self) -> Option<String> {
+        let (state, progress) = self.daemon_state(false)?;
+        Some(if progress.is_empty() {
+            format!("kazeiad is {state}")
+        } else {
+            format!("kazeiad is {state}: {progress}")
+        })
     }
 }

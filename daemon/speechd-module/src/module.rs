@@ -5,7 +5,7 @@ use std::io::{self, BufRead, BufReader, Read, Write};
 use std::sync::mpsc;
 use std::sync::Arc;
 
-use kazeia_text::ssml::parse_ssml;
+use kazeia_text::ssml::{has_speech, parse_ssml, Piece};
 
 use super::keys::{char_text, key_text};
 use super::log;
@@ -54,6 +54,7 @@ pub fn run<S: Synthesizer>(
         server_audio: false,
         voices: None,
         speaker: None,
+        unknown_languages: Default::default(),
     };
     let status = loop {
         let Ok(Some(input)) = rx.recv() else {
@@ -135,6 +136,8 @@ struct Module<S> {
     /// The provider's voices, fetched on first need and on every LIST VOICES.
     voices: Option<Vec<Voice>>,
     speaker: Option<Speaker>,
+    /// Languages already logged as spoken by no voice (logged once each).
+    unknown_languages: std::collections::HashSet<String>,
 }
 
 impl<S: Synthesizer> Module<S> {
@@ -236,9 +239,19 @@ impl<S: Synthesizer> Module<S> {
         }
     }
 
+    /// The provider's voices: kept once it lists some, asked again (within a second) while it lists none, so
+    /// the first message after its model is loaded is spoken with nothing restarted.
     fn fetch_voices(&mut self) -> anyhow::Result<&[Voice]> {
         if self.voices.is_none() {
-            self.voices = Some(self.synth.voices()?);
+            let voices = self.synth.voices()?;
+            if voices.is_empty() {
+                let why = self
+                    .synth
+                    .not_ready_reason()
+                    .unwrap_or_else(|| "it may still be loading its model".into());
+                anyhow::bail!("the provider lists no voice yet ({why})");
+            }
+            self.voices = Some(voices);
         }
         Ok(self.voices.as_deref().unwrap_or_default())
     }
@@ -294,7 +307,15 @@ impl<S: Synthesizer> Module<S> {
                     log::error(&format!("message refused: {e}"));
                     return self.out.reply(CANT_SPEAK);
                 }
-                Ok(pieces) if pieces.is_empty() => return self.say_nothing(None),
+                // Markup, marks or punctuation alone: nothing for the model to say, so the message ends
+                // at once (its marks reached) rather than being refused by the provider.
+                // (In spelling mode punctuation is spoken: `.` is "dot".)
+                Ok(pieces)
+                    if !has_speech(&pieces)
+                        && !(self.settings.spelling_mode && has_text(&pieces)) =>
+                {
+                    return self.say_marks_only(&pieces)
+                }
                 // The provider parses the SSML again; spelling mode spells all of it.
                 Ok(_) if self.settings.spelling_mode => (
                     format!("<say-as interpret-as=\"characters\">{text}</say-as>"),
@@ -310,13 +331,15 @@ impl<S: Synthesizer> Module<S> {
         if !ssml && text.trim().is_empty() {
             return self.say_nothing(None);
         }
-        if let Err(e) = self.fetch_voices() {
-            log::error(&format!("cannot get the provider's voices: {e:#}"));
-            return self.out.reply(CANT_SPEAK);
-        }
-        let voices = self.voices.as_deref().unwrap_or_default();
-        let Some(voice) = pick_voice(voices, &self.settings).cloned() else {
-            log::error("the provider has no voice");
+        let voices = match self.fetch_voices() {
+            Ok(voices) => voices.to_vec(),
+            Err(e) => {
+                log::error(&format!("message not spoken: {e:#}"));
+                return self.out.reply(CANT_SPEAK);
+            }
+        };
+        let Some(voice) = pick_voice(&voices, &self.settings).cloned() else {
+            log::error("message not spoken: the provider has no voice");
             return self.out.reply(CANT_SPEAK);
         };
         let request = Request {
@@ -325,7 +348,7 @@ impl<S: Synthesizer> Module<S> {
             voice_id: voice.identifier.clone(),
             pitch: self.settings.spiel_pitch(),
             rate: self.settings.spiel_rate(),
-            language: self.settings.language.clone().unwrap_or_default(),
+            language: self.language_for(&voices),
         };
         let stream = match self.synth.synthesize(&request) {
             Ok(stream) => stream,
@@ -359,6 +382,39 @@ impl<S: Synthesizer> Module<S> {
         Ok(())
     }
 
+    /// The message's language for the provider: the one speech-dispatcher set, or empty (the voice's own, the
+    /// model's `auto`) when no voice speaks it, so a foreign phrase on a page is read rather than refused.
+    fn language_for(&mut self, voices: &[Voice]) -> String {
+        let Some(language) = self.settings.language.clone() else {
+            return String::new();
+        };
+        let known = voices.iter().any(|v| v.languages.is_empty())
+            || voices
+                .iter()
+                .any(|v| v.languages.iter().any(|l| same_language(l, &language)));
+        if known {
+            return language;
+        }
+        if self.unknown_languages.insert(language.clone()) {
+            log::info(&format!(
+                "no voice speaks {language:?}: such messages are spoken with the voice's own language"
+            ));
+        }
+        String::new()
+    }
+
+    /// A message with marks but nothing to hear: its events and marks at once.
+    fn say_marks_only(&mut self, pieces: &[Piece]) -> io::Result<()> {
+        self.out.reply("200 OK SPEAKING")?;
+        self.out.event(&Event::Begin)?;
+        for piece in pieces {
+            if let Piece::Mark(name) = piece {
+                self.out.event(&Event::Mark(name.clone()))?;
+            }
+        }
+        self.out.event(&Event::End)
+    }
+
     /// A message with nothing to synthesise: its events at once (with the sound icon, if any).
     fn say_nothing(&mut self, icon: Option<String>) -> io::Result<()> {
         self.out.reply("200 OK SPEAKING")?;
@@ -368,6 +424,10 @@ impl<S: Synthesizer> Module<S> {
         }
         self.out.event(&Event::End)
     }
+}
+
+fn has_text(pieces: &[Piece]) -> bool {
+    pieces.iter().any(|p| matches!(p, Piece::Text { .. }))
 }
 
 fn value_of<'a>(pairs: &'a [(String, String)], key: &str) -> Option<&'a str> {

@@ -36,6 +36,8 @@ struct TestSynth {
     check_error: Option<String>,
     /// Voices and Synthesize fail (the daemon is gone).
     unreachable: bool,
+    /// While this is false the provider lists no voice (its model is loading).
+    loaded: Option<Arc<AtomicBool>>,
     /// Each text piece is written in chunks of this many samples with this pause between them.
     chunk_samples: usize,
     chunk_pause: Duration,
@@ -117,7 +119,18 @@ impl Synthesizer for TestSynth {
         if self.unreachable {
             anyhow::bail!("provider unreachable");
         }
+        if self
+            .loaded
+            .as_ref()
+            .is_some_and(|l| !l.load(Ordering::SeqCst))
+        {
+            return Ok(Vec::new());
+        }
         Ok(self.voices.clone())
+    }
+
+    fn not_ready_reason(&mut self) -> Option<String> {
+        Some("the test provider is loading".into())
     }
 
     fn synthesize(&mut self, request: &Request) -> anyhow::Result<std::io::PipeReader> {
@@ -791,6 +804,34 @@ fn unreachable_provider_means_cant_speak_not_a_hang() {
     h.send(&["CHAR", "x", "."]);
     h.expect(&["202 OK RECEIVING MESSAGE", "301 ERROR CANT SPEAK"]);
     assert!(asked.elapsed() < Duration::from_secs(1));
+    assert_eq!(h.quit(), 0);
+}
+
+#[test]
+fn messages_while_the_provider_loads_fail_at_once_and_the_first_after_is_spoken() {
+    let loaded = Arc::new(AtomicBool::new(false));
+    let synth = TestSynth {
+        loaded: Some(loaded.clone()),
+        ..TestSynth::new()
+    };
+    let mut h = Harness::started(synth.clone());
+    let asked = Instant::now();
+    h.send(&["LIST VOICES"]);
+    h.expect(&["304 CANT LIST VOICES"]);
+    for _ in 0..3 {
+        h.send(&["SPEAK", "<speak>Too early</speak>", "."]);
+        h.expect(&["202 OK RECEIVING MESSAGE", "301 ERROR CANT SPEAK"]);
+    }
+    assert!(asked.elapsed() < Duration::from_secs(1));
+    assert!(synth.requests().is_empty());
+    // Loaded: the next message is spoken, with nothing restarted (the empty list was not kept).
+    loaded.store(true, Ordering::SeqCst);
+    h.send(&["SPEAK", "<speak>Now</speak>", "."]);
+    h.expect(&["202 OK RECEIVING MESSAGE", "200 OK SPEAKING"]);
+    assert_eq!(
+        h.message(usize::MAX),
+        vec![line("701 BEGIN"), audio("Now"), line("702 END")]
+    );
     assert_eq!(h.quit(), 0);
 }
 

@@ -29,12 +29,24 @@ pub struct Request {
     pub language: String,
 }
 
+/// How long the module waits on the provider's state (voices, readiness): no command, STOP included, waits
+/// longer for a daemon that is still starting or loading.
+pub const STATE_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
 pub trait Synthesizer: Send {
-    /// Whether the provider can be reached or started; a line describing it for the INIT reply.
+    /// Whether the provider can be reached or started, and can speak once its model is loaded; a line
+    /// describing it for the INIT reply. An error fails INIT, so speech-dispatcher keeps using its other
+    /// modules (the crate README, "While the model loads").
     fn check(&mut self) -> anyhow::Result<String>;
 
-    /// The provider's voices (may start it).
+    /// The provider's voices (may start it); empty while it loads its model. Waits at most [`STATE_WAIT`].
     fn voices(&mut self) -> anyhow::Result<Vec<Voice>>;
+
+    /// Why the provider lists no voice (its model is downloading, loading, or could not be loaded), for the
+    /// log; `None` when it cannot tell. Waits at most [`STATE_WAIT`].
+    fn not_ready_reason(&mut self) -> Option<String> {
+        None
+    }
 
     /// Starts an utterance; the returned pipe carries an `audio/x-spiel` S16LE mono stream and ends at EOF.
     /// Dropping it cancels the utterance.
@@ -47,6 +59,9 @@ impl<S: Synthesizer + ?Sized> Synthesizer for Box<S> {
     }
     fn voices(&mut self) -> anyhow::Result<Vec<Voice>> {
         (**self).voices()
+    }
+    fn not_ready_reason(&mut self) -> Option<String> {
+        (**self).not_ready_reason()
     }
     fn synthesize(&mut self, request: &Request) -> anyhow::Result<PipeReader> {
         (**self).synthesize(request)

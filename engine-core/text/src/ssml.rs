@@ -242,6 +242,16 @@ pub fn plain_text(input: &str) -> Vec<Piece> {
     }]
 }
 
+/// Whether the pieces hold anything to hear: a letter or digit (punctuation and symbols alone are not
+/// spoken by the model) or a break. Marks alone are not speech.
+pub fn has_speech(pieces: &[Piece]) -> bool {
+    pieces.iter().any(|p| match p {
+        Piece::Text { text, .. } => text.chars().any(char::is_alphanumeric),
+        Piece::Break(_) => true,
+        Piece::Mark(_) => false,
+    })
+}
+
 /// `ssml:mark` → `mark`.
 fn local_name(name: &str) -> &str {
     name.rsplit(':').next().unwrap_or(name)
