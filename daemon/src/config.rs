@@ -104,6 +104,10 @@ pub struct ModelSection {
     pub path: String,
     /// Storage of the talker's and code predictor's linear weights.
     pub weights: String,
+    /// Whether the daemon may download `path` (a repo id not in the cache) by itself. Off by default: a
+    /// model is gigabytes, which a metered connection should not pay for unasked; `kazeia model download`
+    /// gets it, showing its size first, and the daemon then loads it.
+    pub download: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Deserialize)]
@@ -178,6 +182,7 @@ impl Default for ModelSection {
         ModelSection {
             path: "Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice".into(),
             weights: "auto".into(),
+            download: false,
         }
     }
 }
@@ -248,9 +253,7 @@ impl DaemonConfig {
 
     /// Reads a configuration file.
     pub fn load(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("cannot read {}", path.display()))?;
-        Self::parse(&text, &path.display().to_string())
+        Ok(read_file(path)?.0)
     }
 
     /// Values the types cannot check.
@@ -341,6 +344,21 @@ pub fn load(explicit: Option<&Path>) -> Result<(DaemonConfig, Option<PathBuf>)> 
         Some(path) => Ok((DaemonConfig::load(&path)?, Some(path))),
         None => Ok((DaemonConfig::default(), None)),
     }
+}
+
+/// A configuration file's settings and its text. An empty file is refused: an editor that truncates a file
+/// before writing it shows one for a moment, and applying it would put every setting back to its default.
+pub fn read_file(path: &Path) -> Result<(DaemonConfig, String)> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    if text.trim().is_empty() {
+        bail!(
+            "{} is empty (still being written?); delete it to use the defaults",
+            path.display()
+        );
+    }
+    let config = DaemonConfig::parse(&text, &path.display().to_string())?;
+    Ok((config, text))
 }
 
 #[cfg(test)]

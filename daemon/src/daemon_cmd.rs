@@ -58,17 +58,133 @@ fn file_stamp(path: &Option<PathBuf>) -> Option<(SystemTime, u64)> {
     Some((meta.modified().ok()?, meta.len()))
 }
 
+/// How often the configuration file and the voice folder are looked at.
+const CONFIG_POLL: Duration = Duration::from_millis(500);
+/// The first wait before a failed load is tried again by itself, and the longest: the waits double between.
+const RETRY_FIRST: Duration = Duration::from_secs(10);
+const RETRY_LONGEST: Duration = Duration::from_secs(600);
+
+/// The configuration to start with: the file's; if it cannot be used, the settings last applied from it, else
+/// the defaults, with the reason (for the log and `ConfigProblem`). The text is kept once it has worked.
+fn initial_config(
+    path: &Option<PathBuf>,
+) -> (config::DaemonConfig, Option<String>, Option<String>) {
+    let Some(path) = path else {
+        tracing::info!("no configuration file; built-in defaults");
+        return (Default::default(), None, None);
+    };
+    match config::read_file(path) {
+        Ok((config, text)) => {
+            tracing::info!("configuration {}", path.display());
+            (config, Some(text), None)
+        }
+        Err(e) => {
+            let problem = format!("{e:#}");
+            let last_good = crate::last_good::load(path);
+            tracing::error!(
+                "{problem}; serving with {} until the file is fixed",
+                if last_good.is_some() {
+                    "the settings last applied from it"
+                } else {
+                    "the built-in defaults"
+                }
+            );
+            (last_good.unwrap_or_default(), None, Some(problem))
+        }
+    }
+}
+
+/// Reloads run on tasks of their own (the main loop keeps answering signals and the bus during a download),
+/// one at a time ([`Service::reload`]); a failed load with no model running is tried again with backoff.
+#[derive(Clone)]
+struct Reloads {
+    service: Arc<Service>,
+    api: zbus::object_server::InterfaceRef<SpeechApi>,
+    provider: zbus::object_server::InterfaceRef<SpielProvider>,
+    retry: Arc<Retry>,
+}
+
+#[derive(Default)]
+struct Retry {
+    /// The next wait (doubling up to [`RETRY_LONGEST`]; back to the first after a load succeeds).
+    wait: std::sync::Mutex<Option<Duration>>,
+    /// Whether a retry is already waiting (so failures never start two).
+    pending: std::sync::atomic::AtomicBool,
+}
+
+impl Reloads {
+    fn spawn(&self, why: &'static str) {
+        let this = self.clone();
+        tokio::spawn(async move {
+            match this.service.reload().await {
+                Ok(summary) => {
+                    tracing::info!("reload ({why}): {summary}");
+                    if this.service.player.engine().is_some() {
+                        *this.retry.wait.lock().unwrap_or_else(|e| e.into_inner()) = None;
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(
+                        "reload ({why}) refused, the running configuration stays: {e:#}"
+                    );
+                    this.retry_later();
+                }
+            }
+            this.announce().await;
+        });
+    }
+
+    /// With no model running, the load is tried again after a wait (a network or disk fault may pass).
+    fn retry_later(&self) {
+        if self.service.player.engine().is_some()
+            || self
+                .retry
+                .pending
+                .swap(true, std::sync::atomic::Ordering::SeqCst)
+        {
+            return;
+        }
+        let wait = {
+            let mut next = self.retry.wait.lock().unwrap_or_else(|e| e.into_inner());
+            let wait = next.unwrap_or(RETRY_FIRST);
+            *next = Some((wait * 2).min(RETRY_LONGEST));
+            wait
+        };
+        self.service
+            .loading
+            .retry_at(std::time::Instant::now() + wait);
+        tracing::info!("the model load is tried again in {} s", wait.as_secs());
+        let this = self.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(wait).await;
+            this.retry
+                .pending
+                .store(false, std::sync::atomic::Ordering::SeqCst);
+            this.spawn("retry after a failed load");
+        });
+    }
+
+    /// Announces what a load may have changed: state, progress, the model's properties, the voices.
+    async fn announce(&self) {
+        let iface = self.api.get().await;
+        let emitter = self.api.signal_emitter();
+        let _ = iface.state_changed(emitter).await;
+        let _ = iface.load_progress_changed(emitter).await;
+        let _ = iface.config_problem_changed(emitter).await;
+        emit_properties(&iface, emitter).await;
+        let spiel = self.provider.get().await;
+        let _ = spiel.voices_changed(self.provider.signal_emitter()).await;
+    }
+}
+
 async fn serve(args: DaemonArgs) -> Result<()> {
     // Before the names are taken: a client (or systemd) may signal the daemon as soon as it is seen on the bus,
     // and a signal without a handler would end it at once, with no clean shutdown.
     let mut terminate = signal(SignalKind::terminate())?;
     let mut interrupt = signal(SignalKind::interrupt())?;
     let mut hangup = signal(SignalKind::hangup())?;
-    let (config, in_use) = config::load(args.config.as_deref())?;
-    match &in_use {
-        Some(p) => tracing::info!("configuration {}", p.display()),
-        None => tracing::info!("no configuration file; built-in defaults"),
-    }
+    let in_use = config::config_path(args.config.as_deref());
+    let (config, first_text, problem) = initial_config(&in_use);
     // The configured level from the start (`Service::apply` applies it again on reloads).
     let _ = crate::logging::set_level(&config.log.level);
     let watched = watched_path(&args, &in_use);
@@ -85,6 +201,11 @@ async fn serve(args: DaemonArgs) -> Result<()> {
             .context("cannot start the speech worker")?
     };
     let service = Arc::new(Service::new(player.clone(), args.config.clone()));
+    if let Some(problem) = problem {
+        service.set_config_problem(problem);
+    }
+    // Taken before the bus names: no reload can start before the first load (see below).
+    let one_at_a_time = service.hold_loads().await;
 
     let connection = zbus::connection::Builder::session()
         .serve_at(
@@ -133,73 +254,60 @@ async fn serve(args: DaemonArgs) -> Result<()> {
         }
     });
 
-    // The first load, with `State` and `LoadProgress` announced as they change.
+    let provider = connection
+        .object_server()
+        .interface::<_, SpielProvider>(SPIEL_OBJECT_PATH)
+        .await?;
+    let reloads = Reloads {
+        service: service.clone(),
+        api: api.clone(),
+        provider: provider.clone(),
+        retry: Arc::new(Retry::default()),
+    };
+
+    // The first load, with `State` and `LoadProgress` announced as they change. It holds the load lock from
+    // here, so a reload asked during it (Reload(), SIGHUP, a saved file) waits for it instead of loading a
+    // second model beside it.
     let mut first_load = {
         let service = service.clone();
-        tokio::spawn(async move { service.apply(config).await })
+        tokio::spawn(async move {
+            let _one = one_at_a_time;
+            service.apply(config).await
+        })
     };
     let mut loading = true;
     let mut announced = (String::new(), String::new());
     let mut announce = tokio::time::interval(Duration::from_millis(250));
 
-    let mut poll = tokio::time::interval(Duration::from_secs(1));
+    let mut poll = tokio::time::interval(CONFIG_POLL);
     let mut stamp = file_stamp(&watched);
+    // A change is applied once the file has stayed the same for a whole poll (an editor's save is seen
+    // finished, not half-written) and reads as a valid configuration.
+    let mut changed_at: Option<Option<(SystemTime, u64)>> = None;
     let voices_dir = crate::voice_store::voices_dir().ok();
     let mut voices_stamp = voices_dir.as_deref().map(crate::voice_store::stamp);
-    let provider = connection
-        .object_server()
-        .interface::<_, SpielProvider>(SPIEL_OBJECT_PATH)
-        .await?;
-    let reload = |why: &'static str| {
-        let service = service.clone();
-        let api = api.clone();
-        let provider = provider.clone();
-        async move {
-            match service.reload().await {
-                Ok(summary) => {
-                    tracing::info!("reload ({why}): {summary}");
-                    let iface = api.get().await;
-                    let _ = iface.state_changed(api.signal_emitter()).await;
-                    let _ = iface.load_progress_changed(api.signal_emitter()).await;
-                    emit_properties(&iface, api.signal_emitter()).await;
-                    let spiel = provider.get().await;
-                    let _ = spiel.voices_changed(provider.signal_emitter()).await;
-                }
-                Err(e) => {
-                    tracing::warn!("reload ({why}) refused, the running configuration stays: {e:#}")
-                }
-            }
-        }
-    };
     loop {
         tokio::select! {
             _ = terminate.recv() => { tracing::info!("SIGTERM, shutting down"); break; }
             _ = interrupt.recv() => { tracing::info!("SIGINT, shutting down"); break; }
-            _ = hangup.recv() => reload("SIGHUP").await,
+            _ = hangup.recv() => reloads.spawn("SIGHUP"),
             loaded = &mut first_load, if loading => {
                 loading = false;
                 match loaded.context("the model load panicked").and_then(|r| r) {
-                    Ok(summary) => tracing::info!(
-                        "{summary}; ready ({})",
-                        backends_summary(&service.info())
-                    ),
-                    Err(e) => tracing::error!(
-                        "{e:#}; serving without a model (Speak answers NotReady) until a reload"
-                    ),
+                    Ok(summary) => {
+                        tracing::info!("{summary}; ready ({})", backends_summary(&service.info()));
+                        if let (Some(path), Some(text)) = (&in_use, &first_text) {
+                            crate::last_good::save(path, text);
+                        }
+                    }
+                    Err(e) => {
+                        tracing::error!("{e:#}; serving without a model (Speak answers NotReady)");
+                        reloads.retry_later();
+                    }
                 }
-                let iface = api.get().await;
-                let _ = iface.state_changed(&emitter).await;
-                let _ = iface.load_progress_changed(&emitter).await;
-                emit_properties(&iface, &emitter).await;
-                if let Ok(spiel) = connection
-                    .object_server()
-                    .interface::<_, SpielProvider>(SPIEL_OBJECT_PATH)
-                    .await
-                {
-                    let _ = spiel.get().await.voices_changed(spiel.signal_emitter()).await;
-                }
+                reloads.announce().await;
             }
-            _ = announce.tick(), if loading => {
+            _ = announce.tick(), if loading || service.player.engine().is_none() => {
                 let now = (service.loading.state().to_owned(), service.loading.progress());
                 if now != announced {
                     announced = now;
@@ -213,8 +321,10 @@ async fn serve(args: DaemonArgs) -> Result<()> {
                 let now = file_stamp(&watched);
                 if now != stamp {
                     stamp = now;
-                    if now.is_some() {
-                        reload("configuration file changed").await;
+                    changed_at = Some(now);
+                } else if let Some(settled) = changed_at.take() {
+                    if settled.is_some() {
+                        reloads.spawn("configuration file changed");
                     }
                 }
                 // A voice added, removed or renamed (`kazeia voice …`): listed at once.

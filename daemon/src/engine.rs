@@ -15,7 +15,7 @@ use kazeia_engine::synth::{SynthOptions, Synthesizer, Voice};
 use kazeia_engine::Backend;
 
 use crate::config::DaemonConfig;
-use crate::model_path::resolve_model_with;
+use crate::model_path::resolve_daemon_model;
 
 /// A loaded model and how it was loaded.
 pub struct Engine {
@@ -94,7 +94,11 @@ impl Engine {
     pub fn load_with(config: &DaemonConfig, status: &LoadStatus) -> Result<Self> {
         let start = Instant::now();
         status.set(format!("resolving the model {}", config.model.path));
-        let dir = resolve_model_with(&config.model.path, &mut status.download_progress())?;
+        let dir = resolve_daemon_model(
+            &config.model.path,
+            config.model.download,
+            &mut status.download_progress(),
+        )?;
         status.set(format!("loading the model from {}", dir.display()));
         let b = &config.backends;
         let plugins = discover_for(
@@ -268,6 +272,22 @@ struct Load {
     progress: String,
     /// Why the last load failed, until one succeeds.
     failure: Option<String>,
+    /// When a failed load is tried again by itself.
+    next_try: Option<std::time::Instant>,
+}
+
+impl Load {
+    fn retry_note(&self) -> String {
+        match self.next_try {
+            Some(when) => format!(
+                " (tried again in {} s)",
+                when.saturating_duration_since(std::time::Instant::now())
+                    .as_secs_f64()
+                    .ceil()
+            ),
+            None => String::new(),
+        }
+    }
 }
 
 impl LoadStatus {
@@ -284,14 +304,21 @@ impl LoadStatus {
         let mut load = self.lock();
         load.progress.clear();
         load.failure = result.err();
+        load.next_try = None;
     }
 
-    /// `LoadProgress`: what the load is doing, or why the last one failed, or empty.
+    /// A failed load will be tried again at `when` (shown in `LoadProgress`).
+    pub fn retry_at(&self, when: std::time::Instant) {
+        self.lock().next_try = Some(when);
+    }
+
+    /// `LoadProgress`: what the load is doing, or why the last one failed (and when it is tried again), or
+    /// empty.
     pub fn progress(&self) -> String {
         let load = self.lock();
         match (&load.failure, load.progress.is_empty()) {
             (_, false) => load.progress.clone(),
-            (Some(f), true) => format!("failed: {f}"),
+            (Some(f), true) => format!("failed: {f}{}", load.retry_note()),
             (None, true) => String::new(),
         }
     }
@@ -314,9 +341,10 @@ impl LoadStatus {
                 "the model is not loaded yet ({}); try again shortly",
                 load.progress
             ),
-            (Some(f), true) => {
-                format!("the model could not be loaded: {f}; fix the configuration and call Reload")
-            }
+            (Some(f), true) => format!(
+                "the model could not be loaded: {f}{}; fix the configuration and call Reload",
+                load.retry_note()
+            ),
             (None, true) => "the model is not loaded yet; try again shortly".to_owned(),
         }
     }

@@ -3,7 +3,7 @@
 //! the speech-dispatcher module `sd_kazeia` is its own crate (`kazeia-speechd`, `daemon/speechd-module/`), and
 //! the Spiel stream format is `kazeia-spiel` (`daemon/spiel/`).
 //!
-//! - [`config`]: the configuration file, `kazeia.toml`.
+//! - [`config`]: the configuration file, `kazeia.toml`; [`last_good`]: the settings last applied from it.
 //! - [`engine`]: the resident model on its configured backends; [`voices`]: what clients may ask for.
 //! - [`request`], [`queue`]: utterances and the priority queue; [`player`]: the worker that speaks them,
 //!   with [`short_cache`] for instant repeats of short texts, and [`memory`] returning freed memory to the
@@ -18,6 +18,7 @@ pub mod config;
 pub mod daemon_cmd;
 pub mod dbus;
 pub mod engine;
+pub mod last_good;
 pub mod logging;
 pub mod memory;
 pub mod model_path;

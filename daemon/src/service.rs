@@ -3,11 +3,11 @@
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use anyhow::{Context, Result};
 use kazeia_engine::synth::Voice;
-use kazeia_text::ssml::{parse_ssml, plain_text, Piece};
+use kazeia_text::ssml::{has_speech, parse_ssml, plain_text, Piece};
 use kazeia_text::text::{split_for_synthesis, DEFAULT_CHUNK_CHARS};
 
 use crate::config::DaemonConfig;
@@ -63,10 +63,18 @@ pub struct Service {
     next_id: AtomicU64,
     /// `--config`, if given; otherwise the usual places are searched again at each reload.
     explicit_config: Option<PathBuf>,
-    /// One reload at a time.
-    reloading: tokio::sync::Mutex<()>,
+    /// One load at a time: the first load holds it too, so a reload asked meanwhile waits for it.
+    reloading: Arc<tokio::sync::Mutex<()>>,
+    /// Reloads asked for, and the count when the newest one started: a reload asked before another started
+    /// is covered by it (that one read the file later), so reloads asked during a load run once, not once
+    /// each.
+    reloads_asked: AtomicU64,
+    reloads_started: AtomicU64,
+    last_reload: Mutex<Option<Result<String, String>>>,
     /// How the model's download and load go (what clients see before one is loaded).
     pub loading: LoadStatus,
+    /// Why the configuration file is not in use (unreadable, invalid, empty), or empty: `ConfigProblem`.
+    config_problem: Mutex<String>,
 }
 
 impl Service {
@@ -75,9 +83,27 @@ impl Service {
             player,
             next_id: AtomicU64::new(1),
             explicit_config,
-            reloading: tokio::sync::Mutex::new(()),
+            reloading: Arc::new(tokio::sync::Mutex::new(())),
+            reloads_asked: AtomicU64::new(0),
+            reloads_started: AtomicU64::new(0),
+            last_reload: Mutex::new(None),
             loading: LoadStatus::default(),
+            config_problem: Mutex::new(String::new()),
         }
+    }
+
+    /// Why the configuration file is not in use, or empty.
+    pub fn config_problem(&self) -> String {
+        lock(&self.config_problem).clone()
+    }
+
+    pub fn set_config_problem(&self, problem: String) {
+        *lock(&self.config_problem) = problem;
+    }
+
+    /// The load lock, taken before the first load is spawned so that no reload can run before it.
+    pub async fn hold_loads(&self) -> tokio::sync::OwnedMutexGuard<()> {
+        self.reloading.clone().lock_owned().await
     }
 
     pub fn info(&self) -> EngineInfo {
@@ -116,12 +142,7 @@ impl Service {
             )));
         }
         let pieces = parse_text(text.to_owned(), options.ssml).await?;
-        let speakable = pieces.iter().any(|p| match p {
-            Piece::Text { text, .. } => text.chars().any(char::is_alphanumeric),
-            Piece::Break(_) => true,
-            Piece::Mark(_) => false,
-        });
-        if !speakable && !pieces.iter().any(|p| matches!(p, Piece::Mark(_))) {
+        if !has_speech(&pieces) && !pieces.iter().any(|p| matches!(p, Piece::Mark(_))) {
             return Err(Refusal::InvalidArgs(
                 "the text is empty: nothing to say".into(),
             ));
@@ -163,11 +184,45 @@ impl Service {
     }
 
     /// Reads the configuration file again and applies it: a new model or backends are loaded beside the
-    /// running ones and swapped in between utterances; an invalid file changes nothing.
+    /// running ones and swapped in between utterances; an invalid or empty file changes nothing. Loads run
+    /// one at a time; a reload asked while another waits is answered by that one.
     pub async fn reload(&self) -> Result<String> {
+        let asked = self.reloads_asked.fetch_add(1, Ordering::SeqCst) + 1;
         let _one = self.reloading.lock().await;
-        let (config, _) = crate::config::load(self.explicit_config.as_deref())?;
-        self.apply(config).await
+        if self.reloads_started.load(Ordering::SeqCst) >= asked {
+            return match lock(&self.last_reload).clone() {
+                Some(Ok(summary)) => Ok(summary),
+                Some(Err(e)) => Err(anyhow::anyhow!(e)),
+                None => Ok("no change".into()),
+            };
+        }
+        self.reloads_started
+            .store(self.reloads_asked.load(Ordering::SeqCst), Ordering::SeqCst);
+        let result = self.read_and_apply().await;
+        *lock(&self.last_reload) = Some(match &result {
+            Ok(summary) => Ok(summary.clone()),
+            Err(e) => Err(format!("{e:#}")),
+        });
+        result
+    }
+
+    async fn read_and_apply(&self) -> Result<String> {
+        let file = crate::config::config_path(self.explicit_config.as_deref());
+        let Some(path) = file else {
+            self.set_config_problem(String::new());
+            return self.apply(DaemonConfig::default()).await;
+        };
+        let (config, text) = match crate::config::read_file(&path) {
+            Ok(read) => read,
+            Err(e) => {
+                self.set_config_problem(format!("{e:#}"));
+                return Err(e);
+            }
+        };
+        self.set_config_problem(String::new());
+        let applied = self.apply(config).await?;
+        crate::last_good::save(&path, &text);
+        Ok(applied)
     }
 
     /// Applies a configuration; returns a summary of what changed.
@@ -250,6 +305,10 @@ impl Service {
             format!("applied: {}", changes.join("; "))
         })
     }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// The text as pieces, parsed and split on tokio's blocking pool: the work is linear in the text, but a

@@ -94,19 +94,62 @@ fn rust_log_wins_over_the_configured_level() {
     }
 }
 
+/// A bad level makes the file invalid: the daemon says why (log, `ConfigProblem`) and serves on the
+/// defaults rather than not at all.
 #[test]
 fn a_bad_level_is_refused_with_the_reason() {
     let dir = TempDir::new("badlog");
     let config = dir.path().join("kazeia.toml");
     std::fs::write(&config, "[log]\nlevel = \"kazeia=loudest\"\n").unwrap();
-    let out = std::process::Command::new(KAZEIAD)
-        .args(["--config", &config.display().to_string()])
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let bus = DbusSession::start(None);
+    let mut env = bus.env();
+    for (key, value) in [
+        ("HF_HUB_OFFLINE", "1".to_owned()),
+        ("HF_HUB_CACHE", dir.path().join("hub").display().to_string()),
+        (
+            "XDG_CACHE_HOME",
+            dir.path().join("cache").display().to_string(),
+        ),
+    ] {
+        env.push((key.into(), value));
+    }
+    let mut daemon = Service::spawn(
+        KAZEIAD,
+        &["--config", &config.display().to_string()],
+        &env,
+        dir.path().join("kazeiad.log"),
+    );
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let problem = loop {
+        daemon.check_running();
+        let out = std::process::Command::new("busctl")
+            .arg(format!("--address={}", bus.address()))
+            .args([
+                "get-property",
+                "org.kazeia.Speech",
+                "/org/kazeia/Speech",
+                "org.kazeia.Speech1",
+                "ConfigProblem",
+            ])
+            .output()
+            .unwrap();
+        let problem = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+        if problem.len() > 4 {
+            break problem;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no ConfigProblem: {}",
+            daemon.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let reason = "[log] level: `kazeia=loudest` is not a log level";
+    assert!(problem.contains(reason), "{problem}");
+    daemon.terminate();
+    let log = daemon.log();
     assert!(
-        stderr.contains("[log] level: `kazeia=loudest` is not a log level"),
-        "{stderr}"
+        log.contains(reason) && log.contains("built-in defaults"),
+        "{log}"
     );
 }

@@ -193,6 +193,13 @@ impl SpeechApi {
         self.service.loading.progress()
     }
 
+    /// Why the configuration file is not in use — unreadable, invalid or empty — or empty. The daemon then
+    /// runs on the settings it last applied from that file, or on the defaults, until the file is fixed.
+    #[zbus(property)]
+    async fn config_problem(&self) -> String {
+        self.service.config_problem()
+    }
+
     /// Stage (`talker`, `code_predictor`, `decoder`) → backend running it.
     #[zbus(property)]
     async fn backends(&self) -> HashMap<String, String> {

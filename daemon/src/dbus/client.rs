@@ -24,6 +24,8 @@ pub trait Speech {
     #[zbus(property)]
     fn load_progress(&self) -> zbus::Result<String>;
     #[zbus(property)]
+    fn config_problem(&self) -> zbus::Result<String>;
+    #[zbus(property)]
     fn backends(&self) -> zbus::Result<HashMap<String, String>>;
     #[zbus(property)]
     fn model(&self) -> zbus::Result<String>;
