@@ -113,7 +113,7 @@ Architecture: $arch
 Maintainer: Kazeia developers <dev@kazeia.invalid>
 Installed-Size: $installed_size
 Depends: libc6 (>= 2.36), libgcc-s1, libpipewire-0.3-0 (>= 0.3.65)
-Recommends: speech-dispatcher (>= 0.11), pipewire, pipewire-pulse, dbus-user-session
+Recommends: speech-dispatcher (>= 0.11), pipewire, pipewire-pulse, dbus-user-session, libvulkan1
 Section: sound
 Priority: optional
 Description: local neural speech daemon (Qwen3-TTS) for screen readers
@@ -122,6 +122,18 @@ Description: local neural speech daemon (Qwen3-TTS) for screen readers
  (the output module sd_kazeia, so spd-say and Orca use it), playing through
  PipeWire. The daemon starts on the first D-Bus call (user unit kazeia.service).
 EOF
+
+# What to run next, said once at install; the user's own speech-dispatcher settings are left alone.
+cat > "$stage/DEBIAN/postinst" <<'EOF'
+#!/bin/sh
+set -e
+if [ "$1" = configure ] && [ -z "$2" ]; then
+    echo "kazeia: each user gets the voice model with 'kazeia model download' (it shows the size first;"
+    echo "kazeia: the daemon downloads nothing by itself), then chooses Kazeia in Orca or runs 'kazeia say Hello'."
+fi
+exit 0
+EOF
+chmod 755 "$stage/DEBIAN/postinst"
 
 mkdir -p "$out"
 deb=$out/kazeia_${version}_${arch}.deb

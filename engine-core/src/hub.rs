@@ -102,7 +102,7 @@ struct Sibling {
     rfilename: String,
 }
 
-fn repo_folder(settings: &HubSettings, repo: &str) -> PathBuf {
+pub(crate) fn repo_folder(settings: &HubSettings, repo: &str) -> PathBuf {
     settings
         .cache_dir
         .join(format!("models--{}", repo.replace('/', "--")))
@@ -117,7 +117,7 @@ fn missing_files(snapshot: &Path) -> Vec<&'static str> {
 }
 
 /// The cached snapshot of `repo` (revision `main`), if complete.
-fn cached_snapshot(settings: &HubSettings, repo: &str) -> Option<PathBuf> {
+pub fn cached_snapshot(settings: &HubSettings, repo: &str) -> Option<PathBuf> {
     let folder = repo_folder(settings, repo);
     let sha = std::fs::read_to_string(folder.join("refs/main")).ok()?;
     let snapshot = folder.join("snapshots").join(sha.trim());
@@ -154,6 +154,80 @@ pub fn resolve(repo: &str, settings: &HubSettings, progress: &mut Progress<'_>) 
             "cannot download model {repo} from {} ({e}); {}",
             settings.endpoint,
             where_to_put(settings, repo)
+        ))
+    })
+}
+
+/// What downloading `repo` would fetch: each file the model needs, its size, and how much of it is already
+/// in the cache (a finished blob, or the part an interrupted download left).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DownloadPlan {
+    pub revision: String,
+    /// (file, size if the hub says it, bytes already here).
+    pub files: Vec<(String, Option<u64>, u64)>,
+}
+
+impl DownloadPlan {
+    /// Bytes still to fetch (files of unknown size count as nothing).
+    pub fn to_fetch(&self) -> u64 {
+        self.files
+            .iter()
+            .map(|(_, size, have)| size.unwrap_or(0).saturating_sub(*have))
+            .sum()
+    }
+
+    pub fn total(&self) -> u64 {
+        self.files
+            .iter()
+            .map(|(_, size, _)| size.unwrap_or(0))
+            .sum()
+    }
+}
+
+/// Asks the hub what [`resolve`] would download for `repo` (one HEAD per file, nothing fetched).
+pub fn plan(repo: &str, settings: &HubSettings) -> Result<DownloadPlan> {
+    if !looks_like_repo_id(repo) {
+        return Err(Error::Input(format!(
+            "`{repo}` is not a Hugging Face repo id (owner/name)"
+        )));
+    }
+    let planned = (|| -> std::result::Result<DownloadPlan, String> {
+        let endpoint = settings.endpoint.trim_end_matches('/');
+        let info: RepoInfo = call(
+            &agent(5),
+            "GET",
+            &format!("{endpoint}/api/models/{repo}/revision/main"),
+            settings,
+            0,
+        )?
+        .into_json()
+        .map_err(|e| format!("unexpected repo info: {e}"))?;
+        let blobs = repo_folder(settings, repo).join("blobs");
+        let head = agent(0);
+        let mut files = Vec::new();
+        for name in needed_files(&info.siblings)? {
+            let url = format!("{endpoint}/{repo}/resolve/{}/{name}", info.sha);
+            let answer = call(&head, "HEAD", &url, settings, 0)?;
+            let meta = file_meta(&|h| answer.header(h).map(str::to_owned))
+                .ok_or_else(|| format!("{url}: no usable ETag"))?;
+            let blob = blobs.join(&meta.etag);
+            let len = |p: &Path| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0);
+            let have = if blob.is_file() {
+                len(&blob)
+            } else {
+                len(&blob.with_extension("incomplete"))
+            };
+            files.push((name.to_owned(), meta.size, have));
+        }
+        Ok(DownloadPlan {
+            revision: info.sha,
+            files,
+        })
+    })();
+    planned.map_err(|e| {
+        Error::Input(format!(
+            "cannot ask {} about {repo}: {e}",
+            settings.endpoint
         ))
     })
 }

@@ -11,6 +11,7 @@ pub mod fallback;
 pub mod graph;
 pub mod host_conv;
 pub mod hub;
+pub mod hub_cache;
 pub mod linear;
 pub mod lm;
 pub mod marks;

@@ -51,7 +51,8 @@ struct Writer {
     failed: bool,
 }
 
-fn cache_dir() -> Option<PathBuf> {
+/// Where converted weights are cached (see the module doc).
+pub fn cache_dir() -> Option<PathBuf> {
     let var = |k: &str| {
         std::env::var_os(k)
             .filter(|v| !v.is_empty())

@@ -65,6 +65,19 @@ async fn daemon_pid(connection: &zbus::Connection) -> Result<Option<u32>> {
     Ok(Some(bus.get_connection_unix_process_id(name).await?))
 }
 
+/// Asks a running daemon to apply its configuration again (a model it waits for is now there); `None` when
+/// no daemon runs (it is not started for this).
+pub fn reload_if_running() -> Result<Option<String>> {
+    runtime()?.block_on(async {
+        let connection = session().await?;
+        if daemon_pid(&connection).await?.is_none() {
+            return Ok(None);
+        }
+        let proxy = SpeechProxy::new(&connection).await?;
+        Ok(Some(proxy.reload().await?))
+    })
+}
+
 /// Resident memory of `pid` in bytes (`VmRSS` of /proc/PID/status).
 fn resident_bytes(pid: u32) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
@@ -169,6 +182,13 @@ pub fn run_status(_args: StatusArgs) -> Result<()> {
             .filter(|p| !p.is_empty())
         {
             println!("model load: {progress}");
+        }
+        if let Some(problem) = all
+            .get("ConfigProblem")
+            .and_then(|v| String::try_from(v.clone()).ok())
+            .filter(|p| !p.is_empty())
+        {
+            println!("configuration NOT in use: {problem}");
         }
         println!("model: {}", text(all.get("Model")));
         let backends: HashMap<String, String> = all

@@ -8,6 +8,7 @@ mod control_cmd;
 mod decode;
 mod generate;
 mod install_cmd;
+mod model_cmd;
 mod play_cmd;
 mod say_cmd;
 mod synth;
@@ -24,6 +25,7 @@ use clap::{Parser, Subcommand};
     version,
     about = "Kazeia: local neural speech (Qwen3-TTS-12Hz)",
     after_help = "Examples:\n  \
+        kazeia model download                 # get the configured model (its size is shown first)\n  \
         kazeia say \"Hello from Kazeia.\"       # through the daemon (started on demand)\n  \
         kazeia voices                         # what the daemon offers, with languages\n  \
         kazeia status                         # state, model, backends, queue, memory\n  \
@@ -68,6 +70,12 @@ enum Command {
     Status(crate::control_cmd::StatusArgs),
     /// Stop all speech now (every client's); `--daemon` also ends the daemon.
     Stop(crate::control_cmd::StopArgs),
+    /// The models on this machine: download (size shown first), list, remove.
+    #[command(after_help = "Examples:\n  \
+        kazeia model download        # the configured model, with its size first\n  \
+        kazeia model list            # what is on disk, and which the daemon uses\n  \
+        kazeia model remove Qwen/Qwen3-TTS-12Hz-1.7B-CustomVoice")]
+    Model(crate::model_cmd::ModelArgs),
     /// Voices you make and keep: cloned from a recording (Base models) or described in words.
     Voice(crate::voice_cmd::VoiceArgs),
     /// Install the binaries, plugins, configuration, systemd unit, D-Bus activation files and the
@@ -101,6 +109,7 @@ fn main() -> ExitCode {
         Command::Stop(args) => crate::control_cmd::run_stop(args),
         Command::Install(args) => crate::install_cmd::run(args),
         Command::Voice(args) => crate::voice_cmd::run(args),
+        Command::Model(args) => crate::model_cmd::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
