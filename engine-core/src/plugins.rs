@@ -46,11 +46,27 @@ impl PluginInfo {
     }
 }
 
-/// The directories searched for plugins, in order.
+/// The directories searched for plugins, in order. Relative ones are refused with a warning: they would
+/// load code from whatever directory the process happens to run in.
 pub fn search_path(configured: &[PathBuf]) -> Vec<PathBuf> {
-    let mut dirs: Vec<PathBuf> = configured.to_vec();
+    let mut dirs: Vec<PathBuf> = Vec::new();
+    let mut add = |dir: PathBuf, origin: &str| {
+        if dir.is_absolute() {
+            dirs.push(dir);
+        } else if !dir.as_os_str().is_empty() {
+            tracing::warn!(
+                "plugin folder {} ({origin}) ignored: plugin folders must be absolute paths",
+                dir.display()
+            );
+        }
+    };
+    for dir in configured {
+        add(dir.clone(), "[backends] plugin_path");
+    }
     if let Some(paths) = std::env::var_os("KAZEIA_PLUGIN_PATH") {
-        dirs.extend(std::env::split_paths(&paths).filter(|p| !p.as_os_str().is_empty()));
+        for dir in std::env::split_paths(&paths) {
+            add(dir, "KAZEIA_PLUGIN_PATH");
+        }
     }
     if let Some(exe_dir) = std::env::current_exe()
         .ok()
@@ -71,7 +87,7 @@ fn is_candidate(path: &Path) -> bool {
 
 /// Every candidate plugin in `dirs` (each path once), loaded and checked: what `kazeia backends` lists.
 pub fn discover(dirs: &[PathBuf]) -> Vec<PluginInfo> {
-    discover_matching(dirs, |_| true)
+    discover_matching(dirs, |_| true, |_| true)
 }
 
 /// The candidates in `dirs` as [`discover`] finds them, but only the plugins named like a backend in `specs`
@@ -80,10 +96,29 @@ pub fn discover(dirs: &[PathBuf]) -> Vec<PluginInfo> {
 /// software Vulkan kept ~50 MB of LLVM resident in a daemon that runs every stage on the CPU.
 pub fn discover_for(dirs: &[PathBuf], specs: &[&str]) -> Vec<PluginInfo> {
     let wanted: Vec<&str> = specs.iter().map(|s| split_device(s).0).collect();
-    discover_matching(dirs, |name| wanted.contains(&name))
+    discover_matching(
+        dirs,
+        |name| wanted.contains(&name),
+        |path| wanted.iter().any(|w| file_may_be(path, w)),
+    )
 }
 
-fn discover_matching(dirs: &[PathBuf], probe: impl Fn(&str) -> bool) -> Vec<PluginInfo> {
+/// Whether a plugin file may hold the backend `name`: its file is `libkazeia_backend_NAME.so` or
+/// `libkazeia_backend_NAME_*.so` (the CPU plugin's builds). Files of other backends are not even loaded.
+fn file_may_be(path: &Path, name: &str) -> bool {
+    let file = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+    let Some(rest) = file.strip_prefix("libkazeia_backend_") else {
+        return false;
+    };
+    rest.strip_prefix(name)
+        .is_some_and(|tail| tail.starts_with('_') || tail.starts_with('.'))
+}
+
+fn discover_matching(
+    dirs: &[PathBuf],
+    probe: impl Fn(&str) -> bool,
+    load: impl Fn(&Path) -> bool,
+) -> Vec<PluginInfo> {
     let mut seen = std::collections::BTreeSet::new();
     let mut found = Vec::new();
     for dir in dirs {
@@ -98,11 +133,43 @@ fn discover_matching(dirs: &[PathBuf], probe: impl Fn(&str) -> bool) -> Vec<Plug
         for path in paths {
             let key = path.canonicalize().unwrap_or_else(|_| path.clone());
             if seen.insert(key) {
-                found.push(inspect_if(&path, &probe));
+                found.push(if !load(&path) {
+                    unavailable(&path, "not loaded: no stage asks for it".into())
+                } else if let Err(why) = trusted(&path) {
+                    tracing::warn!("plugin {} refused: {why}", path.display());
+                    unavailable(&path, format!("refused: {why}"))
+                } else {
+                    inspect_if(&path, &probe)
+                });
             }
         }
     }
     found
+}
+
+/// A plugin runs inside the daemon: its file and every folder above it must be writable only by their owner,
+/// and owned by this user or root, so no other user can put code there.
+fn trusted(path: &Path) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
+    // SAFETY: geteuid(2) has no preconditions and cannot fail.
+    let me = unsafe { libc::geteuid() };
+    let file = std::fs::canonicalize(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    for place in file.ancestors() {
+        let meta = std::fs::metadata(place).map_err(|e| format!("{}: {e}", place.display()))?;
+        // The sticky bit (/tmp) lets others add files but not replace ours; the file itself is checked too.
+        let shared_dir = meta.is_dir() && meta.mode() & 0o1000 != 0;
+        if meta.mode() & 0o022 != 0 && !shared_dir {
+            return Err(format!("{} is writable by other users", place.display()));
+        }
+        if meta.uid() != me && meta.uid() != 0 {
+            return Err(format!(
+                "{} belongs to another user (uid {})",
+                place.display(),
+                meta.uid()
+            ));
+        }
+    }
+    Ok(())
 }
 
 fn unavailable(path: &Path, reason: String) -> PluginInfo {
@@ -805,6 +872,72 @@ impl Backend for PluginBackend {
             });
         }
         self.run_split(list, &placed)
+    }
+}
+
+#[cfg(test)]
+mod trust_tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn chmod(path: &Path, mode: u32) {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+    }
+
+    #[test]
+    fn plugins_from_places_others_can_write_are_refused_before_loading() {
+        let dir = tempfile::tempdir().unwrap();
+        chmod(dir.path(), 0o755);
+        let plugin = dir.path().join("libkazeia_backend_cpu_test.so");
+        std::fs::write(&plugin, b"not a library").unwrap();
+        let reason = |dirs: &[PathBuf]| discover(dirs)[0].unavailable.clone().unwrap();
+        let dirs = [dir.path().to_path_buf()];
+        // Trusted: loaded (and found not to be a library).
+        chmod(&plugin, 0o644);
+        assert!(
+            reason(&dirs).starts_with("cannot load"),
+            "{}",
+            reason(&dirs)
+        );
+        chmod(&plugin, 0o666);
+        let why = reason(&dirs);
+        assert!(
+            why.starts_with("refused:") && why.contains("writable by other users"),
+            "{why}"
+        );
+        chmod(&plugin, 0o644);
+        chmod(dir.path(), 0o777);
+        let why = reason(&dirs);
+        assert!(
+            why.contains(&format!("{} is writable", dir.path().display())),
+            "{why}"
+        );
+        chmod(dir.path(), 0o755);
+    }
+
+    #[test]
+    fn only_the_asked_backends_files_are_loaded_and_relative_folders_are_ignored() {
+        let dir = tempfile::tempdir().unwrap();
+        for name in ["cpu_plugin", "vulkan", "cpus"] {
+            std::fs::write(
+                dir.path().join(format!("libkazeia_backend_{name}.so")),
+                b"x",
+            )
+            .unwrap();
+        }
+        let found = discover_for(&[dir.path().to_path_buf()], &["cpu"]);
+        let loaded: Vec<bool> = found
+            .iter()
+            .map(|p| !p.unavailable.as_deref().unwrap().starts_with("not loaded"))
+            .collect();
+        // Sorted: cpu_plugin (asked), cpus (another backend's name), vulkan.
+        assert_eq!(loaded, [true, false, false]);
+        let dirs = search_path(&[
+            PathBuf::from("relative/plugins"),
+            PathBuf::from("/abs/plugins"),
+        ]);
+        assert!(dirs.contains(&PathBuf::from("/abs/plugins")));
+        assert!(!dirs.iter().any(|d| d.is_relative()), "{dirs:?}");
     }
 }
 

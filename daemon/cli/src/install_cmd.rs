@@ -5,6 +5,9 @@
 
 use std::path::{Path, PathBuf};
 
+/// Plugins built by the workspace for its tests only: never installed, whatever the build folder holds.
+const TEST_PLUGINS: &[&str] = &["libkazeia_backend_faulty"];
+
 use anyhow::{bail, Context, Result};
 use clap::Args;
 
@@ -191,7 +194,9 @@ pub fn run(args: InstallArgs) -> Result<()> {
     if let Ok(entries) = std::fs::read_dir(&from) {
         for entry in entries.flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();
-            if name.starts_with("libkazeia_backend_") && name.ends_with(suffix) {
+            // The workspace's test plugins (a backend that fails on purpose) are never installed.
+            let test_only = TEST_PLUGINS.iter().any(|t| name.starts_with(t));
+            if name.starts_with("libkazeia_backend_") && name.ends_with(suffix) && !test_only {
                 copy(&entry.path(), &layout.plugins.join(&name), &mut log)?;
                 plugins += 1;
             }
@@ -234,8 +239,9 @@ pub fn run(args: InstallArgs) -> Result<()> {
         println!("not installed (not built: `cargo build --release -p kazeia-speechd`): {m}");
     }
     println!(
-        "next: `systemctl --user daemon-reload` (the daemon starts on the first D-Bus call), \
-         then try `kazeia say \"Hello\"`"
+        "next: `systemctl --user daemon-reload` (the daemon starts on the first D-Bus call), then \
+         `kazeia model download` to get the voice model (it shows the size first; the daemon downloads \
+         nothing by itself), then try `kazeia say \"Hello\"`"
     );
     Ok(())
 }
