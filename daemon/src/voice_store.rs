@@ -149,23 +149,43 @@ pub fn exists(dir: &Path, name: &str) -> bool {
     path_of(dir, name).exists()
 }
 
-/// Writes `voice` atomically; refuses to replace a voice of the same name unless `replace`.
+/// Writes `voice` atomically; refuses to replace a voice of the same name unless `replace` (checked by the
+/// file system when it is written, so two `voice add` of one name cannot both succeed). A voice holds a
+/// person's voiceprint and words: the folder is private to the user (0700) and each file too (0600).
 pub fn save(dir: &Path, voice: &StoredVoice, replace: bool) -> Result<PathBuf> {
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
     check_name(&voice.name)?;
     let path = path_of(dir, &voice.name);
-    if !replace && path.exists() {
-        bail!(
+    let taken = || {
+        anyhow::anyhow!(
             "a voice named `{}` already exists; choose another name, or remove it first (kazeia voice remove {})",
             voice.name,
             voice.name
-        );
+        )
+    };
+    if !replace && path.exists() {
+        return Err(taken());
     }
-    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .with_context(|| format!("cannot create {}", dir.display()))?;
+    // A folder made by an earlier version, readable by others, becomes private.
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+        .with_context(|| format!("cannot make {} private", dir.display()))?;
     let text = serde_json::to_string(voice).context("cannot encode the voice")?;
-    let tmp = dir.join(format!(".{}.{}.tmp", voice.name, std::process::id()));
+    static SAVES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let save = SAVES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = dir.join(format!(".{}.{}.{save}.tmp", voice.name, std::process::id()));
     let written = (|| -> std::io::Result<()> {
         use std::io::Write;
-        let mut f = std::fs::File::create(&tmp)?;
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)?;
         f.write_all(text.as_bytes())?;
         f.sync_all()
     })();
@@ -173,7 +193,26 @@ pub fn save(dir: &Path, voice: &StoredVoice, replace: bool) -> Result<PathBuf> {
         let _ = std::fs::remove_file(&tmp);
         return Err(e).with_context(|| format!("cannot write {}", tmp.display()));
     }
-    std::fs::rename(&tmp, &path).with_context(|| format!("cannot write {}", path.display()))?;
+    let placed = if replace {
+        std::fs::rename(&tmp, &path)
+    } else {
+        // A hard link fails if the name exists, whoever made it in the meantime.
+        let linked = std::fs::hard_link(&tmp, &path);
+        let _ = std::fs::remove_file(&tmp);
+        linked
+    };
+    match placed {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => return Err(taken()),
+        Err(e) => {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(e).with_context(|| format!("cannot write {}", path.display()));
+        }
+    }
+    // The new name is durable once the folder is.
+    if let Ok(folder) = std::fs::File::open(dir) {
+        let _ = folder.sync_all();
+    }
     Ok(path)
 }
 
@@ -191,6 +230,7 @@ pub fn remove(dir: &Path, name: &str) -> Result<()> {
 
 /// Renames a stored voice; the new name must be free.
 pub fn rename(dir: &Path, old: &str, new: &str) -> Result<()> {
+    check_name(old)?;
     check_name(new)?;
     let mut voice = load(&path_of(dir, old))
         .map_err(|_| anyhow::anyhow!("no voice named `{old}` (kazeia voice list shows them)"))?;
@@ -230,6 +270,58 @@ mod tests {
             let e = check_name(bad).unwrap_err().to_string();
             assert!(e.contains("not allowed"), "{bad}: {e}");
         }
+    }
+
+    #[test]
+    fn rename_checks_both_names() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path().join("voices");
+        let outside = dir.path().join("victim.json");
+        std::fs::write(
+            &outside,
+            serde_json::to_string(&StoredVoice::designed("victim", "x", "")).unwrap(),
+        )
+        .unwrap();
+        for old in ["../victim", "/abs/victim", "../voices/../victim"] {
+            let e = rename(&d, old, "mine").unwrap_err().to_string();
+            assert!(e.contains("not allowed"), "{old}: {e}");
+        }
+        assert!(
+            outside.exists(),
+            "a file outside the voice folder was touched"
+        );
+    }
+
+    #[test]
+    fn voices_are_private_and_one_name_is_saved_once() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path().join("voices");
+        // Many savers of one name at once: exactly one succeeds, the others are told the name is taken.
+        let saved: Vec<bool> = std::thread::scope(|s| {
+            let savers: Vec<_> = (0..8)
+                .map(|i| {
+                    let d = &d;
+                    s.spawn(move || {
+                        save(
+                            d,
+                            &StoredVoice::designed("anna", &format!("take {i}"), ""),
+                            false,
+                        )
+                    })
+                })
+                .collect();
+            savers
+                .into_iter()
+                .map(|t| t.join().unwrap().is_ok())
+                .collect()
+        });
+        assert_eq!(saved.iter().filter(|ok| **ok).count(), 1, "{saved:?}");
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&d), 0o700);
+        assert_eq!(mode(&path_of(&d, "anna")), 0o600);
+        // Only the voice itself is left (no temporary files).
+        assert_eq!(std::fs::read_dir(&d).unwrap().count(), 1);
     }
 
     #[test]
