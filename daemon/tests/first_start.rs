@@ -13,6 +13,8 @@ use kazeia_tests::services::{DbusSession, TempDir};
 use kazeiad::dbus::client::SpeechProxy;
 use zbus::wire::Variant;
 
+mod common;
+
 const KAZEIAD: &str = env!("CARGO_BIN_EXE_kazeiad");
 
 /// Activation files for both names, running `kazeiad --config CONFIG` with `env`.
@@ -38,7 +40,7 @@ fn write_config(path: &Path, model: &str) {
     std::fs::write(
         path,
         format!(
-            "[model]\npath = \"{model}\"\n[audio]\nsink = \"null\"\n[generation]\nmax_frames = 6\n\
+            "[model]\npath = \"{model}\"\ndownload = true\n[audio]\nsink = \"null\"\n[generation]\nmax_frames = 6\n\
              [threads]\ntalker = 1\ncode_predictor = 1\ndecoder = 1\n"
         ),
     )
@@ -183,4 +185,499 @@ async fn a_model_that_cannot_be_had_leaves_the_daemon_up_and_saying_why() {
         }
         other => panic!("expected NotReady, got {other:?}"),
     }
+}
+
+/// `sd_kazeia` on a pipe, driven line by line as speech-dispatcher drives it; its stderr (the module log)
+/// goes to a file.
+struct Module {
+    child: std::process::Child,
+    stdin: std::process::ChildStdin,
+    lines: std::sync::mpsc::Receiver<String>,
+    log: std::path::PathBuf,
+}
+
+impl Module {
+    fn start(bus: &DbusSession, log: std::path::PathBuf) -> Module {
+        use std::io::BufRead;
+        use std::process::{Command, Stdio};
+        let mut child = Command::new(kazeia_tests::sd_kazeia())
+            .envs(bus.env())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        let stdin = child.stdin.take().unwrap();
+        let stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in stdout.split(b'\n').map_while(Result::ok) {
+                if tx
+                    .send(String::from_utf8_lossy(&line).into_owned())
+                    .is_err()
+                {
+                    break;
+                }
+            }
+        });
+        Module {
+            child,
+            stdin,
+            lines,
+            log,
+        }
+    }
+
+    fn send(&mut self, lines: &[&str]) {
+        use std::io::Write;
+        for line in lines {
+            writeln!(self.stdin, "{line}").unwrap();
+        }
+        self.stdin.flush().unwrap();
+    }
+
+    /// The next line, within `within`.
+    fn line(&self, within: Duration) -> String {
+        self.lines.recv_timeout(within).unwrap_or_else(|_| {
+            panic!(
+                "no line from sd_kazeia within {within:?}; its log:\n{}",
+                std::fs::read_to_string(&self.log).unwrap_or_default()
+            )
+        })
+    }
+
+    /// Sends `lines`; asserts the replies are `want`, each within a second of the one before.
+    fn exchange(&mut self, lines: &[&str], want: &[&str]) {
+        self.send(lines);
+        for w in want {
+            assert_eq!(self.line(Duration::from_secs(1)), *w);
+        }
+    }
+}
+
+impl Drop for Module {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The screen reader's path on a first start: speech-dispatcher starts `sd_kazeia` while kazeiad is still
+/// getting its model (held back 40 s, longer than the 30 s the module once waited for voices). No command
+/// waits more than a second on the daemon, each message meanwhile is refused at once with the reason in the
+/// module's log, and the first message once the model is ready is spoken, with nothing restarted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_module_answers_at_once_while_the_daemon_loads_and_speaks_once_ready() {
+    let dir = TempDir::new("module-first-start");
+    let hub = Hub::start();
+    hub.state().hold = Some("model.safetensors".into());
+    let config = dir.path().join("kazeia.toml");
+    write_config(&config, REPO);
+    let env = [
+        ("HF_ENDPOINT", hub.endpoint.clone()),
+        ("HF_HUB_CACHE", dir.path().join("hub").display().to_string()),
+        (
+            "KAZEIA_CACHE_DIR",
+            dir.path().join("weights").display().to_string(),
+        ),
+    ];
+    let bus = DbusSession::start(Some(&activation_dir(dir.path(), &config, &env)));
+    let mut module = Module::start(&bus, dir.path().join("kazeia-module.log"));
+
+    // INIT starts the daemon, which answers while it downloads: the module loads.
+    module.send(&["INIT"]);
+    let described = module.line(Duration::from_secs(2));
+    assert!(
+        described.starts_with("299-kazeia: speech provider"),
+        "{described}"
+    );
+    assert_eq!(
+        module.line(Duration::from_secs(1)),
+        "299 OK LOADED SUCCESSFULLY"
+    );
+    module.exchange(
+        &["AUDIO", "audio_output_method=server", "."],
+        &[
+            "207 OK RECEIVING AUDIO SETTINGS",
+            "203 OK AUDIO INITIALIZED",
+        ],
+    );
+    module.exchange(&["LIST VOICES"], &["304 CANT LIST VOICES"]);
+    let message = ["SPEAK", "<speak>Too early.</speak>", "."];
+    let held = Instant::now();
+    while held.elapsed() < Duration::from_secs(40) {
+        let asked = Instant::now();
+        module.exchange(
+            &message,
+            &["202 OK RECEIVING MESSAGE", "301 ERROR CANT SPEAK"],
+        );
+        module.send(&["STOP"]);
+        assert!(
+            asked.elapsed() < Duration::from_secs(1),
+            "{:?}",
+            asked.elapsed()
+        );
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    let log = std::fs::read_to_string(&module.log).unwrap();
+    assert!(
+        log.contains("message not spoken") && log.contains("downloading model.safetensors"),
+        "the module's log does not say why:\n{log}"
+    );
+
+    hub.release();
+    let connection = zbus::connection::Builder::address(bus.address())
+        .build()
+        .await
+        .unwrap();
+    let proxy = proxy(&connection).await;
+    wait_state(&proxy, |s| s == "idle", "idle after the download").await;
+    module.exchange(
+        &["SPEAK", "<speak>Now it speaks.</speak>", "."],
+        &["202 OK RECEIVING MESSAGE", "200 OK SPEAKING", "701 BEGIN"],
+    );
+    let mut audio = 0;
+    loop {
+        let line = module.line(Duration::from_secs(60));
+        if line == "705 AUDIO" {
+            audio += 1;
+        }
+        assert_ne!(line, "703 STOP");
+        if line == "702 END" {
+            break;
+        }
+    }
+    assert!(audio > 0, "no audio before the end");
+    module.exchange(&["QUIT"], &["210 OK QUIT"]);
+}
+
+/// kazeiad on `config` with `env` besides the bus's, its log in `dir`; returns once it owns its name.
+fn start_logged(
+    bus: &DbusSession,
+    dir: &Path,
+    config: &Path,
+    env: &[(&str, String)],
+) -> kazeia_tests::services::Service {
+    let mut all = bus.env();
+    all.extend(env.iter().map(|(k, v)| (k.to_string(), v.clone())));
+    common::start_daemon(bus, &all, config, dir.join("kazeiad.log"))
+}
+
+async fn name_owned(connection: &zbus::Connection, name: &str) -> bool {
+    let dbus = zbus::fdo::DBusProxy::new(connection).await.unwrap();
+    dbus.name_has_owner(name.try_into().unwrap()).await.unwrap()
+}
+
+/// Loads run one at a time and off the main loop. A reload that downloads (held back) leaves the daemon
+/// answering: another `Reload()` and SIGHUP meanwhile start no second download, and SIGTERM ends it at once.
+/// Then, started again while its first load downloads: a `Reload()`, SIGHUP and a saved file start no second
+/// load beside it (one GET of the weights, one model loaded) and are answered once it ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn loads_run_one_at_a_time_and_sigterm_is_answered_during_a_download() {
+    let dir = TempDir::new("daemon-one-load");
+    let hub = Hub::start();
+    hub.state().hold = Some("model.safetensors".into());
+    let config = dir.path().join("kazeia.toml");
+    write_config(&config, &common::quick_model().display().to_string());
+    let env = [
+        ("HF_ENDPOINT", hub.endpoint.clone()),
+        ("HF_HUB_CACHE", dir.path().join("hub").display().to_string()),
+        (
+            "KAZEIA_CACHE_DIR",
+            dir.path().join("weights").display().to_string(),
+        ),
+    ];
+    let bus = DbusSession::start(None);
+    let connection = zbus::connection::Builder::address(bus.address())
+        .build()
+        .await
+        .unwrap();
+    let proxy = proxy(&connection).await;
+    let downloads = || hub.gets("model.safetensors").len();
+
+    let mut daemon = start_logged(&bus, dir.path(), &config, &env);
+    wait_state(&proxy, |s| s == "idle", "idle on the local model").await;
+    write_config(&config, REPO);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while downloads() == 0 {
+        assert!(Instant::now() < deadline, "the reload did not download");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let reload = tokio::spawn({
+        let proxy = proxy.clone();
+        async move { proxy.reload().await }
+    });
+    // SAFETY: kill(2) takes no pointers and has no memory-safety preconditions.
+    unsafe { libc::kill(daemon.pid() as i32, libc::SIGHUP) };
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(downloads(), 1, "a second download beside the first");
+    assert_eq!(
+        proxy.state().await.unwrap(),
+        "idle",
+        "the running model stays"
+    );
+    // SAFETY: as above.
+    unsafe { libc::kill(daemon.pid() as i32, libc::SIGTERM) };
+    let asked = Instant::now();
+    while name_owned(&connection, "org.kazeia.Speech").await {
+        assert!(
+            asked.elapsed() < Duration::from_secs(5),
+            "SIGTERM not answered during a reload: {}",
+            daemon.log()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    drop(reload);
+    daemon.terminate();
+
+    // Started on the hub model: its first load downloads (the rest of the weights), held back.
+    let before = downloads();
+    let mut daemon = start_logged(&bus, dir.path(), &config, &env);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while downloads() == before {
+        assert!(Instant::now() < deadline, "no download");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let reload = tokio::spawn({
+        let proxy = proxy.clone();
+        async move { proxy.reload().await }
+    });
+    // SAFETY: as above.
+    unsafe { libc::kill(daemon.pid() as i32, libc::SIGHUP) };
+    write_config(&config, REPO);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(downloads(), before + 1, "a second download");
+    assert!(
+        !reload.is_finished(),
+        "Reload() answered before the load it waited for"
+    );
+    hub.release();
+    wait_state(&proxy, |s| s == "idle", "idle after the download").await;
+    let summary = reload
+        .await
+        .unwrap()
+        .expect("Reload() after the first load");
+    assert_eq!(summary, "no change", "{}", daemon.log());
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let log = daemon.log();
+    assert_eq!(log.matches("loaded in").count(), 1, "{log}");
+    assert_eq!(downloads(), before + 1);
+    daemon.check_running();
+}
+
+async fn config_problem(proxy: &SpeechProxy<'_>) -> String {
+    proxy.config_problem().await.unwrap()
+}
+
+/// A configuration file is applied only once it is finished and valid: an empty file (an editor truncates
+/// before it writes) and a half-written one are never applied, however long they stay, and say why in
+/// `ConfigProblem`; the running settings stay and speak. A finished file is then applied.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_half_written_configuration_is_never_applied() {
+    let dir = TempDir::new("daemon-half-written");
+    let config = dir.path().join("kazeia.toml");
+    let quick = common::quick_model().display().to_string();
+    write_config(&config, &quick);
+    let bus = DbusSession::start(None);
+    let daemon = start_logged(&bus, dir.path(), &config, &[]);
+    let connection = zbus::connection::Builder::address(bus.address())
+        .build()
+        .await
+        .unwrap();
+    let proxy = proxy(&connection).await;
+    wait_state(&proxy, |s| s == "idle", "idle").await;
+    assert_eq!(config_problem(&proxy).await, "");
+    let whole = std::fs::read_to_string(&config).unwrap();
+    for (written, why) in [
+        (String::new(), "is empty"),
+        (whole[..whole.len() / 3].to_owned(), "invalid configuration"),
+    ] {
+        std::fs::write(&config, &written).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !config_problem(&proxy).await.contains(why) {
+            assert!(
+                Instant::now() < deadline,
+                "{written:?} not refused: {}",
+                daemon.log()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        // Long after: still the running model and settings, speaking.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert_eq!(proxy.model().await.unwrap(), quick);
+        speak(&proxy, "Still here.")
+            .await
+            .expect("speaks meanwhile");
+    }
+    let other = kazeia_tests::fixtures_dir()
+        .join("lm/shape_1b7")
+        .display()
+        .to_string();
+    write_config(&config, &other);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while proxy.model().await.unwrap() != other {
+        assert!(
+            Instant::now() < deadline,
+            "the finished file was not applied"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(config_problem(&proxy).await, "");
+}
+
+/// A daemon started on a broken file serves with the settings last applied from it (or, with none kept, the
+/// defaults), says why in `ConfigProblem` and the log, and speaks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broken_configuration_at_start_serves_on_the_last_good_settings() {
+    let dir = TempDir::new("daemon-broken-start");
+    let config = dir.path().join("kazeia.toml");
+    let quick = common::quick_model().display().to_string();
+    write_config(&config, &quick);
+    let cache = (
+        "XDG_CACHE_HOME",
+        dir.path().join("cache").display().to_string(),
+    );
+    let bus = DbusSession::start(None);
+    let connection = zbus::connection::Builder::address(bus.address())
+        .build()
+        .await
+        .unwrap();
+    let proxy = proxy(&connection).await;
+    let mut daemon = start_logged(&bus, dir.path(), &config, &[cache.clone()]);
+    wait_state(&proxy, |s| s == "idle", "idle").await;
+    daemon.terminate();
+
+    std::fs::write(&config, "[model]\npath = \"unterminated\n").unwrap();
+    let daemon = start_logged(&bus, dir.path(), &config, &[cache.clone()]);
+    wait_state(&proxy, |s| s == "idle", "idle on the last good settings").await;
+    assert_eq!(proxy.model().await.unwrap(), quick);
+    assert!(config_problem(&proxy)
+        .await
+        .contains("invalid configuration"));
+    speak(&proxy, "Spoken anyway.").await.expect("speaks");
+    assert!(
+        daemon.log().contains("settings last applied from it"),
+        "{}",
+        daemon.log()
+    );
+    drop(daemon);
+
+    // No copy kept for this file: the defaults (whose model cannot be had offline), still serving.
+    let other = dir.path().join("other.toml");
+    std::fs::write(&other, "[queue]\nmax_utterances = \"many\"\n").unwrap();
+    let offline = [
+        cache,
+        ("HF_HUB_OFFLINE", "1".to_owned()),
+        ("HF_HUB_CACHE", dir.path().join("hub").display().to_string()),
+    ];
+    let daemon = start_logged(&bus, dir.path(), &other, &offline);
+    wait_state(&proxy, |s| s == "failed", "failed on the defaults' model").await;
+    assert!(config_problem(&proxy)
+        .await
+        .contains("invalid configuration"));
+    assert!(
+        daemon.log().contains("built-in defaults"),
+        "{}",
+        daemon.log()
+    );
+}
+
+/// A load that failed (the model not there yet) is tried again by itself, with the time of the next try in
+/// `LoadProgress`, and the daemon speaks once it succeeds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_load_is_tried_again() {
+    let dir = TempDir::new("daemon-retry");
+    let config = dir.path().join("kazeia.toml");
+    let model = dir.path().join("model");
+    write_config(&config, &model.display().to_string());
+    let bus = DbusSession::start(None);
+    let daemon = start_logged(&bus, dir.path(), &config, &[]);
+    let connection = zbus::connection::Builder::address(bus.address())
+        .build()
+        .await
+        .unwrap();
+    let proxy = proxy(&connection).await;
+    wait_state(&proxy, |s| s == "failed", "failed").await;
+    let progress = proxy.load_progress().await.unwrap();
+    assert!(progress.contains("tried again in"), "{progress}");
+    std::os::unix::fs::symlink(common::quick_model(), &model).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while proxy.state().await.unwrap() != "idle" {
+        assert!(
+            Instant::now() < deadline,
+            "never tried again: {}",
+            daemon.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    speak(&proxy, "Found it.")
+        .await
+        .expect("speaks after the retry");
+}
+
+/// By default the daemon downloads nothing by itself: a model not on the machine leaves it `failed`, saying
+/// which command gets it, with no request to the hub; `sd_kazeia`'s INIT then fails, so speech-dispatcher
+/// keeps speaking with its other modules. Once the model is in the cache (as `kazeia model download` puts
+/// it), a `Reload()` loads it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_model_on_disk_the_daemon_downloads_nothing_and_the_module_steps_aside() {
+    let dir = TempDir::new("daemon-no-download");
+    let hub = Hub::start();
+    let config = dir.path().join("kazeia.toml");
+    write_config(&config, REPO);
+    let text = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(&config, text.replace("download = true\n", "")).unwrap();
+    let cache = dir.path().join("hub");
+    let env = [
+        ("HF_ENDPOINT", hub.endpoint.clone()),
+        ("HF_HUB_CACHE", cache.display().to_string()),
+        (
+            "KAZEIA_CACHE_DIR",
+            dir.path().join("weights").display().to_string(),
+        ),
+    ];
+    let bus = DbusSession::start(Some(&activation_dir(dir.path(), &config, &env)));
+    let connection = zbus::connection::Builder::address(bus.address())
+        .build()
+        .await
+        .unwrap();
+    let proxy = proxy(&connection).await;
+    wait_state(&proxy, |s| s == "failed", "failed without a model").await;
+    let progress = proxy.load_progress().await.unwrap();
+    assert!(
+        progress.contains("kazeia model download Kazeia/tiny"),
+        "{progress}"
+    );
+    assert!(hub.state().requests.is_empty(), "the daemon called the hub");
+
+    let mut module = Module::start(&bus, dir.path().join("kazeia-module.log"));
+    module.send(&["INIT"]);
+    let said = module.line(Duration::from_secs(2));
+    assert!(
+        said.starts_with("399-kazeiad has no model it can load"),
+        "{said}"
+    );
+    assert_eq!(
+        module.line(Duration::from_secs(1)),
+        "399 ERR CANT INIT MODULE"
+    );
+
+    let settings = kazeia_engine::hub::HubSettings {
+        endpoint: hub.endpoint.clone(),
+        cache_dir: cache.clone(),
+        offline: false,
+        token: None,
+    };
+    tokio::task::spawn_blocking(move || {
+        kazeia_engine::hub::resolve(REPO, &settings, &mut |_: &str, _: u64, _: Option<u64>| {})
+    })
+    .await
+    .unwrap()
+    .expect("the download");
+    proxy
+        .reload()
+        .await
+        .expect("Reload() once the model is there");
+    assert_eq!(proxy.state().await.unwrap(), "idle");
+    speak(&proxy, "Here now.").await.expect("speaks");
 }
