@@ -3,7 +3,7 @@
 # Snapdragon) into target/aarch64-unknown-linux-gnu/release: kazeiad, kazeia, sd_kazeia (PipeWire included),
 # the Vulkan and Hexagon plugins, and the CPU plugin once per ARM level (tools/build_cpu_plugins.sh) in
 # target/aarch64-unknown-linux-gnu/release/plugins. Needs what tools/deps-aarch64.sh installs.
-# On an ARM board build natively instead: `cargo build --release` (see README, "ARM").
+# On an ARM board build natively instead: `cargo build --release` (see README, "ARM boards").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source tools/aarch64-env.sh

@@ -1,6 +1,6 @@
 //! What building a stage's op list costs the engine, apart from any computation: the released 0.6B talker step
-//! and code-predictor frame (15 steps) built on a backend that runs nothing, holding ops back as a device does
-//! (one list per stage) and op by op as the CPU does.
+//! and code-predictor frame (15 steps) built on a backend that runs nothing, holding ops back as a list-taking
+//! backend does (the CPU and the devices: one list per stage) and handing them over op by op.
 //!
 //! `cargo run --release -p kazeia-engine --example graph_overhead`
 

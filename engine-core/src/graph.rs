@@ -1,11 +1,16 @@
 //! A stage's ops collected into one list before they run, so a device backend gets the whole stage at once
 //! (one submission, intermediate results kept on the device, the recorded commands replayed for the next chunk)
-//! instead of one submit-and-wait per op.
+//! instead of one submit-and-wait per op, and the CPU backend one hand-off to its worker threads instead of one
+//! per op.
 //!
 //! Model code asks a [`Graph`] for tensors and ops. On a backend that takes [lists](kazeia_backend_abi::Capabilities::LISTS)
-//! nothing runs until the graph is flushed: when a result is read on the host ([`Graph::read`], [`Graph::take`]),
-//! at [`Graph::finish`], or when the memory held by pending ops passes [`FLUSH_BYTES`]. On the others (the CPU)
-//! each op runs as soon as it is made and a dropped tensor's memory goes at once, as plain calls would.
+//! (the CPU backend, built in or as a plugin, and the devices) nothing runs until the graph is flushed: when a
+//! result is read on the host ([`Graph::read`], [`Graph::take`]), at [`Graph::finish`], or when the memory held
+//! by pending ops passes the backend's budget: [`FLUSH_BYTES`] on a device, [`HOST_FLUSH_BYTES`] where the
+//! backend's memory is the host's (the CPU: a talker step stays one list, a decoder chunk is cut about every
+//! op). A backend without lists gets each op as soon as it is made ([`Graph::with_deferral`] chooses either way
+//! for tests and comparisons). A dropped tensor's memory goes at once when no op is pending, else when the
+//! pending list has run.
 //! Everything between the heavy ops (residual adds, per-channel scales, transposes, a convolution's carried
 //! columns) is a strided op of the list too, so no host work splits a stage.
 //!
@@ -42,8 +47,8 @@ pub const FLUSH_BYTES: usize = 256 << 20;
 /// ends, and a list's are allocated by the thread that runs it).
 pub const HOST_FLUSH_BYTES: usize = 4 << 20;
 
-/// A tensor of a [`Graph`]: a handle that frees the tensor's memory when dropped (at once on the CPU; after the
-/// pending list runs on a device, where it was an intermediate result without host memory).
+/// A tensor of a [`Graph`]: a handle that frees the tensor's memory when dropped (at once when no op is pending;
+/// else after the pending list runs, where it was an intermediate result without host memory).
 #[derive(Debug)]
 pub struct Tensor {
     id: usize,

@@ -2,6 +2,8 @@
 //! ([`crate::mel`]) → TDNN → three SE-Res2Net blocks → multi-layer aggregation → attentive statistics pooling
 //! → a talker-wide x-vector, which a Base model's prompt carries in the speaker slot.
 //!
+//! Mirrors `Qwen3TTSSpeakerEncoder` in qwen-tts 0.1.1's `qwen_tts/core/models/modeling_qwen3_tts.py`.
+//!
 //! Every convolution has `padding="same"` with reflect padding; tensors are the released `speaker_encoder.*`
 //! of `model.safetensors`. It runs once per reference recording.
 

@@ -1,4 +1,4 @@
-//! The real [`Synthesizer`]: kazeiad's Spiel provider on the session bus (`linux-speech-stack.md` §2).
+//! The real [`Synthesizer`]: kazeiad's Spiel provider on the session bus (`docs/linux-speech-stack.md` §2).
 //!
 //! `Synthesize(h pipe_fd, s text, s voice_id, d pitch, d rate, b is_ssml, s language)` returns at once; the
 //! daemon then streams `audio/x-spiel` into the pipe and closes it at the end. Calls start the daemon by D-Bus

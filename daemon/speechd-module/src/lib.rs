@@ -1,5 +1,5 @@
 //! `sd_kazeia`, the speech-dispatcher output module: speech-dispatcher starts it as a child and talks the
-//! module protocol on its stdin/stdout (`linux-speech-stack.md` §1); the module forwards each message to
+//! module protocol on its stdin/stdout (`docs/linux-speech-stack.md` §1); the module forwards each message to
 //! kazeiad's Spiel provider over the session bus and relays the audio back as server audio (`705` blocks)
 //! with index marks (`700`). The model lives only in the daemon.
 //!

@@ -6,7 +6,7 @@ use std::sync::Mutex;
 
 use super::server_audio;
 
-/// Asynchronous events (`linux-speech-stack.md` §1.5).
+/// Asynchronous events (`docs/linux-speech-stack.md` §1.5).
 #[derive(Clone, Debug, PartialEq)]
 pub enum Event {
     /// `700-name` / `700 INDEX MARK`.

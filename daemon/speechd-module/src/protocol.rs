@@ -1,4 +1,4 @@
-//! speech-dispatcher → module: input lines to commands (`linux-speech-stack.md` §1.3–1.4).
+//! speech-dispatcher → module: input lines to commands (`docs/linux-speech-stack.md` §1.3–1.4).
 //!
 //! Commands are single lines; SET, AUDIO, LOGLEVEL, SPEAK, CHAR, KEY and SOUND_ICON are followed by a block
 //! of data lines closed by a line holding a single `.`, where the server doubled every leading `.`. A block

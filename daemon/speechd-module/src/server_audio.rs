@@ -1,4 +1,4 @@
-//! Server audio: PCM sent to speech-dispatcher as `705` blocks (`linux-speech-stack.md` §1.6).
+//! Server audio: PCM sent to speech-dispatcher as `705` blocks (`docs/linux-speech-stack.md` §1.6).
 //!
 //! ```text
 //! 705-bits=16\n705-num_channels=1\n705-sample_rate=R\n705-num_samples=N\n705-big_endian=0\n

@@ -1,4 +1,4 @@
-//! The SET block's voice settings (`linux-speech-stack.md` §1.4) and how they map onto a Spiel request.
+//! The SET block's voice settings (`docs/linux-speech-stack.md` §1.4) and how they map onto a Spiel request.
 //!
 //! speech-dispatcher sends every key before every message; `NULL` (or a missing key) keeps what was set.
 

@@ -1,5 +1,9 @@
 //! The vocoder after the upsamplers (`decoder.decoder.*`): conv k7 → SnakeBeta decoder blocks (SnakeBeta →
 //! transposed conv ×rate → three residual units with dilations 1, 3, 9) → SnakeBeta → conv k7 to one channel.
+//!
+//! Mirrors `Qwen3TTSTokenizerV2Decoder.decoder`: `Qwen3TTSTokenizerV2CausalConvNet`,
+//! `Qwen3TTSTokenizerV2DecoderDecoderBlock` (its `Qwen3TTSTokenizerV2DecoderDecoderResidualUnit`s) and
+//! `SnakeBeta`, in qwen-tts 0.1.1's `qwen_tts/core/tokenizer_12hz/modeling_qwen3_tts_tokenizer_v2.py`.
 
 use kazeia_backend_abi::{Backend, Combine, Strided, WeightFormat};
 

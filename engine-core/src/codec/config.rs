@@ -1,5 +1,8 @@
 //! `speech_tokenizer/config.json`: the codec's top-level settings and its `decoder_config`.
 //!
+//! Mirrors `Qwen3TTSTokenizerV2Config` and `Qwen3TTSTokenizerV2DecoderConfig` in qwen-tts 0.1.1's
+//! `qwen_tts/core/tokenizer_12hz/configuration_qwen3_tts_tokenizer_v2.py`.
+//!
 //! Where a key is absent, the official configuration class's default applies (that is what the official code
 //! would run with); `codebook_dim` has no default there and is required.
 

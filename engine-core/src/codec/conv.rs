@@ -2,6 +2,9 @@
 //! stride 1, so the official "extra" right padding is always zero), transposed convolutions trimmed on the right
 //! by `k − stride`, and SnakeBeta.
 //!
+//! Mirrors `Qwen3TTSTokenizerV2CausalConvNet`, `Qwen3TTSTokenizerV2CausalTransConvNet` and `SnakeBeta` in
+//! qwen-tts 0.1.1's `qwen_tts/core/tokenizer_12hz/modeling_qwen3_tts_tokenizer_v2.py`.
+//!
 //! Each module runs on a chunk of new columns with a state carried from the previous chunk: a convolution keeps
 //! its last `(k−1)·dilation` input columns (initially zeros: the causal padding), a transposed convolution its
 //! last `⌈k / stride⌉ − 1` input columns (those its next outputs still read). A one-shot decode is one chunk from

@@ -4,6 +4,10 @@
 //! frame are kept, trimmed to `ceil(samples / 1920)` frames. A Base model's in-context voice cloning puts these
 //! reference codes in its prompt.
 //!
+//! Mirrors `Qwen3TTSTokenizerV2Encoder` in qwen-tts 0.1.1's
+//! `qwen_tts/core/tokenizer_12hz/modeling_qwen3_tts_tokenizer_v2.py`, a subclass of `transformers`' `MimiModel`
+//! (transformers 4.57.3, `models/mimi/modeling_mimi.py`).
+//!
 //! Tensors are `encoder.*` of `speech_tokenizer/model.safetensors` (its codebooks are the encoder's own, not
 //! the decoder's). The official encoder's causal mask is the full one (`create_causal_mask`): the configured
 //! `sliding_window` does not limit it, and it does not here either. It runs once per reference recording.

@@ -1,5 +1,8 @@
 //! The Qwen3-TTS-Tokenizer-12Hz decoder: 16 codebooks per 12.5 Hz frame → 24 kHz waveform.
 //!
+//! Mirrors `Qwen3TTSTokenizerV2Decoder` (`forward`; `chunked_decode` for `--official-chunking`) in qwen-tts
+//! 0.1.1's `qwen_tts/core/tokenizer_12hz/modeling_qwen3_tts_tokenizer_v2.py`.
+//!
 //! `codes → quantizer → pre_conv → pre_transformer → upsample stages → vocoder → clamp(−1, 1)`, all causal,
 //! exactly `samples_per_frame` samples per frame.
 //!

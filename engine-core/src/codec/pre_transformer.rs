@@ -1,5 +1,9 @@
 //! The codec's pre-transformer: `input_proj` → N pre-norm layers (RoPE attention over a causal sliding window,
 //! SwiGLU MLP, each residual branch scaled per channel by LayerScale) → final RMSNorm → `output_proj`.
+//!
+//! Mirrors `Qwen3TTSTokenizerV2DecoderTransformerModel` (`Qwen3TTSTokenizerV2DecoderTransformerLayer`,
+//! `…DecoderAttention`, `…DecoderMlp`, `…DecoderRMSNorm`, `…DecoderLayerScale`, `…DecoderRotatoryEmbedding`)
+//! in qwen-tts 0.1.1's `qwen_tts/core/tokenizer_12hz/modeling_qwen3_tts_tokenizer_v2.py`.
 
 use kazeia_backend_abi::{
     AttentionSpan, Backend, Combine, Heads, Strided, View, Weight, WeightFormat,

@@ -1,5 +1,8 @@
 //! RVQ dequantisation (`SplitResidualVectorQuantizer.decode`): one semantic codebook and the acoustic rest, each
 //! group summed and projected by its own bias-free 1×1 conv.
+//!
+//! Mirrors `SplitResidualVectorQuantizer` (its `ResidualVectorQuantizer`s and `EuclideanCodebook`s) in qwen-tts
+//! 0.1.1's `qwen_tts/core/tokenizer_12hz/modeling_qwen3_tts_tokenizer_v2.py`.
 
 use kazeia_backend_abi::{Backend, Combine, Strided, Weight};
 

@@ -1,5 +1,9 @@
 //! The two ×ratio upsampling stages between the pre-transformer and the vocoder: a transposed convolution
 //! (kernel = stride) followed by a ConvNeXt block.
+//!
+//! Mirrors `Qwen3TTSTokenizerV2Decoder.upsample`: `Qwen3TTSTokenizerV2CausalTransConvNet` and
+//! `Qwen3TTSTokenizerV2ConvNeXtBlock`, in qwen-tts 0.1.1's
+//! `qwen_tts/core/tokenizer_12hz/modeling_qwen3_tts_tokenizer_v2.py`.
 
 use kazeia_backend_abi::{Backend, Combine, Strided, View, Weight, WeightFormat};
 

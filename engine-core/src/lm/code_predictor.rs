@@ -1,6 +1,10 @@
 //! The code predictor ("MTP"): a small LM run once per frame over `[talker hidden, embed(cb0)]` and then its own
 //! outputs, emitting codebooks 1..N−1 one per step, each through its own embedding and head. Inputs live in
 //! the talker's width and go through `small_to_mtp_projection` when the widths differ (1.7B).
+//!
+//! Mirrors `Qwen3TTSTalkerCodePredictorModelForConditionalGeneration` (`small_to_mtp_projection`, `lm_head`)
+//! and its `model`, `Qwen3TTSTalkerCodePredictorModel` (`codec_embedding`, the layers), in qwen-tts 0.1.1's
+//! `qwen_tts/core/models/modeling_qwen3_tts.py`.
 
 use kazeia_backend_abi::{Backend, Heads, Weight};
 

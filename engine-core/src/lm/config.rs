@@ -1,6 +1,9 @@
 //! The model directory's `config.json` (talker, code predictor, special ids, speakers, languages) and
 //! `generation_config.json` (sampling defaults).
 //!
+//! Mirrors `Qwen3TTSConfig`, `Qwen3TTSTalkerConfig` and `Qwen3TTSTalkerCodePredictorConfig` in qwen-tts 0.1.1's
+//! `qwen_tts/core/models/configuration_qwen3_tts.py`.
+//!
 //! Absent keys take the official configuration classes' defaults where they have one; every released config
 //! states all of them.
 

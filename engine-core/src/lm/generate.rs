@@ -1,6 +1,10 @@
 //! The generation loop: prefill the talker, then per frame choose codebook 0, run the code predictor for the
 //! other codebooks, and feed the frame's embedding sum plus the next trailing text vector back to the talker.
 //!
+//! Mirrors `Qwen3TTSForConditionalGeneration.generate` (its `self.talker.generate`) and the frame step of
+//! `Qwen3TTSTalkerForConditionalGeneration.forward` (which calls `self.code_predictor.generate`) in qwen-tts
+//! 0.1.1's `qwen_tts/core/models/modeling_qwen3_tts.py`.
+//!
 //! `max_new_tokens` has the official meaning: it counts sampled codebook-0 tokens, and the last one is never fed
 //! back, so at most `max_new_tokens − 1` frames come out; EOS ends generation and is not a frame.
 

@@ -1,6 +1,9 @@
 //! The talker's prompt: the dual-track rows (text-track vector + codec-track vector, summed position-wise) and
 //! the "trailing" text vectors fed with the generated frames, exactly as the official `generate` lays them out.
 //!
+//! Mirrors the prompt building of `Qwen3TTSForConditionalGeneration.generate` and `generate_icl_prompt` (a
+//! cloned voice's reference) in qwen-tts 0.1.1's `qwen_tts/core/models/modeling_qwen3_tts.py`.
+//!
 //! From the template ids `<|im_start|>assistant\n{text}<|im_end|>\n<|im_start|>assistant\n` the official code
 //! takes `ids[..3]` as the role prefix and `ids[3..len−5]` as the text, whatever the tokenizer produced; so does
 //! this module.

@@ -1,6 +1,10 @@
 //! The talker: the main LM that emits codebook 0 of each 12.5 Hz frame. Its input at each position is the sum
 //! of a text-track vector (a text token through `text_projection`) and a codec-track vector (a row of
 //! `codec_embedding`); `codec_head` scores the next codebook-0 token.
+//!
+//! Mirrors `Qwen3TTSTalkerForConditionalGeneration` (`text_projection`, a `Qwen3TTSTalkerResizeMLP`;
+//! `codec_head`) and its `model`, `Qwen3TTSTalkerModel` (the embeddings and layers), in qwen-tts 0.1.1's
+//! `qwen_tts/core/models/modeling_qwen3_tts.py`.
 
 use kazeia_backend_abi::{Backend, Heads, Weight};
 

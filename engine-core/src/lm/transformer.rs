@@ -1,5 +1,10 @@
 //! The Qwen3 decoder-layer stack shared by the talker and the code predictor: pre-norm layers with per-head
 //! q/k RMSNorm, grouped-query attention with split-half RoPE over a KV cache, SwiGLU MLP, and a final RMSNorm.
+//!
+//! Mirrors the layers and final norm of `Qwen3TTSTalkerModel` (`Qwen3TTSTalkerDecoderLayer`,
+//! `Qwen3TTSTalkerAttention`, `Qwen3TTSTalkerRotaryEmbedding`) and of `Qwen3TTSTalkerCodePredictorModel`
+//! (`Qwen3TTSDecoderLayer`, `Qwen3TTSAttention`, `Qwen3TTSRotaryEmbedding`), both with `Qwen3TTSTalkerTextMLP`
+//! and `Qwen3TTSRMSNorm`, in qwen-tts 0.1.1's `qwen_tts/core/models/modeling_qwen3_tts.py`.
 
 use kazeia_backend_abi::{AttentionSpan, Backend, Combine, Heads, Strided, View, Weight};
 

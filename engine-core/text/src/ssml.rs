@@ -14,7 +14,7 @@
 //! [`MAX_SPELLED_CHARS`] characters spelled out (the rest of a `say-as` is read as written).
 //!
 //! speech-dispatcher sends every message this way, plain text escaped and wrapped (see
-//! `linux-speech-stack.md` §1.7), e.g. `<speak>One.<mark name="__spd_0"/> Two &amp; &lt;three&gt;?</speak>`.
+//! `docs/linux-speech-stack.md` §1.7), e.g. `<speak>One.<mark name="__spd_0"/> Two &amp; &lt;three&gt;?</speak>`.
 
 mod lexer;
 mod spell;
