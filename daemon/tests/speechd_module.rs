@@ -16,7 +16,7 @@ mod common;
 struct Stack {
     speechd: Service,
     pw: PipeWire,
-    _bus: DbusSession,
+    bus: DbusSession,
     socket: PathBuf,
     module_log: PathBuf,
     _dir: TempDir,
@@ -98,7 +98,7 @@ impl Stack {
         Stack {
             speechd,
             pw,
-            _bus: bus,
+            bus,
             socket,
             module_log: logs.join("kazeia.log"),
             _dir: dir,
@@ -355,4 +355,68 @@ fn cancel_during_speech_silences_it_and_ends_the_client_wait() {
         "{}",
         stack.logs()
     );
+}
+
+/// Every message ends in speech or a clean end: punctuation or markup alone ends at once, and a language the
+/// model lacks is spoken with the voice's own rather than dropped (through speech-dispatcher, and for a Spiel
+/// client of the daemon directly).
+#[test]
+fn nothing_to_say_ends_and_a_foreign_language_is_still_spoken() {
+    let stack = Stack::start("speechd-ends", "greedy = true\n");
+    for args in [
+        &["-o", "kazeia", "-w", "..."][..],
+        &["-o", "kazeia", "-w", "-x", "<speak><break time=\"0ms\"/>-</speak>"],
+        &["-o", "kazeia", "-w", "-l", "cs", "Dobrý den."],
+    ] {
+        let out = stack.spd_say(args, Duration::from_secs(120));
+        assert!(out.status.success(), "{args:?}: {out:?}\n{}", stack.logs());
+    }
+    let log = std::fs::read_to_string(&stack.module_log).unwrap_or_default();
+    for refused in ["not spoken", "did not take the message", "unknown language", "is empty"] {
+        assert!(!log.contains(refused), "{refused}:\n{log}");
+    }
+    assert!(log.contains("no voice speaks \"cs\""), "{log}");
+
+    // The daemon's Spiel provider, asked directly.
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let connection = zbus::connection::Builder::address(stack.bus.address())
+            .build()
+            .await
+            .unwrap();
+        let reader = common::synthesize(&connection, "?!", false)
+            .await
+            .expect("punctuation alone is taken, not refused");
+        let samples = tokio::task::spawn_blocking(move || common::read_stream(reader, None))
+            .await
+            .unwrap();
+        assert!(samples.is_empty());
+        let spoken = spiel_in(&connection, "Dobrý den.", "cs").await;
+        assert!(spoken > 0, "a language the model lacks was not spoken");
+    });
+}
+
+/// Spiel `Synthesize` with a language; the samples of the whole stream.
+async fn spiel_in(connection: &zbus::Connection, text: &str, language: &str) -> usize {
+    let (reader, writer) = std::io::pipe().unwrap();
+    let fd: std::os::fd::OwnedFd = writer.into();
+    let proxy = zbus::Proxy::new(
+        connection,
+        "org.kazeia.Speech.Provider",
+        "/org/kazeia/Speech/Provider",
+        "org.freedesktop.Speech.Provider",
+    )
+    .await
+    .unwrap();
+    let sent: zbus::Result<()> = proxy
+        .call(
+            "Synthesize",
+            &(zbus::Fd::from(&fd), text, "", 1.0f64, 1.0f64, false, language),
+        )
+        .await;
+    drop(fd);
+    sent.expect("Synthesize in a language the model lacks");
+    tokio::task::spawn_blocking(move || common::read_stream(reader, None).len())
+        .await
+        .unwrap()
 }

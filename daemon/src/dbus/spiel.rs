@@ -11,7 +11,7 @@ use super::{sender, SpeechError};
 use crate::queue::Priority;
 use crate::request::{Output, RequestProsody, VoiceChoice};
 use crate::service::{Service, SpeakOptions};
-use crate::voices::display_name;
+use crate::voices::{display_name, model_language};
 
 /// Spiel voice features this provider honours.
 const EVENTS_SSML_MARK: u64 = 0x8;
@@ -31,6 +31,43 @@ pub fn output_format(sample_rate: u32) -> String {
     format!("audio/x-spiel,format=S16LE,channels=1,rate={sample_rate}")
 }
 
+/// Whether a Spiel text holds nothing the model would say; malformed SSML is left to the service to refuse.
+fn nothing_to_say(text: &str, is_ssml: bool) -> bool {
+    let pieces = if is_ssml {
+        match kazeia_text::ssml::parse_ssml(text) {
+            Ok(pieces) => pieces,
+            Err(_) => return false,
+        }
+    } else {
+        kazeia_text::ssml::plain_text(text)
+    };
+    !kazeia_text::ssml::has_speech(&pieces)
+        && !pieces
+            .iter()
+            .any(|p| matches!(p, kazeia_text::ssml::Piece::Mark(_)))
+}
+
+impl SpielProvider {
+    /// The request's language if the model speaks it; else none (the voice's own, the model's `auto`),
+    /// logged once per language: a screen reader reading a foreign phrase must not fall silent.
+    fn spoken_language(&self, language: String) -> Option<String> {
+        if language.is_empty() {
+            return None;
+        }
+        let info = self.service.info();
+        if info.languages.is_empty() || model_language(&language, &info).is_ok() {
+            return Some(language);
+        }
+        static LOGGED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+        let mut logged = LOGGED.lock().unwrap_or_else(|e| e.into_inner());
+        if !logged.contains(&language) {
+            tracing::info!("Spiel: the model does not speak `{language}`; such requests use auto");
+            logged.push(language);
+        }
+        None
+    }
+}
+
 #[interface(name = "org.freedesktop.Speech.Provider")]
 impl SpielProvider {
     /// Queues `text` for the pipe `pipe_fd`; returns at once, the audio follows on the pipe.
@@ -47,10 +84,15 @@ impl SpielProvider {
         #[zbus(header)] header: Header<'_>,
     ) -> Result<(), SpeechError> {
         let fd: std::os::fd::OwnedFd = pipe_fd.into();
+        // Nothing the model would say (markup, marks or punctuation alone): the stream ends at once, as an
+        // utterance that is over, rather than an error a screen reader would have to handle.
+        if nothing_to_say(&text, is_ssml) {
+            return Ok(());
+        }
         let options = SpeakOptions {
             voice: VoiceChoice {
                 speaker: Some(voice_id).filter(|v| !v.is_empty()),
-                language: Some(language).filter(|l| !l.is_empty()),
+                language: self.spoken_language(language),
                 instruct: None,
             },
             prosody: RequestProsody {
