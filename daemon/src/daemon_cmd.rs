@@ -284,6 +284,8 @@ async fn serve(args: DaemonArgs) -> Result<()> {
     // A change is applied once the file has stayed the same for a whole poll (an editor's save is seen
     // finished, not half-written) and reads as a valid configuration.
     let mut changed_at: Option<Option<(SystemTime, u64)>> = None;
+    let (mut model_files_seen, mut model_files_tried): (Option<crate::engine::ModelFiles>, _) =
+        (None, None);
     let voices_dir = crate::voice_store::voices_dir().ok();
     let mut voices_stamp = voices_dir.as_deref().map(crate::voice_store::stamp);
     loop {
@@ -325,6 +327,18 @@ async fn serve(args: DaemonArgs) -> Result<()> {
                 } else if let Some(settled) = changed_at.take() {
                     if settled.is_some() {
                         reloads.spawn("configuration file changed");
+                    }
+                }
+                // The model's files replaced or rewritten (a package upgrade, a new download): loaded again
+                // once they have stayed the same for a whole poll, once for each new state of them.
+                if let Some(engine) = service.player.engine() {
+                    if engine.model_files_changed() {
+                        let now = crate::engine::model_files(&engine.info.model_dir);
+                        if model_files_seen.as_ref() == Some(&now) && model_files_tried.as_ref() != Some(&now) {
+                            model_files_tried = Some(now.clone());
+                            reloads.spawn("the model's files changed on disk");
+                        }
+                        model_files_seen = Some(now);
                     }
                 }
                 // A voice added, removed or renamed (`kazeia voice …`): listed at once.

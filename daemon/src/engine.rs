@@ -23,6 +23,26 @@ pub struct Engine {
     pub info: EngineInfo,
     /// The part of the configuration this engine was built from (a change needs a new engine).
     pub key: EngineKey,
+    /// The model's weight files as loaded: a file replaced or rewritten since needs a new engine.
+    files: ModelFiles,
+}
+
+/// Identity of a model's weight files: (path, (inode, size, modification time)) of each.
+pub type ModelFiles = Vec<(PathBuf, Option<(u64, u64, Option<std::time::SystemTime>)>)>;
+
+/// The weight files of the model in `dir` as they are now (through the hub cache's links).
+pub fn model_files(dir: &std::path::Path) -> ModelFiles {
+    use std::os::unix::fs::MetadataExt;
+    ["model.safetensors", "speech_tokenizer/model.safetensors"]
+        .iter()
+        .map(|f| {
+            let path = dir.join(f);
+            let stamp = std::fs::metadata(&path)
+                .ok()
+                .map(|m| (m.ino(), m.len(), m.modified().ok()));
+            (path, stamp)
+        })
+        .collect()
 }
 
 /// What the adapters show and check requests against.
@@ -184,6 +204,7 @@ impl Engine {
             load_time: start.elapsed(),
         };
         Ok(Engine {
+            files: model_files(&info.model_dir),
             synth,
             info,
             key: EngineKey::of(config),
@@ -193,7 +214,16 @@ impl Engine {
     /// Whether `config` needs a new engine: it changed what the engine was built from, or a stage of this one
     /// moved to the CPU after a failure (a reload tries its configured backend again).
     pub fn needs_reload(&self, config: &DaemonConfig) -> bool {
-        self.key != EngineKey::of(config) || !self.synth.fallback.moved().is_empty()
+        self.key != EngineKey::of(config)
+            || !self.synth.fallback.moved().is_empty()
+            || self.model_files_changed()
+    }
+
+    /// Whether a weight file of the model was replaced or rewritten since the load (a package upgrade, a new
+    /// download): the daemon loads it again. Until then the loaded model keeps speaking from the file it
+    /// opened; a file rewritten in place makes its utterances fail with that reason rather than crash.
+    pub fn model_files_changed(&self) -> bool {
+        model_files(&self.info.model_dir) != self.files
     }
 
     /// How many stages moved to their CPU fallback since the load.

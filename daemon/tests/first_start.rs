@@ -681,3 +681,63 @@ async fn without_a_model_on_disk_the_daemon_downloads_nothing_and_the_module_ste
     assert_eq!(proxy.state().await.unwrap(), "idle");
     speak(&proxy, "Here now.").await.expect("speaks");
 }
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap().flatten() {
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), &target).unwrap();
+        }
+    }
+}
+
+/// The model's files rewritten in place while the daemon runs (a `cp` over them, a package upgrade): no
+/// SIGBUS, whether idle or speaking; the daemon loads the model again and speaks with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn model_files_rewritten_while_running_are_loaded_again() {
+    let dir = TempDir::new("daemon-model-rewritten");
+    let model = dir.path().join("model");
+    copy_dir(&common::quick_model(), &model);
+    let config = dir.path().join("kazeia.toml");
+    write_config(&config, &model.display().to_string());
+    let bus = DbusSession::start(None);
+    let mut daemon = start_logged(&bus, dir.path(), &config, &[]);
+    let connection = zbus::connection::Builder::address(bus.address())
+        .build()
+        .await
+        .unwrap();
+    let proxy = proxy(&connection).await;
+    wait_state(&proxy, |s| s == "idle", "idle").await;
+    let mut finishes = common::Finishes::new(&proxy).await;
+    let weights = model.join("model.safetensors");
+    let original = std::fs::read(&weights).unwrap();
+    for round in 0..2 {
+        // Round 0: rewritten while idle; round 1: while an utterance is being generated.
+        let id = if round == 1 {
+            Some(speak(&proxy, &"A long sentence to keep the daemon busy. ".repeat(8)).await.unwrap())
+        } else {
+            None
+        };
+        // Truncated first, as `cp` and most installers do, then written back.
+        std::fs::write(&weights, b"").unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        std::fs::write(&weights, &original).unwrap();
+        if let Some(id) = id {
+            let reason = finishes.of(id, Duration::from_secs(60)).await;
+            assert!(reason == "done" || reason.starts_with("error:"), "{reason}");
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while daemon.log().matches("the model's files changed on disk").count() <= round {
+            daemon.check_running();
+            assert!(Instant::now() < deadline, "no reload: {}", daemon.log());
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        wait_state(&proxy, |s| s == "idle", "idle after the reload").await;
+        let id = speak(&proxy, "Still speaking.").await.unwrap();
+        assert_eq!(finishes.of(id, Duration::from_secs(60)).await, "done", "{}", daemon.log());
+    }
+    daemon.check_running();
+}

@@ -1,4 +1,9 @@
 //! Memory-mapped `safetensors` files with tensors read as `f32` (F32, F16 and BF16 are accepted).
+//!
+//! The mapping serves the load only. The embedding rows read while speaking are read from the open file
+//! ([`EmbeddingTable::InFile`]) with `pread`, after checking the file is still the one loaded: a model file
+//! rewritten in place while the daemon runs (a package upgrade, a `cp` over it) then gives an error value,
+//! where reading a mapping of a truncated file would end the process with SIGBUS.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -76,9 +81,9 @@ impl Weights for WeightFile {
             )));
         }
         let element = self.element_type(name, info.dtype)?;
-        Ok(EmbeddingTable::Mapped {
-            mmap: self.mmap.clone(),
-            offset: self.data_start + info.data_offsets.0,
+        Ok(EmbeddingTable::InFile {
+            file: self.source.clone(),
+            offset: (self.data_start + info.data_offsets.0) as u64,
             element,
             rows,
             cols,
@@ -122,16 +127,58 @@ fn convert(element: ElementType, bytes: &[u8], out: &mut Vec<f32>) {
     }
 }
 
-/// An embedding table: converted in memory, or rows read from the mapped file when asked for.
+/// An open model file and what it was when loaded, to tell whether it is still that file.
+pub struct SourceFile {
+    path: PathBuf,
+    file: std::fs::File,
+    /// (size, modification time) when opened.
+    stamp: (u64, Option<std::time::SystemTime>),
+}
+
+impl SourceFile {
+    fn open(path: &Path, file: std::fs::File) -> Result<Self> {
+        let meta = file.metadata().map_err(|e| Error::io(path, e))?;
+        Ok(SourceFile {
+            path: path.to_owned(),
+            file,
+            stamp: (meta.len(), meta.modified().ok()),
+        })
+    }
+
+    /// Whether the open file was rewritten since it was loaded (size or modification time changed). A file
+    /// replaced by a rename (a new file at the path) does not change the open one.
+    pub fn changed(&self) -> bool {
+        self.file
+            .metadata()
+            .map_or(true, |m| (m.len(), m.modified().ok()) != self.stamp)
+    }
+
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        use std::os::unix::fs::FileExt;
+        let changed = || Error::Weights {
+            path: self.path.clone(),
+            message: "the file was rewritten while the model was in use; the model must be loaded again"
+                .into(),
+        };
+        if self.changed() {
+            return Err(changed());
+        }
+        self.file
+            .read_exact_at(buf, offset)
+            .map_err(|_| changed())
+    }
+}
+
+/// An embedding table: converted in memory, or rows read from the model file when asked for.
 pub enum EmbeddingTable {
     Dense {
         data: Vec<f32>,
         rows: usize,
         cols: usize,
     },
-    Mapped {
-        mmap: Arc<Mmap>,
-        offset: usize,
+    InFile {
+        file: Arc<SourceFile>,
+        offset: u64,
         element: ElementType,
         rows: usize,
         cols: usize,
@@ -149,7 +196,7 @@ impl EmbeddingTable {
     pub fn rows(&self) -> usize {
         match self {
             EmbeddingTable::Dense { rows, .. }
-            | EmbeddingTable::Mapped { rows, .. }
+            | EmbeddingTable::InFile { rows, .. }
             | EmbeddingTable::Random { rows, .. } => *rows,
         }
     }
@@ -157,28 +204,30 @@ impl EmbeddingTable {
     pub fn cols(&self) -> usize {
         match self {
             EmbeddingTable::Dense { cols, .. }
-            | EmbeddingTable::Mapped { cols, .. }
+            | EmbeddingTable::InFile { cols, .. }
             | EmbeddingTable::Random { cols, .. } => *cols,
         }
     }
 
-    /// Appends row `index` to `out`; the caller has checked `index < rows`.
-    pub fn push_row(&self, index: usize, out: &mut Vec<f32>) {
+    /// Appends row `index` to `out`; the caller has checked `index < rows`. Fails only for a table read from
+    /// a model file that was rewritten since it was loaded.
+    pub fn push_row(&self, index: usize, out: &mut Vec<f32>) -> Result<()> {
         assert!(index < self.rows(), "embedding row {index} out of range");
         match self {
             EmbeddingTable::Dense { data, cols, .. } => {
                 out.extend_from_slice(&data[index * cols..][..*cols])
             }
-            EmbeddingTable::Mapped {
-                mmap,
+            EmbeddingTable::InFile {
+                file,
                 offset,
                 element,
                 cols,
                 ..
             } => {
                 let row_bytes = cols * element.size();
-                let start = offset + index * row_bytes;
-                convert(*element, &mmap[start..start + row_bytes], out);
+                let mut bytes = vec![0u8; row_bytes];
+                file.read_at(&mut bytes, offset + (index * row_bytes) as u64)?;
+                convert(*element, &bytes, out);
             }
             EmbeddingTable::Random {
                 seed, name, cols, ..
@@ -186,6 +235,7 @@ impl EmbeddingTable {
                 crate::random_weights::RandomWeights::embedding_row(*seed, name, index, *cols, out)
             }
         }
+        Ok(())
     }
 }
 
@@ -236,6 +286,8 @@ pub struct Tensor {
 pub struct WeightFile {
     path: PathBuf,
     mmap: Arc<Mmap>,
+    /// The same file, for the embedding rows read while speaking.
+    source: Arc<SourceFile>,
     /// Start of the data section (after the 8-byte length and the JSON header).
     data_start: usize,
     metadata: Metadata,
@@ -263,6 +315,7 @@ impl WeightFile {
         Ok(WeightFile {
             path: path.to_owned(),
             mmap: Arc::new(mmap),
+            source: Arc::new(SourceFile::open(path, file)?),
             data_start: 8 + header_len,
             metadata,
         })
@@ -338,5 +391,58 @@ impl WeightFile {
             )));
         }
         Ok(t.data)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A safetensors file holding one F32 `[rows, cols]` table `e` of row-number values.
+    fn table_file(path: &Path, rows: usize, cols: usize) {
+        let data: Vec<u8> = (0..rows * cols)
+            .flat_map(|i| ((i / cols) as f32).to_le_bytes())
+            .collect();
+        let view = safetensors::tensor::TensorView::new(Dtype::F32, vec![rows, cols], &data).unwrap();
+        safetensors::serialize_to_file([("e", view)], None, path).unwrap();
+    }
+
+    #[test]
+    fn rows_of_a_file_rewritten_in_use_are_an_error_not_a_crash() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("model.safetensors");
+        table_file(&path, 64, 256);
+        let file = WeightFile::open(&path).unwrap();
+        let table = Weights::embedding_table(&file, "e", 64, 256).unwrap();
+        drop(file);
+        let mut row = Vec::new();
+        table.push_row(63, &mut row).unwrap();
+        assert_eq!(row, vec![63.0; 256]);
+        // Truncated in place (as `cp` over it does first): a mapping would be SIGBUS here.
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(100)
+            .unwrap();
+        let e = table.push_row(63, &mut row).unwrap_err().to_string();
+        assert!(e.contains("rewritten while the model was in use"), "{e}");
+        // Rewritten to the same size: still not the file that was loaded.
+        table_file(&path, 64, 256);
+        assert!(table.push_row(1, &mut row).is_err());
+    }
+
+    #[test]
+    fn a_file_replaced_by_rename_keeps_serving_the_loaded_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("model.safetensors");
+        table_file(&path, 8, 16);
+        let table = Weights::embedding_table(&WeightFile::open(&path).unwrap(), "e", 8, 16).unwrap();
+        let new = dir.path().join("new.safetensors");
+        table_file(&new, 4, 16);
+        std::fs::rename(&new, &path).unwrap();
+        let mut row = Vec::new();
+        table.push_row(7, &mut row).unwrap();
+        assert_eq!(row, vec![7.0; 16]);
     }
 }

@@ -77,7 +77,7 @@ fn trace(model: &TtsModel, prompt: &Prompt, frames: usize, forced: Option<&[Vec<
         // The next input, as `generate` builds it.
         let mut next = talker.codec_vector(token).to_vec();
         for (k, &code) in rest.iter().enumerate() {
-            for (a, b) in next.iter_mut().zip(cp.embedding(k, code)) {
+            for (a, b) in next.iter_mut().zip(cp.embedding(k, code).unwrap()) {
                 *a += b;
             }
         }

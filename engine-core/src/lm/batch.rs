@@ -309,7 +309,7 @@ fn run<'a>(
             frame.extend(&rest);
             let mut next = model.talker.codec_vector(token).to_vec();
             for (k, &code) in rest.iter().enumerate() {
-                for (a, b) in next.iter_mut().zip(cp.embedding(k, code)) {
+                for (a, b) in next.iter_mut().zip(cp.embedding(k, code)?) {
                     *a += b;
                 }
             }

@@ -109,15 +109,15 @@ impl CodePredictor {
     }
 
     /// Embedding of code `code` of codebook `k + 1`, in talker width, appended to `out`.
-    pub fn push_embedding(&self, k: usize, code: u32, out: &mut Vec<f32>) {
-        self.embeddings[k].push_row(code as usize, out);
+    pub fn push_embedding(&self, k: usize, code: u32, out: &mut Vec<f32>) -> Result<()> {
+        self.embeddings[k].push_row(code as usize, out)
     }
 
     /// Embedding of code `code` of codebook `k + 1`, in talker width.
-    pub fn embedding(&self, k: usize, code: u32) -> Vec<f32> {
+    pub fn embedding(&self, k: usize, code: u32) -> Result<Vec<f32>> {
         let mut row = Vec::with_capacity(self.talker_hidden);
-        self.push_embedding(k, code, &mut row);
-        row
+        self.push_embedding(k, code, &mut row)?;
+        Ok(row)
     }
 
     /// A cache for one frame (N positions).
@@ -159,7 +159,7 @@ impl CodePredictor {
             let code = choose(step, &mut logits);
             codes.push(code);
             input.clear();
-            self.push_embedding(step, code, &mut input);
+            self.push_embedding(step, code, &mut input)?;
             rows = 1;
         }
         Ok(codes)
@@ -241,7 +241,7 @@ impl CodePredictor {
             {
                 let code = choose(b, step, row);
                 seq.push(code);
-                self.push_embedding(step, code, &mut input);
+                self.push_embedding(step, code, &mut input)?;
             }
             rows_each = 1;
         }

@@ -163,7 +163,7 @@ pub fn generate_on(
         let cp = stages.code_predictor().1;
         let mut next = model.talker.codec_vector(token).to_vec();
         for (k, &code) in rest.iter().enumerate() {
-            for (a, b) in next.iter_mut().zip(cp.embedding(k, code)) {
+            for (a, b) in next.iter_mut().zip(cp.embedding(k, code)?) {
                 *a += b;
             }
         }

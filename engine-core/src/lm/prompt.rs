@@ -313,7 +313,7 @@ fn icl_rows(
     for frame in p.ref_codes {
         let mut sum = talker.codec_vector(frame[0]).to_vec();
         for (k, &code) in frame[1..].iter().enumerate() {
-            for (a, b) in sum.iter_mut().zip(cp.embedding(k, code)) {
+            for (a, b) in sum.iter_mut().zip(cp.embedding(k, code)?) {
                 *a += b;
             }
         }

@@ -122,7 +122,7 @@ impl Talker {
                     self.text_embedding.rows()
                 )));
             }
-            self.text_embedding.push_row(id as usize, &mut rows);
+            self.text_embedding.push_row(id as usize, &mut rows)?;
         }
         let mut g = Graph::new(backend);
         let rows = g.input(rows);
