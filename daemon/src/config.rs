@@ -351,14 +351,19 @@ pub fn load(explicit: Option<&Path>) -> Result<(DaemonConfig, Option<PathBuf>)> 
 pub fn read_file(path: &Path) -> Result<(DaemonConfig, String)> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    parse_file(&text, path)
+}
+
+/// [`read_file`] on a text already read from `path`.
+pub fn parse_file(text: &str, path: &Path) -> Result<(DaemonConfig, String)> {
     if text.trim().is_empty() {
         bail!(
             "{} is empty (still being written?); delete it to use the defaults",
             path.display()
         );
     }
-    let config = DaemonConfig::parse(&text, &path.display().to_string())?;
-    Ok((config, text))
+    let config = DaemonConfig::parse(text, &path.display().to_string())?;
+    Ok((config, text.to_owned()))
 }
 
 #[cfg(test)]

@@ -97,11 +97,35 @@ fn path_of(dir: &Path, name: &str) -> PathBuf {
     dir.join(format!("{name}.json"))
 }
 
-/// Reads one voice file.
+/// The largest voice file read: a voiceprint, a transcript and the reference's codes are far smaller.
+pub const MAX_VOICE_FILE: u64 = 8 << 20;
+
+/// Reads one voice file. Only a regular file of at most [`MAX_VOICE_FILE`] bytes is read: a FIFO or a
+/// device put in the folder would otherwise block or flood the daemon's main loop, which lists the folder.
 pub fn load(path: &Path) -> Result<StoredVoice> {
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
-    let voice: StoredVoice = serde_json::from_str(&text)
+    use std::io::Read;
+    let meta =
+        std::fs::symlink_metadata(path).with_context(|| format!("cannot read {}", path.display()))?;
+    if !meta.is_file() {
+        bail!("{} is not a regular file", path.display());
+    }
+    if meta.len() > MAX_VOICE_FILE {
+        bail!(
+            "{} is {} bytes; a voice file is at most {MAX_VOICE_FILE}",
+            path.display(),
+            meta.len()
+        );
+    }
+    let mut text = String::new();
+    std::fs::File::open(path)
+        .and_then(|f| f.take(MAX_VOICE_FILE).read_to_string(&mut text))
+        .with_context(|| format!("cannot read {}", path.display()))?;
+    parse(&text, path)
+}
+
+/// A voice file's text, as read from `path` (its name must match the file's).
+pub fn parse(text: &str, path: &Path) -> Result<StoredVoice> {
+    let voice: StoredVoice = serde_json::from_str(text)
         .with_context(|| format!("{} is not a voice file", path.display()))?;
     if voice.format != FORMAT {
         bail!(
@@ -270,6 +294,26 @@ mod tests {
             let e = check_name(bad).unwrap_err().to_string();
             assert!(e.contains("not allowed"), "{bad}: {e}");
         }
+    }
+
+    #[test]
+    fn only_small_regular_files_are_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("fifo.json");
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: mkfifo(3) with a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        // A FIFO nobody writes to would block a read for ever: refused without opening it.
+        let e = load(&fifo).unwrap_err().to_string();
+        assert!(e.contains("not a regular file"), "{e}");
+        let big = dir.path().join("big.json");
+        std::fs::File::create(&big)
+            .unwrap()
+            .set_len(MAX_VOICE_FILE + 1)
+            .unwrap();
+        assert!(load(&big).unwrap_err().to_string().contains("at most"));
+        let (voices, problems) = list(dir.path());
+        assert!(voices.is_empty() && problems.len() == 2, "{problems:?}");
     }
 
     #[test]

@@ -59,10 +59,27 @@ pub fn toml_config(data: &[u8]) {
     let Ok(text) = std::str::from_utf8(data) else {
         return;
     };
+    // What a reload reads: a file that is blank (an editor's save caught half-way) is never applied.
+    if let Ok((config, _)) = kazeiad::config::parse_file(text, Path::new("fuzz.toml")) {
+        assert!(!text.trim().is_empty(), "a blank file was accepted");
+        assert_eq!(kazeiad::config::DaemonConfig::parse(text, "fuzz").ok(), Some(config));
+    }
     if let Ok(config) = kazeiad::config::DaemonConfig::parse(text, "fuzz") {
         config.validate().expect("a parsed configuration is valid");
         let _ = config.weight_storage();
         let _ = config.sink();
+    }
+}
+
+/// A stored voice file (`kazeia voice add` / `design` writes them; the daemon lists the folder): any text; an
+/// accepted voice has an allowed name, the file's own.
+pub fn voice_file(data: &[u8]) {
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    if let Ok(voice) = kazeiad::voice_store::parse(text, Path::new("/voices/fuzz.json")) {
+        assert_eq!(voice.name, "fuzz");
+        kazeiad::voice_store::check_name(&voice.name).expect("an accepted voice has an allowed name");
     }
 }
 
@@ -137,7 +154,7 @@ pub fn wav(data: &[u8]) {
 }
 
 /// Every property by target name.
-pub const TARGETS: [(&str, fn(&[u8])); 7] = [
+pub const TARGETS: [(&str, fn(&[u8])); 8] = [
     ("speak_options", speak_options),
     ("spiel_stream", spiel_stream),
     ("toml_config", toml_config),
@@ -145,6 +162,7 @@ pub const TARGETS: [(&str, fn(&[u8])); 7] = [
     ("safetensors_header", safetensors_header),
     ("weight_cache", weight_cache),
     ("wav", wav),
+    ("voice_file", voice_file),
 ];
 
 /// Valid inputs of each target to start from (what the parsers see in use), by target name.
@@ -178,6 +196,11 @@ pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
 
     let config = Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/kazeia.toml");
     seeds.push(("toml_config", std::fs::read(config).unwrap_or_default()));
+    let voice = kazeiad::voice_store::StoredVoice::designed("fuzz", "A calm, low voice.", "english");
+    seeds.push((
+        "voice_file",
+        serde_json::to_vec(&voice).expect("a voice encodes"),
+    ));
     seeds.push(("model_config", read("lm/shape_0b6/config.json")));
     seeds.push((
         "model_config",
