@@ -495,9 +495,25 @@ async fn soak_client(
     report
 }
 
-/// `clients` clients at once, `utterances` each: none lost (exactly one `Finished` per accepted
-/// utterance), every client that behaves heard, the daemon's peak RSS bounded.
-async fn soak(clients: usize, utterances: usize, seed: u64) {
+/// What the daemon holds now: resident memory (MiB), threads, open file descriptors.
+fn holdings(pid: u32) -> (f64, usize, usize) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let field = |name: &str| -> f64 {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap_or_else(|| panic!("{name} in /proc/{pid}/status"))
+    };
+    let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap().count();
+    (field("VmRSS:") / 1024.0, field("Threads:") as usize, fds)
+}
+
+/// Rounds of `clients` clients at once, `utterances` each, for at least two rounds and at least `duration`:
+/// none lost (exactly one `Finished` per accepted utterance), every client that behaves heard, the daemon's
+/// peak RSS bounded, and what it holds once quiet — resident memory, threads, open descriptors — no more
+/// after the last round than after the first (a leak per request or per client grows with the rounds).
+async fn soak(clients: usize, utterances: usize, seed: u64, duration: Duration) {
     let started = Instant::now();
     let dir = TempDir::new("clients-soak");
     let config = dir.path().join("kazeia.toml");
@@ -516,33 +532,41 @@ async fn soak(clients: usize, utterances: usize, seed: u64) {
     let all = Collector::start(&monitor_api).await;
 
     let mut rng = Rng(seed);
-    let tasks: Vec<_> = (0..clients)
-        .map(|c| {
-            let behaviour = BEHAVIOURS[c % BEHAVIOURS.len()];
-            tokio::spawn(soak_client(
-                bus.address().to_owned(),
-                behaviour,
-                utterances,
-                rng.below(u64::MAX),
-            ))
-        })
-        .collect();
     let (mut accepted, mut streams) = (Vec::new(), 0);
-    for task in tasks {
-        let report = task.await.expect("a soak client failed");
-        accepted.extend(report.accepted);
-        streams += report.streams;
-    }
-    // Exactly one Finished for each: the sink's by id, the streams by count (Spiel gives no ids).
-    let expected = accepted.len() + streams;
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while all.len() < expected {
-        assert!(
-            Instant::now() < deadline,
-            "{} of {expected} utterances finished",
-            all.len()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
+    let mut held = Vec::new();
+    while held.len() < 2 || started.elapsed() < duration {
+        let tasks: Vec<_> = (0..clients)
+            .map(|c| {
+                let behaviour = BEHAVIOURS[c % BEHAVIOURS.len()];
+                tokio::spawn(soak_client(
+                    bus.address().to_owned(),
+                    behaviour,
+                    utterances,
+                    rng.below(u64::MAX),
+                ))
+            })
+            .collect();
+        for task in tasks {
+            let report = task.await.expect("a soak client failed");
+            accepted.extend(report.accepted);
+            streams += report.streams;
+        }
+        // Exactly one Finished for each: the sink's by id, the streams by count (Spiel gives no ids).
+        let expected = accepted.len() + streams;
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while all.len() < expected {
+            assert!(
+                Instant::now() < deadline,
+                "{} of {expected} utterances finished",
+                all.len()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // Quiet: the clients gone, the queue empty, freed memory handed back (after 2 s of quiet), and the
+        // async runtime's idle blocking threads ended (they stay 10 s).
+        tokio::time::sleep(Duration::from_secs(11)).await;
+        daemon.check_running();
+        held.push(holdings(daemon.pid()));
     }
     // Nothing more comes: no second Finished for anything.
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -555,7 +579,7 @@ async fn soak(clients: usize, utterances: usize, seed: u64) {
     for id in &accepted {
         assert!(seen.contains_key(id), "utterance {id} never finished");
     }
-    assert_eq!(seen.len(), expected);
+    assert_eq!(seen.len(), accepted.len() + streams);
     let mut reasons: HashMap<&str, usize> = HashMap::new();
     for r in seen.values() {
         *reasons.entry(r.as_str()).or_default() += 1;
@@ -563,8 +587,10 @@ async fn soak(clients: usize, utterances: usize, seed: u64) {
     daemon.check_running();
     let peak = peak_rss_mib(daemon.pid());
     eprintln!(
-        "{clients} clients × {utterances}: {} utterances for the speakers, {streams} Spiel streams, \
-         finished {reasons:?}; peak RSS {peak:.0} MiB ({before:.0} MiB at start); {:.1} s",
+        "{} rounds of {clients} clients × {utterances}: {} utterances for the speakers, {streams} Spiel \
+         streams, finished {reasons:?}; peak RSS {peak:.0} MiB ({before:.0} MiB at start); held once quiet \
+         (RSS MiB, threads, fds) after each round: {held:?}; {:.1} s",
+        held.len(),
         accepted.len(),
         started.elapsed().as_secs_f64()
     );
@@ -576,16 +602,25 @@ async fn soak(clients: usize, utterances: usize, seed: u64) {
         peak < before + 256.0,
         "peak RSS {peak:.0} MiB, {before:.0} MiB at start"
     );
+    let (first, last) = (held[0], held[held.len() - 1]);
+    assert!(last.1 <= first.1 + 2, "threads grew: {held:?}");
+    assert!(last.2 <= first.2 + 2, "open descriptors grew: {held:?}");
+    assert!(last.0 <= first.0 + 48.0, "resident memory grew: {held:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn soak_short() {
-    soak(100, 3, 0x5eed).await;
+    soak(100, 2, 0x5eed, Duration::ZERO).await;
 }
 
-/// The long form: `cargo test --release -p kazeiad --test clients soak_long -- --ignored --nocapture`.
+/// The long form, an hour by default (`KAZEIA_SOAK_SECONDS` sets it):
+/// `cargo test --release -p kazeiad --test clients soak_long -- --ignored --nocapture`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "soak: 100 clients × 10 utterances, a few minutes"]
+#[ignore = "soak: 100 clients × 10 utterances a round, for an hour"]
 async fn soak_long() {
-    soak(100, 10, 0x5eed_1234).await;
+    let seconds = std::env::var("KAZEIA_SOAK_SECONDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(3600);
+    soak(100, 10, 0x5eed_1234, Duration::from_secs(seconds)).await;
 }
