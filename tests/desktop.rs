@@ -199,6 +199,25 @@ impl SpeechDispatcher {
     }
 
     /// Runs `spd-say ARGS` against this server; panics with the logs if it takes longer than `limit`.
+    /// Asks for `module`'s voices until it lists some, within `limit`: a module whose daemon is still loading
+    /// its model answers at once that it has none yet (`sd_kazeia` starts kazeiad at its INIT). The list.
+    pub fn wait_for_voices(&self, module: &str, limit: Duration) -> String {
+        let deadline = Instant::now() + limit;
+        loop {
+            let voices = self.spd_say(&["-o", module, "-L"], Duration::from_secs(10));
+            let listed = String::from_utf8_lossy(&voices.stdout).into_owned();
+            if voices.status.success() && listed.lines().count() >= 2 {
+                return listed;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{module} listed no voices within {limit:?}:\n{listed}\n{}",
+                self.logs()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
     pub fn spd_say(&self, args: &[&str], limit: Duration) -> Output {
         let mut child = Command::new(require_program("spd-say"))
             .env_clear()

@@ -70,13 +70,8 @@ impl Desktop {
         std::fs::copy(shipped, conf.join("modules/kazeia.conf")).unwrap();
         let speechd =
             SpeechDispatcher::start_logging(dir.path(), &conf, None, &pw.env(), speechd_log_level);
-        // The model loads once, before Orca: asking for the voices activates kazeiad.
-        let voices = speechd.spd_say(&["-o", "kazeia", "-L"], Duration::from_secs(120));
-        assert!(
-            voices.status.success() && voices.stdout.len() > 20,
-            "{voices:?}\n{}",
-            speechd.logs()
-        );
+        // The model loads once, before Orca (the module started kazeiad at its INIT).
+        speechd.wait_for_voices("kazeia", Duration::from_secs(120));
 
         let xvfb = Xvfb::start(dir.path());
         let atspi = AtSpi::start(dir.path(), &bus, &session_env(&pw, &xvfb, None));

@@ -220,9 +220,8 @@ fn debian_package_is_found_by_the_stock_speech_dispatcher_and_heard() {
         "spd-say -O:\n{listed}\n{}",
         speechd.logs()
     );
-    // The first call activates the daemon, which loads the model.
-    let voices = speechd.spd_say(&["-o", "kazeia", "-L"], Duration::from_secs(120));
-    assert!(voices.status.success(), "{}", speechd.logs());
+    // The module's INIT started the daemon, which loads the model.
+    speechd.wait_for_voices("kazeia", Duration::from_secs(120));
 
     let rec = Recorder::start(&pw);
     let said = speechd.spd_say(
