@@ -9,7 +9,8 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
 use kazeia_engine::hub::{self, HubSettings};
 use kazeia_engine::hub_cache;
-use kazeia_engine::synth::{LmBackends, Synthesizer};
+use kazeia_engine::lm::LmBackends;
+use kazeia_engine::synth::Synthesizer;
 use kazeia_engine::{CpuBackend, WeightStorage};
 use kazeiad::model_path::is_local;
 
@@ -56,6 +57,8 @@ struct DownloadArgs {
 struct RemoveArgs {
     /// The repo id, as `kazeia model list` shows it.
     id: String,
+    #[command(flatten)]
+    config: ConfigArg,
 }
 
 pub fn run(args: ModelArgs) -> Result<()> {
@@ -193,7 +196,7 @@ fn remove(args: RemoveArgs) -> Result<()> {
     let settings = HubSettings::from_env();
     let freed = hub_cache::remove(&settings, &args.id)?;
     println!("removed {} ({} freed)", args.id, gb(freed));
-    if let Ok(config) = configured(&ConfigArg { config: None }) {
+    if let Ok(config) = configured(&args.config) {
         if config.model.path == args.id {
             println!(
                 "the daemon is configured to use it: it will say the model is missing until `kazeia model \

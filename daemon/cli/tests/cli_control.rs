@@ -212,3 +212,97 @@ fn help_texts_have_examples() {
         );
     }
 }
+
+/// `kazeia model download` from a local hub server: the size said before anything is fetched, an interrupted
+/// download continued (saying what was already there), the converted weights cached; `list` shows the model
+/// and whether it is the daemon's; `remove` deletes it.
+#[test]
+fn model_download_list_and_remove() {
+    use kazeia_tests::hub_server::{Hub, REPO};
+    let dir = TempDir::new("cli-model");
+    let hub = Hub::start();
+    let cache = dir.path().join("hub");
+    let config = dir.path().join("kazeia.toml");
+    std::fs::write(
+        &config,
+        format!("[model]\npath = \"{REPO}\"\nweights = \"q8_0\"\n"),
+    )
+    .unwrap();
+    let model = |args: &[&str]| {
+        Command::new(KAZEIA)
+            .env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .env("HOME", dir.path())
+            .env("HF_ENDPOINT", &hub.endpoint)
+            .env("HF_HUB_CACHE", &cache)
+            .env("KAZEIA_CACHE_DIR", dir.path().join("weights"))
+            .env("DBUS_SESSION_BUS_ADDRESS", "unix:path=/nonexistent")
+            .arg("model")
+            .args(args)
+            .arg("--config")
+            .arg(&config)
+            .output()
+            .unwrap()
+    };
+    // Cut short: it says how much there is first, then fails saying it continues next time.
+    hub.state().cut = Some(("model.safetensors".into(), 1000));
+    let first = model(&["download"]);
+    assert!(!first.status.success());
+    let said = stdout(&first);
+    assert!(
+        said.contains(&format!("{REPO}: 8 files,")) && said.contains("to download"),
+        "{said}"
+    );
+    assert!(
+        stderr(&first).contains("continues from there"),
+        "{}",
+        stderr(&first)
+    );
+    let second = model(&["download"]);
+    assert!(second.status.success(), "{}", stderr(&second));
+    let said = stdout(&second);
+    assert!(
+        said.contains("already here from an earlier download"),
+        "{said}"
+    );
+    let ranges = hub.gets("model.safetensors");
+    assert_eq!(ranges.len(), 2);
+    assert!(ranges[1] >= 1000, "not continued: {ranges:?}");
+    // The weights were converted to the configured q8_0 and cached.
+    assert!(
+        std::fs::read_dir(dir.path().join("weights"))
+            .unwrap()
+            .count()
+            > 0
+    );
+    let again = model(&["download"]);
+    assert!(
+        stdout(&again).contains("is already here"),
+        "{}",
+        stdout(&again)
+    );
+
+    let listed = stdout(&model(&["list"]));
+    let line = listed
+        .lines()
+        .find(|l| l.contains(REPO))
+        .unwrap_or_else(|| panic!("{listed}"));
+    assert!(
+        line.contains("complete") && line.contains("(the daemon's)"),
+        "{listed}"
+    );
+    let removed = model(&["remove", REPO]);
+    assert!(removed.status.success(), "{}", stderr(&removed));
+    assert!(
+        stdout(&removed).contains("the daemon is configured to use it"),
+        "{}",
+        stdout(&removed)
+    );
+    let listed = stdout(&model(&["list"]));
+    assert!(
+        listed.contains("none") && listed.contains("is not on this machine"),
+        "{listed}"
+    );
+    let gone = model(&["remove", REPO]);
+    assert!(!gone.status.success());
+}
