@@ -104,8 +104,8 @@ pub const MAX_VOICE_FILE: u64 = 8 << 20;
 /// device put in the folder would otherwise block or flood the daemon's main loop, which lists the folder.
 pub fn load(path: &Path) -> Result<StoredVoice> {
     use std::io::Read;
-    let meta =
-        std::fs::symlink_metadata(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let meta = std::fs::symlink_metadata(path)
+        .with_context(|| format!("cannot read {}", path.display()))?;
     if !meta.is_file() {
         bail!("{} is not a regular file", path.display());
     }

@@ -505,7 +505,9 @@ fn holdings(pid: u32) -> (f64, usize, usize) {
             .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
             .unwrap_or_else(|| panic!("{name} in /proc/{pid}/status"))
     };
-    let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap().count();
+    let fds = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .count();
     (field("VmRSS:") / 1024.0, field("Threads:") as usize, fds)
 }
 

@@ -717,7 +717,14 @@ async fn model_files_rewritten_while_running_are_loaded_again() {
     for round in 0..2 {
         // Round 0: rewritten while idle; round 1: while an utterance is being generated.
         let id = if round == 1 {
-            Some(speak(&proxy, &"A long sentence to keep the daemon busy. ".repeat(8)).await.unwrap())
+            Some(
+                speak(
+                    &proxy,
+                    &"A long sentence to keep the daemon busy. ".repeat(8),
+                )
+                .await
+                .unwrap(),
+            )
         } else {
             None
         };
@@ -730,14 +737,24 @@ async fn model_files_rewritten_while_running_are_loaded_again() {
             assert!(reason == "done" || reason.starts_with("error:"), "{reason}");
         }
         let deadline = Instant::now() + Duration::from_secs(30);
-        while daemon.log().matches("the model's files changed on disk").count() <= round {
+        while daemon
+            .log()
+            .matches("the model's files changed on disk")
+            .count()
+            <= round
+        {
             daemon.check_running();
             assert!(Instant::now() < deadline, "no reload: {}", daemon.log());
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         wait_state(&proxy, |s| s == "idle", "idle after the reload").await;
         let id = speak(&proxy, "Still speaking.").await.unwrap();
-        assert_eq!(finishes.of(id, Duration::from_secs(60)).await, "done", "{}", daemon.log());
+        assert_eq!(
+            finishes.of(id, Duration::from_secs(60)).await,
+            "done",
+            "{}",
+            daemon.log()
+        );
     }
     daemon.check_running();
 }

@@ -379,7 +379,13 @@ fn nothing_to_say_ends_and_a_foreign_language_is_still_spoken() {
     stack.wait_for_voices();
     for args in [
         &["-o", "kazeia", "-w", "..."][..],
-        &["-o", "kazeia", "-w", "-x", "<speak><break time=\"0ms\"/>-</speak>"],
+        &[
+            "-o",
+            "kazeia",
+            "-w",
+            "-x",
+            "<speak><break time=\"0ms\"/>-</speak>",
+        ],
     ] {
         let out = stack.spd_say(args, Duration::from_secs(120));
         assert!(out.status.success(), "{args:?}: {out:?}\n{}", stack.logs());
@@ -391,9 +397,18 @@ fn nothing_to_say_ends_and_a_foreign_language_is_still_spoken() {
     );
     assert!(out.status.success(), "{out:?}\n{}", stack.logs());
     let heard = recorder.stop().sound_duration(0.01);
-    assert!(heard > 0.2, "the Czech message was not heard ({heard:.2} s)\n{}", stack.logs());
+    assert!(
+        heard > 0.2,
+        "the Czech message was not heard ({heard:.2} s)\n{}",
+        stack.logs()
+    );
     let log = std::fs::read_to_string(&stack.module_log).unwrap_or_default();
-    for refused in ["not spoken", "did not take the message", "unknown language", "is empty"] {
+    for refused in [
+        "not spoken",
+        "did not take the message",
+        "unknown language",
+        "is empty",
+    ] {
         assert!(!log.contains(refused), "{refused}:\n{log}");
     }
 
@@ -431,7 +446,15 @@ async fn spiel_in(connection: &zbus::Connection, text: &str, language: &str) -> 
     let sent: zbus::Result<()> = proxy
         .call(
             "Synthesize",
-            &(zbus::Fd::from(&fd), text, "", 1.0f64, 1.0f64, false, language),
+            &(
+                zbus::Fd::from(&fd),
+                text,
+                "",
+                1.0f64,
+                1.0f64,
+                false,
+                language,
+            ),
         )
         .await;
     drop(fd);

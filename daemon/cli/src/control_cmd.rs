@@ -50,9 +50,12 @@ fn runtime() -> Result<tokio::runtime::Runtime> {
 }
 
 async fn session() -> Result<zbus::Connection> {
-    zbus::Connection::session()
-        .await
-        .context("no session bus (DBUS_SESSION_BUS_ADDRESS): the daemon serves a desktop session")
+    // The bus error's own text once: its source repeats it, and `{:#}` would print both.
+    zbus::Connection::session().await.map_err(|e| {
+        anyhow::anyhow!(
+            "no session bus ({e}); the daemon serves a desktop session (is DBUS_SESSION_BUS_ADDRESS set?)"
+        )
+    })
 }
 
 /// The daemon's process id, if it is on the bus (without starting it).

@@ -69,6 +69,10 @@ pub fn run(args: SayArgs) -> Result<()> {
     if args.list_voices {
         return crate::control_cmd::print_voices(args.language.as_deref());
     }
+    // Checked before anything starts or loads: nothing to say is said at once.
+    if !args.ssml && args.text().trim().is_empty() {
+        anyhow::bail!("the text is empty: nothing to say");
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -306,3 +306,36 @@ fn model_download_list_and_remove() {
     let gone = model(&["remove", REPO]);
     assert!(!gone.status.success());
 }
+
+/// Errors a person can act on: one line, the cause once, checked before anything slow starts.
+#[test]
+fn errors_are_one_line_with_their_cause_once() {
+    let dir = TempDir::new("cli-errors");
+    let no_bus = format!("unix:path={}/no-bus", dir.path().display());
+    let kazeia = |args: &[&str]| {
+        Command::new(KAZEIA)
+            .env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .env("HOME", dir.path())
+            .env("DBUS_SESSION_BUS_ADDRESS", &no_bus)
+            .env("HF_HUB_OFFLINE", "1")
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let status = kazeia(&["status"]);
+    let said = stderr(&status);
+    assert_eq!(said.lines().count(), 1, "{said}");
+    assert!(said.contains("no session bus"), "{said}");
+    let cause = "No such file or directory";
+    assert_eq!(said.matches(cause).count(), 1, "the cause twice: {said}");
+    // Empty text: refused at once, without starting the daemon or loading a model in process.
+    let asked = Instant::now();
+    let empty = kazeia(&["say", "  "]);
+    assert!(!empty.status.success());
+    assert_eq!(
+        stderr(&empty).trim(),
+        "kazeia: error: the text is empty: nothing to say"
+    );
+    assert!(asked.elapsed() < Duration::from_secs(5));
+}

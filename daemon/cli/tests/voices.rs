@@ -578,6 +578,11 @@ async fn voices_cloned_with_voice_add_are_served_and_bad_recordings_are_refused(
         let (ok, out) = d.voice(&args);
         assert!(!ok && out.contains(needle), "{args:?}: {out}");
         assert_eq!(out.trim().lines().count(), 1, "{args:?}: one line: {out}");
+        // The user's terms, not the audio decoder library's ("unsupported feature: core (probe)").
+        assert!(
+            !out.contains("probe") && !out.contains("end of stream"),
+            "{args:?}: {out}"
+        );
     }
     assert_eq!(
         std::fs::read(d.data.join("kazeia/voices/me.json")).unwrap(),

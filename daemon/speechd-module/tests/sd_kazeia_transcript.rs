@@ -220,3 +220,19 @@ fn config_file_is_read_and_checked() {
     );
     assert_eq!(status, 1);
 }
+
+/// `sd_kazeia --help` explains itself and exits, rather than reading `--help` as its config file.
+#[test]
+fn help_is_help() {
+    let out = Command::new(env!("CARGO_BIN_EXE_sd_kazeia"))
+        .arg("--help")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        said.contains("speech-dispatcher") && said.contains("spd-say"),
+        "{said}"
+    );
+}

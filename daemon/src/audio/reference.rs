@@ -28,8 +28,9 @@ pub fn read_mono(path: &Path) -> Result<(Vec<f32>, u32)> {
     if let Some(ext) = path.extension().and_then(|e| e.to_str()) {
         hint.with_extension(ext);
     }
+    // The decoder library's own words ("unsupported feature: core (probe)") say nothing to a user.
     let unreadable = || {
-        format!(
+        anyhow::anyhow!(
             "{} is not an audio file Kazeia can read (use WAV, FLAC, MP3 or Ogg Vorbis)",
             path.display()
         )
@@ -41,7 +42,7 @@ pub fn read_mono(path: &Path) -> Result<(Vec<f32>, u32)> {
             &FormatOptions::default(),
             &MetadataOptions::default(),
         )
-        .with_context(unreadable)?;
+        .map_err(|_| unreadable())?;
     let mut format = probed.format;
     let track = format
         .tracks()
@@ -51,7 +52,7 @@ pub fn read_mono(path: &Path) -> Result<(Vec<f32>, u32)> {
     let track_id = track.id;
     let mut decoder = symphonia::default::get_codecs()
         .make(&track.codec_params, &DecoderOptions::default())
-        .with_context(unreadable)?;
+        .map_err(|_| unreadable())?;
     let mut rate = track.codec_params.sample_rate.unwrap_or(0);
     let mut mono = Vec::new();
     loop {
@@ -61,7 +62,7 @@ pub fn read_mono(path: &Path) -> Result<(Vec<f32>, u32)> {
                 break
             }
             Err(SymphoniaError::ResetRequired) => break,
-            Err(e) => return Err(e).with_context(unreadable),
+            Err(_) => return Err(unreadable()),
         };
         if packet.track_id() != track_id {
             continue;
@@ -70,7 +71,7 @@ pub fn read_mono(path: &Path) -> Result<(Vec<f32>, u32)> {
             Ok(d) => d,
             // A damaged packet is skipped, as players do.
             Err(SymphoniaError::DecodeError(_)) => continue,
-            Err(e) => return Err(e).with_context(unreadable),
+            Err(_) => return Err(unreadable()),
         };
         let spec = *decoded.spec();
         rate = spec.rate;

@@ -40,7 +40,19 @@ fn load_config() -> Result<Config, String> {
     }
 }
 
+const USAGE: &str = "sd_kazeia: Kazeia's speech-dispatcher output module.
+
+speech-dispatcher starts it as `sd_kazeia [CONFIG]` and speaks the module protocol on its standard input
+and output; it is not meant to be run by hand. CONFIG is its kazeia.conf (speech-dispatcher passes it).
+To hear Kazeia: `spd-say -o kazeia \"Hello\"`; Orca: Voice page, Speech Dispatcher, synthesizer kazeia.";
+
 fn main() {
+    if let Some(arg) = std::env::args().nth(1) {
+        if matches!(arg.as_str(), "--help" | "-h" | "--version" | "-V") {
+            println!("{USAGE}");
+            return;
+        }
+    }
     let (synth, options): (Box<dyn Synthesizer>, _) = match load_config() {
         Ok(config) => match DbusSynthesizer::new(&config.provider, config.call_timeout) {
             Ok(s) => (Box::new(s), config.module),
