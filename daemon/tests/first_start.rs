@@ -543,12 +543,12 @@ async fn a_broken_configuration_at_start_serves_on_the_last_good_settings() {
         .await
         .unwrap();
     let proxy = proxy(&connection).await;
-    let mut daemon = start_logged(&bus, dir.path(), &config, &[cache.clone()]);
+    let mut daemon = start_logged(&bus, dir.path(), &config, std::slice::from_ref(&cache));
     wait_state(&proxy, |s| s == "idle", "idle").await;
     daemon.terminate();
 
     std::fs::write(&config, "[model]\npath = \"unterminated\n").unwrap();
-    let daemon = start_logged(&bus, dir.path(), &config, &[cache.clone()]);
+    let daemon = start_logged(&bus, dir.path(), &config, std::slice::from_ref(&cache));
     wait_state(&proxy, |s| s == "idle", "idle on the last good settings").await;
     assert_eq!(proxy.model().await.unwrap(), quick);
     assert!(config_problem(&proxy)

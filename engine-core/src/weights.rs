@@ -157,15 +157,14 @@ impl SourceFile {
         use std::os::unix::fs::FileExt;
         let changed = || Error::Weights {
             path: self.path.clone(),
-            message: "the file was rewritten while the model was in use; the model must be loaded again"
-                .into(),
+            message:
+                "the file was rewritten while the model was in use; the model must be loaded again"
+                    .into(),
         };
         if self.changed() {
             return Err(changed());
         }
-        self.file
-            .read_exact_at(buf, offset)
-            .map_err(|_| changed())
+        self.file.read_exact_at(buf, offset).map_err(|_| changed())
     }
 }
 
@@ -403,7 +402,8 @@ mod tests {
         let data: Vec<u8> = (0..rows * cols)
             .flat_map(|i| ((i / cols) as f32).to_le_bytes())
             .collect();
-        let view = safetensors::tensor::TensorView::new(Dtype::F32, vec![rows, cols], &data).unwrap();
+        let view =
+            safetensors::tensor::TensorView::new(Dtype::F32, vec![rows, cols], &data).unwrap();
         safetensors::serialize_to_file([("e", view)], None, path).unwrap();
     }
 
@@ -437,7 +437,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("model.safetensors");
         table_file(&path, 8, 16);
-        let table = Weights::embedding_table(&WeightFile::open(&path).unwrap(), "e", 8, 16).unwrap();
+        let table =
+            Weights::embedding_table(&WeightFile::open(&path).unwrap(), "e", 8, 16).unwrap();
         let new = dir.path().join("new.safetensors");
         table_file(&new, 4, 16);
         std::fs::rename(&new, &path).unwrap();

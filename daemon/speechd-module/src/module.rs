@@ -310,12 +310,7 @@ impl<S: Synthesizer> Module<S> {
                 // Markup, marks or punctuation alone: nothing for the model to say, so the message ends
                 // at once (its marks reached) rather than being refused by the provider.
                 // (In spelling mode punctuation is spoken: `.` is "dot".)
-                Ok(pieces)
-                    if !has_speech(&pieces)
-                        && !(self.settings.spelling_mode && has_text(&pieces)) =>
-                {
-                    return self.say_marks_only(&pieces)
-                }
+                Ok(pieces) if !self.speaks(&pieces) => return self.say_marks_only(&pieces),
                 // The provider parses the SSML again; spelling mode spells all of it.
                 Ok(_) if self.settings.spelling_mode => (
                     format!("<say-as interpret-as=\"characters\">{text}</say-as>"),
@@ -401,6 +396,11 @@ impl<S: Synthesizer> Module<S> {
             ));
         }
         String::new()
+    }
+
+    /// Whether a message's pieces hold something to hear.
+    fn speaks(&self, pieces: &[Piece]) -> bool {
+        has_speech(pieces) || (self.settings.spelling_mode && has_text(pieces))
     }
 
     /// A message with marks but nothing to hear: its events and marks at once.
