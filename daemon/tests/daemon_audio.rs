@@ -1,5 +1,5 @@
-//! The daemon's speech across a restart of the audio server: a real `kazeiad` playing to a headless PipeWire
-//! (null sink, recorded by `pw-record`) that is killed mid-utterance and started again.
+//! The daemon's speech as heard at a headless PipeWire's null sink (recorded by `pw-record`): how a stop
+//! ends it, and how it rides out a restart of the audio server.
 
 mod common;
 
@@ -21,6 +21,79 @@ fn loud_seconds(samples: &[f32], rate: u32) -> f64 {
         .filter(|w| w.iter().any(|s| s.abs() > THRESHOLD))
         .count();
     (loud * window) as f64 / rate as f64
+}
+
+/// The largest step between neighbouring samples.
+fn largest_step(samples: &[f32]) -> f32 {
+    samples
+        .windows(2)
+        .map(|w| (w[1] - w[0]).abs())
+        .fold(0.0, f32::max)
+}
+
+/// A stop during speech ends it with a fade, not a step (a click), within 20 ms of the call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_during_speech_fades_out_at_once() {
+    let dir = TempDir::new("daemon-stop-fade");
+    let model = speaking_model(dir.path());
+    let config = dir.path().join("kazeia.toml");
+    write_config(&config, &model, "pipewire", "[generation]\ngreedy = true\n");
+    let bus = DbusSession::start(None);
+    let pw = PipeWire::start(&bus);
+    let daemon = start_daemon(&bus, &pw.env(), &config, dir.path().join("kazeiad.log"));
+    let connection = connect(&bus).await;
+    let api = proxy(&connection).await;
+    let mut finishes = Finishes::new(&api).await;
+    let rec = Recorder::start(&pw);
+    let asked = Instant::now();
+    let id = api
+        .speak(
+            &"Hello world, this is a test. ".repeat(100),
+            priority("message"),
+        )
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while rec.sound_since(asked, THRESHOLD).is_none() {
+        assert!(Instant::now() < deadline, "no speech:\n{}", daemon.log());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let stop_at = Instant::now();
+    assert_eq!(api.stop_everyone().await.unwrap(), 1);
+    assert_eq!(finishes.of(id, Duration::from_secs(5)).await, "stopped");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let rec = rec.stop();
+
+    let (first, end) = rec.sound_span(THRESHOLD).expect("no speech was recorded");
+    let ms = |ms: usize| ms * rec.rate as usize / 1000;
+    let peak = |s: &[f32]| s.iter().fold(0.0f32, |m, s| m.max(s.abs()));
+    let own = largest_step(&rec.samples[first..end - ms(30)]);
+    let at_cut = largest_step(&rec.samples[end - ms(30)..(end + ms(30)).min(rec.samples.len())]);
+    // The speech is noise-like (a random model): its own steps are as large as a cut's. What tells a fade
+    // from a cut is the level of the last millisecond of sound against the speech just before it.
+    let last_ms = peak(&rec.samples[end - ms(1)..end]);
+    let before = peak(&rec.samples[end - ms(35)..end - ms(5)]);
+    let silent_after = rec.arrival(end).unwrap().saturating_duration_since(stop_at);
+    eprintln!(
+        "stop during speech: largest step at the cut {at_cut:.4}, the speech's own {own:.4}; the last ms of \
+         sound peaks at {last_ms:.4}, the 30 ms before at {before:.4}; last sound arrived {:.1} ms after \
+         the Stop call",
+        silent_after.as_secs_f64() * 1e3
+    );
+    assert!(
+        at_cut <= own,
+        "a step of {at_cut} at the cut; the speech steps by {own} at most"
+    );
+    // The sink's own bound is 20 ms (`audio_sinks`); the D-Bus call and a loaded machine come on top.
+    assert!(
+        silent_after <= Duration::from_millis(50),
+        "{silent_after:?}"
+    );
+    assert!(
+        last_ms <= before / 4.0,
+        "the sound ends at {last_ms} after speech at {before}: cut, not faded"
+    );
 }
 
 /// Sends `signal` (`STOP`, `CONT`) to process `pid`.
