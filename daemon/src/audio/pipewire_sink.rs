@@ -248,11 +248,17 @@ impl Shared {
                 state.played = state.consumed;
                 state.done = true;
             } else {
+                let kept = if back > 0 {
+                    format!(
+                        " ({:.1} ms it held unplayed put back)",
+                        back as f64 * 1e3 / self.rate as f64
+                    )
+                } else {
+                    String::new()
+                };
                 tracing::warn!(
-                    "pipewire: {why}; the utterance waits up to {} s for the audio server ({:.1} ms \
-                     it held unplayed put back)",
-                    SERVER_WAIT.as_secs(),
-                    back as f64 * 1e3 / self.rate as f64
+                    "pipewire: {why}; the utterance waits up to {} s for the audio server{kept}",
+                    SERVER_WAIT.as_secs()
                 );
                 state.away = Some(Instant::now());
                 state.away_why = why.to_owned();
