@@ -10,10 +10,9 @@
 //! deactivates; an utterance that starts meanwhile follows the fade on the same stream.
 //!
 //! If the server goes away (a restart, a crash), nothing of the utterance is lost: what the server held
-//! and had not played goes back into its queue, and its waiting calls connect again every
-//! [`RETRY`] until the server is back, then play on from there (faded in); for at most
-//! [`SERVER_WAIT`](super::SERVER_WAIT),
-//! after which the utterance fails. An utterance opened while the server is away waits in the same way.
+//! and had not played goes back into its queue, and its waiting calls connect again every 200 ms until
+//! the server is back, then play on from there (faded in); for at most [`SERVER_WAIT`], after which the
+//! utterance fails. An utterance opened while the server is away waits in the same way.
 
 use std::path::PathBuf;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
