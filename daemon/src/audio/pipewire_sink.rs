@@ -342,6 +342,12 @@ impl PwPlayback {
         }
     }
 
+    /// Ends the playback at once: what waits is dropped, and the stream flushed and deactivated.
+    fn cut(&self) {
+        self.shared.end();
+        self.send(Command::Stop(self.shared.clone()));
+    }
+
     /// Plays on `handle`'s connection.
     fn attach(&self, handle: Handle) {
         *self.connection.lock().unwrap_or_else(|e| e.into_inner()) = Some(handle.clone());
@@ -434,7 +440,8 @@ impl PwPlayback {
                 continue;
             } else if progress.since.elapsed() > STALL_LIMIT {
                 drop(state);
-                self.stop();
+                // No fade: nothing would play it.
+                self.cut();
                 bail!(
                     "pipewire: no audio was taken for {} s (is the server hung, or is no session \
                      manager such as WirePlumber linking streams?)",
@@ -498,7 +505,7 @@ impl Playback for PwPlayback {
         if state.consumed == 0 && state.queue.is_empty() && !state.over() {
             // Nothing was played: there is nothing to drain.
             drop(state);
-            self.stop();
+            self.cut();
         } else {
             drop(state);
         }
@@ -529,8 +536,7 @@ impl Playback for PwPlayback {
             return;
         }
         drop(state);
-        self.shared.end();
-        self.send(Command::Stop(self.shared.clone()));
+        self.cut();
     }
 
     fn pause(&self) {
