@@ -5,8 +5,8 @@
 //! The engine and the sink sit in swappable slots so a new configuration applies between utterances.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc, Mutex, RwLock};
-use std::time::Duration;
+use std::sync::{mpsc, Arc, Condvar, Mutex, RwLock};
+use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Result};
 use kazeia_engine::stream::{SessionControl, StreamConfig, StreamEvent};
@@ -14,7 +14,7 @@ use kazeia_engine::synth::{SynthOptions, Voice};
 use kazeia_text::prosody_filter::ProsodyFilter;
 use kazeia_text::ssml::{Piece, MAX_BREAK, MAX_TOTAL_BREAK};
 
-use crate::audio::{open_sink, AudioSink, Playback, SinkSpec};
+use crate::audio::{open_sink, AudioSink, Playback, SinkSpec, SERVER_WAIT};
 use crate::config::DaemonConfig;
 use crate::engine::Engine;
 use crate::memory;
@@ -29,6 +29,9 @@ use kazeia_spiel::{ClientPipe, EventKind, SpielWriter};
 pub struct Active {
     control: SessionControl,
     playback: Mutex<Option<Arc<dyn Playback>>>,
+    /// Set by an interrupt, which wakes a wait for the audio server.
+    interrupted: Mutex<bool>,
+    woken: Condvar,
 }
 
 impl Active {
@@ -36,7 +39,19 @@ impl Active {
         Active {
             control: SessionControl::new(),
             playback: Mutex::new(None),
+            interrupted: Mutex::new(false),
+            woken: Condvar::new(),
         }
+    }
+
+    /// Waits up to `timeout` for an interrupt; whether there was one.
+    fn wait_interrupt(&self, timeout: Duration) -> bool {
+        let interrupted = self.interrupted.lock().unwrap_or_else(|e| e.into_inner());
+        *self
+            .woken
+            .wait_timeout_while(interrupted, timeout, |i| !*i)
+            .unwrap_or_else(|e| e.into_inner())
+            .0
     }
 
     fn playback(&self) -> Option<Arc<dyn Playback>> {
@@ -64,6 +79,8 @@ impl Active {
 impl Interrupt for Active {
     fn interrupt(&self) {
         self.control.stop_async();
+        *self.interrupted.lock().unwrap_or_else(|e| e.into_inner()) = true;
+        self.woken.notify_all();
         if let Some(p) = self.playback() {
             p.stop();
         }
@@ -191,19 +208,49 @@ impl Player {
     }
 
     /// The open sink, or the configured one opened now: the audio server may start after the daemon (at
-    /// login), or restart while it runs.
-    fn sink_or_open(&self) -> Result<Arc<dyn AudioSink>> {
+    /// login), or restart while it runs. While a PipeWire server cannot be reached the utterance waits for
+    /// it, up to [`SERVER_WAIT`]; `None` when `active` is interrupted meanwhile.
+    fn sink_or_open(&self, active: &Active) -> Result<Option<Arc<dyn AudioSink>>> {
+        /// How often the server is looked for (a missing socket fails at once).
+        const RETRY: Duration = Duration::from_millis(200);
         // The spec alone, not a copy of the whole configuration.
         let spec = self
             .config
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .sink()?;
-        match self.current_sink() {
-            Some((open, sink)) if open == spec => Ok(sink),
-            _ => self
-                .use_sink(&spec)
-                .map_err(|e| anyhow!("audio sink {}: {e:#}", spec)),
+        let since = Instant::now();
+        loop {
+            let opened = match self.current_sink() {
+                Some((open, sink)) if open == spec => Ok(sink),
+                _ => self.use_sink(&spec),
+            };
+            match opened {
+                Ok(sink) => {
+                    if since.elapsed() > RETRY {
+                        tracing::info!(
+                            "audio sink {spec}: opened after {:.1} s",
+                            since.elapsed().as_secs_f64()
+                        );
+                    }
+                    return Ok(Some(sink));
+                }
+                Err(e)
+                    if matches!(spec, SinkSpec::PipeWire { .. })
+                        && since.elapsed() < SERVER_WAIT =>
+                {
+                    if since.elapsed() < RETRY {
+                        tracing::warn!(
+                            "audio sink {spec}: {e:#}; the utterance waits up to {} s for it",
+                            SERVER_WAIT.as_secs()
+                        );
+                    }
+                    if active.wait_interrupt(RETRY) {
+                        return Ok(None);
+                    }
+                }
+                Err(e) => return Err(anyhow!("audio sink {spec}: {e:#}")),
+            }
         }
     }
 
@@ -350,7 +397,9 @@ impl Player {
         }
         match &request.output {
             Output::Sink => {
-                let sink = self.sink_or_open()?;
+                let Some(sink) = self.sink_or_open(active)? else {
+                    return Ok(Reason::Stopped);
+                };
                 let playback: Arc<dyn Playback> = Arc::from(sink.open(engine.info.sample_rate)?);
                 *active.playback.lock().unwrap_or_else(|e| e.into_inner()) = Some(playback.clone());
                 if active.control.is_stopped() {
@@ -725,7 +774,7 @@ mod tests {
         let spec = config.sink().unwrap();
         let player = Player::new(config, |_| {});
         // An utterance finds no sink yet, opens the configured one and speaks.
-        let opened = player.sink_or_open().unwrap();
+        let opened = player.sink_or_open(&super::Active::new()).unwrap().unwrap();
         let playback = opened.open(24_000).unwrap();
         playback.write(&[0.5; 96]).unwrap();
         playback.finish().unwrap();

@@ -223,6 +223,129 @@ mod headless_pipewire {
         );
     }
 
+    /// The largest step between neighbouring samples: a cut that drops the signal to silence at once shows as
+    /// a step of up to its amplitude, far above what a tone (or speech) steps by itself.
+    fn largest_step(samples: &[f32]) -> f32 {
+        samples
+            .windows(2)
+            .map(|w| (w[1] - w[0]).abs())
+            .fold(0.0, f32::max)
+    }
+
+    /// Samples of the recording in `ms` milliseconds.
+    fn rec_samples(rec: &Recording, ms: f64) -> usize {
+        (ms * rec.rate as f64 / 1000.0) as usize
+    }
+
+    /// A stop ends the sound with a short fade, not a step (a "crack" to a screen-reader user interrupting
+    /// speech key after key), and still within 20 ms.
+    #[test]
+    fn pipewire_a_stop_fades_out_without_a_click() {
+        let _serial = serial();
+        measured(
+            stringify!(pipewire_a_stop_fades_out_without_a_click),
+            measure_a_stop_fades_out_without_a_click,
+        );
+    }
+
+    fn measure_a_stop_fades_out_without_a_click() {
+        let bus = DbusSession::start(None);
+        let pw = PipeWire::start(&bus);
+        let sink = pipewire_sink(&pw);
+        let rec = Recorder::start(&pw);
+
+        // A low tone: its own steps are small (0.014 at 48 kHz), so a cut at any but the quietest moments
+        // of its wave steps further.
+        let playback = sink.open(RATE).unwrap();
+        write_in_frames(&*playback, &tone(1.4, 220.0, 0.5));
+        assert!(playback.wait_played(RATE as u64 * 6 / 10, Duration::from_secs(5)) > 0);
+        let stopped = Instant::now();
+        playback.stop();
+        std::thread::sleep(Duration::from_millis(300));
+        let rec = rec.stop();
+
+        let (first, end) = rec.sound_span(THRESHOLD).expect("no sound was recorded");
+        let own = largest_step(
+            &rec.samples[first + rec_samples(&rec, 20.0)..end - rec_samples(&rec, 60.0)],
+        );
+        let around =
+            (end - rec_samples(&rec, 30.0))..(end + rec_samples(&rec, 30.0)).min(rec.samples.len());
+        let cut = largest_step(&rec.samples[around]);
+        let silence_after = ms_between(stopped, last_sound_arrival(&rec));
+        println!(
+            "stop: largest step at the cut {cut:.4}, the tone's own {own:.4}; last sound arrived \
+             {silence_after:.1} ms after stop()"
+        );
+        assert!(
+            cut <= own,
+            "a step of {cut} at the cut; the tone steps by {own} at most"
+        );
+        assert!(
+            silence_after <= 20.0,
+            "sound went on {silence_after} ms after stop()"
+        );
+    }
+
+    /// The next utterance taking the stream right after a stop (a higher-priority message cutting the one
+    /// playing) waits out the stopped one's fade, and plays whole.
+    #[test]
+    fn pipewire_a_cut_by_the_next_utterance_fades_and_the_next_plays_whole() {
+        let _serial = serial();
+        measured(
+            stringify!(pipewire_a_cut_by_the_next_utterance_fades_and_the_next_plays_whole),
+            measure_a_cut_by_the_next_utterance_fades_and_the_next_plays_whole,
+        );
+    }
+
+    fn measure_a_cut_by_the_next_utterance_fades_and_the_next_plays_whole() {
+        let bus = DbusSession::start(None);
+        let pw = PipeWire::start(&bus);
+        let sink = pipewire_sink(&pw);
+        let rec = Recorder::start(&pw);
+
+        let cut = sink.open(RATE).unwrap();
+        write_in_frames(&*cut, &tone(1.4, 220.0, 0.5));
+        assert!(cut.wait_played(RATE as u64 / 2, Duration::from_secs(5)) > 0);
+        let stopped = Instant::now();
+        cut.stop();
+        let next_tone = tone(0.3, 440.0, 0.5);
+        let next = sink.open(RATE).unwrap();
+        write_in_frames(&*next, &next_tone);
+        next.finish().unwrap();
+        let next_took = stopped.elapsed();
+        assert_eq!(next.played(), next_tone.len() as u64);
+        let rec = rec.stop();
+
+        // Two tones, the first cut: its end is the cut, which must step by no more than the cut tone does
+        // by itself.
+        let spans = rec.sound_spans(THRESHOLD, 0.001);
+        assert_eq!(spans.len(), 2, "{spans:?}");
+        let (cut_tone, next_tone) = (spans[0], spans[1]);
+        let own = largest_step(
+            &rec.samples
+                [cut_tone.0 + rec_samples(&rec, 20.0)..cut_tone.1 - rec_samples(&rec, 60.0)],
+        );
+        // Up to halfway to the next tone: the steps of its own onset (a sine from 0, through the
+        // resampler) are its own.
+        let at_cut = largest_step(
+            &rec.samples[cut_tone.1 - rec_samples(&rec, 30.0)..(cut_tone.1 + next_tone.0) / 2],
+        );
+        let next_heard = (next_tone.1 - next_tone.0) as f64 / rec.rate as f64;
+        println!(
+            "cut by the next utterance: largest step at the cut {at_cut:.4}, the cut tone's own {own:.4}; the \
+             next heard {next_heard:.4} s, done {:.1} ms after the stop; spans {spans:?}",
+            ms(next_took)
+        );
+        assert!(
+            at_cut <= own,
+            "a step of {at_cut} at the cut; the tone steps by {own} at most"
+        );
+        assert!(
+            (next_heard - 0.3).abs() <= 0.005,
+            "{next_heard} s of a 0.3 s tone"
+        );
+    }
+
     #[test]
     fn pipewire_played_follows_the_audio_heard() {
         let _serial = serial();
@@ -527,40 +650,151 @@ mod headless_pipewire {
         assert!(slowest < Duration::from_millis(1500), "{slowest:?}");
     }
 
+    /// A tone whose amplitude tells where in it a sample is: 0.2 at the start rising to 0.8 at the end.
+    fn ramp_tone(seconds: f64) -> Vec<f32> {
+        let mut samples = tone(seconds, 440.0, 1.0);
+        let n = samples.len() as f32;
+        for (i, s) in samples.iter_mut().enumerate() {
+            *s *= 0.2 + 0.6 * i as f32 / n;
+        }
+        samples
+    }
+
+    /// The peak of each 10 ms window (four and a half periods of the 440 Hz tone).
+    fn window_peaks(samples: &[f32], rate: u32) -> Vec<f32> {
+        samples
+            .chunks(rate as usize / 100)
+            .map(|w| w.iter().fold(0.0f32, |m, s| m.max(s.abs())))
+            .collect()
+    }
+
+    /// The audio server restarting mid-utterance loses nothing: what it held unplayed goes back into the
+    /// queue, the playback connects again once the server is back, and the utterance plays on from where
+    /// it was cut (faded in), then finishes.
     #[test]
-    fn pipewire_going_away_gives_errors_and_the_sink_reconnects() {
+    fn pipewire_restarting_mid_utterance_loses_nothing() {
         let _serial = serial();
+        measured(
+            stringify!(pipewire_restarting_mid_utterance_loses_nothing),
+            measure_restarting_mid_utterance_loses_nothing,
+        );
+    }
+
+    fn measure_restarting_mid_utterance_loses_nothing() {
         let bus = DbusSession::start(None);
         let mut pw = PipeWire::start(&bus);
         let sink = pipewire_sink(&pw);
+        let before = Recorder::start(&pw);
+        let samples = ramp_tone(1.4);
         let playback = sink.open(RATE).unwrap();
-        write_in_frames(&*playback, &tone(1.4, 440.0, 0.5));
-        playback.wait_played(RATE as u64 / 4, Duration::from_secs(5));
-
+        // All of it queued at once (within `QUEUE_AHEAD`): no call reaches the sink until `finish` below,
+        // after the new server and its recorder have started, so that the recorder hears all that follows.
+        write_in_frames(&*playback, &samples);
+        assert!(playback.wait_played(RATE as u64 / 2, Duration::from_secs(5)) >= RATE as u64 / 2);
         pw.kill_server();
-        let t = Instant::now();
-        let err = playback.finish().unwrap_err().to_string();
+        let killed = Instant::now();
+        let before = before.stop();
+        // The server's death is seen at once; nothing more is heard meanwhile.
+        std::thread::sleep(Duration::from_millis(300));
+        let played_at_loss = playback.played();
+        drop(pw);
+        let pw = PipeWire::start(&bus);
+        let after = Recorder::start(&pw);
+        let asked = Instant::now();
+        playback
+            .finish()
+            .unwrap_or_else(|e| panic!("{e:#}\n{}", pw.logs()));
+        assert_eq!(playback.played(), samples.len() as u64);
+        let back = after.sound_since(asked, THRESHOLD);
+        let after = after.stop();
+
+        let heard_before = before.sound_duration(THRESHOLD);
+        let heard_after = after.sound_duration(THRESHOLD);
+        let gap = back.map(|b| ms_between(asked, b));
+        // Where the tone was cut and where it took up again, by its amplitude: the last whole 10 ms before
+        // the cut, the first whole 10 ms after the fade in.
+        let (b0, b1) = before
+            .sound_span(THRESHOLD)
+            .expect("nothing heard before the restart");
+        let (a0, a1) = after
+            .sound_span(THRESHOLD)
+            .expect("nothing heard after the restart");
+        let peaks_before = window_peaks(&before.samples[b0..b1], before.rate);
+        let peaks_after = window_peaks(&after.samples[a0..a1], after.rate);
+        let cut_at = peaks_before[peaks_before.len() - 2];
+        let taken_up_at = peaks_after[1];
+        // 0.6 over 1.4 s: the amplitude grows by 0.0043 per 10 ms.
+        let moved_ms = (taken_up_at - cut_at) / 0.6 * 1400.0;
         println!(
-            "after the server died: finish() failed in {:.1} ms: {err}",
-            ms(t.elapsed())
+            "restart: heard {heard_before:.3} s before the server died ({:.3} s played() said) and \
+             {heard_after:.3} s after, of 1.4 s; the amplitude moved by {moved_ms:.1} ms of the tone across \
+             the gap; sound came back {gap:.1?} ms after finish() was called with the new server up ({:.2} s \
+             after the kill)",
+            played_at_loss as f64 / RATE as f64,
+            killed.elapsed().as_secs_f64()
         );
         assert!(
-            t.elapsed() < Duration::from_secs(2),
-            "took {:?}",
-            t.elapsed()
+            (heard_before + heard_after - 1.4).abs() <= 0.03,
+            "heard {heard_before} + {heard_after} s of a 1.4 s tone"
         );
-        assert!(err.contains("pipewire"), "{err}");
+        // The two windows compared are 20-30 ms apart in the tone when it is taken up exactly where it was
+        // cut: nothing skipped (that moves it further), at most the few ms the server held played twice.
+        assert!(
+            (-10.0..=35.0).contains(&moved_ms),
+            "the tone moved by {moved_ms} ms across the restart"
+        );
+        assert!(
+            gap.is_some_and(|g| g < 1000.0),
+            "sound came back after {gap:?} ms"
+        );
+    }
+
+    /// While the server is away, a playback waits for it, for the sink's wait at most (here 2 s): then it
+    /// fails with a clear error; a stop ends the wait at once; once the server is back the same sink plays.
+    #[test]
+    fn pipewire_away_waits_boundedly_and_a_stop_ends_the_wait() {
+        let _serial = serial();
+        let bus = DbusSession::start(None);
+        let mut pw = PipeWire::start(&bus);
+        let sink = pipewire_sink(&pw).with_server_wait(Duration::from_secs(2));
+        pw.kill_server();
+        std::thread::sleep(Duration::from_millis(300));
+
+        // Opened while the server is away: accepted, and waits.
+        let playback = sink.open(RATE).unwrap();
+        write_in_frames(&*playback, &tone(0.3, 440.0, 0.5));
+        let t = Instant::now();
+        let err = format!("{:#}", playback.finish().unwrap_err());
+        let waited = t.elapsed();
+        println!(
+            "away: finish() failed after {:.2} s: {err}",
+            waited.as_secs_f64()
+        );
+        assert!(
+            err.contains("away for 2 s") && err.contains("is PipeWire running"),
+            "{err}"
+        );
+        assert!(
+            (Duration::from_millis(1500)..Duration::from_secs(4)).contains(&waited),
+            "{waited:?}"
+        );
         assert!(playback.write(&[0.0; 100]).is_err());
-        assert!(playback.wait_played(u64::MAX, Duration::from_secs(5)) < u64::MAX);
+
+        // A stop ends the wait at once.
+        let playback: Arc<dyn Playback> = Arc::from(sink.open(RATE).unwrap());
+        playback.write(&tone(0.3, 440.0, 0.5)).unwrap();
+        let finishing = std::thread::spawn({
+            let playback = playback.clone();
+            move || playback.finish()
+        });
+        std::thread::sleep(Duration::from_millis(500));
         let t = Instant::now();
-        let err = sink.open(RATE).err().expect("no server, yet open() worked");
-        println!(
-            "open() with no server failed in {:.1} ms: {err:#}",
-            ms(t.elapsed())
-        );
+        playback.stop();
+        finishing.join().unwrap().unwrap();
         assert!(
-            format!("{err:#}").contains("is PipeWire running"),
-            "{err:#}"
+            t.elapsed() < Duration::from_millis(100),
+            "{:?}",
+            t.elapsed()
         );
         drop(pw);
 

@@ -958,17 +958,29 @@ async fn starts_before_pipewire_and_plays_once_it_runs() {
     let connection = connect(&bus).await;
     let proxy = SpeechProxy::builder(&connection).build().await.unwrap();
     let mut done = Finishes::new(&proxy).await;
+    // An utterance waits for the audio server (up to 30 s), and a stop ends the wait at once.
     let id = speak(&bus, "Nobody hears this.");
-    let reason = finished(&mut done, id, Duration::from_secs(30)).await;
-    assert!(reason.starts_with("error: audio sink"), "{reason}");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let stop_at = Instant::now();
+    assert_eq!(proxy.stop_everyone().await.unwrap(), 1);
+    assert_eq!(
+        finished(&mut done, id, Duration::from_secs(5)).await,
+        "stopped"
+    );
+    assert!(stop_at.elapsed() < Duration::from_secs(1));
+    let waiting = speak(&bus, "Heard once the server is there.");
     // Spiel clients are served meanwhile.
     let (samples, _) = spiel(&connection, "Heard by the client.", false)
         .await
         .unwrap();
     assert!(!samples.is_empty());
-    // The audio server comes up: the next utterance plays.
+    // The audio server comes up: the waiting utterance plays, and the next one.
     let pw = PipeWire::start(&bus);
     let recorder = Recorder::start(&pw);
+    assert_eq!(
+        finished(&mut done, waiting, Duration::from_secs(30)).await,
+        "done"
+    );
     let id = speak(&bus, "Now it plays.");
     assert_eq!(
         finished(&mut done, id, Duration::from_secs(30)).await,

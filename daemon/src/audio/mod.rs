@@ -4,16 +4,18 @@
 //! samples as they are decoded (a write waits while the sink holds about 1.5 s not yet played, so
 //! synthesis and pauses are produced just ahead of playback, never all at once), waits on [`Playback::wait_played`] to report index marks when their point of
 //! audio is heard, and calls [`Playback::finish`] to wait for the audible end. [`Playback::stop`] silences
-//! within 20 ms.
+//! within 20 ms, with a short fade rather than a step (a click).
 //!
 //! A PipeWire sink plays one utterance at a time: `open` ends the one still playing, if any. Audio written
-//! after a stop is dropped. The WAV and null sinks take audio as it is written (`played()` = written).
+//! after a stop is dropped. If the audio server goes away, a PipeWire playback waits for it to come back
+//! (bounded) and plays on from what was not heard. The WAV and null sinks take audio as it is written (`played()` = written).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Result;
 
+pub mod fade;
 mod immediate;
 mod null_sink;
 #[cfg(feature = "pipewire")]
@@ -32,6 +34,11 @@ pub use null_sink::NullSink;
 pub use pipewire_sink::PipeWireSink;
 pub use spec::ParseSinkSpecError;
 pub use wav_sink::WavSink;
+
+/// How long an utterance for a PipeWire sink waits for an audio server that is away (not yet started, or
+/// restarting) before it fails: a restart of PipeWire and its session manager takes a second or two; a
+/// session without audio for longer hears an error rather than speech from long ago.
+pub const SERVER_WAIT: Duration = Duration::from_secs(30);
 
 /// A long-lived audio output.
 pub trait AudioSink: Send + Sync {

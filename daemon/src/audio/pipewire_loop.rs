@@ -14,6 +14,11 @@
 //! `set_active(false)` resets it; `flush(false)` drops the queued buffers and flushes the node (the
 //! resampler's history too). A stream left drained (its `drained` flag set again on every cycle) takes no
 //! audio until flushed and deactivated: a playback whose audio waits untaken restarts it so.
+//!
+//! A stopped utterance plays out its fade (its queue holds only that) and drains like a finished one; an
+//! utterance started meanwhile waits as `next` and takes the stream right after the fade, with no flush
+//! between them. When the connection is lost, the utterances fed keep their audio and wait for the
+//! playback to connect again (`Shared::server_lost`).
 
 use std::cell::RefCell;
 use std::path::{Path, PathBuf};
@@ -75,6 +80,11 @@ pub(super) struct Handle {
 }
 
 impl Handle {
+    /// Why the connection ended, if it has.
+    pub(super) fn lost(&self) -> Option<String> {
+        self.status.lost()
+    }
+
     pub(super) fn send(&self, command: Command) -> Result<()> {
         if let Some(why) = self.status.lost() {
             bail!("pipewire: {why}");
@@ -137,10 +147,6 @@ impl Connection {
     /// Why the connection ended (the server went away, the stream failed), if it has.
     pub(super) fn lost(&self) -> Option<String> {
         self.handle.status.lost()
-    }
-
-    pub(super) fn send(&self, command: Command) -> Result<()> {
-        self.handle.send(command)
     }
 
     pub(super) fn handle(&self) -> Handle {
@@ -213,6 +219,8 @@ struct Feed {
 struct FeedState {
     /// The utterance being played, if any.
     current: Option<Arc<Shared>>,
+    /// Started while `current` plays out the fade of its stop: it takes the stream once the fade is out.
+    next: Option<Arc<Shared>>,
     /// `flush(true)` was called for it and `drained` has not come yet.
     draining: bool,
     /// Silence played after its last sample.
@@ -242,6 +250,40 @@ impl Feed {
             .is_some_and(|c| Arc::ptr_eq(c, shared))
     }
 
+    /// Takes `shared` out of `next` if it waits there; whether it did.
+    fn take_next(&self, shared: &Arc<Shared>) -> bool {
+        let mut feed = self.lock();
+        let waiting = feed.next.as_ref().is_some_and(|n| Arc::ptr_eq(n, shared));
+        if waiting {
+            feed.next = None;
+        }
+        waiting
+    }
+
+    /// Makes `shared` wait for the fade of a stopped `current` (on a stream of its rate that is not
+    /// draining), as `next`; whether it does.
+    fn follow_fade(&self, shared: &Arc<Shared>, same_rate: bool) -> bool {
+        let mut feed = self.lock();
+        let fading = feed.current.as_ref().is_some_and(|c| {
+            let state = c.lock();
+            state.stopped && !state.done
+        });
+        if !same_rate || feed.draining || !fading {
+            return false;
+        }
+        if let Some(superseded) = feed.next.replace(shared.clone()) {
+            superseded.end();
+        }
+        true
+    }
+
+    /// Empties the feed: the current utterance and the next.
+    fn take_all(&self) -> [Option<Arc<Shared>>; 2] {
+        let mut feed = self.lock();
+        feed.draining = false;
+        [feed.current.take(), feed.next.take()]
+    }
+
     /// One graph cycle wants audio (data thread): hand over up to one cycle of the current utterance.
     fn process(&self, stream: &Stream) {
         let time = stream.time().ok();
@@ -253,11 +295,30 @@ impl Feed {
         if state.done {
             return;
         }
+        // A cycle for it: the server is here.
+        state.away = None;
+        if state.stopped && state.queue.is_empty() {
+            if let Some(next) = feed.next.take() {
+                // Its fade is out: the utterance that started meanwhile plays from this cycle on.
+                state.done = true;
+                drop(state);
+                feed.current = Some(next);
+                feed.draining = false;
+                feed.silence_after_end = 0;
+                feed.silence_since_sound = 0;
+                drop(feed);
+                shared.notify();
+                return self.process(stream);
+            }
+        }
         // Everything handed over in earlier cycles has been played, but what waits in the resampler and
-        // the device, unless silence fed since has pushed it out.
+        // the device, unless silence fed since has pushed it out. (A stopped utterance's fade does not
+        // count.)
         let in_flight = time.as_ref().map_or(0, |t| in_flight(t, shared.rate));
         let in_flight = in_flight.saturating_sub(feed.silence_since_sound);
-        state.played = state.played.max(state.consumed.saturating_sub(in_flight));
+        if !state.stopped {
+            state.played = state.played.max(state.consumed.saturating_sub(in_flight));
+        }
         // Every cycle gets a full buffer: the samples there are, then silence (paused, or synthesis
         // behind). The silence pushes the last samples out of the resampler, so what came before a pause
         // or a dry spell is heard whole at once (delivering nothing left its last 1.4 ms in the
@@ -396,8 +457,8 @@ fn run(
     if let Some(ready) = ready.borrow_mut().take() {
         let _ = ready.send(Err(why.clone()));
     }
-    if let Some(current) = ctx.feed.replace(None) {
-        current.fail(&why);
+    for shared in ctx.feed.take_all().into_iter().flatten() {
+        shared.server_lost(&why);
     }
     drop(attached);
     drop(core_listener);
@@ -478,12 +539,17 @@ impl Ctx {
                 if self.feed.is_current(&shared) {
                     self.feed.replace(None);
                     self.silence();
+                } else {
+                    self.feed.take_next(&shared);
                 }
             }
             Command::Restart(shared) => {
                 if self.feed.is_current(&shared) {
                     self.silence();
                     self.set_active(true);
+                } else if self.feed.take_next(&shared) {
+                    // The fade it waits for is not being played: it takes the stream now.
+                    self.start_now(shared);
                 }
             }
             Command::Quit => self.mainloop.quit(),
@@ -491,8 +557,24 @@ impl Ctx {
     }
 
     fn start(self: &Rc<Self>, shared: Arc<Shared>) {
+        let same_rate = self
+            .output
+            .borrow()
+            .as_ref()
+            .is_some_and(|o| o.rate == shared.rate);
+        if !self.feed.follow_fade(&shared, same_rate) {
+            self.start_now(shared);
+        }
+    }
+
+    /// Makes `shared` the utterance played, ending any other at once.
+    fn start_now(self: &Rc<Self>, shared: Arc<Shared>) {
         let rate = shared.rate;
-        if let Some(previous) = self.feed.replace(None) {
+        let [previous, next] = self.feed.take_all();
+        if let Some(next) = next {
+            next.end();
+        }
+        if let Some(previous) = previous {
             // Still playing: its audio goes, as on a stop. Deactivating also clears a drain it may have
             // begun, which would otherwise keep the stream from asking for more.
             previous.end();
@@ -545,11 +627,12 @@ impl Ctx {
         let _ = stream.set_active(false);
     }
 
-    /// The server or the stream failed: fail the utterance and end the thread; the sink reconnects.
+    /// The server or the stream failed: the utterances fed wait for a new connection (their playback
+    /// makes it), and the thread ends.
     fn lose(&self, why: &str) {
         self.status.set_lost(why);
-        if let Some(current) = self.feed.replace(None) {
-            current.fail(why);
+        for shared in self.feed.take_all().into_iter().flatten() {
+            shared.server_lost(why);
         }
         self.mainloop.quit();
     }

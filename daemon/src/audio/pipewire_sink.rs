@@ -4,18 +4,26 @@
 //! stream stays connected and only goes inactive between utterances, so starting one costs no
 //! negotiation. Writers append to a queue under a short lock; PipeWire's real-time thread takes one graph
 //! cycle (10 ms asked) at a time from it. The queue holds at most [`QUEUE_AHEAD`] of audio: a writer waits
-//! for room, so synthesis runs just ahead of playback (a stop wakes it at once). If the server goes away,
-//! calls fail and the next `open` connects again.
+//! for room, so synthesis runs just ahead of playback (a stop wakes it at once).
+//!
+//! A stop fades out over [`FADE`](super::fade::FADE) what would have played next, then the stream
+//! deactivates; an utterance that starts meanwhile follows the fade on the same stream.
+//!
+//! If the server goes away (a restart, a crash), nothing of the utterance is lost: what the server held
+//! and had not played goes back into its queue, and its waiting calls connect again every 200 ms until
+//! the server is back, then play on from there (faded in); for at most [`SERVER_WAIT`], after which the
+//! utterance fails. An utterance opened while the server is away waits in the same way.
 
 use std::path::PathBuf;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use anyhow::{anyhow, bail, Result};
+use anyhow::{bail, Result};
 
+use super::fade::{fade_len, fade_out};
 use super::pipewire_loop::{Command, Connection, Handle};
 use super::sample_queue::SampleQueue;
-use super::{AudioSink, Playback};
+use super::{AudioSink, Playback, SERVER_WAIT};
 
 /// The rate the stream is made for at connection time (the model's); another rate remakes it.
 const CONNECT_RATE: u32 = 24_000;
@@ -36,10 +44,39 @@ const KICK_AFTER: Duration = Duration::from_millis(750);
 /// enough that no request can make the daemon hold more (a long `<break>` is 10 s of samples).
 pub const QUEUE_AHEAD: Duration = Duration::from_millis(1500);
 
+/// How often an utterance waiting for the audio server tries to connect (a missing socket fails at once).
+const RETRY: Duration = Duration::from_millis(200);
+
+/// What a playback remembers of the audio it handed to PipeWire, to put back what the server held unplayed
+/// when it went away: its resampler and device hold tens of milliseconds.
+const HISTORY: Duration = Duration::from_millis(250);
+
 pub struct PipeWireSink {
+    link: Arc<Link>,
+}
+
+/// The connection, shared by the sink and its playbacks, which connect again when the server comes back.
+struct Link {
     target: Option<String>,
     remote: Option<PathBuf>,
+    server_wait: Duration,
     connection: Mutex<Option<Connection>>,
+}
+
+impl Link {
+    /// The connection, made again if the server went away since (an error while it is still gone).
+    fn connected(&self, rate: u32) -> Result<Handle> {
+        let mut connection = self.connection.lock().unwrap_or_else(|e| e.into_inner());
+        if connection.as_ref().is_none_or(|c| c.lost().is_some()) {
+            *connection = None;
+            *connection = Some(Connection::start(
+                self.target.clone(),
+                self.remote.clone(),
+                rate,
+            )?);
+        }
+        Ok(connection.as_ref().expect("connected above").handle())
+    }
 }
 
 impl PipeWireSink {
@@ -49,10 +86,22 @@ impl PipeWireSink {
     pub fn connect(target: Option<String>, remote: Option<PathBuf>) -> Result<PipeWireSink> {
         let connection = Connection::start(target.clone(), remote.clone(), CONNECT_RATE)?;
         Ok(PipeWireSink {
-            target,
-            remote,
-            connection: Mutex::new(Some(connection)),
+            link: Arc::new(Link {
+                target,
+                remote,
+                server_wait: SERVER_WAIT,
+                connection: Mutex::new(Some(connection)),
+            }),
         })
+    }
+
+    /// How long its utterances wait for a server that went away ([`SERVER_WAIT`] unless set here, before
+    /// any is opened).
+    pub fn with_server_wait(mut self, wait: Duration) -> Self {
+        if let Some(link) = Arc::get_mut(&mut self.link) {
+            link.server_wait = wait;
+        }
+        self
     }
 }
 
@@ -61,27 +110,21 @@ impl AudioSink for PipeWireSink {
         if sample_rate == 0 {
             bail!("pipewire sink: sample rate 0");
         }
-        let mut connection = self.connection.lock().unwrap_or_else(|e| e.into_inner());
-        if connection.as_ref().is_none_or(|c| c.lost().is_some()) {
-            // The server went away since: connect again (an error here if it is still gone).
-            *connection = None;
-            *connection = Some(Connection::start(
-                self.target.clone(),
-                self.remote.clone(),
-                sample_rate,
-            )?);
+        let playback = PwPlayback {
+            shared: Arc::new(Shared::new(sample_rate)),
+            link: self.link.clone(),
+            connection: Mutex::new(None),
+        };
+        match self.link.connected(sample_rate) {
+            Ok(handle) => playback.attach(handle),
+            // Its audio waits for the server (see `PwPlayback::rejoin`).
+            Err(e) => playback.shared.server_lost(&format!("{e:#}")),
         }
-        let connection = connection.as_ref().expect("connected above");
-        let shared = Arc::new(Shared::new(sample_rate));
-        connection.send(Command::Start(shared.clone()))?;
-        Ok(Box::new(PwPlayback {
-            shared,
-            connection: connection.handle(),
-        }))
+        Ok(Box::new(playback))
     }
 
     fn describe(&self) -> String {
-        match &self.target {
+        match &self.link.target {
             Some(t) => format!("pipewire:{t}"),
             None => "pipewire".into(),
         }
@@ -106,22 +149,44 @@ pub(super) struct PlayState {
     pub(super) finishing: bool,
     /// Drained, stopped, superseded or failed: nothing more will be played.
     pub(super) done: bool,
+    /// Stopped while sounding: the caller is done with it (writes are dropped, waits return, `played`
+    /// stays), and the queue holds only the fade out, which the loop plays and drains.
+    pub(super) stopped: bool,
     pub(super) paused: bool,
     pub(super) error: Option<String>,
+    /// Since when the audio server has been away: the audio waits for it. Cleared by the first graph
+    /// cycle once it is back.
+    pub(super) away: Option<Instant>,
+    /// Why it is away (the last attempt to connect), for the error if it never comes back.
+    away_why: String,
+    /// The last attempt to connect while it is away.
+    tried: Option<Instant>,
+}
+
+impl PlayState {
+    /// Nothing more for the caller to wait for.
+    fn over(&self) -> bool {
+        self.done || self.stopped
+    }
 }
 
 impl Shared {
     fn new(rate: u32) -> Shared {
+        let history = (rate as u128 * HISTORY.as_millis() / 1000) as usize;
         Shared {
             rate,
             state: Mutex::new(PlayState {
-                queue: SampleQueue::default(),
+                queue: SampleQueue::with_history(history),
                 consumed: 0,
                 played: 0,
                 finishing: false,
                 done: false,
+                stopped: false,
                 paused: false,
                 error: None,
+                away: None,
+                away_why: String::new(),
+                tried: None,
             }),
             changed: Condvar::new(),
         }
@@ -144,10 +209,12 @@ impl Shared {
         self.notify();
     }
 
-    /// Everything handed to PipeWire has been heard.
+    /// Everything handed to PipeWire has been heard (of a stopped one: its fade, which does not count).
     pub(super) fn drained(&self) {
         let mut state = self.lock();
-        state.played = state.consumed;
+        if !state.stopped {
+            state.played = state.consumed;
+        }
         state.done = true;
         drop(state);
         self.notify();
@@ -159,6 +226,43 @@ impl Shared {
             state.error = Some(why.to_owned());
             state.queue.clear();
             state.done = true;
+        }
+        drop(state);
+        self.notify();
+    }
+
+    /// The audio server went away (or could not be reached): what it was handed and did not play goes
+    /// back into the queue, which waits for the server to come back. A stopped utterance just ends.
+    pub(super) fn server_lost(&self, why: &str) {
+        let mut state = self.lock();
+        if state.stopped {
+            state.queue.clear();
+            state.done = true;
+        } else if !state.done && state.away.is_none() {
+            let unheard = state.consumed.saturating_sub(state.played) as usize;
+            let back = state.queue.put_back(unheard) as u64;
+            state.consumed -= back;
+            if state.finishing && state.queue.is_empty() {
+                // All of it was heard: only the drain was left.
+                state.played = state.consumed;
+                state.done = true;
+            } else {
+                let kept = if back > 0 {
+                    format!(
+                        " ({:.1} ms it held unplayed put back)",
+                        back as f64 * 1e3 / self.rate as f64
+                    )
+                } else {
+                    String::new()
+                };
+                tracing::warn!(
+                    "pipewire: {why}; the utterance waits up to {} s for the audio server{kept}",
+                    SERVER_WAIT.as_secs()
+                );
+                state.away = Some(Instant::now());
+                state.away_why = why.to_owned();
+                state.tried = Some(Instant::now());
+            }
         }
         drop(state);
         self.notify();
@@ -194,7 +298,16 @@ impl Progress {
 
 struct PwPlayback {
     shared: Arc<Shared>,
-    connection: Handle,
+    link: Arc<Link>,
+    /// The connection it plays on (none while the server is away since it was opened).
+    connection: Mutex<Option<Handle>>,
+}
+
+/// What a wait is for: room in the queue for this many samples, or the end of the playback.
+#[derive(Clone, Copy)]
+enum Until {
+    Room(usize),
+    Played,
 }
 
 impl PwPlayback {
@@ -208,34 +321,130 @@ impl PwPlayback {
     }
 
     fn send(&self, command: Command) {
-        // A lost connection has already failed this playback; there is nobody to tell.
-        let _ = self.connection.send(command);
+        // A lost connection has already put this playback on hold; there is nobody to tell.
+        if let Some(handle) = self.handle() {
+            let _ = handle.send(command);
+        }
     }
 
-    /// Waits until at most `queued` samples wait to be played, or the playback is over (`done`); an
-    /// error when it failed, or when PipeWire takes nothing for [`STALL_LIMIT`] while not paused.
-    fn wait_for_room(&self, queued: usize) -> Result<MutexGuard<'_, PlayState>> {
+    fn handle(&self) -> Option<Handle> {
+        self.connection
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Why its connection is gone, if it is (a `Start` sent as it went may never have been handled).
+    fn connection_lost(&self) -> Option<String> {
+        match self.handle() {
+            Some(handle) => handle.lost(),
+            None => Some("not connected".into()),
+        }
+    }
+
+    /// Ends the playback at once: what waits is dropped, and the stream flushed and deactivated.
+    fn cut(&self) {
+        self.shared.end();
+        self.send(Command::Stop(self.shared.clone()));
+    }
+
+    /// Plays on `handle`'s connection.
+    fn attach(&self, handle: Handle) {
+        *self.connection.lock().unwrap_or_else(|e| e.into_inner()) = Some(handle.clone());
+        if let Err(e) = handle.send(Command::Start(self.shared.clone())) {
+            self.shared.server_lost(&format!("{e:#}"));
+        }
+    }
+
+    /// While the server is away: fails the playback once it has been away for the sink's wait, else tries
+    /// to connect (every [`RETRY`]) and, connected, starts it again, its first samples faded in.
+    fn rejoin<'a>(
+        &'a self,
+        mut state: MutexGuard<'a, PlayState>,
+    ) -> Result<MutexGuard<'a, PlayState>> {
+        let Some(since) = state.away else {
+            return Ok(state);
+        };
+        if since.elapsed() > self.link.server_wait {
+            let why = format!(
+                "the audio server has been away for {} s ({})",
+                self.link.server_wait.as_secs(),
+                state.away_why
+            );
+            drop(state);
+            self.shared.fail(&why);
+            bail!("pipewire: {why}");
+        }
+        let due = state.tried.is_none_or(|t| t.elapsed() >= RETRY);
+        if !due || self.connection_lost().is_none() {
+            return Ok(state); // connected: waiting for its first cycle
+        }
+        state.tried = Some(Instant::now());
+        drop(state);
+        let connected = self.link.connected(self.shared.rate);
+        let mut state = self.shared.lock();
+        match connected {
+            Ok(handle) if !state.over() => {
+                // After the gap the audio takes up mid-wave: faded in, it does not click.
+                state.queue.fade_in_front(fade_len(self.shared.rate));
+                drop(state);
+                tracing::info!(
+                    "pipewire: the audio server is back after {:.1} s; the utterance goes on",
+                    since.elapsed().as_secs_f64()
+                );
+                self.attach(handle);
+                state = self.shared.lock();
+            }
+            Ok(_) => {}
+            Err(e) => state.away_why = format!("{e:#}"),
+        }
+        Ok(state)
+    }
+
+    /// Waits until `until`, or the playback is over (`done`, stopped); an error when it failed, when
+    /// PipeWire takes nothing for [`STALL_LIMIT`] while not paused, or when the server stays away.
+    fn wait(&self, until: Until) -> Result<MutexGuard<'_, PlayState>> {
         let mut state = self.shared.lock();
         let mut progress = Progress::new(state.consumed);
         loop {
             if let Some(e) = &state.error {
                 bail!("pipewire: {e}");
             }
-            if state.done || state.queue.len() <= queued {
+            let reached = match until {
+                Until::Room(queued) => state.queue.len() <= queued,
+                Until::Played => false,
+            };
+            if state.over() || reached {
                 return Ok(state);
             }
-            if state.paused || state.consumed != progress.consumed {
+            if state.away.is_none() {
+                if let Some(why) = self.connection_lost() {
+                    drop(state);
+                    self.shared.server_lost(&why);
+                    state = self.shared.lock();
+                    continue;
+                }
+            }
+            if state.away.is_some() {
+                state = self.rejoin(state)?;
                 progress = Progress::new(state.consumed);
-            } else if progress.kick_due() {
+            } else if state.paused || state.consumed != progress.consumed {
+                progress = Progress::new(state.consumed);
+            } else if (!state.queue.is_empty() || matches!(until, Until::Room(_)))
+                && progress.kick_due()
+            {
+                // Only while audio waits: an empty queue is the drain, which a restart would cancel.
                 drop(state);
                 self.restart();
                 state = self.shared.lock();
                 continue;
             } else if progress.since.elapsed() > STALL_LIMIT {
                 drop(state);
-                self.stop();
+                // No fade: nothing would play it.
+                self.cut();
                 bail!(
-                    "pipewire: no audio was taken for {} s (is the server hung?)",
+                    "pipewire: no audio was taken for {} s (is the server hung, or is no session \
+                     manager such as WirePlumber linking streams?)",
                     STALL_LIMIT.as_secs()
                 );
             }
@@ -257,10 +466,10 @@ impl Playback for PwPlayback {
         for part in samples.chunks(capacity / 2) {
             // Copied before locking: the real-time thread shares the lock.
             let chunk = part.to_vec();
-            let mut state = self.wait_for_room(capacity - chunk.len())?;
+            let mut state = self.wait(Until::Room(capacity - chunk.len()))?;
             // After a stop the rest of the utterance is dropped here, as the synthesis may still be
             // running.
-            if state.done {
+            if state.over() {
                 return Ok(());
             }
             state.queue.push(chunk);
@@ -275,7 +484,7 @@ impl Playback for PwPlayback {
     fn wait_played(&self, target: u64, timeout: Duration) -> u64 {
         let deadline = Instant::now() + timeout;
         let mut state = self.shared.lock();
-        while state.played < target && !state.done {
+        while state.played < target && !state.over() {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 break;
@@ -293,54 +502,46 @@ impl Playback for PwPlayback {
     fn finish(&self) -> Result<()> {
         let mut state = self.shared.lock();
         state.finishing = true;
-        if state.consumed == 0 && state.queue.is_empty() && !state.done {
+        if state.consumed == 0 && state.queue.is_empty() && !state.over() {
             // Nothing was played: there is nothing to drain.
             drop(state);
-            self.stop();
-            state = self.shared.lock();
+            self.cut();
+        } else {
+            drop(state);
         }
-        let mut progress = Progress::new(state.consumed);
-        loop {
-            if let Some(e) = &state.error {
-                bail!("pipewire: {e}");
-            }
-            if state.done {
-                return Ok(());
-            }
-            if state.paused || state.consumed != progress.consumed {
-                progress = Progress::new(state.consumed);
-            } else if !state.queue.is_empty() && progress.kick_due() {
-                // Only while audio waits: an empty queue is the drain, which a restart would cancel.
-                drop(state);
-                self.restart();
-                state = self.shared.lock();
-                continue;
-            } else if progress.since.elapsed() > STALL_LIMIT {
-                drop(state);
-                self.stop();
-                return Err(anyhow!(
-                    "pipewire: no audio was taken for {} s (is the server hung, or is no session \
-                     manager such as WirePlumber linking streams?)",
-                    STALL_LIMIT.as_secs()
-                ));
-            }
-            state = self
-                .shared
-                .changed
-                .wait_timeout(state, Duration::from_millis(100))
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
-        }
+        self.wait(Until::Played).map(drop)
     }
 
     fn stop(&self) {
-        self.shared.end();
-        self.send(Command::Stop(self.shared.clone()));
+        let mut state = self.shared.lock();
+        if state.over() {
+            return;
+        }
+        let sounding = state.consumed > 0
+            && !state.paused
+            && !state.queue.is_empty()
+            && state.away.is_none()
+            && state.error.is_none();
+        if sounding {
+            // What would have played next, faded out, is all that is left: the loop plays it and drains
+            // (one graph cycle), so the sound ends without a step, and no later than it would have.
+            let mut tail = state.queue.take_front(fade_len(self.shared.rate));
+            fade_out(&mut tail);
+            state.queue.clear();
+            state.queue.push(tail);
+            state.stopped = true;
+            state.finishing = true;
+            drop(state);
+            self.shared.notify();
+            return;
+        }
+        drop(state);
+        self.cut();
     }
 
     fn pause(&self) {
         let mut state = self.shared.lock();
-        if state.done || state.paused {
+        if state.over() || state.paused {
             return;
         }
         // The loop thread stops feeding the stream at its next cycle.
@@ -351,7 +552,7 @@ impl Playback for PwPlayback {
 
     fn resume(&self) {
         let mut state = self.shared.lock();
-        if state.done || !state.paused {
+        if state.over() || !state.paused {
             return;
         }
         state.paused = false;
@@ -363,7 +564,7 @@ impl Playback for PwPlayback {
 impl Drop for PwPlayback {
     fn drop(&mut self) {
         // An utterance nobody holds any more must not keep playing (nor keep the stream active).
-        if !self.shared.lock().done {
+        if !self.shared.lock().over() {
             self.stop();
         }
     }
