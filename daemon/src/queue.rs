@@ -24,10 +24,11 @@
 //!   several clients' streams at once (up to `[queue] spiel_streams`), each in its own session of the
 //!   resident engine, paced by how fast its client reads. A client (a process, whatever number of
 //!   connections it opens) has one stream at a time, and a free slot goes to the waiting client whose last
-//!   stream ended longest ago, so a newcomer is next whatever others have queued. A client that reads more slowly
-//!   than real time, beyond a grace ([`STREAM_GRACE`]), loses its stream as soon as another client waits
-//!   for one (or after `[queue] stall_timeout_ms` behind if none does), and its later streams get a short
-//!   grace only ([`SLOW_GRACE`]) while it still has requests queued.
+//!   stream ended longest ago, so a newcomer is next whatever others have queued. A client that reads more
+//!   slowly than real time, beyond a grace ([`STREAM_GRACE`]), loses its stream as soon as another client
+//!   waits for one (or after `[queue] stall_timeout_ms` behind if none does; until then its stream is
+//!   held, generating nothing while its pipe is full), and its later streams get a short grace only
+//!   ([`SLOW_GRACE`]) while it still has requests queued.
 //!
 //!   Why sessions side by side rather than preemption on one worker: audio already in a client's pipe
 //!   cannot be taken back, so a stream could only be set aside between sentence chunks, and the next
@@ -37,13 +38,13 @@
 //!   in its pipe writes most of the time, so it takes the CPU only as fast as its audio is consumed and
 //!   leaves the rest to the newcomer.
 //!
-//! Limits are per client (`max_per_client`, counted over all the connections of its process) under a global
-//! bound (`max_utterances`), of which a quarter is kept for the speakers' `important`/`message` (Spiel
-//! requests, which are outside the priority model, never take it). A connection's `Pause` holds that client's speech only: its utterance in
-//! progress waits in place while nobody else has something to say, and is set aside (to resume at the
-//! first piece not heard) as soon as someone has. When a client leaves the bus its pause ends, what that
-//! pause held and its streams are cancelled; the rest it queued is still said (as speech-dispatcher does
-//! for `spd-say`, which leaves right after sending).
+//! Limits are per client (`max_per_client`, counted over all the connections of its process) under a
+//! global bound (`max_utterances`), of which a quarter is kept for the speakers' `important`/`message`
+//! (Spiel requests, which are outside the priority model, never take it). A connection's `Pause` holds
+//! that connection's speech only: its utterance in progress waits in place while nobody else has something
+//! to say, and is set aside (to resume at the first piece not heard) as soon as someone has. When a client
+//! leaves the bus its pause ends, what that pause held and its streams are cancelled; the rest it queued is
+//! still said (as speech-dispatcher does for `spd-say`, which leaves right after sending).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
