@@ -175,7 +175,12 @@ async fn say_in_process(args: &SayArgs) -> Result<()> {
         ssml: args.ssml,
     };
     let id = service
-        .submit(&Client::alone("kazeia-say"), args.text(), options, Output::Sink)
+        .submit(
+            &Client::alone("kazeia-say"),
+            args.text(),
+            options,
+            Output::Sink,
+        )
         .await
         .map_err(anyhow::Error::from)?;
     let mut outcome = None;

@@ -174,8 +174,8 @@ mod tests {
 
         // An entry over the byte bound by itself is never kept, and the others stay.
         let big = cache.max_bytes() / 4 / 2 + 1;
-        cache.insert(&rows(7.0, 2), KvPrefix::zeros(1, 1, big));
-        assert!(cache.get(&rows(7.0, 2)).is_none());
+        cache.insert(&rows(70.0, 2), KvPrefix::zeros(1, 1, big));
+        assert!(cache.get(&rows(70.0, 2)).is_none());
         assert_eq!(cache.len(), MAX_ENTRIES);
         // Entries that fit alone but not together: the least recently used go.
         let half = cache.max_bytes() / 4 / 2 / 2;
