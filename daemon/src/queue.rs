@@ -25,10 +25,11 @@
 //!   resident engine, paced by how fast its client reads. A client (a process, whatever number of
 //!   connections it opens) has one stream at a time, and a free slot goes to the waiting client whose last
 //!   stream ended longest ago, so a newcomer is next whatever others have queued. A client that reads more
-//!   slowly than real time, beyond a grace ([`STREAM_GRACE`]), loses its stream as soon as another client
-//!   waits for one (or after `[queue] stall_timeout_ms` behind if none does; until then its stream is
-//!   held, generating nothing while its pipe is full), and its later streams get a short grace only
-//!   ([`SLOW_GRACE`]) while it still has requests queued.
+//!   slowly than real time, beyond a grace ([`STREAM_GRACE`]), loses its stream as soon as a client that
+//!   reads in time waits for one (or after `[queue] stall_timeout_ms` behind if none does; until then its
+//!   stream is held, generating nothing while its pipe is full); while it still has requests queued, it
+//!   is served after the clients that read in time and its streams get a short grace only
+//!   ([`SLOW_GRACE`]).
 //!
 //!   Why sessions side by side rather than preemption on one worker: audio already in a client's pipe
 //!   cannot be taken back, so a stream could only be set aside between sentence chunks, and the next
@@ -300,7 +301,8 @@ impl State {
     }
 
     /// The waiting stream that would start if a slot were free: of a client with no stream (and of a
-    /// connection with none), the client served least recently first, then the oldest request.
+    /// connection with none), clients not known as slow readers first, then the one served least recently,
+    /// then the oldest request.
     fn next_stream(&self) -> Option<usize> {
         let (connections, owners) = self.streaming();
         self.waiting
@@ -311,8 +313,21 @@ impl State {
                     && !connections.contains(&e.client())
                     && !owners.contains(&e.owner())
             })
-            .min_by_key(|(_, e)| (self.served.get(e.owner()).copied().unwrap_or(0), e.id()))
+            .min_by_key(|(_, e)| {
+                (
+                    self.slow.contains(e.owner()),
+                    self.served.get(e.owner()).copied().unwrap_or(0),
+                    e.id(),
+                )
+            })
             .map(|(at, _)| at)
+    }
+
+    /// A client that reads in time waits for a stream (a slow reader waiting takes no stream from
+    /// another: that would only turn slots over between them, each start costing a prefill).
+    fn reader_in_time_waits(&self) -> bool {
+        self.next_stream()
+            .is_some_and(|at| !self.slow.contains(self.waiting[at].owner()))
     }
 
     fn sink_speaking(&mut self) -> Option<&mut Speaking> {
@@ -655,8 +670,8 @@ impl SpeechQueue {
     }
 
     /// The client of stream `id` has been reading behind real time (beyond its grace) for `behind_for`:
-    /// whether to drop the stream. It is dropped when another client waits for a stream, or once it has
-    /// been behind for `stall` anyway; its client is then remembered as slow.
+    /// whether to drop the stream. It is dropped when another client that reads in time waits for a stream,
+    /// or once it has been behind for `stall` anyway; its client is then remembered as slow.
     pub fn stream_behind(&self, id: Id, behind_for: Duration, stall: Duration) -> bool {
         let mut state = self.lock();
         let Some(owner) = state
@@ -667,8 +682,7 @@ impl SpeechQueue {
         else {
             return false;
         };
-        let others_wait = state.next_stream().is_some();
-        if others_wait || behind_for >= stall {
+        if state.reader_in_time_waits() || behind_for >= stall {
             state.slow.insert(owner);
             return true;
         }

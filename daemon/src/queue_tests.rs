@@ -662,3 +662,32 @@ fn a_quiet_spell_is_reported_once_after_speech_and_not_while_speaking() {
         q.close();
     });
 }
+
+#[test]
+fn a_slow_reader_waiting_takes_no_stream_from_another_and_comes_after_readers_in_time() {
+    let (q, _) = queue_with(Limits {
+        streams: 1,
+        ..Limits::default()
+    });
+    let stall = Duration::from_secs(5);
+    q.push(of("pid 1", stream_req(1, ":1.1"))).unwrap();
+    q.push(of("pid 1", stream_req(2, ":1.1"))).unwrap();
+    q.push(of("pid 2", stream_req(3, ":1.2"))).unwrap();
+    q.push(of("pid 2", stream_req(4, ":1.2"))).unwrap();
+    assert_eq!(q.next(Lane::Stream).unwrap().id, 1);
+    // pid 2 reads in time (as far as anyone knows): pid 1's stream behind is dropped for it.
+    assert!(q.stream_behind(1, Duration::ZERO, stall));
+    q.done(1, Reason::Cancelled);
+    assert_eq!(q.next(Lane::Stream).unwrap().id, 3);
+    // Only the slow pid 1 waits: pid 2's stream behind is held until the stall time.
+    assert!(!q.stream_behind(3, Duration::from_secs(1), stall));
+    assert!(q.stream_behind(3, stall, stall));
+    q.done(3, Reason::Cancelled);
+    // Both slow now; a newcomer comes first, and its wait drops a stream behind at once.
+    q.push(of("pid 3", stream_req(5, ":1.3"))).unwrap();
+    assert_eq!(q.next(Lane::Stream).unwrap().id, 5);
+    q.done(5, Reason::Done);
+    assert_eq!(q.next(Lane::Stream).unwrap().id, 2, "served longest ago");
+    q.push(of("pid 3", stream_req(6, ":1.3"))).unwrap();
+    assert!(q.stream_behind(2, Duration::ZERO, stall));
+}
