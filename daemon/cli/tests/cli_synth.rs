@@ -236,7 +236,7 @@ fn bad_synth_input_gives_one_line_errors() {
         ],
         &[],
     );
-    assert_clean_error(&o2, "neither a directory nor");
+    assert_clean_error(&o2, "no model folder at");
 
     let g = |ids: &str| {
         kazeia(
