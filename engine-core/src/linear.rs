@@ -27,20 +27,10 @@ impl WeightStorage {
     }
 }
 
-impl std::str::FromStr for WeightStorage {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "auto" => Ok(WeightStorage::AsStored),
-            other => other.parse().map(WeightStorage::Convert),
-        }
-    }
-}
-
 impl std::fmt::Display for WeightStorage {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            WeightStorage::AsStored => f.write_str("auto"),
+            WeightStorage::AsStored => f.write_str("as stored"),
             WeightStorage::Convert(format) => format.fmt(f),
         }
     }
