@@ -13,6 +13,7 @@ use crate::lm::{LmBackends, ModelConfig, PromptRequest};
 use crate::synth::Synthesizer;
 use crate::tokenizer::assistant_text;
 use crate::weights::{WeightFile, Weights};
+use crate::WeightStorage;
 
 /// The text of the timed step.
 const TEXT: &str = "Hello, this is Kazeia.";
@@ -141,46 +142,57 @@ pub fn load_synthesizer(
     setting: WeightsSetting,
     machine: &AutoMachine,
 ) -> Result<(Synthesizer, Option<AutoChoice>)> {
-    let WeightsSetting::Fixed(storage) = setting else {
-        let config = ModelConfig::load(&dir.join("config.json"))?;
-        let stored = WeightFile::open(&dir.join("model.safetensors"))?
-            .stored_format("talker.codec_head.weight");
-        let backends = [lm.talker.name(), lm.code_predictor.name(), decoder.name()];
-        let mut measured: Option<Synthesizer> = None;
-        let choice = choose(
-            machine,
-            &model_identity(dir),
-            backends,
-            &candidates(&config, stored),
-            |described| -> Result<Measurement> {
-                let synth = Synthesizer::load_on(
-                    dir,
-                    lm.clone(),
-                    decoder.clone(),
-                    crate::WeightStorage::Convert(MEASURED_IN),
-                )?;
-                let request = PromptRequest {
-                    input_ids: synth.tokenizer.encode(&assistant_text(TEXT))?,
-                    instruct_ids: None,
-                    speaker: synth.model.speakers().first().map(|s| s.to_string()),
-                    language: "auto".into(),
-                    non_streaming_mode: synth.model.config.default_non_streaming_mode(),
-                };
-                let m = measure(&synth, &request, MEASURED_IN, described)?;
-                measured = Some(synth);
-                Ok(m)
-            },
-        )?;
-        let synth = match measured {
-            Some(synth) if choice.format == MEASURED_IN => synth,
-            other => {
-                drop(other);
-                Synthesizer::load_on(dir, lm, decoder, choice.storage())?
-            }
-        };
-        return Ok((synth, Some(choice)));
+    match setting {
+        WeightsSetting::Fixed(storage) => {
+            Ok((Synthesizer::load_on(dir, lm, decoder, storage)?, None))
+        }
+        WeightsSetting::Auto => {
+            let (synth, choice) = load_auto(dir, lm, decoder, machine)?;
+            Ok((synth, Some(choice)))
+        }
+    }
+}
+
+fn load_auto(
+    dir: &Path,
+    lm: LmBackends,
+    decoder: Arc<dyn Backend>,
+    machine: &AutoMachine,
+) -> Result<(Synthesizer, AutoChoice)> {
+    let config = ModelConfig::load(&dir.join("config.json"))?;
+    let stored =
+        WeightFile::open(&dir.join("model.safetensors"))?.stored_format("talker.codec_head.weight");
+    let backends = [lm.talker.name(), lm.code_predictor.name(), decoder.name()];
+    let mut measured: Option<Synthesizer> = None;
+    let choice = choose(
+        machine,
+        &model_identity(dir),
+        backends,
+        &candidates(&config, stored),
+        |described| -> Result<Measurement> {
+            let storage = WeightStorage::Convert(MEASURED_IN);
+            let synth = Synthesizer::load_on(dir, lm.clone(), decoder.clone(), storage)?;
+            let request = PromptRequest {
+                input_ids: synth.tokenizer.encode(&assistant_text(TEXT))?,
+                instruct_ids: None,
+                speaker: synth.model.speakers().first().map(|s| s.to_string()),
+                language: "auto".into(),
+                non_streaming_mode: synth.model.config.default_non_streaming_mode(),
+            };
+            let m = measure(&synth, &request, MEASURED_IN, described)?;
+            measured = Some(synth);
+            Ok(m)
+        },
+    )?;
+    let synth = match measured {
+        Some(synth) if choice.format == MEASURED_IN => synth,
+        other => {
+            // The timed load's memory is given back before the chosen format is loaded.
+            drop(other);
+            Synthesizer::load_on(dir, lm, decoder, choice.storage())?
+        }
     };
-    Ok((Synthesizer::load_on(dir, lm, decoder, storage)?, None))
+    Ok((synth, choice))
 }
 
 /// The choice in the log: a warning when even the fastest format is predicted not to keep up.
