@@ -33,9 +33,9 @@ pub struct Measurement {
 }
 
 /// Times [`TIMED_FRAMES`] frames of `request` (greedy, end of speech ignored) on `stages`, and their decoding,
-/// after one untimed frame of each. `measured_in`: the format the model's weights are held in. A stage whose
-/// backend fails moves to the CPU as it would while speaking ([`crate::fallback`]), so a failing plugin does not
-/// fail the load.
+/// after one untimed frame of each (the first touch of the buffers and thread pools). `measured_in`: the format
+/// the model's weights are held in. A stage whose backend fails moves to the CPU as it would while speaking
+/// ([`crate::fallback`]), so a failing plugin does not fail the load.
 pub fn measure(
     stages: &dyn Stages,
     request: &PromptRequest,
@@ -48,29 +48,43 @@ pub fn measure(
     let mut options = model.default_options(true);
     options.ignore_eos = true;
     options.text_budget = false;
-    let mut run = |frames: usize| {
-        // `max_new_tokens` N gives N − 1 frames (the official meaning).
-        options.max_new_tokens = frames + 1;
-        generate_on(stages, &prompt, &options, &mut || 0.5, &mut |_| true)
+    // One untimed frame, then the timed ones, in one generation: each frame's end is stamped, so the timed
+    // span runs from the first frame's end to the last's (one prefill in all). `max_new_tokens` N gives N − 1
+    // frames (the official meaning).
+    options.max_new_tokens = TIMED_FRAMES + 2;
+    let mut ends = Vec::with_capacity(TIMED_FRAMES + 1);
+    let generated = generate_on(stages, &prompt, &options, &mut || 0.5, &mut |_| {
+        ends.push(Instant::now());
+        true
+    })?;
+    let (Some(&first), Some(&last)) = (ends.first(), ends.last()) else {
+        return Err(crate::Error::Input(
+            "the timed step generated no frame".into(),
+        ));
     };
-    let warm = run(1)?;
-    decode(stages, &warm.codes)?;
-    let timed = run(TIMED_FRAMES)?;
-    let frames = timed.codes.len().max(1);
+    let frames = (ends.len() - 1).max(1);
+    let lm = last - first;
+    let (warm, timed) = generated.codes.split_at(1);
+    decode(stages, warm)?;
     let decode_start = Instant::now();
-    decode(stages, &timed.codes)?;
+    decode(stages, timed)?;
     let decoder = decode_start.elapsed();
-    let per_frame = |d: std::time::Duration| d.as_secs_f64() * 1e3 / frames as f64;
+    let per_frame = |d: std::time::Duration| whole_us(d.as_secs_f64() * 1e3 / frames as f64);
     let codec = stages.decoder();
     Ok(Measurement {
         measured_in,
-        lm_ms: per_frame(timed.timings.talker + timed.timings.code_predictor),
+        lm_ms: per_frame(lm),
         decoder_ms: per_frame(decoder),
-        frame_ms: codec.samples_per_frame() as f64 * 1e3 / codec.sample_rate() as f64,
+        frame_ms: whole_us(codec.samples_per_frame() as f64 * 1e3 / codec.sample_rate() as f64),
         frames,
-        cost_ms: start.elapsed().as_secs_f64() * 1e3,
+        cost_ms: whole_us(start.elapsed().as_secs_f64() * 1e3),
         machine,
     })
+}
+
+/// `ms` rounded to whole microseconds: what a kept measurement holds ([`super::store`]).
+fn whole_us(ms: f64) -> f64 {
+    (ms * 1e3).round() / 1e3
 }
 
 /// Decodes `codes`, moving the decoder to the CPU once if its backend fails.

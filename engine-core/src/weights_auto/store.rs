@@ -19,16 +19,26 @@ pub struct MeasurementStore {
     key: String,
 }
 
+/// Times in whole microseconds (a measurement's own resolution, [`super::measure`]), so that a kept measurement
+/// comes back to the bit (JSON's decimal floats need not).
 #[derive(Serialize, Deserialize)]
 struct Stored {
     key: String,
     measured_in: String,
-    lm_ms: f64,
-    decoder_ms: f64,
-    frame_ms: f64,
+    lm_us: u64,
+    decoder_us: u64,
+    frame_us: u64,
     frames: usize,
-    cost_ms: f64,
+    cost_us: u64,
     machine: String,
+}
+
+fn us(ms: f64) -> u64 {
+    (ms * 1e3).round() as u64
+}
+
+fn ms(us: u64) -> f64 {
+    us as f64 / 1e3
 }
 
 impl MeasurementStore {
@@ -48,17 +58,16 @@ impl MeasurementStore {
     pub fn load(&self) -> Option<Measurement> {
         let text = std::fs::read_to_string(self.path.as_ref()?).ok()?;
         let s: Stored = serde_json::from_str(&text).ok()?;
-        let valid = |v: f64| v.is_finite() && v >= 0.0;
-        if s.key != self.key || ![s.lm_ms, s.decoder_ms, s.cost_ms].into_iter().all(valid) {
+        if s.key != self.key || s.frame_us == 0 {
             return None;
         }
         Some(Measurement {
             measured_in: s.measured_in.parse().ok()?,
-            lm_ms: s.lm_ms,
-            decoder_ms: s.decoder_ms,
-            frame_ms: Some(s.frame_ms).filter(|f| *f > 0.0)?,
+            lm_ms: ms(s.lm_us),
+            decoder_ms: ms(s.decoder_us),
+            frame_ms: ms(s.frame_us),
             frames: s.frames,
-            cost_ms: s.cost_ms,
+            cost_ms: ms(s.cost_us),
             machine: s.machine,
         })
     }
@@ -71,11 +80,11 @@ impl MeasurementStore {
         let stored = Stored {
             key: self.key.clone(),
             measured_in: m.measured_in.to_string(),
-            lm_ms: m.lm_ms,
-            decoder_ms: m.decoder_ms,
-            frame_ms: m.frame_ms,
+            lm_us: us(m.lm_ms),
+            decoder_us: us(m.decoder_ms),
+            frame_us: us(m.frame_ms),
             frames: m.frames,
-            cost_ms: m.cost_ms,
+            cost_us: us(m.cost_ms),
             machine: m.machine.clone(),
         };
         let json = serde_json::to_string_pretty(&stored).map_err(std::io::Error::other)?;
@@ -116,6 +125,16 @@ mod tests {
         assert_eq!(store.load(), None);
         store.save(&measurement()).unwrap();
         assert_eq!(store.load(), Some(measurement()));
+        // Times come back to the bit, also those with no exact binary value (whole microseconds).
+        let odd = Measurement {
+            lm_ms: 3.741,
+            decoder_ms: 0.107,
+            cost_ms: 29.266,
+            ..measurement()
+        };
+        store.save(&odd).unwrap();
+        assert_eq!(store.load(), Some(odd));
+        store.save(&measurement()).unwrap();
         let other = MeasurementStore::new(Some(dir.path()), "model A; 1 thread".into());
         assert_ne!(other.path(), store.path());
         assert_eq!(other.load(), None);
