@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
-use kazeia_engine::WeightStorage;
+use kazeia_engine::weights_auto::WeightsSetting;
 use serde::Deserialize;
 
 use crate::audio::SinkSpec;
@@ -265,7 +265,7 @@ impl DaemonConfig {
         if self.model.path.trim().is_empty() {
             bail!("[model] path is empty");
         }
-        self.weight_storage()?;
+        self.weights_setting()?;
         self.sink()?;
         for (stage, name) in [
             ("talker", &self.backends.talker),
@@ -319,7 +319,9 @@ impl DaemonConfig {
         Ok(())
     }
 
-    pub fn weight_storage(&self) -> Result<WeightStorage> {
+    /// `[model] weights`: a format, always obeyed, or `auto`: the most precise format this machine keeps
+    /// comfortably faster than real time, measured once at load ([`kazeia_engine::weights_auto`]).
+    pub fn weights_setting(&self) -> Result<WeightsSetting> {
         self.model
             .weights
             .parse()
@@ -385,6 +387,23 @@ mod tests {
     fn shipped_file_equals_the_defaults() {
         let shipped = DaemonConfig::parse(SHIPPED, "config/kazeia.toml").unwrap();
         assert_eq!(shipped, DaemonConfig::default());
+    }
+
+    /// `auto` by default (chosen per machine at load); a named format is taken as it is.
+    #[test]
+    fn weights_are_auto_or_a_named_format() {
+        use kazeia_engine::{WeightFormat, WeightStorage};
+        assert_eq!(
+            DaemonConfig::default().weights_setting().unwrap(),
+            WeightsSetting::Auto
+        );
+        for (text, format) in [("bf16", WeightFormat::BF16), ("q4_0", WeightFormat::Q4_0)] {
+            let c = DaemonConfig::parse(&format!("[model]\nweights = \"{text}\"\n"), "t").unwrap();
+            assert_eq!(
+                c.weights_setting().unwrap(),
+                WeightsSetting::Fixed(WeightStorage::Convert(format))
+            );
+        }
     }
 
     #[test]

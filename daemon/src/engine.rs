@@ -12,6 +12,7 @@ use kazeia_engine::lm::LmBackends;
 use kazeia_engine::plugins::{backend_named, discover_for, search_path};
 use kazeia_engine::stream::{SessionControl, StreamConfig};
 use kazeia_engine::synth::{SynthOptions, Synthesizer, Voice};
+use kazeia_engine::weights_auto::{self, load_synthesizer, AutoMachine};
 use kazeia_engine::Backend;
 
 use crate::config::DaemonConfig;
@@ -65,6 +66,8 @@ pub struct EngineInfo {
     pub speaker_dim: usize,
     /// Codebooks per frame.
     pub codebooks: usize,
+    /// The talker's and code predictor's weight format, and why (`weights = "auto"`'s measurement).
+    pub weights: String,
     pub load_time: Duration,
 }
 
@@ -153,16 +156,20 @@ impl Engine {
         let (talker, talker_name) = pick("talker", &b.talker, t.talker);
         let (cp, cp_name) = pick("code_predictor", &b.code_predictor, t.code_predictor);
         let (decoder, decoder_name) = pick("decoder", &b.decoder, t.decoder);
-        let mut synth = Synthesizer::load_on(
+        let weights = config.weights_setting()?;
+        let machine = AutoMachine::new([t.talker, t.code_predictor, t.decoder].map(threads_or_all));
+        let (mut synth, auto) = load_synthesizer(
             &dir,
             LmBackends {
                 talker,
                 code_predictor: cp,
             },
             decoder,
-            config.weight_storage()?,
+            weights,
+            &machine,
         )
         .with_context(|| format!("cannot load the model from {}", dir.display()))?;
+        auto.iter().for_each(weights_auto::log);
         // A stage whose backend fails while speaking moves to the CPU, with these threads.
         synth.fallback.set_threads([
             threads_or_all(t.talker),
@@ -201,6 +208,7 @@ impl Engine {
             instruct_refusal: synth.instruct_refusal(),
             speaker_dim: synth.model.config.talker_config.hidden_size,
             codebooks: synth.model.config.talker_config.num_code_groups,
+            weights: weights_auto::describe(weights, auto.as_ref()),
             load_time: start.elapsed(),
         };
         Ok(Engine {

@@ -26,6 +26,7 @@ pub mod voice_clone;
 pub mod wav;
 pub mod weight_cache;
 pub mod weights;
+pub mod weights_auto;
 
 pub use error::{Error, Result};
 pub use kazeia_backend_abi::{Backend, WeightFormat};

@@ -27,20 +27,19 @@ impl WeightStorage {
     }
 }
 
+/// A format's name (`bf16`, `q4_0`, …): converted to it. `auto` is not a storage but a choice made at load
+/// (`crate::weights_auto::WeightsSetting`).
 impl std::str::FromStr for WeightStorage {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "auto" => Ok(WeightStorage::AsStored),
-            other => other.parse().map(WeightStorage::Convert),
-        }
+        s.parse().map(WeightStorage::Convert)
     }
 }
 
 impl std::fmt::Display for WeightStorage {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            WeightStorage::AsStored => f.write_str("auto"),
+            WeightStorage::AsStored => f.write_str("as stored"),
             WeightStorage::Convert(format) => format.fmt(f),
         }
     }

@@ -66,7 +66,7 @@ pub fn toml_config(data: &[u8]) {
     }
     if let Ok(config) = kazeiad::config::DaemonConfig::parse(text, "fuzz") {
         config.validate().expect("a parsed configuration is valid");
-        let _ = config.weight_storage();
+        let _ = config.weights_setting();
         let _ = config.sink();
     }
 }

@@ -17,21 +17,24 @@
 //! not decide the share.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use kazeia_engine::codec::{profile_stage, CodecConfig, CodecDecoder, PROFILE_STAGES};
+use kazeia_engine::fallback::FixedStages;
 use kazeia_engine::lm::sampler::SeededRng;
 use kazeia_engine::lm::{
-    generate, generate_batch, BatchOptions, BatchSequence, GenerationConfig, ModelConfig, Prompt,
-    PromptRequest, TtsModel,
+    generate, generate_batch, BatchOptions, BatchSequence, GenerationConfig, LmBackends,
+    ModelConfig, Prompt, PromptRequest, TtsModel,
 };
 use kazeia_engine::random_weights::RandomWeights;
 use kazeia_engine::stream::{stream_speech, SessionControl, StreamConfig};
 use kazeia_engine::tokenizer::{assistant_text, TextTokenizer};
 use kazeia_engine::weights::{WeightFile, Weights};
-use kazeia_engine::{WeightFormat, WeightStorage};
+use kazeia_engine::weights_auto::{self, AutoChoice, AutoMachine, Measurement, WeightsSetting};
+use kazeia_engine::{Backend, WeightFormat, WeightStorage};
 
 use crate::bandwidth::read_bandwidth_gbps;
 use crate::common_args::BackendArgs;
@@ -57,10 +60,10 @@ pub struct BenchArgs {
     /// Timed runs after one warm-up run; the table shows the fastest.
     #[arg(long, default_value_t = 3)]
     repeat: usize,
-    /// Storage of the talker's and code predictor's weights: f32, f16, bf16, q8_0, q4_0, or auto (as stored;
-    /// f32 for random weights).
-    #[arg(long, default_value = "bf16")]
-    weights: WeightStorage,
+    /// Storage of the talker's and code predictor's weights: bf16, q8_0, q4_0, f16, f32, or auto (the daemon's
+    /// default: the most precise this machine runs comfortably faster than real time with `--threads` per stage).
+    #[arg(long, default_value = "auto")]
+    weights: WeightsSetting,
     /// Frames in the first streamed chunk (the first-audio measurement).
     #[arg(long, default_value_t = StreamConfig::default().first_chunk_frames)]
     first_chunk_frames: usize,
@@ -104,10 +107,83 @@ struct Loaded {
     source: String,
     /// How the talker's and code predictor's linear layers are resident.
     format: WeightFormat,
+    /// What `--weights auto` chose, and why.
+    auto: Option<AutoChoice>,
 }
 
 fn load(args: &BenchArgs) -> Result<Loaded> {
-    let (lm, decoder_backend) = args.backends.resolve(args.threads);
+    let (lm, decoder) = args.backends.resolve(args.threads);
+    match args.weights {
+        WeightsSetting::Fixed(storage) => load_as(args, storage, lm, decoder, !args.decoder_only),
+        WeightsSetting::Auto => load_auto(args, lm, decoder),
+    }
+}
+
+/// [`load`] under `--weights auto`: the format the daemon would choose on this machine with `--threads` per
+/// stage (random weights stand for a released model, stored in BF16), timed with this model if this machine
+/// has no measurement of it yet.
+fn load_auto(args: &BenchArgs, lm: LmBackends, decoder: Arc<dyn Backend>) -> Result<Loaded> {
+    let (model_id, config, stored) = match (&args.random, &args.model) {
+        (Some(size), None) => (
+            format!("random {size} weights"),
+            ModelConfig::released(size).context("unknown model size")?,
+            WeightFormat::BF16,
+        ),
+        (None, Some(spec)) => {
+            let dir = resolve_model(spec)?;
+            let stored = WeightFile::open(&dir.join("model.safetensors"))?
+                .stored_format("talker.codec_head.weight");
+            (
+                weights_auto::model_identity(&dir),
+                ModelConfig::load(&dir.join("config.json"))?,
+                stored,
+            )
+        }
+        _ => bail!("give either --random 0.6b|1.7b or --model DIR"),
+    };
+    let names = [lm.talker.name(), lm.code_predictor.name(), decoder.name()];
+    let mut measured: Option<Loaded> = None;
+    let choice = weights_auto::choose(
+        &AutoMachine::new([args.threads; 3]),
+        &model_id,
+        names,
+        &weights_auto::candidates(&config, stored),
+        |described| -> Result<Measurement> {
+            let storage = WeightStorage::Convert(weights_auto::MEASURED_IN);
+            let loaded = load_as(args, storage, lm.clone(), decoder.clone(), true)?;
+            let (Some(model), Some(request)) = (&loaded.model, &loaded.request) else {
+                unreachable!("loaded with its model");
+            };
+            let stages = FixedStages {
+                model,
+                codec: &loaded.decoder,
+            };
+            let m = weights_auto::measure(&stages, request, weights_auto::MEASURED_IN, described)?;
+            measured = Some(loaded);
+            Ok(m)
+        },
+    )?;
+    weights_auto::log(&choice);
+    let mut loaded = match measured {
+        Some(loaded) if choice.format == weights_auto::MEASURED_IN && !args.decoder_only => loaded,
+        other => {
+            drop(other);
+            load_as(args, choice.storage(), lm, decoder, !args.decoder_only)?
+        }
+    };
+    loaded.source = format!("{}, chosen by --weights auto", loaded.source);
+    loaded.auto = Some(choice);
+    Ok(loaded)
+}
+
+/// [`load`] with the LM's weights stored as `storage` (the LM only `with_model`).
+fn load_as(
+    args: &BenchArgs,
+    storage: WeightStorage,
+    lm: LmBackends,
+    decoder_backend: Arc<dyn Backend>,
+    with_model: bool,
+) -> Result<Loaded> {
     match (&args.random, &args.model) {
         (Some(size), None) => {
             let weights = RandomWeights::new(0x5eed);
@@ -115,9 +191,9 @@ fn load(args: &BenchArgs) -> Result<Loaded> {
                 CodecConfig::released(),
                 &weights,
                 decoder_backend,
-                args.weights.decoder_format(),
+                storage.decoder_format(),
             )?;
-            let (model, request) = if args.decoder_only {
+            let (model, request) = if !with_model {
                 (None, None)
             } else {
                 let config = ModelConfig::released(size).context("unknown model size")?;
@@ -126,7 +202,7 @@ fn load(args: &BenchArgs) -> Result<Loaded> {
                     GenerationConfig::default(),
                     &weights,
                     lm,
-                    args.weights,
+                    storage,
                 )?;
                 // The template of a 10-word sentence: 3 role ids, 13 text ids, 5 closing ids.
                 let mut ids = vec![151644, 77091, 198];
@@ -145,22 +221,22 @@ fn load(args: &BenchArgs) -> Result<Loaded> {
                 model,
                 decoder,
                 request,
-                source: format!("random {size} weights ({})", args.weights),
-                // Random weights are made in f32; "auto" keeps them so.
-                format: match args.weights {
+                source: format!("random {size} weights ({storage})"),
+                // Random weights are made in f32; "as stored" keeps them so.
+                format: match storage {
                     WeightStorage::Convert(format) => format,
                     WeightStorage::AsStored => WeightFormat::F32,
                 },
+                auto: None,
             })
         }
         (None, Some(spec)) => {
             let dir: PathBuf = resolve_model(spec)?;
-            let decoder =
-                CodecDecoder::load_as(&dir, decoder_backend, args.weights.decoder_format())?;
-            let (model, request) = if args.decoder_only {
+            let decoder = CodecDecoder::load_as(&dir, decoder_backend, storage.decoder_format())?;
+            let (model, request) = if !with_model {
                 (None, None)
             } else {
-                let model = TtsModel::load_on(&dir, lm, args.weights)?;
+                let model = TtsModel::load_on(&dir, lm, storage)?;
                 let tokenizer = TextTokenizer::load(&dir)?;
                 let request = PromptRequest {
                     input_ids: tokenizer.encode(&assistant_text(SENTENCE))?,
@@ -175,13 +251,14 @@ fn load(args: &BenchArgs) -> Result<Loaded> {
                 model,
                 decoder,
                 request,
-                source: format!("{} ({})", dir.display(), args.weights),
-                format: match args.weights {
+                source: format!("{} ({storage})", dir.display()),
+                format: match storage {
                     WeightStorage::Convert(format) => format,
                     // As the checkpoint stores the layers (one stands for all: a release has one precision).
                     WeightStorage::AsStored => WeightFile::open(&dir.join("model.safetensors"))?
                         .stored_format("talker.codec_head.weight"),
                 },
+                auto: None,
             })
         }
         _ => bail!("give either --random 0.6b|1.7b or --model DIR"),
@@ -477,7 +554,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
              \"total_ms\": {:.1}, \"prefill_ms\": {:.2}, \"prompt_rows\": {}, \"reused_rows\": {}{}, \"talker_ms_per_frame\": {:.3}, \"cp_ms_per_frame\": {:.3}, \
              \"decoder_ms\": {:.1}, \"decoder_s_per_audio_s\": {:.4}, {}, \"decoder_one_list_ms\": {:.1}, \
              \"load_s\": {load_s:.2}, \
-             \"peak_rss_mb\": {rss:.1}{}{}}}",
+             \"peak_rss_mb\": {rss:.1}{}{}{}}}",
             loaded.source,
             args.frames,
             args.threads,
@@ -522,6 +599,11 @@ pub fn run(args: BenchArgs) -> Result<()> {
                 cp.gbps,
                 cp.probe_gbps,
                 cp.share()
+            )),
+            loaded.auto.as_ref().map_or(String::new(), |c| format!(
+                ", \"weights\": \"{}\", \"weights_auto\": {}",
+                c.format,
+                serde_json::Value::from(c.reason())
             ))
         );
         return Ok(());
@@ -599,6 +681,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
         }
     }
     println!("RTF {rtf:.3} (wall time / audio time); load {load_s:.1} s; peak RSS {rss:.0} MB");
+    if let Some(choice) = &loaded.auto {
+        println!("weights {} ({})", choice.format, choice.reason());
+    }
     if let Some((t, cp, steps)) = traffic {
         println!(
             "weights read per frame ({}) against a plain read of one step's bytes right after ({} thread(s), the probe's best \

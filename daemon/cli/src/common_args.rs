@@ -6,7 +6,8 @@ use std::sync::Arc;
 use clap::Args;
 use kazeia_engine::lm::LmBackends;
 use kazeia_engine::plugins::{backend_named, discover_for, search_path};
-use kazeia_engine::{Backend, WeightStorage};
+use kazeia_engine::weights_auto::{AutoMachine, WeightsSetting};
+use kazeia_engine::Backend;
 
 #[derive(Args)]
 pub struct SamplingArgs {
@@ -28,15 +29,23 @@ pub struct SamplingArgs {
 
 #[derive(Args)]
 pub struct EngineArgs {
-    /// Storage of the talker's and code predictor's weights: auto (as stored in the checkpoint: BF16 for the
-    /// released models, lossless), f32, f16, bf16, q8_0 or q4_0.
+    /// Storage of the talker's and code predictor's weights: bf16 (the released models' own, lossless), q8_0
+    /// or q4_0 (smaller and faster, slightly lossy), f16, f32, or auto: the most precise that this machine runs
+    /// comfortably faster than real time (as the daemon's default; measured once, then cached).
     #[arg(long, default_value = "auto")]
-    pub weights: WeightStorage,
+    pub weights: WeightsSetting,
     /// Worker threads for the CPU backend.
     #[arg(long, default_value_t = crate::default_threads())]
     pub threads: usize,
     #[command(flatten)]
     pub backends: BackendArgs,
+}
+
+impl EngineArgs {
+    /// What `auto`'s measurement is keyed by: every stage runs with `--threads`.
+    pub fn machine(&self) -> AutoMachine {
+        AutoMachine::new([self.threads; 3])
+    }
 }
 
 /// Which backend runs each stage.

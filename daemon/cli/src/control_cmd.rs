@@ -29,7 +29,7 @@ pub struct VoicesArgs {
 
 #[derive(Args, Debug)]
 #[command(after_help = "Examples:\n  \
-    kazeia status       # running?, state, model, backend per stage, queue, memory\n  \
+    kazeia status       # running?, state, model, weights, backend per stage, queue, memory\n  \
     kazeia status || systemctl --user status kazeia")]
 pub struct StatusArgs {}
 
@@ -194,6 +194,13 @@ pub fn run_status(_args: StatusArgs) -> Result<()> {
             println!("configuration NOT in use: {problem}");
         }
         println!("model: {}", text(all.get("Model")));
+        if let Some(weights) = all
+            .get("Weights")
+            .and_then(|v| String::try_from(v.clone()).ok())
+            .filter(|w| !w.is_empty())
+        {
+            println!("weights: {weights}");
+        }
         let backends: HashMap<String, String> = all
             .get("Backends")
             .and_then(|v| HashMap::try_from(v.clone()).ok())

@@ -8,6 +8,7 @@ use kazeia_engine::codes::codes_to_json;
 use kazeia_engine::lm::sampler::{random_seed, SeededRng};
 use kazeia_engine::lm::{generate, PromptRequest, TtsModel};
 use kazeia_engine::tokenizer::{instruct_text, TextTokenizer};
+use kazeia_engine::weights_auto::{load_synthesizer, WeightsSetting};
 
 use crate::common_args::{EngineArgs, SamplingArgs};
 use kazeiad::model_path::resolve_model;
@@ -65,11 +66,19 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     if args.sampling.max_new_tokens == Some(0) {
         bail!("--max-new-tokens must be positive");
     }
-    let model = TtsModel::load_on(
-        &dir,
-        args.engine.backends.resolve(args.engine.threads).0,
-        args.engine.weights,
-    )
+    let (lm, decoder) = args.engine.backends.resolve(args.engine.threads);
+    let model = match args.engine.weights {
+        WeightsSetting::Fixed(storage) => TtsModel::load_on(&dir, lm, storage),
+        // `auto` times the decoder too, so it loads the whole model and keeps the LM.
+        WeightsSetting::Auto => load_synthesizer(
+            &dir,
+            lm,
+            decoder,
+            WeightsSetting::Auto,
+            &args.engine.machine(),
+        )
+        .map(|(synth, _)| synth.model),
+    }
     .with_context(|| format!("cannot load the model from {}", dir.display()))?;
     let request = PromptRequest {
         input_ids,

@@ -7,8 +7,9 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use kazeia_engine::stream::{SessionControl, StreamConfig};
-use kazeia_engine::synth::{SynthOptions, Synthesizer, Voice};
+use kazeia_engine::synth::{SynthOptions, Voice};
 use kazeia_engine::wav::{SampleFormat, WavWriter};
+use kazeia_engine::weights_auto::load_synthesizer;
 use kazeia_text::text::DEFAULT_CHUNK_CHARS;
 
 use crate::common_args::{EngineArgs, SamplingArgs};
@@ -107,8 +108,15 @@ pub fn run(args: SynthArgs) -> Result<()> {
     let load_start = Instant::now();
     let loading =
         kazeiad::progress::Spinner::new("loading the model (converted weights are cached)");
-    let synth = Synthesizer::load_on(&dir, lm, decoder, args.engine.weights)
-        .with_context(|| format!("cannot load the model from {}", dir.display()))?;
+    let (synth, auto) = load_synthesizer(
+        &dir,
+        lm,
+        decoder,
+        args.engine.weights,
+        &args.engine.machine(),
+    )
+    .with_context(|| format!("cannot load the model from {}", dir.display()))?;
+    let weights = auto.map_or_else(|| args.engine.weights.to_string(), |c| c.format.to_string());
     drop(loading);
     let load_time = load_start.elapsed();
     let speaker = args
@@ -186,7 +194,7 @@ pub fn run(args: SynthArgs) -> Result<()> {
     });
     eprintln!(
         "kazeia: {:.2} s of audio ({} frames, {} text chunk(s)) in {:.2} s generate + {:.2} s decode{first}; \
-         model load {:.2} s",
+         model load {:.2} s (weights {weights})",
         audio_s,
         report.frames,
         report.utterances,

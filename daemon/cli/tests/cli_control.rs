@@ -136,7 +136,8 @@ fn voices_status_and_stop_talk_to_the_daemon() {
     assert!(!none.status.success());
     assert!(stderr(&none).contains("no voice speaks `tlh`"), "{none:?}");
 
-    // status: running, the daemon's pid and memory, idle, the model, each stage's backend, the queue.
+    // status: running, the daemon's pid and memory, idle, the model, its weights, each stage's backend, the
+    // queue.
     let status = run(&bus, &["status"]);
     assert!(status.status.success(), "{status:?}");
     let shown = stdout(&status);
@@ -149,6 +150,10 @@ fn voices_status_and_stop_talk_to_the_daemon() {
     for line in [
         "state: idle\n".to_owned(),
         format!("model: {}\n", model.display()),
+        // The default `weights = "auto"`: the format it chose and why.
+        "\nweights: ".to_owned(),
+        " (auto: ".to_owned(),
+        "predicted RTF bf16 ".to_owned(),
         "backends: talker cpu, code_predictor cpu, decoder cpu\n".to_owned(),
         "audio sink: ".to_owned(),
         "queue: 0 utterance(s)".to_owned(),

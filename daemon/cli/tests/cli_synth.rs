@@ -73,9 +73,12 @@ fn golden_wav(case: &str) -> Vec<f32> {
         .data
 }
 
+/// `synth` in the checkpoint's own precision (the goldens' lossless path; `auto` may choose a lossy format).
 fn synth_args<'a>(model: &'a str, text: &'a str, out: &'a str) -> Vec<&'a str> {
     vec![
         "synth",
+        "--weights",
+        "bf16",
         "--model",
         model,
         "--text",
@@ -133,6 +136,8 @@ fn generate_writes_the_official_codes() {
                 "30",
                 "--codes-out",
                 out.to_str().unwrap(),
+                "--weights",
+                "bf16",
             ],
             &[],
         );
@@ -181,6 +186,9 @@ fn sampling_with_a_seed_is_reproducible() {
                 seed,
                 "--max-new-tokens",
                 "12",
+                // Named: two loads' `auto` may time the machine differently (tests run side by side).
+                "--weights",
+                "bf16",
                 "--out",
                 out.to_str().unwrap(),
             ],

@@ -216,6 +216,13 @@ impl SpeechApi {
         self.service.info().model
     }
 
+    /// The talker's and code predictor's weight format and why: `q4_0 (auto: …)` with the measured rates and
+    /// the predicted real-time factor of each format, or `q8_0 (as configured)`; empty before a model is loaded.
+    #[zbus(property)]
+    async fn weights(&self) -> String {
+        self.service.info().weights
+    }
+
     /// The audio sink as configured.
     #[zbus(property)]
     async fn audio_sink(&self) -> String {
@@ -243,6 +250,7 @@ impl SpeechApi {
 pub async fn emit_properties(api: &SpeechApi, emitter: &SignalEmitter<'_>) {
     let _ = api.backends_changed(emitter).await;
     let _ = api.model_changed(emitter).await;
+    let _ = api.weights_changed(emitter).await;
     let _ = api.audio_sink_changed(emitter).await;
     tracing::info!("backends: {}", backends_summary(&api.service.info()));
 }

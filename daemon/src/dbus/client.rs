@@ -29,6 +29,8 @@ pub trait Speech {
     fn backends(&self) -> zbus::Result<HashMap<String, String>>;
     #[zbus(property)]
     fn model(&self) -> zbus::Result<String>;
+    #[zbus(property)]
+    fn weights(&self) -> zbus::Result<String>;
     #[zbus(signal)]
     fn started(&self, id: u64) -> zbus::Result<()>;
     #[zbus(signal)]
