@@ -36,7 +36,16 @@ Codec fixture layout (`tests/fixtures/codec/<case>/`):
     codes.json                          {"codes": [[c0..c15], ...]} one row per frame
     golden.safetensors                  every stage as [channels, len] f32: quantizer, pre_conv, pre_transformer,
                                         upsample.{i}, decoder.{i}, wav (clamped); wav_official_chunked when the
-                                        sequence is longer than the official 300-frame chunk
+                                        sequence is longer than the official 300-frame chunk (the hard cases:
+                                        wav only)
+    truth.safetensors                   wav in f64: the official classes evaluated in float64 (`truth_stages`)
+    seeded_weights.json                 the released-shape cases instead of model.safetensors: the seed and,
+                                        per tensor, shape, offset and scale of the seeded generator
+
+`--truth-only` recomputes truth.safetensors of the committed codec cases from their committed weights and codes
+(the official f32 golden differs by ~1e-6 from machine to machine; the committed ones stay). `--dump DIR` also
+saves every stage of the official f32 and of the f64 truth, for `cargo run --release -p kazeia-engine --example
+decoder_truth DIR CASE`.
 """
 
 import argparse
