@@ -36,10 +36,21 @@ Codec fixture layout (`tests/fixtures/codec/<case>/`):
     codes.json                          {"codes": [[c0..c15], ...]} one row per frame
     golden.safetensors                  every stage as [channels, len] f32: quantizer, pre_conv, pre_transformer,
                                         upsample.{i}, decoder.{i}, wav (clamped); wav_official_chunked when the
-                                        sequence is longer than the official 300-frame chunk
+                                        sequence is longer than the official 300-frame chunk (the hard cases:
+                                        wav only)
+    truth.safetensors                   wav in f64: the official classes evaluated in float64 (`truth_stages`)
+    seeded_weights.json                 the released-shape cases instead of model.safetensors: the seed and,
+                                        per tensor, shape, offset and scale of the seeded generator
+
+`--truth-only` recomputes truth.safetensors of the committed codec cases from their committed weights and codes
+(the official f32 golden differs by ~1e-6 from machine to machine; the committed ones stay). `--dump DIR` also
+saves every stage of the official f32 and of the f64 truth, for `cargo run --release -p kazeia-engine --example
+decoder_truth DIR CASE`.
 """
 
 import argparse
+import contextlib
+import copy
 import json
 import math
 import os
@@ -92,7 +103,169 @@ CODEC_CASES = {
     ),
 }
 
+# The released decoder (`decoder_config` of the released speech_tokenizer/config.json; the 0.6B and 1.7B models
+# ship the same 12 Hz tokenizer, so this one shape covers both). Its 114 M weights are too large to commit: they
+# come from a seeded generator that the Rust tests reimplement (`seeded_weights.json`, see `seeded_decoder`).
+RELEASED_DECODER = dict(codebook_size=2048, codebook_dim=512, num_quantizers=16, latent_dim=1024, hidden_size=512,
+                        num_hidden_layers=8, num_attention_heads=16, num_key_value_heads=16, head_dim=64,
+                        intermediate_size=1024, sliding_window=72, rope_theta=10000.0, rms_norm_eps=1e-5,
+                        layer_scale_initial_scale=0.01, max_position_embeddings=8000, upsampling_ratios=[2, 2],
+                        upsample_rates=[8, 5, 4, 3], decoder_dim=1536)
+
+# Hard cases for the decoder's accuracy contract: near full scale (peak 0.95), 36 frames or more, random codes and
+# codes a model generated (the official greedy runs of the 0.6B-shaped LM fixture, concatenated).
+HARD_CODEC_CASES = {
+    # The released shape, random codes.
+    "released_random": dict(seed=1, frames=36, dtype="f32", weights="seeded", peak=0.95, config=RELEASED_DECODER),
+    # The released shape, generated codes.
+    "released_generated": dict(seed=2, frames=40, dtype="f32", weights="seeded", peak=0.95,
+                               codes="lm:shape_0b6", config=RELEASED_DECODER),
+    # A tiny decoder with the released rates, generated codes, near full scale.
+    "loud": dict(seed=53, frames=36, dtype="f32", peak=0.95, codes="lm:shape_0b6", stages=False,
+                 config=CODEC_CASES["rates"]["config"]),
+}
+
 DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Seeded weights: a counter-based generator simple enough to be written twice, here (numpy) and in Rust
+# (engine-core/tests/common/seeded_weights.rs). Element i of tensor `name` is
+#     f32(offset + scale · u_i),   u_i = (2·(h_i >> 40) + 1 − 2²⁴) / 2²⁴ ∈ (−1, 1),
+#     h_i = mix64(key + (i + 1) · φ),   key = mix64(seed ^ fnv1a64(name) + φ)
+# with mix64 SplitMix64's finaliser and φ = 0x9E3779B97F4A7C15, all in wrapping u64 arithmetic, and the product
+# and sum in f64 (exact inputs, one rounding each; IEEE, so numpy and Rust agree bit for bit). Per tensor the
+# fixture stores `offset` and `scale` (repr of a Python float: read back exactly), so the rules that pick them
+# live here only.
+
+PHI = 0x9E3779B97F4A7C15
+U64 = (1 << 64) - 1
+
+
+def fnv1a64(text):
+    h = 0xCBF29CE484222325
+    for b in text.encode("utf-8"):
+        h = ((h ^ b) * 0x100000001B3) & U64
+    return h
+
+
+def mix64(z):
+    """SplitMix64's finaliser on a numpy uint64 array (wrapping)."""
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+def seeded_uniform(seed, name, count):
+    """u_0 … u_{count−1} of tensor `name`, as float64."""
+    with np.errstate(over="ignore"):
+        key = mix64(np.array([(seed ^ fnv1a64(name)) + PHI & U64], dtype=np.uint64))[0]
+        out = np.empty(count, dtype=np.float64)
+        step = 1 << 22
+        for start in range(0, count, step):
+            i = np.arange(start + 1, min(start + step, count) + 1, dtype=np.uint64)
+            h = mix64(key + i * np.uint64(PHI))
+            out[start:start + len(i)] = ((h >> np.uint64(40)).astype(np.float64) * 2.0 + 1.0 - 2.0 ** 24) / 2.0 ** 24
+    return out
+
+
+def seeded_rule(dec, name, shape):
+    """`(offset, scale)` of a parameter: the rules of `reinit_decoder`, with uniform values of the same variance."""
+    sqrt3 = math.sqrt(3.0)
+    leaf = name.rsplit(".", 1)[-1]
+    if leaf == "embedding_sum":
+        return 0.0, sqrt3
+    if leaf == "cluster_usage":
+        return 1.25, 0.75
+    if leaf in ("alpha", "beta"):
+        return 0.0, 0.3 * sqrt3
+    if leaf in ("scale", "gamma"):
+        return 0.175, 0.125
+    if leaf == "bias":
+        return 0.0, 0.05 * sqrt3
+    if leaf == "weight" and len(shape) == 1:
+        return 1.0, 0.1 * sqrt3
+    if leaf == "weight":
+        module = dec.get_submodule(name.rsplit(".", 1)[0])
+        if isinstance(module, torch.nn.ConvTranspose1d):
+            fan_in = shape[0] * shape[2] / module.stride[0]
+        else:
+            fan_in = math.prod(shape[1:])
+        gain = 0.3 if name.endswith("conv2.conv.weight") else 1.0
+        return 0.0, gain * sqrt3 / math.sqrt(fan_in)
+    raise ValueError(f"no init rule for {name}")
+
+
+def seeded_decoder(dec, seed, rules=None):
+    """Fills `dec` from the seeded generator; returns the per-tensor rules (`decoder.`-prefixed names, as stored),
+    `rules` overriding those given."""
+    table = {}
+    for name, p in dec.named_parameters():
+        stored = f"decoder.{name}"
+        offset, scale = (rules or {}).get(stored, seeded_rule(dec, name, tuple(p.shape)))
+        u = seeded_uniform(seed, stored, p.numel())
+        values = (offset + scale * u).astype(np.float32).reshape(tuple(p.shape))
+        with torch.no_grad():
+            p.copy_(torch.from_numpy(values))
+        table[stored] = (offset, scale)
+    return table
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The f64 truth: the official classes in float64. Three of their parts force float32 whatever the input (the
+# attention's softmax, RMSNorm, the rotary tables and their f32 inverse frequencies); inside `exact_f64` they
+# compute in the input's precision instead, so that the reference is exact to f64 rounding, not to f32's.
+
+
+@contextlib.contextmanager
+def exact_f64():
+    mod = sys.modules[Qwen3TTSTokenizerV2Decoder.__module__]
+    rms_cls, rope_cls = mod.Qwen3TTSTokenizerV2DecoderRMSNorm, mod.Qwen3TTSTokenizerV2DecoderRotatoryEmbedding
+    saved = (mod.eager_attention_forward, rms_cls.forward, rope_cls.forward)
+
+    def attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
+        key = mod.repeat_kv(key, module.num_key_value_groups)
+        value = mod.repeat_kv(value, module.num_key_value_groups)
+        weights = torch.matmul(query, key.transpose(2, 3)) * scaling
+        if attention_mask is not None:
+            weights = weights + attention_mask[:, :, :, : key.shape[-2]]
+        weights = torch.nn.functional.softmax(weights, dim=-1)
+        return torch.matmul(weights, value).transpose(1, 2).contiguous(), weights
+
+    def rms_norm(self, hidden):
+        variance = hidden.pow(2).mean(-1, keepdim=True)
+        return self.weight * (hidden * torch.rsqrt(variance + self.variance_epsilon))
+
+    def rope(self, x, position_ids):
+        assert self.rope_type == "default" and self.attention_scaling == 1.0
+        dim = getattr(self.config, "head_dim", None) or self.config.hidden_size // self.config.num_attention_heads
+        inv_freq = 1.0 / (self.config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+        freqs = position_ids[:, :, None].to(torch.float64) * inv_freq[None, None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+
+    mod.eager_attention_forward, rms_cls.forward, rope_cls.forward = attention, rms_norm, rope
+    try:
+        yield
+    finally:
+        mod.eager_attention_forward, rms_cls.forward, rope_cls.forward = saved
+
+
+def truth_stages(dec, codes):
+    """Every stage of the official forward in float64 on the same (f32-exact) weights."""
+    exact = copy.deepcopy(dec).double()
+    with torch.no_grad(), exact_f64():
+        return run_stages(exact, codes)
+
+
+def lm_codes(spec, frames):
+    """`lm:CASE`: the official greedy runs of an LM fixture, concatenated, the first `frames` frames."""
+    case = spec.split(":", 1)[1]
+    with open(os.path.join(REPO, "tests", "fixtures", "lm", case, "golden.json"), encoding="utf-8") as f:
+        runs = json.load(f)["runs"]
+    rows = [row for run in runs for row in run["codes"]]
+    assert len(rows) >= frames, f"{case} has {len(rows)} generated frames"
+    return rows[:frames]
 
 
 def reinit_decoder(dec, gen):
@@ -149,9 +322,11 @@ def run_stages(dec, codes):
     return stages
 
 
-def make_codec_case(name, case, out_root, seed=None, codes=None, out=None):
-    """Builds one tiny decoder and its goldens; returns the stages. With `out` given, only the model is written
-    there (`speech_tokenizer/`), for the LM fixtures, decoding the given `codes` ([frame][quantizer])."""
+def make_codec_case(name, case, out_root, seed=None, codes=None, out=None, dump=None):
+    """Builds one decoder and its goldens; returns the stages. With `out` given, only the model is written there
+    (`speech_tokenizer/`), for the LM fixtures, decoding the given `codes` ([frame][quantizer]). With `dump`, every
+    stage of the official f32 and of the f64 truth is also saved there (`NAME.{f32,f64}.safetensors`), to find
+    where an implementation leaves the truth."""
     seed = case["seed"] if seed is None else seed
     gen = torch.Generator().manual_seed(seed)
     cfg = dict(case["config"])
@@ -160,7 +335,11 @@ def make_codec_case(name, case, out_root, seed=None, codes=None, out=None):
     dcfg = top.decoder_config
     dcfg._attn_implementation = "eager"
     dec = Qwen3TTSTokenizerV2Decoder(dcfg).eval()
-    reinit_decoder(dec, gen)
+    seeded = case.get("weights") == "seeded"
+    if seeded:
+        rules = seeded_decoder(dec, seed)
+    else:
+        reinit_decoder(dec, gen)
 
     # Round the weights to the stored dtype first, so the golden is exactly what the saved file describes.
     dtype = DTYPES[case["dtype"]]
@@ -169,20 +348,32 @@ def make_codec_case(name, case, out_root, seed=None, codes=None, out=None):
             p.copy_(p.to(dtype).to(torch.float32))
 
     frames = case["frames"]
+    if codes is None and "codes" in case:
+        codes = lm_codes(case["codes"], frames)
     if codes is None:
         codes = torch.randint(0, cfg["codebook_size"], (1, cfg["num_quantizers"], frames), generator=gen)
     else:
         codes = torch.tensor(codes).T.unsqueeze(0)
+    target = case.get("peak", 0.8)
     with torch.no_grad():
         stages = run_stages(dec, codes)
-        # Keep the signal below the clamp: rescale the final conv so the peak is 0.8.
+        # Keep the signal below the clamp: rescale the final conv so the peak is `target`.
         last = dec.decoder[-1].conv
         peak = stages[f"decoder.{len(dec.decoder) - 1}"].abs().max().item()
-        factor = 0.8 / peak
-        last.weight.mul_(factor)
-        last.bias.mul_(factor)
-        last.weight.copy_(last.weight.to(dtype).to(torch.float32))
-        last.bias.copy_(last.bias.to(dtype).to(torch.float32))
+        factor = target / peak
+        if seeded:
+            prefix = f"decoder.decoder.{len(dec.decoder) - 1}.conv"
+            for leaf, p in (("weight", last.weight), ("bias", last.bias)):
+                offset, scale = rules[f"{prefix}.{leaf}"]
+                rules[f"{prefix}.{leaf}"] = (offset, scale * factor)
+                u = seeded_uniform(seed, f"{prefix}.{leaf}", p.numel())
+                values = (offset + scale * factor * u).astype(np.float32).reshape(tuple(p.shape))
+                p.copy_(torch.from_numpy(values))
+        else:
+            last.weight.mul_(factor)
+            last.bias.mul_(factor)
+            last.weight.copy_(last.weight.to(dtype).to(torch.float32))
+            last.bias.copy_(last.bias.to(dtype).to(torch.float32))
         stages = run_stages(dec, codes)
         official = dec(codes)
         assert torch.equal(official, stages["wav"]), "stage-by-stage replay differs from the official forward"
@@ -194,18 +385,76 @@ def make_codec_case(name, case, out_root, seed=None, codes=None, out=None):
     st_dir = os.path.join(out, "speech_tokenizer")
     os.makedirs(st_dir, exist_ok=True)
     top.to_json_file(os.path.join(st_dir, "config.json"))
-    tensors = {f"decoder.{k}": v.detach().to(dtype).contiguous() for k, v in dec.state_dict().items()}
-    save_file(tensors, os.path.join(st_dir, "model.safetensors"))
+    if seeded:
+        with open(os.path.join(out, "seeded_weights.json"), "w") as f:
+            shapes = {f"decoder.{k}": list(v.shape) for k, v in dec.state_dict().items()}
+            table = {k: dict(shape=shapes[k], offset=repr(o), scale=repr(s)) for k, (o, s) in rules.items()}
+            json.dump(dict(seed=seed, tensors=table), f, indent=0)
+            f.write("\n")
+    else:
+        tensors = {f"decoder.{k}": v.detach().to(dtype).contiguous() for k, v in dec.state_dict().items()}
+        save_file(tensors, os.path.join(st_dir, "model.safetensors"))
     if model_only:
         return stages
     with open(os.path.join(out, "codes.json"), "w") as f:
         rows = codes[0].T.tolist()
         f.write('{"codes": [\n  ' + ",\n  ".join(json.dumps(r) for r in rows) + "\n]}\n")
-    golden = {k: v[0].detach().float().contiguous() for k, v in stages.items()}
+    # The stages of the released rates over many frames are megabytes: such goldens are the waveform alone.
+    kept = stages.keys() if case.get("stages", not seeded) else {"wav"}
+    golden = {k: v[0].detach().float().contiguous() for k, v in stages.items() if k in kept}
     save_file(golden, os.path.join(out, "golden.safetensors"))
+    truth = truth_stages(dec, codes)
+    save_file({"wav": truth["wav"][0].contiguous()}, os.path.join(out, "truth.safetensors"))
+    if dump:
+        os.makedirs(dump, exist_ok=True)
+        for label, st in (("f32", stages), ("f64", truth)):
+            save_file({k: v[0].detach().contiguous() for k, v in st.items()},
+                      os.path.join(dump, f"{name}.{label}.safetensors"))
     peak = golden["wav"].abs().max().item()
-    print(f"codec/{name}: {frames} frames, {golden['wav'].shape[-1]} samples, peak {peak:.3f}, weights {case['dtype']}")
+    err = (golden["wav"].double() - truth["wav"][0]).abs().max().item()
+    print(f"codec/{name}: {frames} frames, {golden['wav'].shape[-1]} samples, peak {peak:.3f}, weights "
+          f"{case['dtype']}{' (seeded)' if seeded else ''}; official f32 vs f64: max abs {err:.3e}")
     return stages
+
+
+def make_codec_truth(name, out_root, dump=None):
+    """The f64 truth (`truth.safetensors`) of a committed codec fixture, from its committed weights and codes: the
+    official f32 differs from machine to machine (its kernels are picked by CPU), so regenerating a whole case
+    elsewhere would change its golden by ulps; its truth does not depend on the machine."""
+    from safetensors.torch import load_file
+
+    out = os.path.join(out_root, "codec", name)
+    top = Qwen3TTSTokenizerV2Config.from_json_file(os.path.join(out, "speech_tokenizer", "config.json"))
+    dcfg = top.decoder_config
+    dcfg._attn_implementation = "eager"
+    dec = Qwen3TTSTokenizerV2Decoder(dcfg).eval()
+    seeded_path = os.path.join(out, "seeded_weights.json")
+    if os.path.exists(seeded_path):
+        with open(seeded_path) as f:
+            seeded = json.load(f)
+        rules = {k: (float(v["offset"]), float(v["scale"])) for k, v in seeded["tensors"].items()}
+        assert set(rules) == {f"decoder.{k}" for k, _ in dec.named_parameters()}, "seeded tensors differ"
+        seeded_decoder(dec, seeded["seed"], rules)
+    else:
+        state = load_file(os.path.join(out, "speech_tokenizer", "model.safetensors"))
+        dec.load_state_dict({k.removeprefix("decoder."): v.float() for k, v in state.items()}, strict=True)
+    with open(os.path.join(out, "codes.json")) as f:
+        codes = torch.tensor(json.load(f)["codes"]).T.unsqueeze(0)
+    golden = load_file(os.path.join(out, "golden.safetensors"))["wav"]
+    with torch.no_grad():
+        here = run_stages(dec, codes)
+    truth = truth_stages(dec, codes)
+    save_file({"wav": truth["wav"][0].contiguous()}, os.path.join(out, "truth.safetensors"))
+    if dump:
+        os.makedirs(dump, exist_ok=True)
+        for label, st in (("f32", here), ("f64", truth)):
+            save_file({k: v[0].detach().contiguous() for k, v in st.items()},
+                      os.path.join(dump, f"{name}.{label}.safetensors"))
+    err = (golden.double() - truth["wav"][0]).abs().max().item()
+    here_err = (here["wav"][0].double() - truth["wav"][0]).abs().max().item()
+    drift = (here["wav"][0] - golden).abs().max().item()
+    print(f"codec/{name}: truth written; committed official f32 vs f64: max abs {err:.3e} (official f32 on this "
+          f"machine: {here_err:.3e}, {drift:.1e} from the committed one)")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -656,6 +905,9 @@ def main():
     ap.add_argument("--out", default=os.path.join(REPO, "tests", "fixtures"))
     ap.add_argument("--codec-case", action="append", help="only this codec case (repeatable)")
     ap.add_argument("--seed", type=int, help="override the case's seed")
+    ap.add_argument("--dump", help="also save every stage of the official f32 and the f64 truth here")
+    ap.add_argument("--truth-only", action="store_true",
+                    help="codec cases: only recompute truth.safetensors from the committed weights and codes")
     ap.add_argument("--lm-case", action="append", help="only this LM case (repeatable)")
     ap.add_argument("--skip", action="append", default=[], choices=["codec", "lm", "tokenizer", "base"])
     args = ap.parse_args()
@@ -665,10 +917,13 @@ def main():
     if "tokenizer" not in args.skip:
         make_tokenizer_cases()
     if "codec" not in args.skip:
-        for name, case in CODEC_CASES.items():
+        for name, case in {**CODEC_CASES, **HARD_CODEC_CASES}.items():
             if args.codec_case and name not in args.codec_case:
                 continue
-            make_codec_case(name, case, args.out, args.seed)
+            if args.truth_only:
+                make_codec_truth(name, args.out, dump=args.dump)
+            else:
+                make_codec_case(name, case, args.out, args.seed, dump=args.dump)
     if "lm" not in args.skip:
         for name, case in LM_CASES.items():
             if args.lm_case and name not in args.lm_case:

@@ -4,7 +4,8 @@
 #     (i8mm, bf16): every NEON/SDOT/SMMLA kernel against its scalar definition, and a check that the CPU model
 #     offers exactly the kernels expected, so each dispatch path really runs;
 #  2. the engine's parity tests on the committed fixtures (greedy codes identical to the official ones,
-#     decoder within 1e-4, streamed = one-shot, the same samples with and without SSML marks);
+#     decoder within 1e-4, streamed = one-shot, the same samples with and without SSML marks), and the
+#     decoder's distance from the f64 truth on the tiny fixtures on each CPU model;
 #  3. the CPU plugin built per ARM level, loaded by `kazeia backends` on each CPU model: a level the CPU lacks
 #     is unavailable with the reason, and the best available build scores highest (the loader takes it).
 # Needs what tools/deps-aarch64.sh installs. Tests run as release builds: they reuse the cross build.
@@ -29,6 +30,13 @@ step "engine parity (cortex-a76)"
 # The plugin case builds a plugin with a nested host cargo; step 3 loads the cross-built plugins instead.
 QEMU_CPU=cortex-a76 cargo test --release --target $triple -p kazeia-engine \
     --test lm_parity --test codec_parity --test stream_session --test marks -- --skip through_the_plugin
+# The decoder's accuracy contract against the f64 truth on each CPU model (the released-shape fixtures take
+# minutes of emulation each: x86 runs them).
+for m in "${models[@]}"; do
+    step "decoder vs the f64 truth on ${m%%:*}"
+    QEMU_CPU=${m%%:*} cargo test --release --target $triple -p kazeia-engine --test codec_truth -- \
+        --skip released_decoder
+done
 
 step "plugin levels"
 kazeia=target/$triple/release/kazeia

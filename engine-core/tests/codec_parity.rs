@@ -382,7 +382,7 @@ fn decoder_held_in_f16() {
             .unwrap()
             .decode(&codes)
             .unwrap();
-        let winograd = Arc::new(CpuBackend::new(2));
+        let winograd = Arc::new(CpuBackend::new(2).with_winograd_convolutions());
         let f16_winograd = CodecDecoder::load_as(&dir, winograd, kazeia_engine::WeightFormat::F16)
             .unwrap()
             .decode(&codes)

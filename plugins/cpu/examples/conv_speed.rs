@@ -3,7 +3,7 @@
 //! stream's later chunks, 1 as its first; random weights). Each layer's time is the best of `rounds` (5) rounds
 //! of repeated calls, as the machine may be shared. Run it again with `KAZEIA_ARM_CONV=gemm` (aarch64, ARM.md)
 //! or `KAZEIA_X86_CONV=gemm` (x86-64) to compare the tile kernels with the `gemm` crate's path, and with
-//! `KAZEIA_CONV_WINOGRAD=0` to compare Winograd's 7-tap convolutions with the direct ones.
+//! `KAZEIA_CONV_WINOGRAD=1` to compare Winograd's 7-tap convolutions (an opt-in) with the direct ones.
 
 use std::time::Instant;
 

@@ -37,6 +37,17 @@ const TIME_TILE: usize = 256;
 /// larger ones a tap per time tile.
 const WIDEN_WHOLE_MAX: usize = 4 << 20;
 
+/// Products a tile kernel sums into fresh accumulators before adding them to the output's running sum. One chain of
+/// FMAs over all of a layer's `cin · k` products (7168 for the decoder's 1024→1536 input conv) rounds each partial
+/// sum as it grows: against the official decoder in f64, the released shape's waveform was ~1.9× as far from the
+/// truth as the official f32's (whose GEMMs block their sums); blocks of ~128 products bring it to the official's.
+pub(crate) const BLOCK_TERMS: usize = 128;
+
+/// Input channels per block of a tile kernel that sums `taps` products per input channel.
+pub(crate) fn channels_per_block(taps: usize) -> usize {
+    BLOCK_TERMS.div_ceil(taps.max(1))
+}
+
 /// The index in `w[cout][cin][k]` (or, transposed, `w[cin][cout][k]`) of tap panel element `[t][o][i]`.
 pub(crate) fn source_index(
     o: usize,
@@ -691,6 +702,45 @@ pub(crate) mod tests {
                 });
             }
         }
+    }
+
+    /// A long sum (the decoder's 1024→1536 k7 input conv: 7168 products an output), all products positive so
+    /// that one chain's partial sums grow with it: the tile kernel's blocked sums are at least twice as close
+    /// to the exact ones (RMS over the outputs) as one FMA chain over all products in the same order.
+    pub(crate) fn tile_long_sums_are_blocked(layout: Layout, tile: TileShape) {
+        let (cout, cin, k, len) = (tile.rows, 1024, 7, tile.cols + 6);
+        let positive =
+            |n, seed| -> Vec<f32> { values(n, seed, 1.0).iter().map(|v| v.abs()).collect() };
+        let (w, bias, x) = (
+            positive(cout * cin * k, 31),
+            positive(cout, 32),
+            positive(cin * len, 33),
+        );
+        let layer =
+            ConvWeight::with_layout(&w, (cout, cin, k), Some(&bias), WeightFormat::F32, layout);
+        let exact = conv1d_exact(&w, &bias, &x, (cout, cin, k), len, 1);
+        let mut y = unwritten(cout * tile.cols);
+        layer.forward(&x, len, 1, &mut y, gemm::Parallelism::None);
+        let (mut blocked, mut chain) = (0.0, 0.0);
+        for o in 0..cout {
+            for c in 0..tile.cols {
+                let mut sum = bias[o];
+                for i in 0..cin {
+                    for t in 0..k {
+                        sum = w[(o * cin + i) * k + t].mul_add(x[i * len + c + t], sum);
+                    }
+                }
+                let (truth, _, _) = exact[o * tile.cols + c];
+                blocked += (f64::from(y[o * tile.cols + c]) - truth).powi(2);
+                chain += (f64::from(sum) - truth).powi(2);
+            }
+        }
+        assert!(
+            2.0 * blocked.sqrt() <= chain.sqrt(),
+            "{layout:?}: blocked sums {:e} from exact (RMS), one chain {:e}",
+            blocked.sqrt(),
+            chain.sqrt()
+        );
     }
 
     /// Awkward transposed convolutions for a tile of `rows × cols`: stride < k (the decoder's 2·stride),

@@ -7,9 +7,11 @@
 //! 32-byte (F32) or 16-byte (F16) load; F16 weights are widened in registers (`FCVTL`/`FCVTL2`, ARMv8.0), so
 //! there is no widening pass and no scratch buffer.
 //!
-//! The arithmetic is `f32`, as in the official implementation. Every output is one fused multiply-add chain in a
-//! fixed order (bias, then taps in order, input channels in order) whatever the threads or tiling, and the F16
-//! widening is exact, so an F16 layer equals the F32 one on the rounded weights bit for bit.
+//! The arithmetic is `f32`, as in the official implementation. Every output is a fixed sum whatever the threads or
+//! tiling: per tap in order, the input channels in blocks of `conv::BLOCK_TERMS`, each block one fused
+//! multiply-add chain from zero, added in order to the bias and the blocks before it (the twin of `conv_x86.rs`,
+//! whose reason holds here too). The F16 widening is exact, so an F16 layer equals the F32 one on the rounded
+//! weights bit for bit.
 //!
 //! `KAZEIA_ARM_CONV=gemm` keeps the `gemm` crate's path (the `Panels` of `conv.rs`) instead, to compare.
 
@@ -19,7 +21,7 @@ use std::sync::OnceLock;
 use half::f16;
 use kazeia_backend_abi::WeightFormat;
 
-use crate::conv::{source_index, Stored};
+use crate::conv::{channels_per_block, source_index, Stored};
 use crate::gemm_call::{for_tile_blocks, Dst, SharedOut};
 
 /// Output channels per tile: two q-registers of weights per input channel.
@@ -265,14 +267,14 @@ unsafe fn add_tap<W: Widen>(acc: &mut Acc, w: *const W, x: *const f32, len: usiz
 /// Inlined: a call would take the accumulators' address and send them through memory between all taps.
 ///
 /// # Safety
-/// `w` must hold `cin · 8` weights.
+/// `w` must hold 8 weights for each of `channels`.
 #[inline(always)]
 unsafe fn add_edge_tap<W: Widen>(
     acc: &mut Acc,
     w: *const W,
     x: &[f32],
     len: usize,
-    cin: usize,
+    channels: std::ops::Range<usize>,
     col: isize,
 ) {
     let lo = (-col).clamp(0, NR as isize) as usize;
@@ -282,12 +284,12 @@ unsafe fn add_edge_tap<W: Widen>(
     }
     let mut lanes = [0u32; NR];
     lanes[lo..hi].fill(!0);
-    // SAFETY: the weight loads stay within the `cin` groups (the contract); the vector loads from `x` are
+    // SAFETY: the weight loads stay within the channels' groups (the contract); the vector loads from `x` are
     // checked to lie inside it, the others read the local copy; NEON is part of the aarch64 baseline.
     unsafe {
         let mask = |v: usize| vld1q_u32(lanes[4 * v..].as_ptr());
         let masks = [mask(0), mask(1), mask(2)];
-        for i in 0..cin {
+        for i in channels {
             let (w0, w1) = W::load8(w.add(i * MR));
             let first = (i * len) as isize + col;
             let xs = if first >= 0 && first as usize + NR <= x.len() {
@@ -325,15 +327,38 @@ unsafe fn tile<W: Widen>(
     // SAFETY: NEON is part of the aarch64 baseline; the taps' weights are in `w` (the contract), and the inner
     // loop's columns lie inside `x`'s rows when `0 ≤ col` and `col + NR ≤ len`, else the edge path checks them.
     unsafe {
-        let mut acc: Acc = init.map(|b| [vdupq_n_f32(b); 3]);
+        // The bias, then each block's sum (`conv::BLOCK_TERMS` products into fresh accumulators): kept in memory,
+        // since the accumulators fill the registers.
+        let mut total = [[0.0f32; NR]; MR];
+        for (row, &b) in total.iter_mut().zip(init) {
+            row.fill(b);
+        }
+        let block = channels_per_block(1);
         for (tap, col) in taps {
             let w = w.add(tap * cin * MR);
-            if col >= 0 && col as usize + NR <= len {
-                add_tap(&mut acc, w, x.as_ptr().add(col as usize), len, cin);
-            } else {
-                add_edge_tap(&mut acc, w, x, len, cin, col);
+            let inside = col >= 0 && col as usize + NR <= len;
+            let mut first = 0;
+            while first < cin {
+                let end = (first + block).min(cin);
+                let mut acc: Acc = [[vdupq_n_f32(0.0); 3]; MR];
+                if inside {
+                    let x = x.as_ptr().add(first * len + col as usize);
+                    add_tap(&mut acc, w.add(first * MR), x, len, end - first);
+                } else {
+                    add_edge_tap(&mut acc, w, x, len, first..end, col);
+                }
+                for (row, a) in total.iter_mut().zip(&acc) {
+                    for (v, &a) in a.iter().enumerate() {
+                        let p = row.as_mut_ptr().add(4 * v);
+                        vst1q_f32(p, vaddq_f32(vld1q_f32(p), a));
+                    }
+                }
+                first = end;
             }
         }
+        let acc: Acc = std::array::from_fn(|r| {
+            std::array::from_fn(|v| vld1q_f32(total[r].as_ptr().add(4 * v)))
+        });
         store(&acc, dst);
     }
 }
@@ -375,7 +400,7 @@ mod tests {
     use super::*;
     use crate::conv::tests::{
         tile_conv1d_matches_the_exact_sum, tile_conv_transpose1d_matches_the_exact_sum,
-        tile_f16_is_f32_on_rounded_weights_bit_for_bit, TileShape,
+        tile_f16_is_f32_on_rounded_weights_bit_for_bit, tile_long_sums_are_blocked, TileShape,
     };
     use crate::conv::Layout;
 
@@ -393,6 +418,11 @@ mod tests {
     #[test]
     fn neon_conv_transpose1d_matches_the_exact_sum() {
         tile_conv_transpose1d_matches_the_exact_sum(Layout::Neon, TILE);
+    }
+
+    #[test]
+    fn neon_long_sums_are_blocked() {
+        tile_long_sums_are_blocked(Layout::Neon, TILE);
     }
 
     #[test]
