@@ -11,6 +11,7 @@ use kazeia_engine::hub::{self, HubSettings};
 use kazeia_engine::hub_cache;
 use kazeia_engine::lm::LmBackends;
 use kazeia_engine::synth::Synthesizer;
+use kazeia_engine::weights_auto::WeightsSetting;
 use kazeia_engine::{CpuBackend, WeightStorage};
 use kazeiad::model_path::is_local;
 
@@ -114,10 +115,11 @@ fn download(args: DownloadArgs) -> Result<()> {
     };
     let weights = match args.weights {
         Some(w) => Some(w),
-        None => config
-            .weight_storage()
-            .ok()
-            .filter(|w| *w != WeightStorage::AsStored),
+        // A named format is converted now; under `auto` the daemon's first load chooses (and caches) it.
+        None => match config.weights_setting() {
+            Ok(WeightsSetting::Fixed(w)) if w != WeightStorage::AsStored => Some(w),
+            _ => None,
+        },
     };
     if let Some(weights) = weights {
         let converting = kazeiad::progress::Spinner::new(&format!(
