@@ -144,6 +144,9 @@ pub struct AudioSection {
     pub sink: String,
 }
 
+/// Most Spiel streams one may configure (`[queue] spiel_streams`).
+pub const MAX_SPIEL_STREAMS: usize = 16;
+
 #[derive(Clone, Debug, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct QueueSection {
@@ -151,11 +154,12 @@ pub struct QueueSection {
     pub max_utterances: usize,
     /// Longest text accepted in one request, in bytes.
     pub max_text_bytes: usize,
-    /// Utterances one client may have waiting or speaking at once.
+    /// Utterances one client (a process, over all its connections) may have waiting or speaking at once.
     pub max_per_client: usize,
-    /// Spiel streams generated at once (each client's in order).
+    /// Spiel streams generated at once, one per client (each connection's in order).
     pub spiel_streams: usize,
-    /// A Spiel client that takes nothing from its pipe this long is dropped (its utterance `cancelled`).
+    /// A Spiel client reading behind real time (beyond a 1 s grace) this long is dropped (its utterance
+    /// `cancelled`), at once if another client waits for a stream.
     pub stall_timeout_ms: u64,
     /// An interrupted `message`/`text` is resumed later instead of cancelled (not speech-dispatcher's model).
     pub resume_interrupted: bool,
@@ -284,6 +288,13 @@ impl DaemonConfig {
         {
             bail!("[queue] limits must be positive");
         }
+        if q.spiel_streams > MAX_SPIEL_STREAMS {
+            bail!(
+                "[queue] spiel_streams = {} is more than {MAX_SPIEL_STREAMS}: each stream is a thread and a \
+                 session of the model (its own keys and values)",
+                q.spiel_streams
+            );
+        }
         if self.stream.first_chunk_frames == 0
             || self.stream.chunk_frames == 0
             || self.stream.first_chunk_parts == 0
@@ -406,6 +417,7 @@ mod tests {
             ("[model]\nweights = \"q3\"\n", "weights"),
             ("[audio]\nsink = \"speaker\"\n", "sink"),
             ("[queue]\nmax_utterances = 0\n", "queue"),
+            ("[queue]\nspiel_streams = 1000\n", "spiel_streams"),
             ("[stream]\nchunk_frames = 0\n", "stream"),
             ("[stream]\nfirst_chunk_parts = 0\n", "first_chunk_parts"),
             (

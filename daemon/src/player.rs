@@ -23,7 +23,7 @@ use crate::request::{Output, Request};
 use crate::runs::{steps, Out, Placement, RunMark, Step};
 use crate::short_cache::{self, CacheKey, ShortCache};
 use crate::voices::{speech_voice, Catalog};
-use kazeia_spiel::{ClientPipe, EventKind, SpielWriter};
+use kazeia_spiel::{ClientFd, ClientPipe, EventKind, Pace, SpielWriter};
 
 /// The utterance being spoken, as pause/resume/stop reach it.
 pub struct Active {
@@ -410,9 +410,9 @@ impl Player {
                 }
                 self.speak_to_sink(&speaker, playback)
             }
-            Output::Spiel(file) => {
+            Output::Spiel(fd) => {
                 let stall = Duration::from_millis(config.queue.stall_timeout_ms);
-                speak_to_spiel(&speaker, file, stall)
+                speak_to_spiel(&speaker, fd, &self.queue, stall)
             }
         }
     }
@@ -472,10 +472,10 @@ impl Player {
 
 /// Watches a Spiel client's pipe while its utterance is generated: the client closing its end cancels at
 /// once, not only at the next write (which may be a decoded chunk away).
-fn watch_hangup(file: &std::fs::File, control: &SessionControl, done: &AtomicBool) {
+fn watch_hangup(fd: &ClientFd, control: &SessionControl, done: &AtomicBool) {
     use std::os::fd::AsRawFd;
     let mut poll = libc::pollfd {
-        fd: file.as_raw_fd(),
+        fd: fd.as_raw_fd(),
         events: 0, // POLLERR and POLLHUP are always reported
         revents: 0,
     };
@@ -489,21 +489,37 @@ fn watch_hangup(file: &std::fs::File, control: &SessionControl, done: &AtomicBoo
     }
 }
 
-fn speak_to_spiel(speaker: &Speaker, file: &std::fs::File, stall: Duration) -> Result<Reason> {
+fn speak_to_spiel(
+    speaker: &Speaker,
+    fd: &ClientFd,
+    queue: &SpeechQueue,
+    stall: Duration,
+) -> Result<Reason> {
     let done = AtomicBool::new(false);
     std::thread::scope(|scope| {
-        scope.spawn(|| watch_hangup(file, speaker.control, &done));
-        let result = stream_to_spiel(speaker, file, stall);
+        scope.spawn(|| watch_hangup(fd, speaker.control, &done));
+        let result = stream_to_spiel(speaker, fd, queue, stall);
         done.store(true, Ordering::SeqCst);
         result
     })
 }
 
-/// Streams the utterance into the client's pipe. Writes never block for long: a client that takes
-/// nothing for `stall` is dropped (`cancelled`), and a stop cuts a write that waits for room short.
-fn stream_to_spiel(speaker: &Speaker, file: &std::fs::File, stall: Duration) -> Result<Reason> {
+/// Streams the utterance into the client's pipe. Writes never block for long: a client that reads behind
+/// real time is dropped (`cancelled`) when another client waits for a stream, or after `stall` behind (see
+/// [`SpeechQueue::stream_behind`]), and a stop cuts a write that waits for room short.
+fn stream_to_spiel(
+    speaker: &Speaker,
+    fd: &ClientFd,
+    queue: &SpeechQueue,
+    stall: Duration,
+) -> Result<Reason> {
+    let id = speaker.request.id;
     let stopped = || speaker.control.is_stopped();
-    let pipe = ClientPipe::new(file, stall, &stopped)?;
+    let give_up = |behind_for| queue.stream_behind(id, behind_for, stall);
+    // S16 mono: two bytes a sample.
+    let real_time = 2.0 * speaker.engine.info.sample_rate as f64;
+    let pace = Pace::new(real_time, queue.stream_grace(id));
+    let pipe = ClientPipe::new(fd, pace, &stopped, &give_up);
     let mut writer = match SpielWriter::new(pipe) {
         Ok(w) => w,
         Err(_) => return Ok(Reason::Stopped),
@@ -546,7 +562,7 @@ fn stream_to_spiel(speaker: &Speaker, file: &std::fs::File, stall: Duration) -> 
     Ok(match failure {
         Some(e) if e.kind() == std::io::ErrorKind::TimedOut => {
             eprintln!(
-                "kazeiad: utterance {}: the Spiel client stopped reading ({e}); dropped",
+                "kazeiad: utterance {}: the Spiel client does not keep up ({e}); dropped",
                 speaker.request.id
             );
             Reason::Cancelled

@@ -20,9 +20,16 @@
 //!   With `[queue] resume_interrupted`, an interrupted `message`/`text` is postponed instead of cancelled,
 //!   and later resumed at the first sentence chunk or mark not yet heard (texts then queue in order).
 //! - **Stream**: Spiel requests, whose audio goes to the client's pipe. The client orders and plays them
-//!   itself, so they are outside the priority model: each client's requests are served in order, several
-//!   clients' streams at once (up to `[queue] spiel_streams`), each in its own session of the resident
-//!   engine, paced by how fast its client reads.
+//!   itself, so they are outside the priority model: each connection's requests are served in order,
+//!   several clients' streams at once (up to `[queue] spiel_streams`), each in its own session of the
+//!   resident engine, paced by how fast its client reads. A client (a process, whatever number of
+//!   connections it opens) has one stream at a time, and a free slot goes to the waiting client whose last
+//!   stream ended longest ago, so a newcomer is next whatever others have queued. A client that reads more
+//!   slowly than real time, beyond a grace ([`STREAM_GRACE`]), loses its stream as soon as a client that
+//!   reads in time waits for one (or after `[queue] stall_timeout_ms` behind if none does; until then its
+//!   stream is held, generating nothing while its pipe is full); while it still has requests queued, it
+//!   is served after the clients that read in time and its streams get a short grace only
+//!   ([`SLOW_GRACE`]).
 //!
 //!   Why sessions side by side rather than preemption on one worker: audio already in a client's pipe
 //!   cannot be taken back, so a stream could only be set aside between sentence chunks, and the next
@@ -32,20 +39,27 @@
 //!   in its pipe writes most of the time, so it takes the CPU only as fast as its audio is consumed and
 //!   leaves the rest to the newcomer.
 //!
-//! Limits are per client (`max_per_client`) under a global bound (`max_utterances`), of which a quarter is
-//! kept for `important`/`message`. A client's `Pause` holds that client's speech only: its utterance in
-//! progress waits in place while nobody else has something to say, and is set aside (to resume at the
-//! first piece not heard) as soon as someone has. When a client leaves the bus its pause ends, what that
-//! pause held and its streams are cancelled; the rest it queued is still said (as speech-dispatcher does
-//! for `spd-say`, which leaves right after sending).
+//! Limits are per client (`max_per_client`, counted over all the connections of its process) under a
+//! global bound (`max_utterances`), of which a quarter is kept for the speakers' `important`/`message`
+//! (Spiel requests, which are outside the priority model, never take it). A connection's `Pause` holds
+//! that connection's speech only: its utterance in progress waits in place while nobody else has something
+//! to say, and is set aside (to resume at the first piece not heard) as soon as someone has. When a client
+//! leaves the bus its pause ends, what that pause held and its streams are cancelled; the rest it queued is
+//! still said (as speech-dispatcher does for `spd-say`, which leaves right after sending).
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
 use crate::request::{Output, Request};
 
 pub type Id = u64;
+
+/// How far a Spiel client may lag behind real time in reading its stream: a player starting up, reads of
+/// larger blocks.
+pub const STREAM_GRACE: Duration = Duration::from_secs(1);
+/// The same for a client that lost a stream for reading too slowly and still has requests queued.
+pub const SLOW_GRACE: Duration = Duration::from_millis(250);
 
 /// Why an utterance ended.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -171,8 +185,14 @@ impl Entry {
         self.request.id
     }
 
+    /// The connection that asked.
     fn client(&self) -> &str {
         &self.request.client
+    }
+
+    /// The client (process) behind it.
+    fn owner(&self) -> &str {
+        &self.request.owner
     }
 }
 
@@ -212,6 +232,12 @@ struct State {
     finished: Vec<(Id, Reason)>,
     /// Utterances the workers have been done with, ever: a quiet spell counts once new ones have ended.
     completed: u64,
+    /// When each client (owner) last got or gave back a stream slot, as a count of such turns; forgotten once
+    /// the client holds nothing.
+    served: HashMap<String, u64>,
+    slots_given: u64,
+    /// Clients that lost a stream for reading too slowly; forgotten once they hold nothing.
+    slow: HashSet<String>,
 }
 
 /// Why a request was refused.
@@ -234,18 +260,74 @@ impl State {
         self.waiting.len() + self.speaking.len() + usize::from(self.last_progress.is_some())
     }
 
-    fn held_by(&self, client: &str) -> usize {
-        self.waiting.iter().filter(|e| e.client() == client).count()
+    /// Utterances held by a client (an owner: all its connections).
+    fn held_by(&self, owner: &str) -> usize {
+        self.waiting.iter().filter(|e| e.owner() == owner).count()
             + self
                 .speaking
                 .iter()
-                .filter(|s| s.entry.client() == client)
+                .filter(|s| s.entry.owner() == owner)
                 .count()
             + self
                 .last_progress
                 .iter()
-                .filter(|e| e.client() == client)
+                .filter(|e| e.owner() == owner)
                 .count()
+    }
+
+    /// Forgets what the stream lane remembers of clients that hold nothing any more.
+    fn forget_gone_owners(&mut self) {
+        let mut gone: Vec<String> = self
+            .served
+            .keys()
+            .chain(&self.slow)
+            .filter(|o| self.held_by(o) == 0)
+            .cloned()
+            .collect();
+        gone.dedup();
+        for owner in gone {
+            self.served.remove(&owner);
+            self.slow.remove(&owner);
+        }
+    }
+
+    /// The connections and clients with a stream now.
+    fn streaming(&self) -> (Vec<&str>, Vec<&str>) {
+        self.speaking
+            .iter()
+            .filter(|s| s.entry.lane == Lane::Stream)
+            .map(|s| (s.entry.client(), s.entry.owner()))
+            .unzip()
+    }
+
+    /// The waiting stream that would start if a slot were free: of a client with no stream (and of a
+    /// connection with none), clients not known as slow readers first, then the one served least recently,
+    /// then the oldest request.
+    fn next_stream(&self) -> Option<usize> {
+        let (connections, owners) = self.streaming();
+        self.waiting
+            .iter()
+            .enumerate()
+            .filter(|(_, e)| {
+                e.lane == Lane::Stream
+                    && !connections.contains(&e.client())
+                    && !owners.contains(&e.owner())
+            })
+            .min_by_key(|(_, e)| {
+                (
+                    self.slow.contains(e.owner()),
+                    self.served.get(e.owner()).copied().unwrap_or(0),
+                    e.id(),
+                )
+            })
+            .map(|(at, _)| at)
+    }
+
+    /// A client that reads in time waits for a stream (a slow reader waiting takes no stream from
+    /// another: that would only turn slots over between them, each start costing a prefill).
+    fn reader_in_time_waits(&self) -> bool {
+        self.next_stream()
+            .is_some_and(|at| !self.slow.contains(self.waiting[at].owner()))
     }
 
     fn sink_speaking(&mut self) -> Option<&mut Speaking> {
@@ -420,20 +502,14 @@ impl State {
                 }
             }
             Lane::Stream => {
-                let streaming: Vec<&str> = self
-                    .speaking
-                    .iter()
-                    .filter(|s| s.entry.lane == Lane::Stream)
-                    .map(|s| s.entry.client())
-                    .collect();
-                if streaming.len() >= self.limits.streams {
+                if self.streaming().0.len() >= self.limits.streams {
                     return None;
                 }
-                let at = self
-                    .waiting
-                    .iter()
-                    .position(|e| e.lane == Lane::Stream && !streaming.contains(&e.client()))?;
-                self.waiting.remove(at)
+                let entry = self.waiting.remove(self.next_stream()?);
+                self.slots_given += 1;
+                self.served
+                    .insert(entry.owner().to_owned(), self.slots_given);
+                entry
             }
         };
         if entry.request.priority == Priority::Progress && entry.id() == self.latest_progress {
@@ -462,6 +538,9 @@ impl SpeechQueue {
                 limits,
                 finished: Vec::new(),
                 completed: 0,
+                served: HashMap::new(),
+                slots_given: 0,
+                slow: HashSet::new(),
             }),
             changed: Condvar::new(),
             events: Box::new(events),
@@ -474,6 +553,7 @@ impl SpeechQueue {
 
     /// Releases the lock, wakes the workers and signals what finished meanwhile.
     fn settle(&self, mut state: MutexGuard<'_, State>) {
+        state.forget_gone_owners();
         let finished = std::mem::take(&mut state.finished);
         drop(state);
         self.changed.notify_all();
@@ -499,15 +579,15 @@ impl SpeechQueue {
             return Err(QueueError::Closed);
         }
         let limits = state.limits.clone();
-        if state.held_by(entry.client()) >= limits.max_per_client {
+        if state.held_by(entry.owner()) >= limits.max_per_client {
             return Err(QueueError::Full(format!(
-                "this client has {} utterances queued, the most one client may ([queue] \
-                 max_per_client); wait for some to finish",
+                "this client has {} utterances queued over all its connections, the most one client may \
+                 ([queue] max_per_client); wait for some to finish",
                 limits.max_per_client
             )));
         }
-        let room = match entry.priority {
-            Priority::Important | Priority::Message => limits.max_utterances,
+        let room = match (entry.lane, entry.priority) {
+            (Lane::Sink, Priority::Important | Priority::Message) => limits.max_utterances,
             _ => limits.max_utterances - limits.reserved(),
         };
         if state.held() >= room {
@@ -573,6 +653,42 @@ impl SpeechQueue {
         }
     }
 
+    /// How far the client of stream `id` may lag behind real time: [`STREAM_GRACE`], or [`SLOW_GRACE`] for
+    /// a client that already lost a stream for reading too slowly.
+    pub fn stream_grace(&self, id: Id) -> Duration {
+        let state = self.lock();
+        let slow = state
+            .speaking
+            .iter()
+            .find(|s| s.entry.id() == id)
+            .is_some_and(|s| state.slow.contains(s.entry.owner()));
+        if slow {
+            SLOW_GRACE
+        } else {
+            STREAM_GRACE
+        }
+    }
+
+    /// The client of stream `id` has been reading behind real time (beyond its grace) for `behind_for`:
+    /// whether to drop the stream. It is dropped when another client that reads in time waits for a stream,
+    /// or once it has been behind for `stall` anyway; its client is then remembered as slow.
+    pub fn stream_behind(&self, id: Id, behind_for: Duration, stall: Duration) -> bool {
+        let mut state = self.lock();
+        let Some(owner) = state
+            .speaking
+            .iter()
+            .find(|s| s.entry.id() == id && s.entry.lane == Lane::Stream)
+            .map(|s| s.entry.owner().to_owned())
+        else {
+            return false;
+        };
+        if state.reader_in_time_waits() || behind_for >= stall {
+            state.slow.insert(owner);
+            return true;
+        }
+        false
+    }
+
     /// The worker registers how to interrupt the utterance `id` it took; returns an interruption that
     /// came in between (the worker must then act on it at once) and whether its client holds it paused.
     pub fn set_interrupt(
@@ -608,6 +724,12 @@ impl SpeechQueue {
         };
         let speaking = state.speaking.remove(at);
         state.completed += 1;
+        if speaking.entry.lane == Lane::Stream {
+            // Its turn ended now: every other waiting client comes before its next stream.
+            state.slots_given += 1;
+            let turn = state.slots_given;
+            state.served.insert(speaking.entry.owner().to_owned(), turn);
+        }
         match speaking.interruption {
             Some(Interruption::Requeue) if !state.closed => state.insert(speaking.entry),
             Some(Interruption::End(Reason::Cancelled)) => state.cancel(speaking.entry),
@@ -790,10 +912,19 @@ impl std::str::FromStr for Priority {
             "progress" => Priority::Progress,
             _ => {
                 return Err(format!(
-                    "unknown priority `{s}` (important, message, text, notification or progress)"
+                    "unknown priority `{}` (important, message, text, notification or progress)",
+                    shown(s)
                 ))
             }
         })
+    }
+}
+
+/// A client's string as an error message shows it: at most 64 characters.
+pub fn shown(s: &str) -> String {
+    match s.char_indices().nth(64) {
+        Some((at, _)) => format!("{}…", &s[..at]),
+        None => s.to_owned(),
     }
 }
 

@@ -27,8 +27,15 @@ fn req(id: Id, client: &str, priority: Priority) -> Request {
 
 fn stream_req(id: Id, client: &str) -> Request {
     let mut r = Request::test(id, client, Message);
-    r.output = Output::Spiel(std::fs::File::open("/dev/null").unwrap());
+    let (_reader, writer) = std::io::pipe().unwrap();
+    r.output = Output::Spiel(kazeia_spiel::ClientFd::new(writer.into()).unwrap());
     r
+}
+
+/// `request` from connection `client` of process `owner`.
+fn of(owner: &str, mut request: Request) -> Request {
+    request.owner = owner.to_owned();
+    request
 }
 
 /// The `Finished` events so far, as (id, reason).
@@ -453,10 +460,127 @@ fn streams_of_different_clients_run_at_once_each_clients_in_order() {
         "not a's second before its first ended"
     );
     q.done(2, Reason::Done);
+    assert_eq!(
+        q.next(Lane::Stream).unwrap().id,
+        5,
+        "c has not had a turn yet, a just had one"
+    );
+    q.done(4, Reason::Done);
+    assert_eq!(q.next(Lane::Stream).unwrap().id, 3);
+}
+
+#[test]
+fn a_process_is_one_client_over_all_its_connections() {
+    let (q, _) = queue_with(Limits {
+        max_utterances: 64,
+        max_per_client: 4,
+        ..Limits::default()
+    });
+    hold(&q, ":1.1");
+    hold(&q, ":1.2");
+    let mut id = 0;
+    for conn in [":1.1", ":1.2"] {
+        for _ in 0..2 {
+            id += 1;
+            q.push(of("pid 7", req(id, conn, Important))).unwrap();
+        }
+    }
+    // A third connection of the same process is the same client.
+    let refused = q.push(of("pid 7", req(99, ":1.3", Important)));
+    assert!(
+        matches!(&refused, Err(QueueError::Full(m)) if m.contains("all its connections")),
+        "{refused:?}"
+    );
+    // Another process is not.
+    q.push(of("pid 8", req(100, ":1.4", Message))).unwrap();
+}
+
+#[test]
+fn spiel_requests_leave_the_room_kept_for_important_and_message() {
+    let (q, _) = queue_with(Limits {
+        max_utterances: 8,
+        max_per_client: 8,
+        ..Limits::default()
+    });
+    // 8 - a quarter (2) = 6 for streams, over any number of clients.
+    for id in 1..=6 {
+        q.push(of(
+            &format!("pid {id}"),
+            stream_req(id, &format!(":1.{id}")),
+        ))
+        .unwrap();
+    }
+    assert!(
+        matches!(q.push(stream_req(7, ":1.7")), Err(QueueError::Full(m)) if m.contains("max_utterances"))
+    );
+    q.push(req(8, ":1.8", Message)).unwrap();
+    q.push(req(9, ":1.9", Important)).unwrap();
+}
+
+#[test]
+fn a_client_has_one_stream_while_others_wait_and_a_newcomer_is_next() {
+    let (q, _) = queue_with(Limits {
+        streams: 2,
+        ..Limits::default()
+    });
+    // One process floods from two connections, another from one.
+    let mut id = 0;
+    for (owner, conn) in [("pid 1", ":1.1"), ("pid 1", ":1.2"), ("pid 2", ":1.3")] {
+        for _ in 0..3 {
+            id += 1;
+            q.push(of(owner, stream_req(id, conn))).unwrap();
+        }
+    }
+    let first = q.next(Lane::Stream).unwrap();
+    let second = q.next(Lane::Stream).unwrap();
+    assert_eq!((first.id, second.id), (1, 7), "one stream per process");
+    // A newcomer's request comes after all those: it is next when a slot frees.
+    q.push(of("pid 3", stream_req(50, ":1.9"))).unwrap();
+    q.done(1, Reason::Done);
+    assert_eq!(q.next(Lane::Stream).unwrap().id, 50);
+    // Then the one whose turn ended longest ago.
+    q.done(7, Reason::Done);
+    assert_eq!(q.next(Lane::Stream).unwrap().id, 2);
+    q.done(50, Reason::Done);
+    assert_eq!(q.next(Lane::Stream).unwrap().id, 8);
+}
+
+#[test]
+fn a_stream_behind_real_time_is_dropped_when_others_wait_or_after_the_stall_time() {
+    let (q, _) = queue_with(Limits {
+        streams: 1,
+        ..Limits::default()
+    });
+    let stall = Duration::from_secs(5);
+    q.push(of("pid 1", stream_req(1, ":1.1"))).unwrap();
+    q.push(of("pid 1", stream_req(2, ":1.1"))).unwrap();
+    q.push(of("pid 1", stream_req(3, ":1.2"))).unwrap();
+    assert_eq!(q.next(Lane::Stream).unwrap().id, 1);
+    assert_eq!(q.stream_grace(1), STREAM_GRACE);
+    // Only its own process waits: it keeps its stream until the stall time.
+    assert!(!q.stream_behind(1, Duration::from_secs(1), stall));
+    assert!(q.stream_behind(1, stall, stall));
+    q.done(1, Reason::Cancelled);
+    // The slow client's next stream gets the short grace.
+    assert_eq!(q.next(Lane::Stream).unwrap().id, 2);
+    assert_eq!(q.stream_grace(2), SLOW_GRACE);
+    // Another client waits: a stream behind is dropped at once.
+    q.push(of("pid 2", stream_req(4, ":1.3"))).unwrap();
+    assert!(q.stream_behind(2, Duration::ZERO, stall));
+    q.done(2, Reason::Cancelled);
+    assert_eq!(q.next(Lane::Stream).unwrap().id, 4);
+    assert_eq!(
+        q.stream_grace(4),
+        STREAM_GRACE,
+        "the other client is not slow"
+    );
+    q.done(4, Reason::Done);
+    // Once the slow client holds nothing it is forgotten: a full grace again.
     assert_eq!(q.next(Lane::Stream).unwrap().id, 3);
     q.done(3, Reason::Done);
-    q.done(4, Reason::Done);
+    q.push(of("pid 1", stream_req(5, ":1.1"))).unwrap();
     assert_eq!(q.next(Lane::Stream).unwrap().id, 5);
+    assert_eq!(q.stream_grace(5), STREAM_GRACE);
 }
 
 #[test]
@@ -537,4 +661,33 @@ fn a_quiet_spell_is_reported_once_after_speech_and_not_while_speaking() {
         assert_eq!(reported(2), 2);
         q.close();
     });
+}
+
+#[test]
+fn a_slow_reader_waiting_takes_no_stream_from_another_and_comes_after_readers_in_time() {
+    let (q, _) = queue_with(Limits {
+        streams: 1,
+        ..Limits::default()
+    });
+    let stall = Duration::from_secs(5);
+    q.push(of("pid 1", stream_req(1, ":1.1"))).unwrap();
+    q.push(of("pid 1", stream_req(2, ":1.1"))).unwrap();
+    q.push(of("pid 2", stream_req(3, ":1.2"))).unwrap();
+    q.push(of("pid 2", stream_req(4, ":1.2"))).unwrap();
+    assert_eq!(q.next(Lane::Stream).unwrap().id, 1);
+    // pid 2 reads in time (as far as anyone knows): pid 1's stream behind is dropped for it.
+    assert!(q.stream_behind(1, Duration::ZERO, stall));
+    q.done(1, Reason::Cancelled);
+    assert_eq!(q.next(Lane::Stream).unwrap().id, 3);
+    // Only the slow pid 1 waits: pid 2's stream behind is held until the stall time.
+    assert!(!q.stream_behind(3, Duration::from_secs(1), stall));
+    assert!(q.stream_behind(3, stall, stall));
+    q.done(3, Reason::Cancelled);
+    // Both slow now; a newcomer comes first, and its wait drops a stream behind at once.
+    q.push(of("pid 3", stream_req(5, ":1.3"))).unwrap();
+    assert_eq!(q.next(Lane::Stream).unwrap().id, 5);
+    q.done(5, Reason::Done);
+    assert_eq!(q.next(Lane::Stream).unwrap().id, 2, "served longest ago");
+    q.push(of("pid 3", stream_req(6, ":1.3"))).unwrap();
+    assert!(q.stream_behind(2, Duration::ZERO, stall));
 }

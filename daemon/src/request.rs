@@ -1,9 +1,9 @@
 //! One utterance as the adapters hand it to the queue: parsed text, voice, prosody, where the audio goes.
 
-use std::fs::File;
 use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::time::Instant;
 
+use kazeia_spiel::ClientFd;
 use kazeia_text::ssml::Piece;
 
 use crate::queue::{Id, Priority};
@@ -13,8 +13,29 @@ use crate::queue::{Id, Priority};
 pub enum Output {
     /// The daemon's audio sink (PipeWire, WAV file, null).
     Sink,
-    /// A Spiel client's pipe, as an `audio/x-spiel` stream.
-    Spiel(File),
+    /// A Spiel client's pipe (or stream socket), as an `audio/x-spiel` stream.
+    Spiel(ClientFd),
+}
+
+/// Who asked. Stop, pause and the order of a client's streams belong to its D-Bus connection; limits and
+/// fairness belong to the client behind it, its process: an app cannot buy more of the daemon by opening
+/// more connections.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Client {
+    /// The connection's unique name (`:1.42`).
+    pub connection: String,
+    /// The process behind it (`pid 1234`), or the connection itself when the bus does not say.
+    pub owner: String,
+}
+
+impl Client {
+    /// A client that is its own owner (in-process callers, buses that do not tell the process).
+    pub fn alone(connection: &str) -> Self {
+        Client {
+            connection: connection.to_owned(),
+            owner: connection.to_owned(),
+        }
+    }
 }
 
 /// A voice chosen by a request; `None` fields take the configured default.
@@ -24,6 +45,34 @@ pub struct VoiceChoice {
     pub language: Option<String>,
     /// A style instruction for this request (1.7B CustomVoice and VoiceDesign models).
     pub instruct: Option<String>,
+}
+
+/// Longest voice name accepted, in bytes (built-in speakers and stored voices are short words).
+pub const MAX_VOICE_BYTES: usize = 256;
+/// Longest language tag accepted, in bytes (BCP-47 tags in use are under 20; the grammar allows ~35).
+pub const MAX_LANGUAGE_BYTES: usize = 64;
+/// Longest style instruction accepted, in bytes: a few sentences. Every byte enters the talker's prompt,
+/// whose rows cost keys and values (~230 KB a token on the released models) in each generation and in the
+/// kept prompt prefixes.
+pub const MAX_INSTRUCT_BYTES: usize = 1024;
+
+impl VoiceChoice {
+    /// Every string of the choice within its bound; the error names the field and the bound.
+    pub fn check_lengths(&self) -> Result<(), String> {
+        for (field, value, max) in [
+            ("voice", &self.speaker, MAX_VOICE_BYTES),
+            ("language", &self.language, MAX_LANGUAGE_BYTES),
+            ("instruct", &self.instruct, MAX_INSTRUCT_BYTES),
+        ] {
+            if let Some(v) = value.as_deref().filter(|v| v.len() > max) {
+                return Err(format!(
+                    "`{field}` is {} bytes long; the limit is {max}",
+                    v.len()
+                ));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Rate, pitch and volume multipliers of a whole request (1.0 = as synthesized).
@@ -47,8 +96,10 @@ impl Default for RequestProsody {
 #[derive(Debug)]
 pub struct Request {
     pub id: Id,
-    /// The D-Bus unique name of the client that asked.
+    /// The D-Bus unique name of the connection that asked (stop, pause, order of its streams).
     pub client: String,
+    /// The client behind that connection, its process (limits, fairness): see [`Client`].
+    pub owner: String,
     pub priority: Priority,
     /// The text as parsed: text pieces, marks, breaks.
     pub pieces: Vec<Piece>,
@@ -66,7 +117,7 @@ pub struct Request {
 impl Request {
     pub fn new(
         id: Id,
-        client: &str,
+        client: &Client,
         priority: Priority,
         pieces: Vec<Piece>,
         voice: VoiceChoice,
@@ -75,7 +126,8 @@ impl Request {
     ) -> Self {
         Request {
             id,
-            client: client.to_owned(),
+            client: client.connection.clone(),
+            owner: client.owner.clone(),
             priority,
             pieces,
             voice,
@@ -91,12 +143,59 @@ impl Request {
     pub fn test(id: Id, client: &str, priority: Priority) -> Self {
         Self::new(
             id,
-            client,
+            &Client::alone(client),
             priority,
             Vec::new(),
             VoiceChoice::default(),
             RequestProsody::default(),
             Output::Sink,
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn voice_strings_are_bounded() {
+        let ok = VoiceChoice {
+            speaker: Some("Vivian".into()),
+            language: Some("en-US".into()),
+            instruct: Some("Calm and warm.".into()),
+        };
+        assert_eq!(ok.check_lengths(), Ok(()));
+        let long = |n| Some("x".repeat(n));
+        for (choice, field) in [
+            (
+                VoiceChoice {
+                    speaker: long(MAX_VOICE_BYTES + 1),
+                    ..ok.clone()
+                },
+                "voice",
+            ),
+            (
+                VoiceChoice {
+                    language: long(MAX_LANGUAGE_BYTES + 1),
+                    ..ok.clone()
+                },
+                "language",
+            ),
+            (
+                VoiceChoice {
+                    instruct: long(MAX_INSTRUCT_BYTES + 1),
+                    ..ok.clone()
+                },
+                "instruct",
+            ),
+        ] {
+            let e = choice.check_lengths().unwrap_err();
+            assert!(e.contains(field) && e.contains("limit"), "{e}");
+        }
+        let at_limit = VoiceChoice {
+            instruct: long(MAX_INSTRUCT_BYTES),
+            ..ok
+        };
+        assert_eq!(at_limit.check_lengths(), Ok(()));
     }
 }

@@ -14,7 +14,7 @@ use crate::config::DaemonConfig;
 use crate::engine::{Engine, EngineInfo, LoadStatus};
 use crate::player::Player;
 use crate::queue::{Id, Priority, QueueError};
-use crate::request::{Output, Request, RequestProsody, VoiceChoice};
+use crate::request::{Client, Output, Request, RequestProsody, VoiceChoice};
 use crate::voice_store;
 use crate::voices::{check_instruct, resolve_voice, speech_voice, Catalog};
 
@@ -128,7 +128,7 @@ impl Service {
     /// Checks and queues an utterance; returns its id.
     pub async fn submit(
         &self,
-        client: &str,
+        client: &Client,
         text: &str,
         options: SpeakOptions,
         output: Output,
@@ -141,6 +141,10 @@ impl Service {
                 config.queue.max_text_bytes
             )));
         }
+        options
+            .voice
+            .check_lengths()
+            .map_err(Refusal::InvalidArgs)?;
         let pieces = parse_text(text.to_owned(), options.ssml).await?;
         if !has_speech(&pieces) && !pieces.iter().any(|p| matches!(p, Piece::Mark(_))) {
             return Err(Refusal::InvalidArgs(

@@ -16,7 +16,7 @@ use kazeia_tests::services::{DbusSession, PipeWire, TempDir};
 use kazeiad::config::DaemonConfig;
 use kazeiad::dbus::client::SpeechProxy;
 use kazeiad::player::Player;
-use kazeiad::request::Output;
+use kazeiad::request::{Client, Output};
 use kazeiad::service::{Refusal, Service, SpeakOptions};
 use zbus::wire::Variant;
 
@@ -170,7 +170,9 @@ async fn stop_is_answered_while_a_huge_parse_runs() {
         ..SpeakOptions::default()
     };
     let t = Instant::now();
-    let refused = service.submit("client", &huge, options, Output::Sink).await;
+    let refused = service
+        .submit(&Client::alone("client"), &huge, options, Output::Sink)
+        .await;
     submitted.store(true, Ordering::SeqCst);
     let parse_time = t.elapsed();
     stopper.await.unwrap();
@@ -226,4 +228,106 @@ async fn silence_around_a_huge_gain_is_silent() {
         "done"
     );
     assert!(samples()[heard.len()..].iter().any(|&s| s != 0.0));
+}
+
+/// Every string of a request has a length limit with a clear error (issue 40, item 4): a 2 MB `instruct`
+/// would otherwise go whole into the talker's prompt (prefill, keys and values grow with it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_request_string_is_bounded_with_a_clear_error() {
+    let dir = TempDir::new("bounded-strings");
+    let config = dir.path().join("kazeia.toml");
+    // A 1.7B CustomVoice model: it takes instructions.
+    write_config(
+        &config,
+        &kazeia_tests::fixtures_dir().join("lm/shape_1b7"),
+        "null",
+        "[generation]\nmax_frames = 6\n",
+    );
+    let bus = DbusSession::start(None);
+    let mut daemon = start_daemon(&bus, &bus.env(), &config, dir.path().join("kazeiad.log"));
+    let (connection, proxy) = proxy(&bus).await;
+    let mut done = proxy.receive_finished().await.unwrap();
+    let string = |key: &'static str, value: String| HashMap::from([(key, Variant::from(value))]);
+    let huge = |n: usize| "calm ".repeat(n / 5);
+
+    // Each field over its bound is refused as invalid, the error naming it, and short.
+    for (options, field) in [
+        (string("instruct", huge(2 << 20)), "instruct"),
+        (string("instruct", "x".repeat(1025)), "instruct"),
+        (string("voice", huge(1 << 20)), "voice"),
+        (string("language", huge(1 << 20)), "language"),
+        (string("priority", huge(1 << 20)), "priority"),
+    ] {
+        let e = proxy
+            .speak("Hi.", options)
+            .await
+            .expect_err(field)
+            .to_string();
+        assert!(
+            e.contains("InvalidArgs") && e.contains(field) && e.len() < 400,
+            "{field}: {e}"
+        );
+    }
+    let mut odd_key = HashMap::new();
+    let key = "k".repeat(100_000);
+    odd_key.insert(key.as_str(), Variant::from(1.0f64));
+    let e = proxy.speak("Hi.", odd_key).await.unwrap_err().to_string();
+    assert!(
+        e.contains("unknown option") && e.len() < 400,
+        "{}",
+        &e[..e.len().min(400)]
+    );
+
+    // Spiel's voice and language too.
+    let spiel = zbus::Proxy::new(
+        &connection,
+        "org.kazeia.Speech.Provider",
+        "/org/kazeia/Speech/Provider",
+        "org.freedesktop.Speech.Provider",
+    )
+    .await
+    .unwrap();
+    for (voice, language, field) in [
+        (huge(1 << 20), String::new(), "voice"),
+        (String::new(), huge(1 << 20), "language"),
+    ] {
+        let (_reader, writer) = std::io::pipe().unwrap();
+        let fd: std::os::fd::OwnedFd = writer.into();
+        let e = spiel
+            .call::<_, _, ()>(
+                "Synthesize",
+                &(
+                    zbus::Fd::from(&fd),
+                    "Hi.",
+                    voice.as_str(),
+                    1.0f64,
+                    1.0f64,
+                    false,
+                    language.as_str(),
+                ),
+            )
+            .await
+            .expect_err(field)
+            .to_string();
+        assert!(
+            e.contains("InvalidArgs") && e.contains(field) && e.len() < 400,
+            "{field}: {e}"
+        );
+    }
+
+    // An instruction within the bound is spoken, and so is the next client's text.
+    let id = proxy
+        .speak("Hi.", string("instruct", "x".repeat(1024)))
+        .await
+        .unwrap();
+    assert_eq!(
+        finished(&mut done, id, Duration::from_secs(60)).await,
+        "done"
+    );
+    let id = proxy.speak("Hello again.", HashMap::new()).await.unwrap();
+    assert_eq!(
+        finished(&mut done, id, Duration::from_secs(60)).await,
+        "done"
+    );
+    daemon.check_running();
 }

@@ -407,10 +407,8 @@ async fn soak_client(
     seed: u64,
 ) -> ClientReport {
     let mut rng = Rng(seed | 1);
-    let connection = zbus::connection::Builder::address(address.as_str())
-        .build()
-        .await
-        .unwrap();
+    // A process of its own: the daemon counts limits and streams per process.
+    let connection = connect_as_new_process(&address).await;
     let api = proxy(&connection).await;
     let finishes = Collector::start(&api).await;
     let mut report = ClientReport {

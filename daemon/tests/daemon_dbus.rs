@@ -15,6 +15,7 @@ use kazeia_tests::{fixtures_dir, speaking_model};
 use kazeiad::dbus::client::SpeechProxy;
 use zbus::wire::Variant;
 
+mod common;
 mod random_model;
 
 const KAZEIAD: &str = env!("CARGO_BIN_EXE_kazeiad");
@@ -526,10 +527,8 @@ async fn fifty_clients_five_utterances_each_none_lost() {
     for c in 0..50 {
         let address = bus.address().to_owned();
         clients.push(tokio::spawn(async move {
-            let connection = zbus::connection::Builder::address(address.as_str())
-                .build()
-                .await
-                .unwrap();
+            // Fifty processes: the daemon counts clients by process, not by connection.
+            let connection = common::connect_as_new_process(&address).await;
             let proxy = SpeechProxy::builder(&connection).build().await.unwrap();
             let mut done = Finishes::new(&proxy).await;
             let mut accepted = Vec::new();

@@ -13,7 +13,7 @@ use zbus::wire::Variant;
 use kazeiad::dbus::client::SpeechProxy;
 use kazeiad::player::Player;
 use kazeiad::queue::{Event, Reason};
-use kazeiad::request::{Output, RequestProsody, VoiceChoice};
+use kazeiad::request::{Client, Output, RequestProsody, VoiceChoice};
 use kazeiad::service::{Service, SpeakOptions};
 
 #[derive(Args, Debug)]
@@ -179,7 +179,12 @@ async fn say_in_process(args: &SayArgs) -> Result<()> {
         ssml: args.ssml,
     };
     let id = service
-        .submit("kazeia-say", args.text(), options, Output::Sink)
+        .submit(
+            &Client::alone("kazeia-say"),
+            args.text(),
+            options,
+            Output::Sink,
+        )
         .await
         .map_err(anyhow::Error::from)?;
     let mut outcome = None;

@@ -4,11 +4,17 @@
 //! events (`u8 2`, `u8 kind`, `u32 range_start`, `u32 range_end`, `u32 name_len`, name bytes). The end of
 //! the stream is the end of the file. Mark names are written with their byte length (the C writer counts
 //! characters, its reader bytes: ASCII names agree either way).
+//!
+//! The daemon's side of a client's descriptor (what it accepts, writing without blocking or touching the
+//! client's flags) is in `client_fd.rs`; whether the client reads as fast as it plays, in `pace.rs`.
 
-use std::fs::File;
 use std::io::{self, Read, Write};
-use std::os::fd::AsRawFd;
-use std::time::{Duration, Instant};
+
+mod client_fd;
+mod pace;
+
+pub use client_fd::{ClientFd, ClientPipe};
+pub use pace::Pace;
 
 pub const HEADER: &[u8; 4] = b"0.01";
 const CHUNK_AUDIO: u8 = 1;
@@ -97,79 +103,6 @@ impl<W: Write> SpielWriter<W> {
 
     pub fn into_inner(self) -> W {
         self.out
-    }
-}
-
-/// The write end of a Spiel client's pipe, written without ever blocking for long: a write waits for room
-/// at most `stall` without the client taking a byte (then `TimedOut`), and gives up within a poll slice
-/// once `stopped` says so. One client that stops reading thus holds up nobody, not even a stop.
-pub struct ClientPipe<'a> {
-    file: &'a File,
-    stall: Duration,
-    stopped: &'a (dyn Fn() -> bool + Sync),
-}
-
-/// How long one wait for room lasts before the stop flag is looked at again.
-const POLL_SLICE_MS: i32 = 20;
-
-impl<'a> ClientPipe<'a> {
-    /// Puts the pipe in non-blocking mode.
-    pub fn new(
-        file: &'a File,
-        stall: Duration,
-        stopped: &'a (dyn Fn() -> bool + Sync),
-    ) -> io::Result<Self> {
-        let fd = file.as_raw_fd();
-        // SAFETY: fcntl on a descriptor the file owns, with integer arguments only.
-        let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
-        // SAFETY: as above.
-        if flags < 0 || unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(ClientPipe {
-            file,
-            stall,
-            stopped,
-        })
-    }
-
-    /// Waits up to one slice for room in the pipe.
-    fn wait_writable(&self) {
-        let mut poll = libc::pollfd {
-            fd: self.file.as_raw_fd(),
-            events: libc::POLLOUT,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd; the file outlives the call.
-        unsafe { libc::poll(&mut poll, 1, POLL_SLICE_MS) };
-    }
-}
-
-impl Write for ClientPipe<'_> {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        let since = Instant::now();
-        loop {
-            if (self.stopped)() {
-                return Err(io::Error::other("stopped"));
-            }
-            match (&mut &*self.file).write(buf) {
-                Ok(n) => return Ok(n),
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) if e.kind() != io::ErrorKind::WouldBlock => return Err(e),
-                Err(_) => {}
-            }
-            if since.elapsed() >= self.stall {
-                return Err(io::Error::new(
-                    io::ErrorKind::TimedOut,
-                    format!("it took nothing for {:.1} s", self.stall.as_secs_f64()),
-                ));
-            }
-            self.wait_writable();
-        }
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        Ok(())
     }
 }
 
@@ -311,42 +244,6 @@ mod tests {
             })
         ));
         assert_eq!(r.next_chunk().unwrap(), None);
-    }
-
-    #[test]
-    fn a_pipe_nobody_reads_times_out_and_a_stop_cuts_the_wait_short() {
-        use std::sync::atomic::{AtomicBool, Ordering};
-        let (reader, writer) = std::io::pipe().unwrap();
-        let file = File::from(std::os::fd::OwnedFd::from(writer));
-        let never = || false;
-        let mut pipe = ClientPipe::new(&file, Duration::from_millis(300), &never).unwrap();
-        let chunk = vec![0u8; 1 << 20];
-        let start = Instant::now();
-        let e = pipe.write_all(&chunk).unwrap_err();
-        assert_eq!(e.kind(), io::ErrorKind::TimedOut);
-        let waited = start.elapsed();
-        assert!(
-            waited >= Duration::from_millis(300) && waited < Duration::from_secs(3),
-            "{waited:?}"
-        );
-        let stop = AtomicBool::new(false);
-        let stopped = || stop.load(Ordering::SeqCst);
-        let mut pipe = ClientPipe::new(&file, Duration::from_secs(60), &stopped).unwrap();
-        std::thread::scope(|s| {
-            s.spawn(|| {
-                std::thread::sleep(Duration::from_millis(100));
-                stop.store(true, Ordering::SeqCst);
-            });
-            let start = Instant::now();
-            assert!(pipe.write_all(&chunk).is_err());
-            assert!(start.elapsed() < Duration::from_secs(2));
-        });
-        drop(reader);
-        let mut pipe = ClientPipe::new(&file, Duration::from_secs(60), &never).unwrap();
-        assert_eq!(
-            pipe.write_all(b"x").unwrap_err().kind(),
-            io::ErrorKind::BrokenPipe
-        );
     }
 
     #[test]

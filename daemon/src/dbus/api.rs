@@ -8,7 +8,8 @@ use zbus::message::Header;
 use zbus::object_server::SignalEmitter;
 use zbus::wire::{OwnedVariant, Variant};
 
-use super::{sender, SpeechError};
+use super::{peers, sender, SpeechError};
+use crate::queue::shown;
 use crate::request::Output;
 use crate::service::{backends_summary, Service, SpeakOptions};
 use crate::voices::display_name;
@@ -72,7 +73,8 @@ pub fn parse_options(options: &HashMap<String, OwnedVariant>) -> Result<SpeakOpt
             },
             other => {
                 return Err(SpeechError::InvalidArgs(format!(
-                    "unknown option `{other}` (known: voice, language, instruct, rate, pitch, volume, priority, ssml)"
+                    "unknown option `{}` (known: voice, language, instruct, rate, pitch, volume, priority, ssml)",
+                    shown(other)
                 )))
             }
         }
@@ -90,12 +92,14 @@ impl SpeechApi {
         text: String,
         options: HashMap<String, OwnedVariant>,
         #[zbus(header)] header: Header<'_>,
+        #[zbus(connection)] connection: &zbus::Connection,
     ) -> Result<u64, SpeechError> {
         let options = parse_options(&options)?;
+        let client = peers::client(connection, &header).await;
         self.service.wait_ready().await;
         Ok(self
             .service
-            .submit(&sender(&header), &text, options, Output::Sink)
+            .submit(&client, &text, options, Output::Sink)
             .await?)
     }
 

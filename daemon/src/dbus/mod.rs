@@ -3,6 +3,7 @@
 
 pub mod api;
 pub mod client;
+pub mod peers;
 pub mod spiel;
 
 use std::sync::Arc;
@@ -76,6 +77,7 @@ pub async fn watch_clients(
             let name = args.name().as_str();
             if name.starts_with(':') && args.new_owner().is_none() {
                 service.client_left(name);
+                peers::forget(name);
             }
         }
     });

@@ -1,13 +1,16 @@
-//! `org.freedesktop.Speech.Provider` (Spiel) at `/org/kazeia/Speech/Provider`: the client passes a pipe,
-//! the daemon streams `audio/x-spiel` into it as the audio is generated, with a MARK event at each SSML
-//! `<mark>`, and closes it at the end. A client closing its end cancels.
+//! `org.freedesktop.Speech.Provider` (Spiel) at `/org/kazeia/Speech/Provider`: the client passes a pipe (or
+//! a stream socket; anything else is refused, see `kazeia_spiel::ClientFd`), the daemon streams
+//! `audio/x-spiel` into it as the audio is generated, with a MARK event at each SSML `<mark>`, and closes it
+//! at the end. A client closing its end cancels; one reading slower than real time loses its stream to
+//! clients that wait (see `queue.rs`).
 
 use std::sync::Arc;
 
+use kazeia_spiel::ClientFd;
 use zbus::interface;
 use zbus::message::Header;
 
-use super::{sender, SpeechError};
+use super::{peers, SpeechError};
 use crate::queue::Priority;
 use crate::request::{Output, RequestProsody, VoiceChoice};
 use crate::service::{Service, SpeakOptions};
@@ -82,13 +85,17 @@ impl SpielProvider {
         is_ssml: bool,
         language: String,
         #[zbus(header)] header: Header<'_>,
+        #[zbus(connection)] connection: &zbus::Connection,
     ) -> Result<(), SpeechError> {
-        let fd: std::os::fd::OwnedFd = pipe_fd.into();
+        // A pipe or stream socket only, written through a file description of the daemon's own.
+        let fd =
+            ClientFd::new(pipe_fd.into()).map_err(|e| SpeechError::InvalidArgs(e.to_string()))?;
         // Nothing the model would say (markup, marks or punctuation alone): the stream ends at once, as an
         // utterance that is over, rather than an error a screen reader would have to handle.
         if nothing_to_say(&text, is_ssml) {
             return Ok(());
         }
+        let client = peers::client(connection, &header).await;
         let options = SpeakOptions {
             voice: VoiceChoice {
                 speaker: Some(voice_id).filter(|v| !v.is_empty()),
@@ -106,12 +113,7 @@ impl SpielProvider {
         };
         self.service.wait_ready().await;
         self.service
-            .submit(
-                &sender(&header),
-                &text,
-                options,
-                Output::Spiel(std::fs::File::from(fd)),
-            )
+            .submit(&client, &text, options, Output::Spiel(fd))
             .await?;
         Ok(())
     }

@@ -80,11 +80,86 @@ pub fn start_daemon(
     }
 }
 
+/// A new client on the test bus: a connection whose socket another process connected (see
+/// [`connect_as_new_process`]), so the daemon, which counts clients by process, sees a client of its own.
 pub async fn connect(bus: &DbusSession) -> zbus::Connection {
+    connect_as_new_process(bus.address()).await
+}
+
+/// Another connection of this test process: several of them are one client.
+pub async fn connect_in_this_process(bus: &DbusSession) -> zbus::Connection {
     zbus::connection::Builder::address(bus.address())
         .build()
         .await
         .expect("cannot connect to the test bus")
+}
+
+/// A connection to the bus at `address` (`unix:path=…` or `unix:abstract=…`) that the bus sees as another
+/// process's: the socket is connected by a child forked for that alone, and the bus takes the peer's
+/// credentials (`SO_PEERCRED`, what `GetConnectionUnixProcessID` answers) from the process that called
+/// `connect()`. The child exits at once; this process speaks D-Bus on the socket.
+pub async fn connect_as_new_process(address: &str) -> zbus::Connection {
+    let stream = socket_connected_by_a_child(address);
+    zbus::connection::Builder::unix_stream(stream)
+        .build()
+        .await
+        .expect("cannot connect to the test bus")
+}
+
+fn socket_connected_by_a_child(address: &str) -> std::os::unix::net::UnixStream {
+    use std::os::fd::FromRawFd;
+    let transport = address.split(';').next().unwrap();
+    let params = transport
+        .strip_prefix("unix:")
+        .expect("a unix: bus address");
+    let (abstract_name, path) = params
+        .split(',')
+        .find_map(|kv| match kv.split_once('=') {
+            Some(("abstract", v)) => Some((true, v)),
+            Some(("path", v)) => Some((false, v)),
+            _ => None,
+        })
+        .expect("a path= or abstract= bus address");
+    // SAFETY: a zeroed sockaddr_un is valid; the path is copied within its bounds (checked).
+    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    let start = usize::from(abstract_name);
+    assert!(
+        start + path.len() < addr.sun_path.len(),
+        "bus path too long"
+    );
+    for (i, b) in path.bytes().enumerate() {
+        addr.sun_path[start + i] = b as libc::c_char;
+    }
+    let len = (std::mem::size_of::<libc::sa_family_t>() + start + path.len()) as libc::socklen_t;
+    // SAFETY: socket/fork/connect/_exit/waitpid with valid arguments; between fork and _exit the child
+    // makes only async-signal-safe system calls (the parent has threads).
+    unsafe {
+        let fd = libc::socket(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+        assert!(fd >= 0, "socket: {}", std::io::Error::last_os_error());
+        let pid = libc::fork();
+        assert!(pid >= 0, "fork: {}", std::io::Error::last_os_error());
+        if pid == 0 {
+            let ok = libc::connect(fd, (&addr as *const libc::sockaddr_un).cast(), len) == 0;
+            libc::_exit(if ok { 0 } else { 1 });
+        }
+        let mut status = 0;
+        assert_eq!(libc::waitpid(pid, &mut status, 0), pid);
+        assert!(
+            libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+            "the child could not connect to {address}"
+        );
+        std::os::unix::net::UnixStream::from_raw_fd(fd)
+    }
+}
+
+/// The process the bus says is behind `connection` (`GetConnectionUnixProcessID`).
+pub async fn process_of(connection: &zbus::Connection) -> u32 {
+    let bus = zbus::fdo::DBusProxy::new(connection).await.unwrap();
+    let name = connection.unique_name().unwrap().to_owned();
+    bus.get_connection_unix_process_id(name.into())
+        .await
+        .unwrap()
 }
 
 pub async fn proxy(connection: &zbus::Connection) -> SpeechProxy<'static> {
@@ -152,7 +227,7 @@ impl Finishes {
     }
 }
 
-async fn spiel_proxy(connection: &zbus::Connection) -> zbus::Proxy<'static> {
+pub async fn spiel_proxy(connection: &zbus::Connection) -> zbus::Proxy<'static> {
     zbus::Proxy::new(
         connection,
         "org.kazeia.Speech.Provider",
@@ -161,6 +236,22 @@ async fn spiel_proxy(connection: &zbus::Connection) -> zbus::Proxy<'static> {
     )
     .await
     .unwrap()
+}
+
+/// Calls Spiel `Synthesize` with the descriptor `fd` (whatever it is) and default voice settings.
+pub async fn synthesize_to(
+    connection: &zbus::Connection,
+    fd: std::os::fd::BorrowedFd<'_>,
+    text: &str,
+    ssml: bool,
+) -> zbus::Result<()> {
+    spiel_proxy(connection)
+        .await
+        .call(
+            "Synthesize",
+            &(zbus::Fd::from(fd), text, "", 1.0f64, 1.0f64, ssml, ""),
+        )
+        .await
 }
 
 /// Calls Spiel `Synthesize` and returns the read end of the pipe, unread.

@@ -8,7 +8,9 @@
 //! A prompt's prefix rows always run as one batch, whether they come from here or not, so a generation gives the
 //! same result the first time and every time after. Entries are keyed by the prefix rows themselves (compared
 //! bit for bit): a new speaker, language or instruction is a new entry, and nothing can be confused. The cache
-//! keeps the most recently used entries within a count and a byte bound.
+//! keeps the most recently used entries within a count and a byte bound, a set share of the machine's memory;
+//! an entry larger than that bound alone (a request's outsized prompt prefix) is never kept: its generation
+//! uses the rows it ran and they go with it.
 
 use std::sync::{Arc, Mutex};
 
@@ -17,8 +19,25 @@ use super::transformer::KvPrefix;
 /// Entries kept at most (voices × languages in use at once; a screen reader uses one or two).
 const MAX_ENTRIES: usize = 8;
 /// Bytes of keys and values kept at most (a built-in voice's 9 rows are ~2 MiB on the released models; an
-/// in-context cloned voice's rows with its transcript some more).
+/// in-context cloned voice's rows with its transcript some more)…
 const MAX_BYTES: usize = 64 << 20;
+/// …and never more than this share of the machine's memory (16 MiB on a 1 GiB board).
+const MEMORY_SHARE: usize = 64;
+
+/// The cache's byte bound on this machine.
+fn byte_bound() -> usize {
+    // SAFETY: sysconf takes and returns integers only.
+    let (pages, page) = unsafe {
+        (
+            libc::sysconf(libc::_SC_PHYS_PAGES),
+            libc::sysconf(libc::_SC_PAGESIZE),
+        )
+    };
+    if pages <= 0 || page <= 0 {
+        return MAX_BYTES;
+    }
+    MAX_BYTES.min((pages as usize).saturating_mul(page as usize) / MEMORY_SHARE)
+}
 
 struct Entry {
     /// The prefix rows, `[rows][hidden]`, as the prompt had them.
@@ -27,12 +46,31 @@ struct Entry {
 }
 
 /// Most recently used first.
-#[derive(Default)]
 pub struct PrefixCache {
     entries: Mutex<Vec<Entry>>,
+    max_bytes: usize,
+}
+
+impl Default for PrefixCache {
+    fn default() -> Self {
+        PrefixCache::with_bound(byte_bound())
+    }
 }
 
 impl PrefixCache {
+    /// A cache that keeps at most `max_bytes`.
+    pub fn with_bound(max_bytes: usize) -> Self {
+        PrefixCache {
+            entries: Mutex::new(Vec::new()),
+            max_bytes,
+        }
+    }
+
+    /// Bytes kept at most; no entry larger is kept.
+    pub fn max_bytes(&self) -> usize {
+        self.max_bytes
+    }
+
     /// The keys and values stored for exactly these prefix rows, if any.
     pub fn get(&self, rows: &[f32]) -> Option<Arc<KvPrefix>> {
         let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
@@ -43,8 +81,12 @@ impl PrefixCache {
         Some(kv)
     }
 
-    /// Keeps `kv` for these prefix rows, dropping the least recently used entries beyond the bounds.
+    /// Keeps `kv` for these prefix rows, dropping the least recently used entries beyond the bounds; an
+    /// entry over the byte bound by itself is not kept.
     pub fn insert(&self, rows: &[f32], kv: KvPrefix) {
+        if kv.bytes() + rows.len() * 4 > self.max_bytes {
+            return;
+        }
         let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
         entries.retain(|e| !same_bits(&e.rows, rows));
         entries.insert(
@@ -58,8 +100,7 @@ impl PrefixCache {
         let mut keep = 0;
         for e in entries.iter() {
             bytes += e.kv.bytes() + e.rows.len() * 4;
-            // The newest entry stays even if it alone is over the bound: it is the one about to be used.
-            if keep > 0 && (keep == MAX_ENTRIES || bytes > MAX_BYTES) {
+            if keep == MAX_ENTRIES || bytes > self.max_bytes {
                 break;
             }
             keep += 1;
@@ -131,10 +172,27 @@ mod tests {
         assert!(cache.get(&rows(0.0, 2)).is_some());
         assert!(cache.get(&rows(2.0, 2)).is_some());
 
-        // Over the byte bound: only the newest stays, even when it alone is over.
-        let big = MAX_BYTES / 4 / 2 + 1;
-        cache.insert(&rows(7.0, 2), KvPrefix::zeros(1, 1, big));
+        // An entry over the byte bound by itself is never kept, and the others stay.
+        let big = cache.max_bytes() / 4 / 2 + 1;
+        cache.insert(&rows(70.0, 2), KvPrefix::zeros(1, 1, big));
+        assert!(cache.get(&rows(70.0, 2)).is_none());
+        assert_eq!(cache.len(), MAX_ENTRIES);
+        // Entries that fit alone but not together: the least recently used go.
+        let half = cache.max_bytes() / 4 / 2 / 2;
+        cache.insert(&rows(8.0, 2), KvPrefix::zeros(1, 1, half));
+        cache.insert(&rows(9.0, 2), KvPrefix::zeros(1, 1, half));
         assert_eq!(cache.len(), 1);
-        assert_eq!(cache.get(&rows(7.0, 2)).unwrap().bytes(), 2 * big * 4);
+        assert!(cache.get(&rows(9.0, 2)).is_some());
+    }
+
+    #[test]
+    fn the_bound_is_a_share_of_the_machines_memory() {
+        let bound = PrefixCache::default().max_bytes();
+        assert!(bound > 0 && bound <= MAX_BYTES, "{bound}");
+        let small = PrefixCache::with_bound(1000);
+        small.insert(&rows(1.0, 2), KvPrefix::zeros(1, 1, 200)); // 1608 bytes
+        assert!(small.is_empty());
+        small.insert(&rows(1.0, 2), KvPrefix::zeros(1, 1, 100)); // 808 bytes
+        assert_eq!(small.len(), 1);
     }
 }
