@@ -4,7 +4,8 @@
 # so the package and a system install put every file in the same place:
 #   /usr/bin/{kazeia,kazeiad}, /usr/lib/kazeia/plugins/*.so, /usr/lib/speech-dispatcher-modules/sd_kazeia,
 #   /etc/speech-dispatcher/modules/kazeia.conf, /etc/kazeia/kazeia.toml,
-#   /usr/lib/systemd/user/kazeia.service, /usr/share/dbus-1/services/org.kazeia.Speech{,.Provider}.service
+#   /usr/lib/systemd/user/kazeia.service, /usr/share/dbus-1/services/org.kazeia.Speech{,.Provider}.service,
+#   /usr/share/dbus-1/interfaces/{org.kazeia.Speech1,org.freedesktop.Speech.Provider}.xml
 #
 # Usage: tools/make-deb.sh [--target-dir DIR] [--plugins DIR] [--out DIR] [--arch amd64|arm64]
 #                          [--compress xz|gzip|none] [--no-strip]

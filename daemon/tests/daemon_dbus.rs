@@ -8,7 +8,9 @@ use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use kazeia_spiel::{s16le_to_f32, Chunk, EventKind, SpielReader};
-use kazeia_tests::services::{wait_until, DbusSession, PipeWire, Recorder, Service, TempDir};
+use kazeia_tests::services::{
+    require_program, wait_until, DbusSession, PipeWire, Recorder, Service, TempDir,
+};
 use kazeia_tests::{fixtures_dir, speaking_model};
 use kazeiad::dbus::client::SpeechProxy;
 use zbus::wire::Variant;
@@ -1644,4 +1646,186 @@ async fn the_default_voice_is_prepared_in_the_configured_and_the_locale_language
         let expected = if n == 2 { 0 } else { fixed };
         assert_eq!(kept, expected, "{text:?} ({language:?})");
     }
+}
+
+/// The members of `interface` in an introspection document, sorted: `method Speak(in s, in a{sv}, out t)`,
+/// `signal Finished(t, s)`, `property State s read`. Argument names, comments and annotations are left out.
+fn interface_members(xml: &str, interface: &str) -> Vec<String> {
+    // Comments may hold `<` and `>`: dropped first.
+    let mut text = String::new();
+    let mut rest = xml;
+    while let Some(start) = rest.find("<!--") {
+        text.push_str(&rest[..start]);
+        let end = rest[start..].find("-->").expect("an unclosed comment") + start + 3;
+        rest = &rest[end..];
+    }
+    text.push_str(rest);
+    let attr = |tag: &str, key: &str| -> Option<String> {
+        let pattern = format!(" {key}=\"");
+        let start = tag.find(&pattern)? + pattern.len();
+        Some(tag[start..start + tag[start..].find('"')?].to_owned())
+    };
+    let mut members = Vec::new();
+    let mut inside = false;
+    // The method or signal being read: its kind and name, its arguments.
+    let mut current: Option<(String, Vec<String>)> = None;
+    for tag in text.split('<').skip(1) {
+        let tag = tag.split('>').next().unwrap_or_default();
+        let element = tag.split_whitespace().next().unwrap_or_default();
+        match element {
+            "interface" => inside = attr(tag, "name").as_deref() == Some(interface),
+            "/interface" => inside = false,
+            _ if !inside => {}
+            "method" | "signal" => {
+                let head = format!("{element} {}", attr(tag, "name").expect("a member's name"));
+                if tag.ends_with('/') {
+                    members.push(format!("{head}()"));
+                } else {
+                    current = Some((head, Vec::new()));
+                }
+            }
+            "arg" => {
+                let (head, args) = current.as_mut().expect("an argument outside a member");
+                let ty = attr(tag, "type").expect("an argument's type");
+                args.push(match attr(tag, "direction") {
+                    Some(direction) => format!("{direction} {ty}"),
+                    // A method's arguments are `in` unless said otherwise; a signal's have no direction.
+                    None if head.starts_with("method") => format!("in {ty}"),
+                    None => ty,
+                });
+            }
+            "/method" | "/signal" => {
+                let (head, args) = current.take().expect("a member's end without its start");
+                members.push(format!("{head}({})", args.join(", ")));
+            }
+            "property" => members.push(format!(
+                "property {} {} {}",
+                attr(tag, "name").expect("a property's name"),
+                attr(tag, "type").expect("a property's type"),
+                attr(tag, "access").expect("a property's access"),
+            )),
+            _ => {}
+        }
+    }
+    members.sort();
+    members
+}
+
+/// The introspection XML committed for app developers (`daemon/dbus/`, installed by `kazeia install` under
+/// share/dbus-1/interfaces) is what the daemon serves: the same methods, signals and properties, with the
+/// same signatures.
+#[test]
+fn the_committed_introspection_xml_is_the_served_interface() {
+    let dir = TempDir::new("daemon-xml");
+    let config = dir.path().join("kazeia.toml");
+    write_config(&config, &quick_model(), "null", "");
+    let bus = DbusSession::start(None);
+    let _daemon = start_daemon(&bus, &bus.env(), &config, dir.path().join("kazeiad.log"));
+    let committed = Path::new(env!("CARGO_MANIFEST_DIR")).join("dbus");
+    for (name, path, interface) in [
+        (
+            "org.kazeia.Speech",
+            "/org/kazeia/Speech",
+            "org.kazeia.Speech1",
+        ),
+        (
+            "org.kazeia.Speech.Provider",
+            "/org/kazeia/Speech/Provider",
+            "org.freedesktop.Speech.Provider",
+        ),
+    ] {
+        let out = busctl(&bus, &["introspect", "--xml-interface", name, path]);
+        assert!(out.status.success(), "{out:?}");
+        let served = interface_members(&String::from_utf8_lossy(&out.stdout), interface);
+        assert!(
+            served.iter().any(|m| m.starts_with("method "))
+                && served.iter().any(|m| m.starts_with("property ")),
+            "{interface} is not served as expected: {served:?}"
+        );
+        let file = committed.join(format!("{interface}.xml"));
+        let xml = std::fs::read_to_string(&file).unwrap();
+        assert_eq!(
+            interface_members(&xml, interface),
+            served,
+            "{} is not the interface the daemon serves",
+            file.display()
+        );
+    }
+}
+
+/// Runs `program args` with `env`, killed after 60 s; (exit status, stdout, stderr).
+fn run_client(
+    dir: &Path,
+    program: &Path,
+    args: &[&str],
+    env: &[(String, String)],
+) -> (std::process::ExitStatus, String, String) {
+    let (out, err) = (dir.join("client.out"), dir.join("client.err"));
+    let mut child = Command::new(program)
+        .args(args)
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .stdout(std::fs::File::create(&out).unwrap())
+        .stderr(std::fs::File::create(&err).unwrap())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("{} {args:?} did not end within 60 s", program.display());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let read = |p: &Path| std::fs::read_to_string(p).unwrap();
+    (status, read(&out), read(&err))
+}
+
+/// The example clients of docs/dbus-api.md (`tools/examples/`: Python with GDBus, and busctl) speak with a
+/// priority, wait for their utterance's `Finished` and say its reason; a refused request is an error exit
+/// that names the D-Bus error.
+#[test]
+fn the_example_clients_speak_and_wait_for_the_end() {
+    let dir = TempDir::new("daemon-examples");
+    let config = dir.path().join("kazeia.toml");
+    write_config(&config, &quick_model(), "null", "");
+    let bus = DbusSession::start(None);
+    let _daemon = start_daemon(&bus, &bus.env(), &config, dir.path().join("kazeiad.log"));
+    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tools/examples");
+    let python = require_program("/usr/bin/python3");
+    let python_say = examples.join("kazeia_say.py").display().to_string();
+    let busctl_say = examples.join("kazeia_say.sh").display().to_string();
+    let sh = Path::new("/bin/sh");
+    let env = bus.env();
+
+    for priority in ["message", "important"] {
+        let (status, out, err) = run_client(
+            dir.path(),
+            &python,
+            &[&python_say, "--priority", priority, "Hello from Python."],
+            &env,
+        );
+        assert!(status.success(), "{status}: {err}");
+        assert_eq!(out, "done\n", "{err}");
+        let (status, out, err) = run_client(
+            dir.path(),
+            sh,
+            &[&busctl_say, "Hello from busctl.", priority],
+            &env,
+        );
+        assert!(status.success(), "{status}: {err}");
+        assert_eq!(out, "done\n", "{err}");
+    }
+
+    let (status, out, err) = run_client(dir.path(), &python, &[&python_say, ""], &env);
+    assert_eq!(status.code(), Some(1), "{out}{err}");
+    assert!(
+        err.contains("org.kazeia.Speech1.Error.InvalidArgs: the text is empty"),
+        "{err}"
+    );
+    let (status, out, err) = run_client(dir.path(), sh, &[&busctl_say, ""], &env);
+    assert_eq!(status.code(), Some(1), "{out}{err}");
+    assert!(err.contains("the text is empty"), "{err}");
 }

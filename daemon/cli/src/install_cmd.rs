@@ -1,5 +1,5 @@
 //! `kazeia install`: places the binaries, plugins, configuration, systemd user unit, D-Bus activation
-//! files and the speech-dispatcher module, for one user (`--user`, no root needed) or system-wide
+//! files, the D-Bus interfaces' introspection XML (for app developers) and the speech-dispatcher module, for one user (`--user`, no root needed) or system-wide
 //! (`--prefix /usr/local`, with `--destdir` for packaging: `tools/make-deb.sh`), each file where the
 //! program that reads it looks.
 
@@ -14,6 +14,17 @@ use clap::Args;
 const UNIT: &str = include_str!("../../../systemd/kazeia.service");
 const DBUS_API: &str = include_str!("../../../systemd/dbus/org.kazeia.Speech.service");
 const DBUS_SPIEL: &str = include_str!("../../../systemd/dbus/org.kazeia.Speech.Provider.service");
+/// The introspection XML of the two interfaces, for app developers and tools (`share/dbus-1/interfaces`).
+const DBUS_INTERFACES: [(&str, &str); 2] = [
+    (
+        "org.kazeia.Speech1.xml",
+        include_str!("../../dbus/org.kazeia.Speech1.xml"),
+    ),
+    (
+        "org.freedesktop.Speech.Provider.xml",
+        include_str!("../../dbus/org.freedesktop.Speech.Provider.xml"),
+    ),
+];
 const SPEECHD_CONF: &str = include_str!("../../../config/speech-dispatcher/kazeia.conf");
 
 #[derive(Args, Debug)]
@@ -43,6 +54,7 @@ struct Layout {
     config: PathBuf,
     units: PathBuf,
     dbus_services: PathBuf,
+    dbus_interfaces: PathBuf,
     speechd_modules: PathBuf,
     speechd_config: PathBuf,
     /// `bin` as the installed system will see it (without `--destdir`), written into the unit files.
@@ -65,6 +77,7 @@ fn user_layout() -> Result<Layout> {
         config: config.join("kazeia"),
         units: config.join("systemd/user"),
         dbus_services: data.join("dbus-1/services"),
+        dbus_interfaces: data.join("dbus-1/interfaces"),
         // speech-dispatcher ≥ 0.11 looks in $XDG_DATA_HOME/../libexec/speech-dispatcher-modules.
         speechd_modules: data
             .parent()
@@ -114,6 +127,8 @@ fn system_layout(prefix: &Path, destdir: Option<&Path>, speechd_modules: PathBuf
         config: stage(PathBuf::from("/etc/kazeia")),
         units: stage(looked_at.join("lib/systemd/user")),
         dbus_services: stage(looked_at.join("share/dbus-1/services")),
+        // Read by developers and their tools, not by dbus: beside the binaries.
+        dbus_interfaces: stage(prefix.join("share/dbus-1/interfaces")),
         speechd_modules: stage(speechd_modules),
         speechd_config: stage(PathBuf::from("/etc/speech-dispatcher/modules")),
         bin_at_runtime: prefix.join("bin"),
@@ -223,6 +238,9 @@ pub fn run(args: InstallArgs) -> Result<()> {
             &text.replace("@BINDIR@", &bindir),
             &mut log,
         )?;
+    }
+    for (name, text) in DBUS_INTERFACES {
+        write(&layout.dbus_interfaces.join(name), text, &mut log)?;
     }
     println!("installed:");
     for path in &log {

@@ -80,6 +80,15 @@ fn system_install_puts_each_file_where_its_reader_looks() {
         assert!(file.contains("\nExec=/usr/local/bin/kazeiad\n"), "{file}");
         assert!(file.contains("\nSystemdService=kazeia.service"), "{file}");
     }
+    // The interfaces' introspection XML, for app developers, as committed.
+    for name in ["org.kazeia.Speech1", "org.freedesktop.Speech.Provider"] {
+        assert_eq!(
+            read(&at(&format!(
+                "usr/local/share/dbus-1/interfaces/{name}.xml"
+            ))),
+            read(&Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../dbus/{name}.xml")))
+        );
+    }
     assert!(
         !at("usr/local/etc").exists(),
         "nothing reads /usr/local/etc"
@@ -143,6 +152,8 @@ fn debian_package_is_found_by_the_stock_speech_dispatcher_and_heard() {
         "./usr/lib/systemd/user/kazeia.service",
         "./usr/share/dbus-1/services/org.kazeia.Speech.service",
         "./usr/share/dbus-1/services/org.kazeia.Speech.Provider.service",
+        "./usr/share/dbus-1/interfaces/org.kazeia.Speech1.xml",
+        "./usr/share/dbus-1/interfaces/org.freedesktop.Speech.Provider.xml",
     ] {
         assert!(
             listing.lines().any(|l| l.ends_with(path)),
@@ -262,6 +273,8 @@ fn install_places_every_file_for_the_user() {
         home.join(".config/systemd/user/kazeia.service"),
         home.join(".local/share/dbus-1/services/org.kazeia.Speech.service"),
         home.join(".local/share/dbus-1/services/org.kazeia.Speech.Provider.service"),
+        home.join(".local/share/dbus-1/interfaces/org.kazeia.Speech1.xml"),
+        home.join(".local/share/dbus-1/interfaces/org.freedesktop.Speech.Provider.xml"),
     ] {
         assert!(path.is_file(), "{} was not installed", path.display());
     }
@@ -309,6 +322,9 @@ fn install_places_every_file_for_the_user() {
     assert!(unit.contains("ExecStart=/usr/local/bin/kazeiad"), "{unit}");
     assert!(stage
         .join("usr/local/share/dbus-1/services/org.kazeia.Speech.service")
+        .is_file());
+    assert!(stage
+        .join("usr/local/share/dbus-1/interfaces/org.kazeia.Speech1.xml")
         .is_file());
     let out = Command::new(KAZEIA).args(["install"]).output().unwrap();
     assert!(!out.status.success());
