@@ -612,6 +612,7 @@ mod headless_pipewire {
                 .finish()
                 .unwrap_or_else(|e| panic!("round {i}: {e:#}"));
             assert_eq!(playback.played(), next.len() as u64, "round {i}");
+            eprintln!("round {i}: {:?}", t.elapsed());
             slowest = slowest.max(t.elapsed());
             finishing.join().unwrap().unwrap();
         }

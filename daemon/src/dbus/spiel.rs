@@ -57,6 +57,10 @@ impl SpielProvider {
         if language.is_empty() {
             return None;
         }
+        // Longer than any language tag: kept, for the request's checks to refuse with the reason.
+        if language.len() > crate::request::MAX_LANGUAGE_BYTES {
+            return Some(language);
+        }
         let info = self.service.info();
         if info.languages.is_empty() || model_language(&language, &info).is_ok() {
             return Some(language);
