@@ -12,7 +12,7 @@
 //! The step is timed with the weights in q4_0 ([`MEASURED_IN`]): formats with more bytes per weight stream them
 //! at least as well per byte (`kazeia bench`'s bandwidth shares), so scaling up from q4_0 errs towards the faster
 //! format. The measurement is cached ([`store`]) under the model, the CPU, the stages' backends and threads and
-//! this Kazeia's version, so later loads decide the same without measuring ([`load`]).
+//! this Kazeia's version, so later loads decide the same without measuring ([`store::MeasurementStore::load`]).
 
 mod load;
 mod measure;
