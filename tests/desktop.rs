@@ -136,6 +136,23 @@ impl SpeechDispatcher {
         env: &[(String, String)],
         level: u8,
     ) -> SpeechDispatcher {
+        Self::spawn(dir, Some(conf), module_dir, env, level)
+    }
+
+    /// As a user's session starts it: its configuration and modules found where it looks by itself (the
+    /// user's `~/.config/speech-dispatcher` and `~/.local/libexec/speech-dispatcher-modules` beside the system's),
+    /// from the `HOME` in `env`.
+    pub fn start_for_user(dir: &Path, env: &[(String, String)]) -> SpeechDispatcher {
+        Self::spawn(dir, None, None, env, 4)
+    }
+
+    fn spawn(
+        dir: &Path,
+        conf: Option<&Path>,
+        module_dir: Option<&Path>,
+        env: &[(String, String)],
+        level: u8,
+    ) -> SpeechDispatcher {
         let level = level.to_string();
         let logs = dir.join("sdlog");
         std::fs::create_dir_all(&logs).unwrap();
@@ -148,8 +165,6 @@ impl SpeechDispatcher {
             "unix_socket",
             "-S",
             &socket.display().to_string(),
-            "-C",
-            &conf.display().to_string(),
             "-L",
             &logs.display().to_string(),
             "-P",
@@ -159,6 +174,9 @@ impl SpeechDispatcher {
         ]
         .map(String::from)
         .to_vec();
+        if let Some(c) = conf {
+            args.extend(["-C".to_owned(), c.display().to_string()]);
+        }
         if let Some(m) = module_dir {
             args.extend(["-m".to_owned(), m.display().to_string()]);
         }

@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpListener;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
@@ -18,6 +18,8 @@ pub const SHA: &str = "0123456789abcdef0123456789abcdef01234567";
 /// What the server was asked, and what it is told to do wrong.
 #[derive(Default)]
 pub struct Server {
+    /// The repo id it serves the files as (`owner/name`).
+    pub repo: String,
     pub files: BTreeMap<String, Vec<u8>>,
     /// Every request: (method, path, first byte asked for).
     pub requests: Vec<(String, String, u64)>,
@@ -61,14 +63,17 @@ pub fn hex(bytes: &[u8]) -> String {
 }
 
 impl Hub {
-    /// The fixture model as a repo, with files a model does not need beside it.
+    /// The fixture model as the repo [`REPO`], with files a model does not need beside it.
     pub fn start() -> Hub {
+        Hub::serve(REPO, &fixture())
+    }
+
+    /// The model folder `model` as the repo `repo` (e.g. [`crate::speaking_model`] as the shipped
+    /// configuration's model, for a newcomer's first `kazeia model download`).
+    pub fn serve(repo: &str, model: &Path) -> Hub {
         let mut files = BTreeMap::new();
         for name in MODEL_FILES {
-            files.insert(
-                name.to_owned(),
-                std::fs::read(fixture().join(name)).unwrap(),
-            );
+            files.insert(name.to_owned(), std::fs::read(model.join(name)).unwrap());
         }
         files.insert("README.md".into(), b"# tiny\n".to_vec());
         files.insert(
@@ -77,6 +82,7 @@ impl Hub {
         );
         files.insert("golden.safetensors".into(), vec![0; 4096]);
         let state = Arc::new(Mutex::new(Server {
+            repo: repo.to_owned(),
             files,
             ..Default::default()
         }));
@@ -112,8 +118,9 @@ impl Hub {
 
     /// GETs of `file` (with the first byte asked for).
     pub fn gets(&self, file: &str) -> Vec<u64> {
-        let path = format!("/{REPO}/resolve/{SHA}/{file}");
-        self.state()
+        let state = self.state();
+        let path = format!("/{}/resolve/{SHA}/{file}", state.repo);
+        state
             .requests
             .iter()
             .filter(|(m, p, _)| m == "GET" && *p == path)
@@ -144,7 +151,8 @@ fn serve(mut stream: std::net::TcpStream, state: &Mutex<Server>, gate: &(Mutex<b
     let path = words.next().unwrap_or("").to_owned();
     let mut s = state.lock().unwrap();
     s.requests.push((method.clone(), path.clone(), from));
-    let (status, headers, mut body) = if path == format!("/api/models/{REPO}/revision/main") {
+    let repo = s.repo.clone();
+    let (status, headers, mut body) = if path == format!("/api/models/{repo}/revision/main") {
         let siblings: Vec<String> = s
             .files
             .keys()
@@ -155,7 +163,7 @@ fn serve(mut stream: std::net::TcpStream, state: &Mutex<Server>, gate: &(Mutex<b
             siblings.join(",")
         );
         ("200 OK", String::new(), json.into_bytes())
-    } else if let Some(file) = path.strip_prefix(&format!("/{REPO}/resolve/{SHA}/")) {
+    } else if let Some(file) = path.strip_prefix(&format!("/{repo}/resolve/{SHA}/")) {
         match s.files.get(file) {
             Some(bytes) => {
                 // LFS files (the weights) carry their SHA-256; the others a git blob id.

@@ -294,6 +294,12 @@ impl DbusSession {
     /// services from `service_dir` if given. It also makes a runtime directory, given to activated services
     /// as `XDG_RUNTIME_DIR`; a [`PipeWire`] on this bus listens there, so they find it.
     pub fn start(service_dir: Option<&Path>) -> DbusSession {
+        DbusSession::start_with_env(service_dir, &[])
+    }
+
+    /// [`DbusSession::start`] with `env` added to what activated services get (a user's `HOME`, as a login
+    /// session's bus has it).
+    pub fn start_with_env(service_dir: Option<&Path>, env: &[(String, String)]) -> DbusSession {
         let program = require_program("dbus-daemon");
         let dir = TempDir::new("bus");
         let runtime_dir = dir.path().join("run");
@@ -317,10 +323,11 @@ impl DbusSession {
         );
         let config_path = dir.path().join("bus.conf");
         std::fs::write(&config_path, config).expect("cannot write the bus configuration");
-        let env = [(
+        let mut env = env.to_vec();
+        env.push((
             "XDG_RUNTIME_DIR".to_owned(),
             runtime_dir.display().to_string(),
-        )];
+        ));
         let mut child = command(
             &program,
             &[

@@ -13,6 +13,8 @@ packages=(
     dbus-daemon dbus-bin systemd
     sox
     speech-dispatcher
+    # the Debian package's check (daemon/cli/tests/install.rs): what a distribution's archive would report
+    lintian
     # Orca end to end (daemon/tests/orca.rs): Orca under Xvfb with the AT-SPI bus, a GTK 3 window from
     # Python (tests/gtk_window.py), key presses through XTEST
     orca xvfb at-spi2-core python3-gi gir1.2-gtk-3.0 xdotool

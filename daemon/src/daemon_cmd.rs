@@ -21,6 +21,10 @@ use crate::player::Player;
 use crate::queue::Event;
 use crate::service::{backends_summary, Service};
 
+/// What `kazeiad --help` and its manual page say it is.
+pub const ABOUT: &str =
+    "Kazeia speech daemon: resident neural voices on the session bus (org.kazeia.Speech, Spiel)";
+
 #[derive(Args, Debug, Default)]
 pub struct DaemonArgs {
     /// Configuration file (default: $XDG_CONFIG_HOME/kazeia/kazeia.toml, then /etc/kazeia/kazeia.toml,

@@ -9,7 +9,7 @@ use kazeiad::daemon_cmd::{run, DaemonArgs};
 #[command(
     name = "kazeiad",
     version,
-    about = "Kazeia speech daemon: resident neural voices on the session bus (org.kazeia.Speech, Spiel)"
+    about = kazeiad::daemon_cmd::ABOUT
 )]
 struct Cli {
     #[command(flatten)]

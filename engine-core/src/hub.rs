@@ -108,6 +108,14 @@ pub(crate) fn repo_folder(settings: &HubSettings, repo: &str) -> PathBuf {
         .join(format!("models--{}", repo.replace('/', "--")))
 }
 
+/// Where the download locks of `repo` are (`.locks/models--owner--name`, as `huggingface_hub` keeps them).
+pub(crate) fn lock_folder(settings: &HubSettings, repo: &str) -> PathBuf {
+    settings
+        .cache_dir
+        .join(".locks")
+        .join(format!("models--{}", repo.replace('/', "--")))
+}
+
 fn missing_files(snapshot: &Path) -> Vec<&'static str> {
     REQUIRED_FILES
         .iter()
@@ -332,10 +340,7 @@ fn download(
     let folder = repo_folder(settings, repo);
     let snapshot = folder.join("snapshots").join(&info.sha);
     let blobs = folder.join("blobs");
-    let locks = settings
-        .cache_dir
-        .join(".locks")
-        .join(folder.file_name().unwrap_or_default());
+    let locks = lock_folder(settings, repo);
     for dir in [&blobs, &folder.join("refs"), &locks] {
         std::fs::create_dir_all(dir).map_err(|e| io_error("cannot create", dir, e))?;
     }

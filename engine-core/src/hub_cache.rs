@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
-use crate::hub::{cached_snapshot, looks_like_repo_id, repo_folder, HubSettings};
+use crate::hub::{cached_snapshot, lock_folder, looks_like_repo_id, repo_folder, HubSettings};
 
 /// One repo folder of the cache that holds (part of) a model.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -16,6 +16,8 @@ pub struct CachedModel {
     pub snapshot: Option<PathBuf>,
     /// Bytes on disk (blobs, finished and partial).
     pub bytes: u64,
+    /// Its folder in the cache and that of its download locks (what `remove` deletes).
+    pub folders: Vec<PathBuf>,
 }
 
 /// The model repos in the cache, by name. Repos whose snapshots hold no model `config.json` (other hub
@@ -40,6 +42,7 @@ pub fn list(settings: &HubSettings) -> Vec<CachedModel> {
         found.push(CachedModel {
             snapshot: cached_snapshot(settings, &repo),
             bytes: size_of(&entry.path().join("blobs")),
+            folders: vec![entry.path(), lock_folder(settings, &repo)],
             repo,
         });
     }
@@ -64,6 +67,8 @@ pub fn remove(settings: &HubSettings, repo: &str) -> Result<u64> {
     let bytes = size_of(&folder.join("blobs"));
     std::fs::remove_dir_all(&folder)
         .map_err(|e| Error::Input(format!("cannot remove {}: {e}", folder.display())))?;
+    // The empty lock files of its downloads go too (a later download makes them again).
+    let _ = std::fs::remove_dir_all(lock_folder(settings, repo));
     Ok(bytes)
 }
 
@@ -136,6 +141,10 @@ mod tests {
         std::fs::create_dir_all(&other).unwrap();
         std::fs::write(other.join("config.json"), "{\"model_type\": \"bert\"}").unwrap();
 
+        let locks = dir.path().join(".locks/models--Qwen--Tiny-TTS");
+        std::fs::create_dir_all(&locks).unwrap();
+        std::fs::write(locks.join("aaaa.lock"), b"").unwrap();
+
         let found = list(&s);
         let summary: Vec<(&str, bool, u64)> = found
             .iter()
@@ -145,8 +154,9 @@ mod tests {
             summary,
             [("Qwen/Half", false, 300), ("Qwen/Tiny-TTS", true, 1000)]
         );
+        assert_eq!(found[1].folders, [model.clone(), locks.clone()]);
         assert_eq!(remove(&s, "Qwen/Tiny-TTS").unwrap(), 1000);
-        assert!(!model.exists());
+        assert!(!model.exists() && !locks.exists());
         assert!(remove(&s, "Qwen/Tiny-TTS").is_err());
         assert!(remove(&s, "../etc").is_err());
     }

@@ -235,24 +235,43 @@ pub fn run_stop(args: StopArgs) -> Result<()> {
             .context("cannot ask the daemon to stop")?;
         println!("stopped {stopped} utterance(s)");
         if args.daemon {
-            // SAFETY: kill(2) with a pid the bus gave us; it only sends a signal.
-            if unsafe { libc::kill(pid as libc::pid_t, libc::SIGTERM) } != 0 {
-                bail!(
-                    "cannot end kazeiad (pid {pid}): {}",
-                    std::io::Error::last_os_error()
-                );
-            }
-            let bus = DBusProxy::new(&connection).await?;
-            let name = BusName::try_from(BUS_NAME)?;
-            for _ in 0..500 {
-                if !bus.name_has_owner(name.clone()).await? {
-                    println!("kazeiad (pid {pid}) ended");
-                    return Ok(());
-                }
-                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-            }
-            bail!("kazeiad (pid {pid}) was told to end but is still on the bus after 5 s");
+            end_daemon(&connection, pid).await?;
         }
         Ok(())
     })
+}
+
+/// Ends a running daemon (SIGTERM, then waits up to 5 s for it to leave the bus); its pid, `None` when none
+/// runs or there is no session bus to ask.
+pub fn end_daemon_if_running() -> Result<Option<u32>> {
+    runtime()?.block_on(async {
+        let Ok(connection) = session().await else {
+            return Ok(None);
+        };
+        let Some(pid) = daemon_pid(&connection).await? else {
+            return Ok(None);
+        };
+        end_daemon(&connection, pid).await?;
+        Ok(Some(pid))
+    })
+}
+
+async fn end_daemon(connection: &zbus::Connection, pid: u32) -> Result<()> {
+    // SAFETY: kill(2) with a pid the bus gave us; it only sends a signal.
+    if unsafe { libc::kill(pid as libc::pid_t, libc::SIGTERM) } != 0 {
+        bail!(
+            "cannot end kazeiad (pid {pid}): {}",
+            std::io::Error::last_os_error()
+        );
+    }
+    let bus = DBusProxy::new(connection).await?;
+    let name = BusName::try_from(BUS_NAME)?;
+    for _ in 0..500 {
+        if !bus.name_has_owner(name.clone()).await? {
+            println!("kazeiad (pid {pid}) ended");
+            return Ok(());
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    bail!("kazeiad (pid {pid}) was told to end but is still on the bus after 5 s");
 }

@@ -12,8 +12,17 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 
 const UNIT: &str = include_str!("../../../systemd/kazeia.service");
-const DBUS_API: &str = include_str!("../../../systemd/dbus/org.kazeia.Speech.service");
-const DBUS_SPIEL: &str = include_str!("../../../systemd/dbus/org.kazeia.Speech.Provider.service");
+/// The session bus's activation files (`share/dbus-1/services`), with `@BINDIR@` to fill in.
+const DBUS_SERVICES: [(&str, &str); 2] = [
+    (
+        "org.kazeia.Speech.service",
+        include_str!("../../../systemd/dbus/org.kazeia.Speech.service"),
+    ),
+    (
+        "org.kazeia.Speech.Provider.service",
+        include_str!("../../../systemd/dbus/org.kazeia.Speech.Provider.service"),
+    ),
+];
 /// The introspection XML of the two interfaces, for app developers and tools (`share/dbus-1/interfaces`).
 const DBUS_INTERFACES: [(&str, &str); 2] = [
     (
@@ -48,7 +57,7 @@ pub struct InstallArgs {
 }
 
 /// Where each kind of file goes.
-struct Layout {
+pub(crate) struct Layout {
     bin: PathBuf,
     plugins: PathBuf,
     config: PathBuf,
@@ -61,7 +70,7 @@ struct Layout {
     bin_at_runtime: PathBuf,
 }
 
-fn user_layout() -> Result<Layout> {
+pub(crate) fn user_layout() -> Result<Layout> {
     let home = PathBuf::from(std::env::var_os("HOME").context("HOME is not set")?);
     let env_dir = |var: &str, default: PathBuf| {
         std::env::var_os(var)
@@ -87,6 +96,44 @@ fn user_layout() -> Result<Layout> {
         bin_at_runtime: bin.clone(),
         bin,
     })
+}
+
+impl Layout {
+    /// The files `run` places under fixed names (the plugins, whose names depend on the build, are every
+    /// `libkazeia_backend_*` in `plugins`); `kazeia uninstall` removes the same list.
+    pub(crate) fn fixed_files(&self) -> Vec<PathBuf> {
+        let mut files = vec![
+            self.bin.join("kazeia"),
+            self.bin.join("kazeiad"),
+            self.speechd_modules.join("sd_kazeia"),
+            self.speechd_config.join("kazeia.conf"),
+            self.units.join("kazeia.service"),
+        ];
+        files.extend(
+            DBUS_SERVICES
+                .iter()
+                .map(|(name, _)| self.dbus_services.join(name)),
+        );
+        files.extend(
+            DBUS_INTERFACES
+                .iter()
+                .map(|(name, _)| self.dbus_interfaces.join(name)),
+        );
+        files
+    }
+
+    pub(crate) fn config_file(&self) -> PathBuf {
+        self.config.join("kazeia.toml")
+    }
+
+    pub(crate) fn plugins(&self) -> &Path {
+        &self.plugins
+    }
+}
+
+/// Whether a file name is one of Kazeia's backend plugins (built for this system's library suffix).
+pub(crate) fn is_plugin(name: &str) -> bool {
+    name.starts_with("libkazeia_backend_") && name.ends_with(std::env::consts::DLL_SUFFIX)
 }
 
 /// Debian's speech-dispatcher module directory (`pkg-config --variable=modulebindir speech-dispatcher`);
@@ -204,20 +251,19 @@ pub fn run(args: InstallArgs) -> Result<()> {
     } else {
         missing.push(module.display().to_string());
     }
-    let suffix = std::env::consts::DLL_SUFFIX;
     let mut plugins = 0;
     if let Ok(entries) = std::fs::read_dir(&from) {
         for entry in entries.flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();
             // The workspace's test plugins (a backend that fails on purpose) are never installed.
             let test_only = TEST_PLUGINS.iter().any(|t| name.starts_with(t));
-            if name.starts_with("libkazeia_backend_") && name.ends_with(suffix) && !test_only {
+            if is_plugin(&name) && !test_only {
                 copy(&entry.path(), &layout.plugins.join(&name), &mut log)?;
                 plugins += 1;
             }
         }
     }
-    let config_file = layout.config.join("kazeia.toml");
+    let config_file = layout.config_file();
     if config_file.exists() {
         println!("kept the existing {}", config_file.display());
     } else {
@@ -229,10 +275,7 @@ pub fn run(args: InstallArgs) -> Result<()> {
         &UNIT.replace("@BINDIR@", &bindir),
         &mut log,
     )?;
-    for (name, text) in [
-        ("org.kazeia.Speech.service", DBUS_API),
-        ("org.kazeia.Speech.Provider.service", DBUS_SPIEL),
-    ] {
+    for (name, text) in DBUS_SERVICES {
         write(
             &layout.dbus_services.join(name),
             &text.replace("@BINDIR@", &bindir),
@@ -255,6 +298,9 @@ pub fn run(args: InstallArgs) -> Result<()> {
     for m in missing {
         // sd_kazeia is its own package: a build of `-p kazeia` alone leaves it out.
         println!("not installed (not built: `cargo build --release -p kazeia-speechd`): {m}");
+    }
+    if args.user {
+        println!("to remove it later: kazeia uninstall (it says what it leaves and how big)");
     }
     println!(
         "next: `systemctl --user daemon-reload` (the daemon starts on the first D-Bus call), then \

@@ -8,10 +8,12 @@ mod control_cmd;
 mod decode;
 mod generate;
 mod install_cmd;
+mod manpages;
 mod model_cmd;
 mod play_cmd;
 mod say_cmd;
 mod synth;
+mod uninstall_cmd;
 mod voice_add;
 mod voice_cmd;
 
@@ -31,7 +33,9 @@ use clap::{Parser, Subcommand};
         kazeia status                         # state, model, backends, queue, memory\n  \
         kazeia stop                           # silence it\n  \
         kazeia synth --model DIR --text \"Hi\" --out hi.wav\n\n\
-        `kazeia COMMAND --help` has each command's options and examples."
+        `kazeia COMMAND --help` has each command's options and examples. The commands after `uninstall` are \
+        for developers: checking the audio setup and the backends, benchmarks, the daemon in the foreground, \
+        decoding and generating codes."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -40,23 +44,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Decode codec codes (JSON) to a WAV file with the model's 12 Hz codec decoder.
-    Decode(decode::DecodeArgs),
-    /// Generate codec codes from template token ids (as the official generate(input_ids=...)).
-    Generate(generate::GenerateArgs),
-    /// Speak text to a WAV file, in process.
-    #[command(after_help = "Examples:\n  \
-        kazeia synth --model Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice --text \"Hello world.\" --out hello.wav\n  \
-        kazeia synth --model DIR --text-file book.txt --speaker Ryan --weights q4_0 --out book.wav")]
-    Synth(synth::SynthArgs),
-    /// Time each stage on real-size random weights or on a model directory.
-    Bench(bench::BenchArgs),
-    /// List the compute backends (built in and plugins) and why any is unavailable.
-    Backends(backends::BackendsArgs),
-    /// Run the speech daemon (the same as `kazeiad`): resident model, D-Bus API and Spiel provider.
-    Daemon(kazeiad::daemon_cmd::DaemonArgs),
-    /// Play a WAV file through an audio sink (checks the audio setup: `--sink pipewire`, `wav:PATH`, `null`).
-    Play(crate::play_cmd::PlayArgs),
+    // For users first, then for developers: `--help` lists them in this order.
     /// Say text through the daemon (started by D-Bus activation if needed), else in process.
     #[command(after_help = "Examples:\n  \
         kazeia say \"Hello from Kazeia.\"\n  \
@@ -78,6 +66,11 @@ enum Command {
     Model(crate::model_cmd::ModelArgs),
     /// Voices you make and keep: cloned from a recording (Base models) or described in words.
     Voice(crate::voice_cmd::VoiceArgs),
+    /// Speak text to a WAV file, in process.
+    #[command(after_help = "Examples:\n  \
+        kazeia synth --model Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice --text \"Hello world.\" --out hello.wav\n  \
+        kazeia synth --model DIR --text-file book.txt --speaker Ryan --weights q4_0 --out book.wav")]
+    Synth(synth::SynthArgs),
     /// Install the binaries, plugins, configuration, systemd unit, D-Bus activation files and the
     /// speech-dispatcher module (--user, or --prefix DIR for system-wide).
     #[command(after_help = "Examples:\n  \
@@ -85,6 +78,26 @@ enum Command {
         sudo kazeia install --prefix /usr/local  # system-wide (speech-dispatcher and /etc files where they are read)\n  \
         tools/make-deb.sh                        # a Debian package instead")]
     Install(crate::install_cmd::InstallArgs),
+    /// Remove what `kazeia install --user` placed; say what is left (models, caches, voices) and its size.
+    #[command(after_help = "Examples:\n  \
+        kazeia uninstall          # the program files; keeps models, caches, voices and an edited kazeia.toml\n  \
+        kazeia uninstall --purge  # everything Kazeia keeps for this user")]
+    Uninstall(crate::uninstall_cmd::UninstallArgs),
+    /// Play a WAV file through an audio sink (checks the audio setup: `--sink pipewire`, `wav:PATH`, `null`).
+    Play(crate::play_cmd::PlayArgs),
+    /// List the compute backends (built in and plugins) and why any is unavailable.
+    Backends(backends::BackendsArgs),
+    /// Time each stage on real-size random weights or on a model directory.
+    Bench(bench::BenchArgs),
+    /// Run the speech daemon (the same as `kazeiad`): resident model, D-Bus API and Spiel provider.
+    Daemon(kazeiad::daemon_cmd::DaemonArgs),
+    /// Decode codec codes (JSON) to a WAV file with the model's 12 Hz codec decoder.
+    Decode(decode::DecodeArgs),
+    /// Generate codec codes from template token ids (as the official generate(input_ids=...)).
+    Generate(generate::GenerateArgs),
+    /// Write the manual pages (kazeia.1, one per command, kazeiad.1) into a folder (packaging).
+    #[command(hide = true)]
+    Manpages(crate::manpages::ManpagesArgs),
 }
 
 pub fn default_threads() -> usize {
@@ -108,6 +121,8 @@ fn main() -> ExitCode {
         Command::Status(args) => crate::control_cmd::run_status(args),
         Command::Stop(args) => crate::control_cmd::run_stop(args),
         Command::Install(args) => crate::install_cmd::run(args),
+        Command::Uninstall(args) => crate::uninstall_cmd::run(args),
+        Command::Manpages(args) => crate::manpages::run(args),
         Command::Voice(args) => crate::voice_cmd::run(args),
         Command::Model(args) => crate::model_cmd::run(args),
     };

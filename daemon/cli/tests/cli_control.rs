@@ -204,7 +204,16 @@ fn voices_status_and_stop_talk_to_the_daemon() {
 
 #[test]
 fn help_texts_have_examples() {
-    for command in ["say", "voices", "status", "stop", "synth", "install"] {
+    for command in [
+        "say",
+        "voices",
+        "status",
+        "stop",
+        "synth",
+        "install",
+        "uninstall",
+        "model",
+    ] {
         let out = Command::new(KAZEIA)
             .args([command, "--help"])
             .output()

@@ -104,7 +104,7 @@ fn make_deb(dir: &Path) -> PathBuf {
         .arg(built(dir))
         .arg("--out")
         .arg(dir)
-        .args(["--compress", "none"])
+        .args(["--compress", "gzip"])
         .env("KAZEIA", KAZEIA)
         .output()
         .unwrap();
@@ -163,6 +163,37 @@ fn debian_package_is_found_by_the_stock_speech_dispatcher_and_heard() {
     assert!(
         listing.lines().all(|l| l.contains(" root/root ")),
         "files must belong to root:\n{listing}"
+    );
+    // What a distribution asks of a package besides: copyright, changelog, a manual page per program and
+    // per command, no test plugin, and nothing lintian calls an error or a warning.
+    for path in [
+        "./usr/share/doc/kazeia/copyright",
+        "./usr/share/doc/kazeia/changelog.gz",
+        "./usr/share/man/man1/kazeia.1.gz",
+        "./usr/share/man/man1/kazeia-say.1.gz",
+        "./usr/share/man/man1/kazeia-model-download.1.gz",
+        "./usr/share/man/man1/kazeia-uninstall.1.gz",
+        "./usr/share/man/man1/kazeiad.1.gz",
+    ] {
+        assert!(
+            listing.lines().any(|l| l.ends_with(path)),
+            "{path} not in the package:\n{listing}"
+        );
+    }
+    assert!(!listing.contains("faulty"), "{listing}");
+    assert!(fields.contains("libvulkan1"), "{fields}");
+    let lintian = Command::new(require_program("lintian"))
+        .arg(&deb)
+        .output()
+        .unwrap();
+    let report = String::from_utf8_lossy(&lintian.stdout);
+    assert!(
+        lintian.status.success()
+            && !report
+                .lines()
+                .any(|l| l.starts_with("E:") || l.starts_with("W:")),
+        "lintian: {report}\n{}",
+        String::from_utf8_lossy(&lintian.stderr)
     );
 
     // Unpacked into a fresh root, as dpkg would install it.
@@ -450,4 +481,150 @@ fn the_test_plugin_is_never_installed() {
         !installed.iter().any(|n| n.contains("faulty")),
         "{installed:?}"
     );
+}
+
+/// A newcomer's first hour on a fresh home, as the README walks it: `kazeia install --user`, `kazeia model
+/// download` (from the local hub server, serving the shipped configuration's model), the first `kazeia say`
+/// heard at the null sink through a daemon the session bus starts from the installed files, speech-dispatcher
+/// (started as the user's session starts it) listing the installed module and speaking through it, then
+/// `kazeia uninstall` leaving only the caches it names, and `--purge` not even those.
+#[test]
+fn a_newcomer_installs_gets_a_model_hears_it_and_uninstalls() {
+    use kazeia_tests::hub_server::Hub;
+    let dir = TempDir::new("newcomer");
+    let home = dir.path().join("home");
+    std::fs::create_dir(&home).unwrap();
+    let user = vec![("HOME".to_owned(), home.display().to_string())];
+    let shipped_model = kazeiad::config::DaemonConfig::parse(kazeiad::config::SHIPPED, "shipped")
+        .unwrap()
+        .model
+        .path;
+    let hub = Hub::serve(&shipped_model, &speaking_model(dir.path()));
+
+    let installed = Command::new(KAZEIA)
+        .args(["install", "--user", "--from"])
+        .arg(built(dir.path()))
+        .env_clear()
+        .env("HOME", &home)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&installed.stdout).into_owned();
+    assert!(installed.status.success(), "{installed:?}");
+    assert!(
+        said.contains("kazeia model download") && said.contains("kazeia uninstall"),
+        "{said}"
+    );
+    let bin = home.join(".local/bin");
+
+    // The user's session: a bus that activates from ~/.local/share/dbus-1/services, PipeWire on it.
+    let bus = DbusSession::start_with_env(Some(&home.join(".local/share/dbus-1/services")), &user);
+    let pw = PipeWire::start(&bus).with_pulse();
+    // PipeWire's own XDG folders are its business: the user's are those of their HOME.
+    let mut env: Vec<(String, String)> = pw
+        .env()
+        .into_iter()
+        .filter(|(k, _)| !k.starts_with("XDG_") || k == "XDG_RUNTIME_DIR")
+        .collect();
+    env.extend(user.iter().cloned());
+    let kazeia = |args: &[&str]| {
+        Command::new(bin.join("kazeia"))
+            .args(args)
+            .env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .envs(env.iter().map(|(k, v)| (k, v)))
+            .env("HF_ENDPOINT", &hub.endpoint)
+            .output()
+            .unwrap()
+    };
+
+    let download = kazeia(&["model", "download"]);
+    let said = String::from_utf8_lossy(&download.stdout).into_owned();
+    assert!(download.status.success(), "{download:?}");
+    assert!(
+        said.contains(&format!("{shipped_model}: 8 files,")),
+        "the size is said first: {said}"
+    );
+
+    let rec = Recorder::start(&pw);
+    let first = kazeia(&["say", "Hello, this is my new voice."]);
+    assert!(first.status.success(), "{first:?}");
+    let heard = rec.stop();
+    assert!(
+        heard.sound_duration(0.01) > 0.3,
+        "only {:.2} s heard",
+        heard.sound_duration(0.01)
+    );
+
+    let speechd = SpeechDispatcher::start_for_user(dir.path(), &env);
+    let listed = speechd.spd_say(&["-O"], Duration::from_secs(30));
+    let listed = String::from_utf8_lossy(&listed.stdout).into_owned();
+    assert!(
+        listed.lines().any(|l| l.trim() == "kazeia"),
+        "spd-say -O:\n{listed}\n{}",
+        speechd.logs()
+    );
+    let rec = Recorder::start(&pw);
+    let said = speechd.spd_say(
+        &["-o", "kazeia", "-w", "And through speech-dispatcher."],
+        Duration::from_secs(120),
+    );
+    assert!(said.status.success(), "{said:?}\n{}", speechd.logs());
+    assert!(rec.stop().sound_duration(0.01) > 0.3, "{}", speechd.logs());
+    drop(speechd);
+
+    let removed = kazeia(&["uninstall"]);
+    let said = String::from_utf8_lossy(&removed.stdout).into_owned();
+    assert!(removed.status.success(), "{removed:?}");
+    assert!(
+        said.contains("kazeiad (pid") && said.contains("ended"),
+        "the daemon is ended first: {said}"
+    );
+    assert!(
+        said.contains(&format!("the model {shipped_model}: ")) && said.contains(" MB in "),
+        "the model is named with its size: {said}"
+    );
+    // What is left is exactly what it named.
+    let named: Vec<PathBuf> = said
+        .lines()
+        .filter_map(|l| l.split_once("(remove: rm -r ").map(|(_, rest)| rest))
+        .flat_map(|paths| paths.split('\'').skip(1).step_by(2).map(PathBuf::from))
+        .collect();
+    assert!(!named.is_empty(), "{said}");
+    let left = files_under(&home);
+    for file in &left {
+        assert!(
+            named.iter().any(|n| file.starts_with(n)),
+            "{} is left and not named:\n{said}",
+            file.display()
+        );
+    }
+    assert!(!bin.join("kazeia").exists());
+
+    let purged = Command::new(KAZEIA)
+        .args(["uninstall", "--purge"])
+        .env_clear()
+        .env("HOME", &home)
+        .output()
+        .unwrap();
+    assert!(purged.status.success(), "{purged:?}");
+    let left = files_under(&home);
+    assert!(left.is_empty(), "left after --purge: {left:?}");
+}
+
+/// Every file (not folder) under `dir`, but the PulseAudio client's cookie (`.config/pulse`), which
+/// speech-dispatcher's audio output writes, not Kazeia.
+fn files_under(dir: &Path) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if path.ends_with(".config/pulse") {
+            continue;
+        }
+        match entry.file_type() {
+            Ok(t) if t.is_dir() => files.extend(files_under(&path)),
+            Ok(_) => files.push(path),
+            Err(_) => {}
+        }
+    }
+    files
 }

@@ -82,7 +82,8 @@ impl DbusSynthesizer {
                 tokio::time::timeout(timeout, build).await
             })
             .map_err(|_| anyhow!("connecting to the session bus timed out"))?
-            .context("cannot connect to the session bus")?;
+            // zbus's message already ends with its cause: chaining it would say the cause twice.
+            .map_err(|e| anyhow!("cannot connect to the session bus: {e}"))?;
         self.connection = Some(connection.clone());
         Ok(connection)
     }

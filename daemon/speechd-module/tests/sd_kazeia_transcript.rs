@@ -175,6 +175,12 @@ fn init_fails_without_a_session_bus() {
         lines[0].starts_with("399-cannot connect to the session bus"),
         "{lines:?}"
     );
+    // The cause once, not once per layer of the error chain.
+    assert_eq!(
+        lines[0].matches("No such file or directory").count(),
+        1,
+        "{lines:?}"
+    );
     assert_eq!(lines[1], "399 ERR CANT INIT MODULE");
     assert_eq!(status, 1);
 }
