@@ -179,6 +179,9 @@ pub struct StreamSection {
     /// (`StreamConfig::batch`); 1 = one after the other. Audio still comes in order, and the first chunk's
     /// first sound waits for no other.
     pub batch: usize,
+    /// On a machine slower than real time, start playing once the rest will arrive in time (`audio::plan`),
+    /// so speech has no gap; false plays the first chunk at once, gaps and all.
+    pub gapless: bool,
 }
 
 impl Default for ModelSection {
@@ -240,6 +243,7 @@ impl Default for StreamSection {
             chunk_frames: 8,
             first_chunk_parts: 2,
             batch: 4,
+            gapless: true,
         }
     }
 }

@@ -14,6 +14,8 @@ use kazeia_engine::synth::{SynthOptions, Voice};
 use kazeia_text::prosody_filter::ProsodyFilter;
 use kazeia_text::ssml::{Piece, MAX_BREAK, MAX_TOTAL_BREAK};
 
+use crate::audio::plan::Rates;
+use crate::audio::planned::PlannedPlayback;
 use crate::audio::{open_sink, AudioSink, Playback, SinkSpec, SERVER_WAIT};
 use crate::config::DaemonConfig;
 use crate::engine::Engine;
@@ -117,6 +119,22 @@ fn injected_panic(text: &str, place: &str) {
     }
 }
 
+/// A slow machine simulated for the tests and measurements (`KAZEIA_TEST_SLOW=R`): each decoded chunk is
+/// delivered only after `R` times its own duration, so synthesis runs at a real-time factor of about `R`.
+fn simulated_slowness(samples: usize, sample_rate: u32) {
+    static FACTOR: std::sync::OnceLock<Option<f64>> = std::sync::OnceLock::new();
+    let factor = FACTOR.get_or_init(|| {
+        std::env::var("KAZEIA_TEST_SLOW")
+            .ok()
+            .and_then(|v| v.parse::<f64>().ok())
+            .filter(|f| f.is_finite() && *f > 0.0)
+    });
+    if let Some(factor) = factor {
+        let seconds = samples as f64 / f64::from(sample_rate.max(1)) * factor;
+        std::thread::sleep(Duration::from_secs_f64(seconds.min(10.0)));
+    }
+}
+
 /// What the worker and the adapters share.
 pub struct Player {
     pub queue: SpeechQueue,
@@ -130,6 +148,8 @@ pub struct Player {
     cache: ShortCache,
     /// The voices of the running engine (speakers, `[voices]`, stored voices).
     catalog: RwLock<Arc<Catalog>>,
+    /// How fast the running engine has synthesised, for when to start playing (`audio::plan`).
+    rates: Mutex<Rates>,
 }
 
 impl Player {
@@ -142,6 +162,7 @@ impl Player {
             config: RwLock::new(config),
             cache: ShortCache::default(),
             catalog: RwLock::new(Arc::new(Catalog::default())),
+            rates: Mutex::new(Rates::default()),
         }
     }
 
@@ -170,6 +191,8 @@ impl Player {
         self.set_catalog(catalog);
         *self.engine.write().unwrap_or_else(|e| e.into_inner()) = Some(engine);
         self.cache.clear();
+        // Another model, format, backend or thread count: another speed, measured afresh.
+        *self.rates.lock().unwrap_or_else(|e| e.into_inner()) = Rates::default();
     }
 
     pub fn catalog(&self) -> Arc<Catalog> {
@@ -400,8 +423,38 @@ impl Player {
                 let Some(sink) = self.sink_or_open(active)? else {
                     return Ok(Reason::Stopped);
                 };
-                let playback: Arc<dyn Playback> = Arc::from(sink.open(engine.info.sample_rate)?);
-                *active.playback.lock().unwrap_or_else(|e| e.into_inner()) = Some(playback.clone());
+                let sink_playback: Arc<dyn Playback> =
+                    Arc::from(sink.open(engine.info.sample_rate)?);
+                // Held back until the rest will arrive in time, on a machine slower than real time.
+                let rates = *self.rates.lock().unwrap_or_else(|e| e.into_inner());
+                let expected =
+                    rates.expected_seconds(text_bytes(request), f64::from(request.prosody.rate));
+                // The largest chunk's audio: 80 ms frames.
+                let chunk = config
+                    .stream
+                    .chunk_frames
+                    .max(config.stream.first_chunk_frames) as f64
+                    * 0.08;
+                let hold = if config.stream.gapless {
+                    rates.hold_seconds(expected, chunk)
+                } else {
+                    0.0
+                };
+                if hold > 0.0 {
+                    tracing::debug!(
+                        "utterance {}: expected {expected:.1} s of audio at real-time factor {:.2}: \
+                         playing once {hold:.1} s are ready",
+                        request.id,
+                        rates.rtf.unwrap_or(0.0)
+                    );
+                }
+                let playback = Arc::new(PlannedPlayback::new(
+                    sink_playback,
+                    engine.info.sample_rate,
+                    hold,
+                ));
+                *active.playback.lock().unwrap_or_else(|e| e.into_inner()) =
+                    Some(playback.clone() as Arc<dyn Playback>);
                 if active.control.is_stopped() {
                     playback.stop();
                 }
@@ -420,7 +473,7 @@ impl Player {
     fn speak_to_sink(
         self: &Arc<Self>,
         speaker: &Speaker,
-        playback: Arc<dyn Playback>,
+        playback: Arc<PlannedPlayback>,
     ) -> Result<Reason> {
         // Marks are reported when their point of audio is heard, by a watcher waiting on the playback.
         let (marks, pending) = mpsc::channel::<(u64, String)>();
@@ -462,12 +515,33 @@ impl Player {
             from.store(heard, Ordering::SeqCst);
         }
         finished?;
-        Ok(if speaker.control.is_stopped() {
-            Reason::Stopped
-        } else {
-            Reason::Done
-        })
+        if speaker.control.is_stopped() {
+            return Ok(Reason::Stopped);
+        }
+        let sample = playback.sample(
+            text_bytes(speaker.request),
+            f64::from(speaker.request.prosody.rate),
+        );
+        self.rates
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .learn(sample);
+        Ok(Reason::Done)
     }
+}
+
+/// Bytes of text an utterance has left to say (from the piece it resumes at).
+fn text_bytes(request: &Request) -> usize {
+    let first = request.resume_from.load(Ordering::SeqCst);
+    request
+        .pieces
+        .iter()
+        .skip(first)
+        .map(|piece| match piece {
+            Piece::Text { text, .. } => text.len(),
+            _ => 0,
+        })
+        .sum()
 }
 
 /// Watches a Spiel client's pipe while its utterance is generated: the client closing its end cancels at
@@ -728,6 +802,7 @@ impl Speaker<'_> {
                 match event {
                     StreamEvent::Audio(chunk) => {
                         injected_panic(text, "decoder");
+                        simulated_slowness(chunk.len(), sample_rate);
                         placement.input(chunk.len());
                         filter.process(chunk, &mut out);
                     }

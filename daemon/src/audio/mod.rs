@@ -22,6 +22,8 @@ mod null_sink;
 mod pipewire_loop;
 #[cfg(feature = "pipewire")]
 pub mod pipewire_sink;
+pub mod plan;
+pub mod planned;
 pub mod reference;
 #[cfg(feature = "pipewire")]
 mod sample_queue;

@@ -1,0 +1,238 @@
+//! When to start playing an utterance so that, once it is heard, it is heard without a gap.
+//!
+//! A machine that synthesises faster than real time plays from the first chunk, as soon as it can. One that is
+//! slower (real-time factor `r` > 1: `r` seconds of compute per second of audio) would play the first chunk,
+//! then wait for the next: gaps. If the utterance will last `L` seconds, synthesis started at 0 and has
+//! produced `(t - t0) / r` seconds of audio by time `t`; playback started at `P` needs `t - P` seconds of it.
+//! Both grow linearly, so the need is hardest to meet when the last audio arrives, at `t0 + L r`: no gap iff
+//! `P >= t0 + L (r - 1)`, that is once `L (1 - 1/r)` seconds of audio are held. Audio comes in chunks, each
+//! there only when all of it is made, which adds a chunk's worth (`c / r`). That is the least added delay for
+//! no gap, and [`hold_seconds`] returns it (with a margin on `r`).
+//!
+//! `r` and the seconds of speech per byte of text are learnt from the utterances this machine has spoken
+//! ([`Rates`]): compute time excludes the time synthesis waited for the sink, so a fast machine paced by
+//! playback still measures its own speed. Until one utterance has been measured, nothing is held.
+
+use std::time::Duration;
+
+/// Speech per byte of UTF-8 text before any is measured: about 14 characters a second in English, and a CJK
+/// character (3 bytes) about a quarter second, both near 0.07 s per byte.
+const DEFAULT_SECONDS_PER_BYTE: f64 = 0.07;
+
+/// The real-time factor is taken this much higher than measured: a machine's speed varies (other programs,
+/// clock scaling), and a gap costs more than a little more delay.
+pub const RTF_MARGIN: f64 = 1.1;
+
+/// An utterance shorter than this (audio seconds) teaches nothing reliable: prefill and chunking dominate.
+const MIN_SAMPLE_SECONDS: f64 = 1.0;
+
+/// Weight of the newest measurement in the running estimates.
+const NEWEST_WEIGHT: f64 = 0.5;
+
+/// At most this much audio is held before playing (memory: 60 s of 24 kHz f32 is 5.8 MB); an utterance that
+/// would need more starts with this much and may pause later.
+pub const MAX_HOLD_SECONDS: f64 = 60.0;
+
+/// What this machine's synthesis has shown: its real-time factor and how long text sounds.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Rates {
+    /// Seconds of compute per second of audio, once measured.
+    pub rtf: Option<f64>,
+    /// Seconds of speech per byte of text at rate 1.
+    pub seconds_per_byte: f64,
+}
+
+impl Default for Rates {
+    fn default() -> Self {
+        Rates {
+            rtf: None,
+            seconds_per_byte: DEFAULT_SECONDS_PER_BYTE,
+        }
+    }
+}
+
+/// One spoken utterance, as measured by its playback.
+#[derive(Clone, Copy, Debug)]
+pub struct Sample {
+    /// Audio produced, in seconds.
+    pub audio: f64,
+    /// Time synthesis ran, not counting waits for the sink.
+    pub compute: Duration,
+    /// Bytes of text it said, and the speaking rate they were said at.
+    pub text_bytes: usize,
+    pub rate: f64,
+}
+
+impl Rates {
+    /// The audio `text_bytes` of text should give at speaking rate `rate`, in seconds.
+    pub fn expected_seconds(&self, text_bytes: usize, rate: f64) -> f64 {
+        text_bytes as f64 * self.seconds_per_byte / rate.max(0.1)
+    }
+
+    /// Seconds of audio to hold before playing an utterance expected to last `expected` seconds, made in
+    /// chunks of at most `chunk` seconds.
+    pub fn hold_seconds(&self, expected: f64, chunk: f64) -> f64 {
+        self.rtf
+            .map_or(0.0, |rtf| hold_seconds(expected, rtf * RTF_MARGIN, chunk))
+    }
+
+    /// Learns from one utterance; short ones are ignored.
+    pub fn learn(&mut self, sample: Sample) {
+        if sample.audio < MIN_SAMPLE_SECONDS {
+            return;
+        }
+        let rtf = sample.compute.as_secs_f64() / sample.audio;
+        // The first measurement replaces the guesses; later ones are blended in.
+        let first = self.rtf.is_none();
+        self.rtf = Some(self.rtf.map_or(rtf, |old| blend(old, rtf)));
+        if sample.text_bytes > 0 {
+            let per_byte = sample.audio * sample.rate / sample.text_bytes as f64;
+            self.seconds_per_byte = if first {
+                per_byte
+            } else {
+                blend(self.seconds_per_byte, per_byte)
+            };
+        }
+    }
+}
+
+fn blend(old: f64, new: f64) -> f64 {
+    old + NEWEST_WEIGHT * (new - old)
+}
+
+/// Audio to hold before playing `expected` seconds produced at real-time factor `rtf` in chunks of at most
+/// `chunk` seconds: `expected (1 - 1/rtf)`, plus `chunk / rtf` as a chunk's audio is there only once all of it
+/// is made, when slower than real time; none otherwise; at most [`MAX_HOLD_SECONDS`].
+pub fn hold_seconds(expected: f64, rtf: f64, chunk: f64) -> f64 {
+    if rtf <= 1.0 || !expected.is_finite() || expected <= 0.0 {
+        return 0.0;
+    }
+    (expected * (1.0 - 1.0 / rtf) + chunk.max(0.0) / rtf).min(MAX_HOLD_SECONDS)
+}
+
+/// A real-time player of `arrivals` (when each piece of audio arrived, and how many seconds it holds) that
+/// starts once `hold` seconds have arrived (or everything has): when the first sound is heard, and the total
+/// silence after it while waiting for audio. `kazeia bench` and the tests replay streams through it.
+pub fn replay(arrivals: &[(Duration, f64)], hold: f64) -> (Duration, Duration) {
+    let total: f64 = arrivals.iter().map(|a| a.1).sum();
+    let mut held = 0.0;
+    let mut start = None;
+    for &(at, seconds) in arrivals {
+        held += seconds;
+        if held >= hold.min(total) - 1e-9 {
+            start = Some(at);
+            break;
+        }
+    }
+    let Some(start) = start else {
+        return (Duration::ZERO, Duration::ZERO);
+    };
+    let mut played_until = start;
+    let mut silence = Duration::ZERO;
+    for &(at, seconds) in arrivals {
+        if at > played_until {
+            silence += at - played_until;
+            played_until = at;
+        }
+        played_until += Duration::from_secs_f64(seconds);
+    }
+    (start, silence)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A stream at real-time factor `rtf`: a first chunk of 2 frames after a prefill, then chunks of 8
+    /// frames (80 ms each), `frames` in all.
+    fn stream(rtf: f64, frames: usize) -> Vec<(Duration, f64)> {
+        let frame = 0.08;
+        let mut at = 0.3; // prefill
+        let mut arrivals = Vec::new();
+        let mut left = frames;
+        let mut first = true;
+        while left > 0 {
+            let n = if first { 2 } else { 8 }.min(left);
+            first = false;
+            at += n as f64 * frame * rtf;
+            arrivals.push((Duration::from_secs_f64(at), n as f64 * frame));
+            left -= n;
+        }
+        arrivals
+    }
+
+    #[test]
+    fn the_hold_is_the_least_that_leaves_no_gap() {
+        for rtf in [1.2, 1.5, 2.0, 3.0] {
+            for frames in [25, 125, 375] {
+                let arrivals = stream(rtf, frames);
+                let expected = frames as f64 * 0.08;
+                let hold = hold_seconds(expected, rtf, 0.64);
+                let (_, silence) = replay(&arrivals, hold);
+                assert!(
+                    silence < Duration::from_millis(1),
+                    "rtf {rtf}, {frames} frames: {silence:?} of gaps after holding {hold:.2} s"
+                );
+                // Tight: a tenth less held (and a chunk's worth less, as chunks arrive whole) gaps.
+                let (_, short) = replay(&arrivals, hold * 0.9 - 0.64);
+                assert!(
+                    short > Duration::ZERO,
+                    "rtf {rtf}, {frames} frames: holding less did not gap"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_machine_faster_than_real_time_holds_nothing_and_plays_the_first_chunk() {
+        let arrivals = stream(0.5, 125);
+        assert_eq!(hold_seconds(10.0, 0.5, 0.64), 0.0);
+        let (first, silence) = replay(&arrivals, 0.0);
+        assert_eq!(first, arrivals[0].0);
+        // The first chunk (160 ms) is heard before the second (640 ms at RTF 0.5: 320 ms) arrives.
+        assert!(silence > Duration::ZERO && silence < Duration::from_millis(200));
+        let rates = Rates::default();
+        assert_eq!(
+            rates.hold_seconds(10.0, 0.64),
+            0.0,
+            "nothing measured: nothing held"
+        );
+    }
+
+    #[test]
+    fn rates_are_learnt_from_long_utterances_only() {
+        let mut rates = Rates::default();
+        rates.learn(Sample {
+            audio: 0.5,
+            compute: Duration::from_secs(5),
+            text_bytes: 3,
+            rate: 1.0,
+        });
+        assert_eq!(rates, Rates::default());
+        rates.learn(Sample {
+            audio: 10.0,
+            compute: Duration::from_secs(15),
+            text_bytes: 125,
+            rate: 1.0,
+        });
+        assert_eq!(rates.rtf, Some(1.5));
+        assert!((rates.seconds_per_byte - 0.08).abs() < 1e-12);
+        rates.learn(Sample {
+            audio: 10.0,
+            compute: Duration::from_secs(25),
+            text_bytes: 100,
+            rate: 1.0,
+        });
+        assert_eq!(rates.rtf, Some(2.0));
+        assert!((rates.seconds_per_byte - 0.09).abs() < 1e-12);
+        // Said at twice the speed, the same text lasts half as long.
+        assert!(
+            (rates.expected_seconds(100, 2.0) * 2.0 - rates.expected_seconds(100, 1.0)).abs()
+                < 1e-12
+        );
+        let hold = rates.hold_seconds(30.0, 0.64);
+        let rtf = 2.0 * RTF_MARGIN;
+        assert!((hold - 30.0 * (1.0 - 1.0 / rtf) - 0.64 / rtf).abs() < 1e-9);
+        assert_eq!(hold_seconds(1e6, 2.0, 0.64), MAX_HOLD_SECONDS);
+    }
+}
