@@ -107,6 +107,49 @@ fn threads_or_all(n: usize) -> usize {
     }
 }
 
+/// What a loaded model offers and runs on: `model` as configured, loaded from `dir`, its stages on `backends`
+/// (talker, code predictor, decoder). `kazeia synth` describes its in-process model the same way, so that it
+/// finds voices as the daemon does.
+pub fn engine_info(
+    model: &str,
+    dir: PathBuf,
+    synth: &Synthesizer,
+    backends: [String; 3],
+    weights: String,
+    load_time: Duration,
+) -> EngineInfo {
+    let [talker, code_predictor, decoder] = backends;
+    EngineInfo {
+        model: model.to_owned(),
+        model_dir: dir,
+        backends: BTreeMap::from([
+            ("talker".to_owned(), talker),
+            ("code_predictor".to_owned(), code_predictor),
+            ("decoder".to_owned(), decoder),
+        ]),
+        sample_rate: synth.sample_rate(),
+        speakers: synth
+            .model
+            .speakers()
+            .into_iter()
+            .map(str::to_owned)
+            .collect(),
+        languages: synth
+            .model
+            .languages()
+            .into_iter()
+            .filter(|l| *l != "auto")
+            .map(str::to_owned)
+            .collect(),
+        model_type: synth.model.config.model_type().to_owned(),
+        instruct_refusal: synth.instruct_refusal(),
+        speaker_dim: synth.model.config.talker_config.hidden_size,
+        codebooks: synth.model.config.talker_config.num_code_groups,
+        weights,
+        load_time,
+    }
+}
+
 impl Engine {
     /// Loads the configured model on the configured backends; warnings (backend fallbacks) are logged.
     pub fn load(config: &DaemonConfig) -> Result<Self> {
@@ -182,35 +225,14 @@ impl Engine {
                 stage.name()
             )
         }));
-        let info = EngineInfo {
-            model: config.model.path.clone(),
-            model_dir: dir,
-            backends: BTreeMap::from([
-                ("talker".to_owned(), talker_name),
-                ("code_predictor".to_owned(), cp_name),
-                ("decoder".to_owned(), decoder_name),
-            ]),
-            sample_rate: synth.sample_rate(),
-            speakers: synth
-                .model
-                .speakers()
-                .into_iter()
-                .map(str::to_owned)
-                .collect(),
-            languages: synth
-                .model
-                .languages()
-                .into_iter()
-                .filter(|l| *l != "auto")
-                .map(str::to_owned)
-                .collect(),
-            model_type: synth.model.config.model_type().to_owned(),
-            instruct_refusal: synth.instruct_refusal(),
-            speaker_dim: synth.model.config.talker_config.hidden_size,
-            codebooks: synth.model.config.talker_config.num_code_groups,
-            weights: weights_auto::describe(weights, auto.as_ref()),
-            load_time: start.elapsed(),
-        };
+        let info = engine_info(
+            &config.model.path,
+            dir,
+            &synth,
+            [talker_name, cp_name, decoder_name],
+            weights_auto::describe(weights, auto.as_ref()),
+            start.elapsed(),
+        );
         Ok(Engine {
             files: model_files(&info.model_dir),
             synth,

@@ -90,6 +90,9 @@ pub struct SynthOptions {
     /// Each chunk also stops at a limit from its length ([`crate::lm::frame_budget`]), so a generation the model
     /// never ends is cut after seconds, not minutes ([`crate::stream::StreamReport::cut`] counts them).
     pub text_budget: bool,
+    /// Generate up to the frame cap even where the model ends the speech (tests and measurements of long
+    /// speech on random models).
+    pub ignore_eos: bool,
 }
 
 impl Default for SynthOptions {
@@ -100,6 +103,7 @@ impl Default for SynthOptions {
             max_new_tokens: None,
             chunk_chars: kazeia_text::text::DEFAULT_CHUNK_CHARS,
             text_budget: true,
+            ignore_eos: false,
         }
     }
 }
@@ -370,6 +374,7 @@ impl Synthesizer {
             gen_options.max_new_tokens = n;
         }
         gen_options.text_budget = options.text_budget;
+        gen_options.ignore_eos = options.ignore_eos;
         // The first prompt is the one just checked; the rest are built as generation reaches them.
         let rest = (1..chunks.len()).map(|c| utterance(c, &mut Vec::new()));
         let mut utterances = std::iter::once(Ok(first)).chain(rest);

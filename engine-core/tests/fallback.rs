@@ -66,6 +66,7 @@ fn speak(synth: &Synthesizer, config: StreamConfig) -> Result<Vec<f32>, Error> {
         max_new_tokens: Some(24),
         chunk_chars: 400,
         text_budget: true,
+        ignore_eos: false,
     };
     synth.synthesize(
         "Hello world.",
@@ -234,6 +235,7 @@ fn a_stage_failing_mid_batch_moves_to_the_cpu_and_no_chunk_is_lost() {
         max_new_tokens: Some(24),
         chunk_chars: 16,
         text_budget: true,
+        ignore_eos: false,
     };
     let speak = |synth: &Synthesizer, batch: usize| {
         let config = StreamConfig {

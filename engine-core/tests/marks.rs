@@ -34,6 +34,7 @@ fn greedy(max_new_tokens: usize, chunk_chars: usize) -> SynthOptions {
         chunk_chars,
         // Every chunk runs to the limit given (the tiny model rarely ends one), whatever its length.
         text_budget: false,
+        ignore_eos: false,
     }
 }
 

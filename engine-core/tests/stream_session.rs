@@ -35,6 +35,7 @@ fn greedy(max_new_tokens: usize) -> SynthOptions {
         chunk_chars: 400,
         // The official generation's limit alone, as the golden waveforms were made.
         text_budget: false,
+        ignore_eos: false,
     }
 }
 

@@ -31,9 +31,10 @@ pub struct SamplingArgs {
 pub struct EngineArgs {
     /// Storage of the talker's and code predictor's weights: bf16 (the released models' own, lossless), q8_0
     /// or q4_0 (smaller and faster, slightly lossy), f16, f32, or auto: the most precise that this machine runs
-    /// comfortably faster than real time (as the daemon's default; measured once, then cached).
-    #[arg(long, default_value = "auto")]
-    pub weights: WeightsSetting,
+    /// comfortably faster than real time (as the daemon's default; measured once, then cached). Default: auto
+    /// (for `synth`, kazeia.toml's `[model] weights`).
+    #[arg(long)]
+    pub weights: Option<WeightsSetting>,
     /// Worker threads for the CPU backend.
     #[arg(long, default_value_t = crate::default_threads())]
     pub threads: usize,
@@ -42,6 +43,11 @@ pub struct EngineArgs {
 }
 
 impl EngineArgs {
+    /// `--weights`, else auto.
+    pub fn weights(&self) -> WeightsSetting {
+        self.weights.unwrap_or(WeightsSetting::Auto)
+    }
+
     /// What `auto`'s measurement is keyed by: every stage runs with `--threads`.
     pub fn machine(&self) -> AutoMachine {
         AutoMachine::new([self.threads; 3])

@@ -67,7 +67,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         bail!("--max-new-tokens must be positive");
     }
     let (lm, decoder) = args.engine.backends.resolve(args.engine.threads);
-    let model = match args.engine.weights {
+    let model = match args.engine.weights() {
         WeightsSetting::Fixed(storage) => TtsModel::load_on(&dir, lm, storage),
         // `auto` times the decoder too, so it loads the whole model and keeps the LM.
         WeightsSetting::Auto => load_synthesizer(

@@ -65,6 +65,10 @@ enum Command {
         kazeia model remove Qwen/Qwen3-TTS-12Hz-1.7B-CustomVoice")]
     Model(crate::model_cmd::ModelArgs),
     /// Voices you make and keep: cloned from a recording (Base models) or described in words.
+    #[command(after_help = "Examples:\n  \
+        kazeia voice add me --audio me.wav --text \"What the recording says.\"\n  \
+        kazeia voice design narrator --instruct \"A calm, low voice, speaking slowly.\"\n  \
+        kazeia voice list")]
     Voice(crate::voice_cmd::VoiceArgs),
     /// Speak text to a WAV file, in process.
     #[command(after_help = "Examples:\n  \

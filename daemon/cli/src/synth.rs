@@ -7,20 +7,26 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use kazeia_engine::stream::{SessionControl, StreamConfig};
-use kazeia_engine::synth::{SynthOptions, Voice};
+use kazeia_engine::synth::SynthOptions;
 use kazeia_engine::wav::{SampleFormat, WavWriter};
 use kazeia_engine::weights_auto::load_synthesizer;
 use kazeia_text::text::DEFAULT_CHUNK_CHARS;
 
 use crate::common_args::{EngineArgs, SamplingArgs};
 use kazeiad::model_path::resolve_model;
+use kazeiad::request::VoiceChoice;
+use kazeiad::voices::speech_voice;
 
 #[derive(Args)]
 pub struct SynthArgs {
     /// Model directory in the released layout, or a Hugging Face repo id
-    /// (e.g. Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice).
+    /// (e.g. Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice). Default: kazeia.toml's `[model] path`.
     #[arg(long)]
-    model: String,
+    model: Option<String>,
+    /// Configuration whose model, weights, voice, language, instruction and greedy setting are the defaults
+    /// (default: the daemon's, ~/.config/kazeia/kazeia.toml or /etc/kazeia/kazeia.toml).
+    #[arg(long)]
+    config: Option<PathBuf>,
     /// The text to speak.
     #[arg(
         long,
@@ -31,13 +37,15 @@ pub struct SynthArgs {
     /// Read the text from a file (`-`: standard input).
     #[arg(long)]
     text_file: Option<PathBuf>,
-    /// CustomVoice speaker (default: the model's first speaker).
+    /// Any voice `kazeia voices` lists: a speaker of the model, a `[voices]` entry of kazeia.toml, or a voice
+    /// made with `kazeia voice add` / `kazeia voice design` (default: kazeia.toml's `[voice] speaker`, else the
+    /// model's first voice).
+    #[arg(long, alias = "speaker")]
+    voice: Option<String>,
+    /// Language name known to the model, or auto (default: the voice's own, else kazeia.toml's).
     #[arg(long)]
-    speaker: Option<String>,
-    /// Language name known to the model, or auto.
-    #[arg(long, default_value = "auto")]
-    language: String,
-    /// Voice instruction (VoiceDesign and 1.7B CustomVoice models).
+    language: Option<String>,
+    /// Voice instruction (VoiceDesign and 1.7B CustomVoice models; default: kazeia.toml's).
     #[arg(long)]
     instruct: Option<String>,
     /// Output WAV file.
@@ -103,40 +111,56 @@ pub fn run(args: SynthArgs) -> Result<()> {
     if args.sampling.max_new_tokens == Some(0) || args.chunk_chars == 0 {
         bail!("--max-new-tokens and --chunk-chars must be positive");
     }
-    let dir = resolve_model(&args.model)?;
+    let (mut config, _) = kazeiad::config::load(args.config.as_deref())?;
+    if let Some(model) = args.model.as_ref().filter(|m| **m != config.model.path) {
+        // The configured default voice belongs to the configured model, not to this one.
+        config.model.path = model.clone();
+        config.voice.speaker.clear();
+    }
+    let weights = match args.engine.weights {
+        Some(w) => w,
+        None => config.weights_setting()?,
+    };
+    let dir = resolve_model(&config.model.path)?;
     let (lm, decoder) = args.engine.backends.resolve(args.engine.threads);
+    let backend_names =
+        [lm.talker.name(), lm.code_predictor.name(), decoder.name()].map(str::to_owned);
     let load_start = Instant::now();
     let loading =
         kazeiad::progress::Spinner::new("loading the model (converted weights are cached)");
-    let (synth, auto) = load_synthesizer(
-        &dir,
-        lm,
-        decoder,
-        args.engine.weights,
-        &args.engine.machine(),
-    )
-    .with_context(|| format!("cannot load the model from {}", dir.display()))?;
-    let weights = auto.map_or_else(|| args.engine.weights.to_string(), |c| c.format.to_string());
+    let (synth, auto) = load_synthesizer(&dir, lm, decoder, weights, &args.engine.machine())
+        .with_context(|| format!("cannot load the model from {}", dir.display()))?;
+    let weights_used = auto.map_or_else(|| weights.to_string(), |c| c.format.to_string());
     drop(loading);
     let load_time = load_start.elapsed();
-    let speaker = args
-        .speaker
-        .clone()
-        .or_else(|| synth.model.speakers().first().map(|s| s.to_string()));
-    let voice = Voice {
-        speaker,
+    // The voice as the daemon would find it: the same catalog (speakers, [voices], stored voices).
+    let info = kazeiad::engine::engine_info(
+        &config.model.path,
+        dir.clone(),
+        &synth,
+        backend_names,
+        weights_used.clone(),
+        load_time,
+    );
+    let catalog = kazeiad::service::voice_catalog(&info, &config);
+    let choice = VoiceChoice {
+        speaker: args.voice.clone(),
         language: args.language.clone(),
         instruct: args.instruct.clone(),
-        non_streaming_mode: args.sampling.non_streaming_mode,
-        clone: None,
     };
+    let mut voice = speech_voice(&choice, &config, &info, &catalog)?;
+    if let Some(mode) = args.sampling.non_streaming_mode {
+        voice.non_streaming_mode = Some(mode);
+    }
+    let weights = weights_used;
     let options = SynthOptions {
-        greedy: args.sampling.greedy,
+        greedy: args.sampling.greedy || config.generation.greedy,
         seed: args.sampling.seed,
         max_new_tokens: args.sampling.max_new_tokens,
         chunk_chars: args.chunk_chars,
         // A limit given replaces the one from each chunk's length.
         text_budget: args.sampling.max_new_tokens.is_none(),
+        ignore_eos: false,
     };
     let stream = StreamConfig {
         first_chunk_frames: args.first_chunk_frames.max(1),

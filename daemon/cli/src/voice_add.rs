@@ -30,7 +30,8 @@ pub struct AddArgs {
     /// The language of the recording and of the voice by default (english, chinese, …).
     #[arg(long, default_value = "")]
     pub language: String,
-    /// The Base model to clone with (directory or Hugging Face repo id); default: the configured model.
+    /// The Base model to clone with (directory or Hugging Face repo id); default: the configured model if it is
+    /// a Base one, else a Base model already downloaded.
     #[arg(long)]
     pub model: Option<String>,
     /// Replace a stored voice of the same name.
@@ -53,20 +54,7 @@ pub fn run(args: &AddArgs, dir: &Path, config: &DaemonConfig) -> Result<()> {
         Some("") => bail!("--text is empty: give what the recording says, or leave --text out"),
         other => other.map(str::to_owned),
     };
-    let spec = args
-        .model
-        .clone()
-        .unwrap_or_else(|| config.model.path.clone());
-    let model_dir = kazeiad::model_path::resolve_model(&spec)?;
-    let model_config = ModelConfig::load(&model_dir.join("config.json"))
-        .with_context(|| format!("cannot read the model {}", model_dir.display()))?;
-    if model_config.model_type() != "base" {
-        bail!(
-            "{spec} is a {} model; voices are cloned with a Base model: pass --model with a \
-             Qwen3-TTS-12Hz-0.6B-Base or -1.7B-Base directory",
-            model_config.model_type()
-        );
-    }
+    let (spec, model_dir, model_config) = base_model(args.model.as_deref(), config)?;
     let language = check_language(&args.language, &model_config)?;
     if let Some(speaker) = model_config
         .talker_config
@@ -127,7 +115,69 @@ pub fn run(args: &AddArgs, dir: &Path, config: &DaemonConfig) -> Result<()> {
             String::new()
         }
     );
+    // Only a daemon running a Base model speaks cloned voices: say what makes it do so.
+    let configured_is_base = spec == config.model.path;
+    if configured_is_base {
+        println!(
+            "the daemon offers it now: kazeia say --voice {} \"Hello.\" (or kazeia synth --voice {})",
+            args.name, args.name
+        );
+    } else {
+        println!(
+            "the daemon speaks cloned voices only with a Base model: to use `{}`, set `path = \"{spec}\"` \
+             under [model] in kazeia.toml (and `speaker = \"{}\"` under [voice] to make it the default); \
+             meanwhile: kazeia synth --model {spec} --voice {} --text \"Hello.\" --out hello.wav",
+            args.name, args.name, args.name
+        );
+    }
     Ok(())
+}
+
+/// The Base model to clone with: `--model`, else the configured model if it is a Base one, else a Base model
+/// already downloaded (the hub cache); its name, folder and configuration.
+fn base_model(
+    asked: Option<&str>,
+    config: &DaemonConfig,
+) -> Result<(String, std::path::PathBuf, ModelConfig)> {
+    let load = |spec: &str| -> Result<(String, std::path::PathBuf, ModelConfig)> {
+        let dir = kazeiad::model_path::resolve_model(spec)?;
+        let model = ModelConfig::load(&dir.join("config.json"))
+            .with_context(|| format!("cannot read the model {}", dir.display()))?;
+        Ok((spec.to_owned(), dir, model))
+    };
+    if let Some(spec) = asked {
+        let found = load(spec)?;
+        if found.2.model_type() != "base" {
+            bail!(
+                "{spec} is a {} model; voices are cloned with a Base model (Qwen3-TTS-12Hz-0.6B-Base or \
+                 -1.7B-Base)",
+                found.2.model_type()
+            );
+        }
+        return Ok(found);
+    }
+    if let Ok(found) = load(&config.model.path) {
+        if found.2.model_type() == "base" {
+            return Ok(found);
+        }
+    }
+    let settings = kazeia_engine::hub::HubSettings::from_env();
+    for model in kazeia_engine::hub_cache::list(&settings) {
+        let Some(dir) = &model.snapshot else { continue };
+        let is_base =
+            ModelConfig::load(&dir.join("config.json")).is_ok_and(|c| c.model_type() == "base");
+        if is_base {
+            println!(
+                "cloning with {} (on this machine; the configured model, {}, is not a Base model)",
+                model.repo, config.model.path
+            );
+            return load(&model.repo);
+        }
+    }
+    bail!(
+        "voices are cloned with a Base model, and none is configured or on this machine: get one with \
+         `kazeia model download Qwen/Qwen3-TTS-12Hz-0.6B-Base` (its size is shown first), or pass --model DIR"
+    )
 }
 
 /// The recording's language as a model language name, if the model speaks it.

@@ -18,7 +18,11 @@ fn lm_fixture(case: &str) -> PathBuf {
 
 fn kazeia(args: &[&str], env: &[(&str, &str)]) -> Output {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_kazeia"));
-    cmd.args(args);
+    // No configuration or voice store of the machine's user: `synth` takes its defaults from them.
+    let empty = std::env::temp_dir().join("kazeia-cli-synth-no-home");
+    cmd.args(args)
+        .env("XDG_CONFIG_HOME", empty.join("config"))
+        .env("XDG_DATA_HOME", empty.join("data"));
     for (k, v) in env {
         cmd.env(k, v);
     }
@@ -215,7 +219,7 @@ fn bad_synth_input_gives_one_line_errors() {
     assert_clean_error(&with(&["--text", "   "]), "nothing to say");
     assert_clean_error(
         &with(&["--text", "Hi", "--speaker", "nobody"]),
-        "unknown speaker `nobody`",
+        "unknown voice `nobody`",
     );
     assert_clean_error(
         &with(&["--text", "Hi", "--language", "klingon"]),

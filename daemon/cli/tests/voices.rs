@@ -115,6 +115,11 @@ impl Daemon {
     fn env(&self) -> Vec<(String, String)> {
         let mut env = self.bus.env();
         env.push(("XDG_DATA_HOME".into(), self.data.display().to_string()));
+        // A model cache of its own (empty): `voice add` looks there for a Base model.
+        env.push((
+            "HF_HUB_CACHE".into(),
+            self.data.with_file_name("hub").display().to_string(),
+        ));
         env
     }
 
@@ -155,6 +160,39 @@ impl Daemon {
             String::from_utf8_lossy(&out.stderr)
         );
         (out.status.success(), text)
+    }
+
+    /// `kazeia synth --text "Hello." ARGS…` in process with this daemon's configuration (its model, its
+    /// voices) and voice store, into a WAV file in its folder: (success, stdout + stderr).
+    fn synth(&self, args: &[&str]) -> (bool, String) {
+        let wav = self.data.with_file_name("synth.wav");
+        let _ = std::fs::remove_file(&wav);
+        let out = Command::new(KAZEIA)
+            .args([
+                "synth",
+                "--text",
+                "Hello.",
+                "--threads",
+                "1",
+                "--max-new-tokens",
+                "6",
+            ])
+            .args(["--config", &self.config.display().to_string()])
+            .arg("--out")
+            .arg(&wav)
+            .args(args)
+            .env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .envs(self.env())
+            .output()
+            .unwrap();
+        let ok = out.status.success() && wav.is_file();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (ok, text)
     }
 
     async fn connect(&self) -> zbus::Connection {
@@ -258,6 +296,25 @@ async fn voice_design_voices_are_listed_everywhere_and_follow_changes() {
     let proxy = SpeechProxy::new(&c).await.unwrap();
     let listed = proxy.list_voices().await.unwrap();
     assert_eq!(ids(&listed), ["narrator", "bright"], "{listed:?}");
+    // `kazeia synth` speaks every voice the daemon lists, with the configured model when none is named.
+    for voice in ["narrator", "bright"] {
+        let (ok, out) = d.synth(&["--voice", voice]);
+        assert!(ok, "synth --voice {voice}: {out}");
+    }
+    // No Base model configured or downloaded: `voice add` says how to get one.
+    let clip = d.data.with_file_name("clip.wav");
+    write_wav(&clip, &tone(3.0, 44100), 44100);
+    let (ok, out) = d.voice(&["add", "x", "--audio", &clip.display().to_string()]);
+    assert!(
+        !ok && out.contains("none is configured or on this machine")
+            && out.contains("kazeia model download Qwen/Qwen3-TTS-12Hz-0.6B-Base"),
+        "{out}"
+    );
+    let (ok, out) = d.synth(&["--voice", "nobody"]);
+    assert!(
+        !ok && out.contains("unknown voice `nobody`; voices: narrator, bright"),
+        "{out}"
+    );
     assert_eq!(listed[0].1, "Narrator");
     assert!(
         listed[0].2.starts_with("en"),
@@ -496,6 +553,7 @@ async fn voices_cloned_with_voice_add_are_served_and_bad_recordings_are_refused(
                 "1",
             ]);
             assert!(ok && out.contains("cloned (in-context)"), "{out}");
+            assert!(out.contains("the daemon offers it now"), "{out}");
             let (ok, out) = d.voice(&[
                 "add",
                 "plain",
@@ -511,6 +569,11 @@ async fn voices_cloned_with_voice_add_are_served_and_bad_recordings_are_refused(
     let proxy = SpeechProxy::new(&c).await.unwrap();
     let listed = proxy.list_voices().await.unwrap();
     assert_eq!(ids(&listed), ["me", "plain"], "{listed:?}");
+    // The cloned voices in process too: named, and as the configuration's default (`[voice] speaker = "me"`).
+    for args in [&["--voice", "plain"][..], &["--voice", "me"], &[]] {
+        let (ok, out) = d.synth(args);
+        assert!(ok, "synth {args:?}: {out}");
+    }
     assert!(listed[0].2.starts_with("en"), "{listed:?}");
     assert_eq!(
         say(&proxy, "Hello world.", &[("voice", "me")])
