@@ -18,7 +18,7 @@ use super::plan::Sample;
 use super::Playback;
 
 /// Audio queued here (beyond the sink's own ~1.5 s) before a write waits, once playing.
-const AHEAD: Duration = Duration::from_millis(500);
+pub const AHEAD: Duration = Duration::from_millis(500);
 
 #[derive(Default)]
 struct Queue {
