@@ -26,6 +26,9 @@ pub struct Engine {
     pub key: EngineKey,
     /// The model's weight files as loaded: a file replaced or rewritten since needs a new engine.
     files: ModelFiles,
+    /// The real-time factor `weights = "auto"`'s timed step predicts for the chosen format (none for a named
+    /// format): the player's first guess of this machine's speed, before it has measured an utterance.
+    pub predicted_rtf: Option<f64>,
 }
 
 /// Identity of a model's weight files: (path, (inode, size, modification time)) of each.
@@ -233,7 +236,15 @@ impl Engine {
             weights_auto::describe(weights, auto.as_ref()),
             start.elapsed(),
         );
+        let predicted_rtf = auto.as_ref().and_then(|choice| {
+            choice
+                .predictions
+                .iter()
+                .find(|p| p.format == choice.format)
+                .map(|p| p.rtf)
+        });
         Ok(Engine {
+            predicted_rtf,
             files: model_files(&info.model_dir),
             synth,
             info,

@@ -189,10 +189,12 @@ impl Player {
     /// go first: whoever sees the new engine (a request waiting for the first load) finds its voices with it.
     pub fn set_engine(&self, engine: Arc<Engine>, catalog: Arc<Catalog>) {
         self.set_catalog(catalog);
+        // Another model, format, backend or thread count: another speed, measured afresh (from the load's
+        // prediction until then).
+        *self.rates.lock().unwrap_or_else(|e| e.into_inner()) =
+            Rates::predicted(engine.predicted_rtf);
         *self.engine.write().unwrap_or_else(|e| e.into_inner()) = Some(engine);
         self.cache.clear();
-        // Another model, format, backend or thread count: another speed, measured afresh.
-        *self.rates.lock().unwrap_or_else(|e| e.into_inner()) = Rates::default();
     }
 
     pub fn catalog(&self) -> Arc<Catalog> {

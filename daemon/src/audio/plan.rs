@@ -11,7 +11,8 @@
 //!
 //! `r` and the seconds of speech per byte of text are learnt from the utterances this machine has spoken
 //! ([`Rates`]): compute time excludes the time synthesis waited for the sink, so a fast machine paced by
-//! playback still measures its own speed. Until one utterance has been measured, nothing is held.
+//! playback still measures its own speed. Until one utterance has been measured, `r` is what `weights =
+//! "auto"`'s timed step predicted for the chosen format, if it ran; with neither, nothing is held.
 
 use std::time::Duration;
 
@@ -36,10 +37,12 @@ pub const MAX_HOLD_SECONDS: f64 = 60.0;
 /// What this machine's synthesis has shown: its real-time factor and how long text sounds.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Rates {
-    /// Seconds of compute per second of audio, once measured.
+    /// Seconds of compute per second of audio: measured, or predicted until an utterance is measured.
     pub rtf: Option<f64>,
     /// Seconds of speech per byte of text at rate 1.
     pub seconds_per_byte: f64,
+    /// Whether the values come from an utterance (the first one replaces any prediction and the default).
+    pub measured: bool,
 }
 
 impl Default for Rates {
@@ -47,6 +50,7 @@ impl Default for Rates {
         Rates {
             rtf: None,
             seconds_per_byte: DEFAULT_SECONDS_PER_BYTE,
+            measured: false,
         }
     }
 }
@@ -64,6 +68,15 @@ pub struct Sample {
 }
 
 impl Rates {
+    /// Nothing measured yet, the real-time factor predicted by `weights = "auto"`'s timed step if there is
+    /// one (so that the first utterance after a start is planned too).
+    pub fn predicted(rtf: Option<f64>) -> Self {
+        Rates {
+            rtf: rtf.filter(|r| r.is_finite() && *r > 0.0),
+            ..Rates::default()
+        }
+    }
+
     /// The audio `text_bytes` of text should give at speaking rate `rate`, in seconds.
     pub fn expected_seconds(&self, text_bytes: usize, rate: f64) -> f64 {
         text_bytes as f64 * self.seconds_per_byte / rate.max(0.1)
@@ -83,8 +96,12 @@ impl Rates {
         }
         let rtf = sample.compute.as_secs_f64() / sample.audio;
         // The first measurement replaces the guesses; later ones are blended in.
-        let first = self.rtf.is_none();
-        self.rtf = Some(self.rtf.map_or(rtf, |old| blend(old, rtf)));
+        let first = !self.measured;
+        self.measured = true;
+        self.rtf = Some(match self.rtf {
+            Some(old) if !first => blend(old, rtf),
+            _ => rtf,
+        });
         if sample.text_bytes > 0 {
             let per_byte = sample.audio * sample.rate / sample.text_bytes as f64;
             self.seconds_per_byte = if first {
@@ -200,6 +217,25 @@ mod tests {
     }
 
     #[test]
+    fn a_predicted_speed_plans_the_first_utterance_and_the_first_measurement_replaces_it() {
+        let mut rates = Rates::predicted(Some(2.0));
+        assert!(rates.hold_seconds(10.0, 0.64) > 5.0);
+        assert_eq!(Rates::predicted(Some(f64::NAN)), Rates::default());
+        rates.learn(Sample {
+            audio: 10.0,
+            compute: Duration::from_secs(8),
+            text_bytes: 100,
+            rate: 1.0,
+        });
+        assert_eq!(
+            rates.rtf,
+            Some(0.8),
+            "replaced, not blended with the prediction"
+        );
+        assert_eq!(rates.hold_seconds(10.0, 0.64), 0.0);
+    }
+
+    #[test]
     fn rates_are_learnt_from_long_utterances_only() {
         let mut rates = Rates::default();
         rates.learn(Sample {
@@ -216,6 +252,7 @@ mod tests {
             rate: 1.0,
         });
         assert_eq!(rates.rtf, Some(1.5));
+        assert!(rates.measured);
         assert!((rates.seconds_per_byte - 0.08).abs() < 1e-12);
         rates.learn(Sample {
             audio: 10.0,
