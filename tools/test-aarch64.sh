@@ -7,7 +7,8 @@
 #     decoder within 1e-4, streamed = one-shot, the same samples with and without SSML marks), and the
 #     decoder's distance from the f64 truth on the tiny fixtures on each CPU model;
 #  3. the CPU plugin built per ARM level, loaded by `kazeia backends` on each CPU model: a level the CPU lacks
-#     is unavailable with the reason, and the best available build scores highest (the loader takes it).
+#     is unavailable with the reason, and the best available build scores highest (the loader takes it);
+#  4. the arm64 Debian package made from the cross build (tools/make-deb.sh), checked by lintian.
 # Needs what tools/deps-aarch64.sh installs. Tests run as release builds: they reuse the cross build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -60,4 +61,13 @@ for spec in "${levels[@]}"; do
     [ "$top" = "$best" ] ||
         { echo "test-aarch64: on $model the best CPU build is $top, expected $best" >&2; exit 1; }
 done
+
+# The arm64 Debian package from this build (a host `kazeia` lays it out and writes its manual pages), checked
+# as a distribution's archive would check it.
+step "arm64 Debian package"
+cargo build -q -p kazeia
+deb=$(tools/make-deb.sh --target-dir target/$triple/release --plugins "$plugins" --out target/debian-arm64 \
+    --compress gzip)
+lintian --fail-on error,warning "$deb"
+echo "test-aarch64: $deb: lintian reports no error or warning"
 step "done"
