@@ -54,7 +54,11 @@ impl AutoMachine {
     pub fn store(&self, model: &str, backends: [&str; 3]) -> MeasurementStore {
         // A developer's unoptimised build runs at half speed or less: its measurement must not decide for a
         // release build of the same version (the build kind is part of the key).
-        let build = if cfg!(debug_assertions) { " (debug build)" } else { "" };
+        let build = if cfg!(debug_assertions) {
+            " (debug build)"
+        } else {
+            ""
+        };
         let key = format!(
             "{model}; {}; kazeia {}{build}",
             self.describe(backends),
