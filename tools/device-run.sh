@@ -17,16 +17,16 @@ echo "== machine"
 lscpu | grep -E 'Model name|^CPU\(s\)|L3'
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null
 echo "== backends"
-timeout 60 $k backends --plugin-path .dev 2>&1 | tee "$out/backends.txt"
+timeout 60 $k backends --plugin-path "$PWD/.dev" 2>&1 | tee "$out/backends.txt"
 if grep -q '^vulkan.*: available' "$out/backends.txt"; then
   echo "== vulkan tests"
   timeout 90 $t/vk_kernels 2>&1 | grep -E '^test |test result|panicked' | tee "$out/vk_kernels.txt"
   timeout 120 $t/vk_decoder 2>&1 | grep -E '^test |test result|panicked' | tee "$out/vk_decoder.txt"
   echo "== vulkan bench"
   timeout 120 $k bench --random 0.6b --weights q4_0 --frames 8 --repeat 1 --backend vulkan \
-    --plugin-path .dev 2>&1 | tee "$out/vk_q4_0.txt"
+    --plugin-path "$PWD/.dev" 2>&1 | tee "$out/vk_q4_0.txt"
 else
-  VK_LOADER_DEBUG=error,warn timeout 60 $k backends --plugin-path .dev 2>&1 | tail -20
+  VK_LOADER_DEBUG=error,warn timeout 60 $k backends --plugin-path "$PWD/.dev" 2>&1 | tail -20
 fi
 for n in 1 2 4 8; do
   echo "== cpu bench, $n thread(s)"

@@ -41,7 +41,7 @@ done
 
 step "plugin levels"
 kazeia=target/$triple/release/kazeia
-plugins=target/$triple/release/plugins
+plugins=$PWD/target/$triple/release/plugins  # absolute: relative plugin folders are ignored
 # model: level expected to win, and the levels expected unavailable with their reason
 levels=(
     "cortex-a53 armv8_0 armv8_2:lacks.dotprod armv8_6:lacks.dotprod"
