@@ -74,8 +74,13 @@ fn configured(config: &ConfigArg) -> Result<kazeiad::config::DaemonConfig> {
     Ok(kazeiad::config::load(config.config.as_deref())?.0)
 }
 
-fn gb(bytes: u64) -> String {
-    format!("{:.2} GB", bytes as f64 / 1e9)
+/// A size on disk for people: MB below 100 MB, else GB (`model` and `uninstall` say sizes alike).
+pub(crate) fn size_text(bytes: u64) -> String {
+    if bytes >= 100_000_000 {
+        format!("{:.2} GB", bytes as f64 / 1e9)
+    } else {
+        format!("{:.1} MB", bytes as f64 / 1e6)
+    }
 }
 
 fn download(args: DownloadArgs) -> Result<()> {
@@ -100,14 +105,17 @@ fn download(args: DownloadArgs) -> Result<()> {
             let plan = hub::plan(&id, &settings)?;
             let have = plan.total().saturating_sub(plan.to_fetch());
             let resumed = if have > 0 {
-                format!(" ({} already here from an earlier download)", gb(have))
+                format!(
+                    " ({} already here from an earlier download)",
+                    size_text(have)
+                )
             } else {
                 String::new()
             };
             println!(
                 "{id}: {} files, {} to download{resumed}, into {}",
                 plan.files.len(),
-                gb(plan.to_fetch()),
+                size_text(plan.to_fetch()),
                 settings.cache_dir.display()
             );
             kazeiad::model_path::resolve_model(&id)?
@@ -174,7 +182,11 @@ fn list(args: ConfigArg) -> Result<()> {
         } else {
             ""
         };
-        println!("  {}  {}  {state}{mark}", model.repo, gb(model.bytes));
+        println!(
+            "  {}  {}  {state}{mark}",
+            model.repo,
+            size_text(model.bytes)
+        );
     }
     if is_local(used) {
         println!("the daemon's model: the folder {used}");
@@ -189,7 +201,11 @@ fn list(args: ConfigArg) -> Result<()> {
             .filter_map(|e| e.metadata().ok())
             .map(|m| m.len())
             .sum();
-        println!("converted weights: {} in {}", gb(bytes), dir.display());
+        println!(
+            "converted weights: {} in {}",
+            size_text(bytes),
+            dir.display()
+        );
     }
     Ok(())
 }
@@ -197,7 +213,7 @@ fn list(args: ConfigArg) -> Result<()> {
 fn remove(args: RemoveArgs) -> Result<()> {
     let settings = HubSettings::from_env();
     let freed = hub_cache::remove(&settings, &args.id)?;
-    println!("removed {} ({} freed)", args.id, gb(freed));
+    println!("removed {} ({} freed)", args.id, size_text(freed));
     if let Ok(config) = configured(&args.config) {
         if config.model.path == args.id {
             println!(

@@ -11,6 +11,7 @@ use kazeia_engine::hub::HubSettings;
 use kazeia_engine::hub_cache;
 
 use crate::install_cmd::{is_plugin, user_layout, Layout};
+use crate::model_cmd::size_text;
 
 #[derive(Args, Debug)]
 pub struct UninstallArgs {
@@ -70,7 +71,7 @@ pub fn run(args: UninstallArgs) -> Result<()> {
                 "removed {} ({}, {})",
                 item.what,
                 item.paths[0].display(),
-                size(item.bytes)
+                size_text(item.bytes)
             );
         }
     } else if !left.is_empty() {
@@ -79,7 +80,7 @@ pub fn run(args: UninstallArgs) -> Result<()> {
             println!(
                 "  {}: {} in {}  (remove: {})",
                 item.what,
-                size(item.bytes),
+                size_text(item.bytes),
                 item.paths[0].display(),
                 item.remove_command()
             );
@@ -236,13 +237,4 @@ fn tree_size(path: &Path) -> u64 {
         .flatten()
         .map(|e| tree_size(&e.path()))
         .sum()
-}
-
-/// In the units `kazeia model list` uses.
-fn size(bytes: u64) -> String {
-    if bytes >= 100_000_000 {
-        format!("{:.2} GB", bytes as f64 / 1e9)
-    } else {
-        format!("{:.1} MB", bytes as f64 / 1e6)
-    }
 }
