@@ -1,5 +1,6 @@
 //! Helpers shared by Kazeia's cross-crate tests (see `README.md`).
 
+pub mod daemon_config;
 pub mod desktop;
 pub mod hub_server;
 pub mod services;
@@ -145,4 +146,25 @@ fn build_for_tests(args: &[&str]) -> PathBuf {
         .unwrap_or_else(|e| panic!("cannot run cargo to build {args:?}: {e}"));
     assert!(status.success(), "cargo build {args:?} failed");
     target
+}
+
+/// Runs the ignored test `module::name` of the running test binary in a child process with `env` added
+/// (for what a process does once, such as a plugin's probe), and returns its output; fails if it fails.
+/// `module` is the caller's `module_path!()`: tests are named `module::test` in a crate's one test binary.
+pub fn run_ignored_test_in_child(module: &str, name: &str, env: &[(&str, &str)]) -> String {
+    let module = module.split_once("::").map_or("", |(_, module)| module);
+    let output = std::process::Command::new(std::env::current_exe().expect("test executable path"))
+        .args([
+            "--exact",
+            &format!("{module}::{name}"),
+            "--ignored",
+            "--nocapture",
+        ])
+        .envs(env.iter().copied())
+        .output()
+        .expect("cannot run the test binary");
+    let text = String::from_utf8_lossy(&output.stdout).into_owned()
+        + &String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{name} failed:\n{text}");
+    text
 }

@@ -13,9 +13,9 @@ packages=(
     dbus-daemon dbus-bin systemd
     sox
     speech-dispatcher
-    # the Debian package's check (daemon/cli/tests/install.rs): what a distribution's archive would report
+    # the Debian package's check (daemon/cli/tests/it/install.rs): what a distribution's archive would report
     lintian
-    # Orca end to end (daemon/tests/orca.rs): Orca under Xvfb with the AT-SPI bus, a GTK 3 window from
+    # Orca end to end (daemon/tests/it/orca.rs): Orca under Xvfb with the AT-SPI bus, a GTK 3 window from
     # Python (tests/gtk_window.py), key presses through XTEST
     orca xvfb at-spi2-core python3-gi gir1.2-gtk-3.0 xdotool
     # Vulkan backend tests on lavapipe

@@ -10,15 +10,16 @@ for d in /.gl/ /.dev/; do
   grep -qxF "$d" .git/info/exclude || echo "$d" >>.git/info/exclude
 done
 cargo build --release -p kazeia -p kazeia-backend-vulkan -p kazeia-backend-cpu-plugin
-tests=$(cargo test --release -p kazeia-backend-vulkan --no-run --test kernels --test decoder 2>&1 |
-  sed -n 's/.*Executable tests\/\([a-z]*\)\.rs (\(.*\))/\1=\2/p')
+# The crate's tests are one binary (tests/it); device-run.sh runs its kernels:: and decoder:: modules.
+it=$(cargo test --release -p kazeia-backend-vulkan --no-run --test it 2>&1 |
+  sed -n 's/.*Executable tests\/it\/main\.rs (\(.*\))/\1/p')
 rm -rf .dev && mkdir -p .dev/lib .dev/t/release/deps .dev/t/plugin-for-tests/debug
 cp target/release/kazeia target/release/libkazeia_backend_vulkan.so .dev/
 # The tests build their plugins with cargo into target/plugin-for-tests/debug next to target/<profile>/deps:
 # the same layout, and CARGO=/bin/true on the device, make them find these.
 cp target/release/libkazeia_backend_vulkan.so target/release/libkazeia_backend_cpu_plugin.so \
   .dev/t/plugin-for-tests/debug/
-for t in $tests; do cp "${t#*=}" ".dev/t/release/deps/vk_${t%%=*}"; done
+cp "$it" .dev/t/release/deps/vk_it
 cp "$(ldconfig -p | sed -n 's/.*libpipewire-0\.3\.so\.0 .*=> //p' | head -1)" .dev/lib/
 find .dev -type f ! -name '*.sh' -exec strip {} + 2>/dev/null || true
 mkdir -p .gl /tmp/device-apt/partial

@@ -20,8 +20,8 @@ echo "== backends"
 timeout 60 $k backends --plugin-path "$PWD/.dev" 2>&1 | tee "$out/backends.txt"
 if grep -q '^vulkan.*: available' "$out/backends.txt"; then
   echo "== vulkan tests"
-  timeout 90 $t/vk_kernels 2>&1 | grep -E '^test |test result|panicked' | tee "$out/vk_kernels.txt"
-  timeout 120 $t/vk_decoder 2>&1 | grep -E '^test |test result|panicked' | tee "$out/vk_decoder.txt"
+  timeout 90 $t/vk_it kernels:: 2>&1 | grep -E '^test |test result|panicked' | tee "$out/vk_kernels.txt"
+  timeout 120 $t/vk_it decoder:: 2>&1 | grep -E '^test |test result|panicked' | tee "$out/vk_decoder.txt"
   echo "== vulkan bench"
   timeout 120 $k bench --random 0.6b --weights q4_0 --frames 8 --repeat 1 --backend vulkan \
     --plugin-path "$PWD/.dev" 2>&1 | tee "$out/vk_q4_0.txt"

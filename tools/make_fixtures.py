@@ -130,7 +130,7 @@ DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
 
 # ---------------------------------------------------------------------------------------------------------------
 # Seeded weights: a counter-based generator simple enough to be written twice, here (numpy) and in Rust
-# (engine-core/tests/common/seeded_weights.rs). Element i of tensor `name` is
+# (engine-core/tests/it/common/seeded_weights.rs). Element i of tensor `name` is
 #     f32(offset + scale · u_i),   u_i = (2·(h_i >> 40) + 1 − 2²⁴) / 2²⁴ ∈ (−1, 1),
 #     h_i = mix64(key + (i + 1) · φ),   key = mix64(seed ^ fnv1a64(name) + φ)
 # with mix64 SplitMix64's finaliser and φ = 0x9E3779B97F4A7C15, all in wrapping u64 arithmetic, and the product

@@ -30,13 +30,13 @@ done
 step "engine parity (cortex-a76)"
 # The plugin case builds a plugin with a nested host cargo; step 3 loads the cross-built plugins instead.
 QEMU_CPU=cortex-a76 cargo test --release --target $triple -p kazeia-engine \
-    --test lm_parity --test codec_parity --test stream_session --test marks -- --skip through_the_plugin
+    --test it -- lm_parity:: codec_parity:: stream_session:: marks:: --skip through_the_plugin
 # The decoder's accuracy contract against the f64 truth on each CPU model (the released-shape fixtures take
 # minutes of emulation each: x86 runs them).
 for m in "${models[@]}"; do
     step "decoder vs the f64 truth on ${m%%:*}"
-    QEMU_CPU=${m%%:*} cargo test --release --target $triple -p kazeia-engine --test codec_truth -- \
-        --skip released_decoder
+    QEMU_CPU=${m%%:*} cargo test --release --target $triple -p kazeia-engine --test it -- \
+        codec_truth:: --skip released_decoder
 done
 
 step "plugin levels"

@@ -9,7 +9,8 @@
 //! prints, per stage, the max abs error against f64 relative to the stage's peak, for the official f32 and for
 //! Kazeia (the default CPU backend, or `--winograd` convolutions), and their ratio.
 
-#[path = "../tests/common/seeded_weights.rs"]
+#[path = "../tests/it/common/seeded_weights.rs"]
+#[allow(dead_code)] // the tests' check against Python is not used here
 mod seeded_weights;
 
 use std::collections::BTreeMap;

@@ -7,7 +7,7 @@
 //! `on_frame` callback. A sequence that ends leaves the batch, and the next prompt waiting takes its place. On
 //! a backend whose ops compute each row independently of the others (the CPU backend: its linear kernels below
 //! 64 rows, norms, element-wise ops), a sequence's frames are bit for bit those [`super::generate()`] gives on its prompt alone (tested in
-//! `tests/batch_generate.rs`).
+//! `tests/it/batch_generate.rs`).
 //!
 //! Sequences start in order, one per step, at most [`BatchOptions::width`] at once; the first one generates
 //! [`BatchOptions::lead_frames`] frames alone first, so its first audio waits for no other prompt's prefill.

@@ -19,7 +19,7 @@
 //! within 5e-6 of the official one (bound 1e-4) and a chunked decode within 5e-6 of the one-shot (8e-6 on the
 //! AVX2 path; bound 1e-5). `U` is computed in f64 from the weights and stored as the layer's format: f16 rounds
 //! `U`, not `w`, which costs ~5 dB of the f16 decoder's SNR (fixtures: 55.3 → 49.6 and 48.7 → 43.4 dB; bound 30).
-//! Against the official decoder evaluated in f64 (`engine-core/tests/codec_truth.rs`), that rounding puts the
+//! Against the official decoder evaluated in f64 (`engine-core/tests/it/codec_truth.rs`), that rounding puts the
 //! tiny fixtures' waveforms 1.5–2× as far from the truth as the official f32's (the direct kernel: 0.4–1×), past
 //! the default's contract of 1.25×: Winograd is an opt-in ([`crate::CpuBackend::with_winograd_convolutions`] or
 //! `KAZEIA_CONV_WINOGRAD=1`), for a fast decoder mode with a bound of its own.

@@ -2,6 +2,8 @@
 //! lists around such ops, and runs them on its own CPU backend in between. Its own process, since the plugin
 //! reads `KAZEIA_VULKAN_DISABLE` when it creates a backend.
 
+#[path = "it/common/mod.rs"]
+#[allow(dead_code)] // this binary uses one of the fixtures
 mod common;
 
 use std::sync::Arc;

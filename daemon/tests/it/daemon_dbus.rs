@@ -1,0 +1,1601 @@
+//! The daemon with real parts: a private `dbus-daemon`, a headless PipeWire with a null sink recorded by
+//! `pw-record`, `busctl` as a real client, and `kazeiad` serving a tiny fixture model.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use kazeia_spiel::{s16le_to_f32, Chunk, EventKind, SpielReader};
+use kazeia_tests::services::{
+    require_program, wait_until, DbusSession, PipeWire, Recorder, Service, TempDir,
+};
+use kazeia_tests::{fixtures_dir, speaking_model};
+use kazeiad::dbus::client::SpeechProxy;
+use zbus::wire::Variant;
+
+use crate::common::{
+    activation_files, busctl, call, connect_as_new_process, connect_in_this_process, name_appears,
+    quick_model, speak, start_daemon, wait_until_loaded, write_config, Finishes, TestDaemon,
+};
+use crate::random_model;
+
+const KAZEIAD: &str = env!("CARGO_BIN_EXE_kazeiad");
+
+/// Seconds of 5 ms windows holding a sample louder than `threshold` (silent gaps left out).
+fn loud_seconds(samples: &[f32], rate: u32, threshold: f32) -> f64 {
+    let window = rate as usize / 200;
+    let loud = samples
+        .chunks(window)
+        .filter(|w| w.iter().any(|s| s.abs() > threshold))
+        .count();
+    (loud * window) as f64 / rate as f64
+}
+
+/// Calls Spiel `Synthesize` and reads the whole stream: (samples, marks in order with the sample
+/// count before each).
+async fn spiel(
+    connection: &zbus::Connection,
+    text: &str,
+    ssml: bool,
+) -> zbus::Result<(Vec<f32>, Vec<(String, usize)>)> {
+    let (reader, writer) = std::io::pipe().unwrap();
+    let proxy = zbus::Proxy::new(
+        connection,
+        "org.kazeia.Speech.Provider",
+        "/org/kazeia/Speech/Provider",
+        "org.freedesktop.Speech.Provider",
+    )
+    .await?;
+    let fd: std::os::fd::OwnedFd = writer.into();
+    let read = std::thread::spawn(move || {
+        // A refused call closes the pipe before any header: nothing to read then.
+        let Ok(mut stream) = SpielReader::new(reader) else {
+            return (Vec::new(), Vec::new());
+        };
+        let mut samples = Vec::new();
+        let mut marks = Vec::new();
+        while let Some(chunk) = stream.next_chunk().expect("well-formed Spiel stream") {
+            match chunk {
+                Chunk::Audio(pcm) => {
+                    assert_eq!(pcm.len() % 2, 0, "S16 audio chunk of odd size");
+                    samples.extend(s16le_to_f32(&pcm));
+                }
+                Chunk::Event { kind, name, .. } => {
+                    assert_eq!(kind, EventKind::Mark);
+                    marks.push((name, samples.len()));
+                }
+            }
+        }
+        (samples, marks)
+    });
+    let sent: zbus::Result<()> = proxy
+        .call(
+            "Synthesize",
+            &(zbus::Fd::from(&fd), text, "", 1.0f64, 1.0f64, ssml, ""),
+        )
+        .await;
+    drop(fd);
+    sent?;
+    Ok(tokio::task::spawn_blocking(move || read.join().unwrap())
+        .await
+        .unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn activation_speak_on_pipewire_and_spiel_stream() {
+    let dir = TempDir::new("daemon-play");
+    let model = speaking_model(dir.path());
+    let config = dir.path().join("kazeia.toml");
+    write_config(&config, &model, "pipewire", "[generation]\ngreedy = true\n");
+    let bus = DbusSession::start(Some(&activation_files(dir.path(), &config)));
+    let pw = PipeWire::start(&bus);
+    let connection = connect_in_this_process(&bus).await;
+
+    // The first call starts the daemon through the activation file.
+    let text = "Hello world, this is a test.";
+    let started = Instant::now();
+    let (expected, marks) = spiel(&connection, text, false)
+        .await
+        .expect("Spiel Synthesize");
+    assert!(marks.is_empty());
+    let seconds = expected.len() as f64 / 24000.0;
+    assert!(seconds > 0.5, "only {seconds} s of audio");
+    eprintln!(
+        "activated and streamed {seconds:.2} s over Spiel in {:.2} s",
+        started.elapsed().as_secs_f64()
+    );
+    // The same text again is the same audio (greedy decoding): the stream is deterministic.
+    let (again, _) = spiel(&connection, text, false).await.unwrap();
+    assert_eq!(again, expected);
+
+    // Speak from a real client plays on PipeWire: the recorder hears as much audio as was generated.
+    let proxy = SpeechProxy::builder(&connection).build().await.unwrap();
+    let mut done = Finishes::new(&proxy).await;
+    let recorder = Recorder::start(&pw);
+    let id = speak(&bus, text);
+    assert_eq!(done.of(id, Duration::from_secs(60)).await, "done");
+    let recording = recorder.stop();
+    // Compared as the recorder measures: from the first to the last sample above a threshold, and the
+    // loud time alone (which leaves out any gap a late graph cycle of a loaded machine inserts).
+    let threshold = 0.01;
+    let loud = |s: &f32| s.abs() > threshold;
+    let first = expected.iter().position(loud).unwrap();
+    let last = expected.iter().rposition(loud).unwrap();
+    let generated = (last + 1 - first) as f64 / 24000.0;
+    let heard = recording.sound_duration(threshold);
+    let loud_time = loud_seconds(&recording.samples, recording.rate, threshold);
+    eprintln!(
+        "played {heard:.3} s ({loud_time:.3} s loud), generated {generated:.3} s, peak {}",
+        recording.peak()
+    );
+    assert!(
+        (loud_time - generated).abs() < 0.05 && heard > generated - 0.05,
+        "heard {heard:.3} s ({loud_time:.3} s loud), generated {generated:.3} s"
+    );
+    assert!(recording.peak() > 0.1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stop_during_a_long_utterance_ends_the_audio() {
+    // Greedy decoding, so the length does not depend on the sampler: ~1.1 s per 400-character chunk,
+    // about 12 s in all.
+    let daemon = TestDaemon::pipewire("daemon-stop", "[generation]\ngreedy = true\n");
+    let connection = connect_in_this_process(&daemon.bus).await;
+    let proxy = SpeechProxy::builder(&connection).build().await.unwrap();
+    let mut done = Finishes::new(&proxy).await;
+    let mut started_signals = proxy.receive_started().await.unwrap();
+    let recorder = Recorder::start(daemon.pw());
+    let id = speak(&daemon.bus, &"Hello world, this is a test. ".repeat(140));
+    tokio::time::timeout(Duration::from_secs(30), started_signals.next())
+        .await
+        .expect("Started")
+        .unwrap();
+    // Let it speak for a while, then stop it from another client.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    call(&daemon.bus, "Stop", &["t", &id.to_string()]).expect_err("another client cannot stop it");
+    // Timed from an in-process client: a busctl process takes its own time to start under load.
+    let stop_at = Instant::now();
+    assert_eq!(proxy.stop_everyone().await.unwrap(), 1);
+    assert_eq!(done.of(id, Duration::from_secs(5)).await, "stopped");
+    let signalled = stop_at.elapsed();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let recording = recorder.stop();
+    let (_, end) = recording
+        .sound_span(0.01)
+        .expect("it spoke before the stop");
+    let silent_after = recording
+        .arrival(end)
+        .unwrap()
+        .saturating_duration_since(stop_at);
+    eprintln!(
+        "Finished(stopped) {:.1} ms after the stop call; last sound reached the recorder {:.1} ms after it",
+        signalled.as_secs_f64() * 1e3,
+        silent_after.as_secs_f64() * 1e3
+    );
+    assert!(recording.sound_duration(0.01) < 10.0);
+    assert!(
+        silent_after < Duration::from_millis(150),
+        "sound went on {silent_after:?} after stop"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_gets_error_replies_and_the_daemon_keeps_serving() {
+    let daemon = TestDaemon::null(
+        "daemon-bad",
+        "[queue]\nmax_text_bytes = 2000\n[generation]\nmax_frames = 8\n",
+    );
+    let connection = connect_in_this_process(&daemon.bus).await;
+    let huge = "word ".repeat(1000);
+    let no_options = HashMap::<&str, Variant<'_>>::new;
+    let with = |key: &'static str, value: Variant<'static>| HashMap::from([(key, value)]);
+    let ssml = |text: &'static str| (text, with("ssml", Variant::from(true)));
+    type Case<'a> = (&'a str, (String, HashMap<&'a str, Variant<'a>>), &'a str);
+    let cases: Vec<Case> = vec![
+        ("empty", ("".into(), no_options()), "InvalidArgs"),
+        ("blank", ("  \n ".into(), no_options()), "InvalidArgs"),
+        ("huge", (huge.clone(), no_options()), "TextTooLong"),
+        (
+            "unclosed tag",
+            (ssml("<speak>Hi <mark").0.into(), ssml("").1),
+            "InvalidSsml",
+        ),
+        (
+            "mismatched tag",
+            (ssml("<speak>a</p>").0.into(), ssml("").1),
+            "InvalidSsml",
+        ),
+        (
+            "unknown voice",
+            ("Hi".into(), with("voice", Variant::from("nobody"))),
+            "UnknownVoice",
+        ),
+        (
+            "unknown language",
+            ("Hi".into(), with("language", Variant::from("tlh"))),
+            "UnknownVoice",
+        ),
+        (
+            "rate of the wrong type",
+            ("Hi".into(), with("rate", Variant::from("fast"))),
+            "InvalidArgs",
+        ),
+        (
+            "negative rate",
+            ("Hi".into(), with("rate", Variant::from(-1.0))),
+            "InvalidArgs",
+        ),
+        (
+            "unknown priority",
+            ("Hi".into(), with("priority", Variant::from("urgent"))),
+            "InvalidArgs",
+        ),
+        (
+            "unknown option",
+            ("Hi".into(), with("colour", Variant::from("red"))),
+            "InvalidArgs",
+        ),
+    ];
+    for (what, body, error) in &cases {
+        let reply = connection
+            .call_method(
+                Some("org.kazeia.Speech"),
+                "/org/kazeia/Speech",
+                Some("org.kazeia.Speech1"),
+                "Speak",
+                body,
+            )
+            .await;
+        let Err(zbus::Error::MethodError(name, message, _)) = reply else {
+            panic!("{what}: expected the error {error}, got {reply:?}");
+        };
+        assert_eq!(
+            name.as_str(),
+            format!("org.kazeia.Speech1.Error.{error}"),
+            "{what}: {message:?}"
+        );
+        eprintln!("{what} → {name}: {}", message.unwrap_or_default());
+    }
+    // Wrong argument types, from a real client.
+    for (method, args) in [
+        ("Speak", vec!["s", "no options"]),
+        ("Speak", vec!["i", "3"]),
+        ("Stop", vec!["s", "12345"]),
+    ] {
+        let e = call(&daemon.bus, method, &args).expect_err("wrong types must fail");
+        assert!(
+            e.contains("Signature mismatch") || e.contains("nvalid"),
+            "{method} {args:?}: {e}"
+        );
+    }
+    let e = call(&daemon.bus, "Stop", &["t", "12345"]).expect_err("unknown id");
+    assert!(e.contains("no utterance 12345"), "{e}");
+    // Still serving, and serving correctly.
+    let proxy = SpeechProxy::builder(&connection).build().await.unwrap();
+    let mut done = Finishes::new(&proxy).await;
+    let id = speak(&daemon.bus, "Still here.");
+    assert_eq!(done.of(id, Duration::from_secs(30)).await, "done");
+    // Spiel refuses bad SSML too, with the same error, and nothing is left waiting on the pipe.
+    let err = spiel(&connection, "<speak><mark/></speak>", true)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("SSML"), "{err}");
+    let (samples, marks) = spiel(
+        &connection,
+        "<speak>One.<mark name=\"__spd_0\"/> Two.<mark name=\"end\"/></speak>",
+        true,
+    )
+    .await
+    .unwrap();
+    // A short text said again comes from the cache of short utterances: the same audio, although the
+    // model samples (a fresh seed each time).
+    let (first, _) = spiel(&connection, "Hi there.", false).await.unwrap();
+    let again_at = Instant::now();
+    let (second, _) = spiel(&connection, "Hi there.", false).await.unwrap();
+    eprintln!("repeated short text served in {:?}", again_at.elapsed());
+    assert_eq!(first, second);
+    let names: Vec<&str> = marks.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, ["__spd_0", "end"]);
+    assert!(marks[0].1 > 0 && marks[0].1 < marks[1].1 && marks[1].1 == samples.len());
+}
+
+/// A word the model does not end is stopped at the limit from its length (the default: no `max_frames`), with
+/// a warning in the log, and is not kept in the cache of short utterances: said again, it is generated again.
+/// (The tiny fixture's greedy default voice, at the checkpoint's bf16, does not end "End" within the 47 frames
+/// its two text ids may take; the format is named, as `auto` depends on the machine.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_word_the_model_does_not_end_is_cut_and_not_cached() {
+    let dir = TempDir::new("daemon-runaway");
+    let config = dir.path().join("kazeia.toml");
+    write_config(
+        &config,
+        &quick_model(),
+        "null",
+        "[generation]\ngreedy = true\n",
+    );
+    let text = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(
+        &config,
+        text.replacen("[model]\n", "[model]\nweights = \"bf16\"\n", 1),
+    )
+    .unwrap();
+    let bus = DbusSession::start(None);
+    let daemon = start_daemon(&bus, &bus.env(), &config, dir.path().join("kazeiad.log"));
+    wait_until_loaded(&bus);
+    let connection = connect_in_this_process(&bus).await;
+    let warning = "stopped at the limit from their length";
+    let (first, _) = spiel(&connection, "End", false).await.unwrap();
+    let log = daemon.log();
+    assert_eq!(log.matches(warning).count(), 1, "{log}");
+    let (again, _) = spiel(&connection, "End", false).await.unwrap();
+    assert_eq!(again, first, "greedy: the same audio");
+    let log = daemon.log();
+    assert_eq!(
+        log.matches(warning).count(),
+        2,
+        "generated again, not replayed: {log}"
+    );
+    // A word the model ends gives no warning.
+    let (ended, _) = spiel(&connection, "Row", false).await.unwrap();
+    assert!(!ended.is_empty() && ended.len() < first.len());
+    assert_eq!(daemon.log().matches(warning).count(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifty_clients_five_utterances_each_none_lost() {
+    let daemon = TestDaemon::null(
+        "daemon-load",
+        "[queue]\nmax_utterances = 100\n[generation]\nmax_frames = 6\n",
+    );
+    let mut clients = Vec::new();
+    for c in 0..50 {
+        let address = daemon.bus.address().to_owned();
+        clients.push(tokio::spawn(async move {
+            // Fifty processes: the daemon counts clients by process, not by connection.
+            let connection = connect_as_new_process(&address).await;
+            let proxy = SpeechProxy::builder(&connection).build().await.unwrap();
+            let mut done = Finishes::new(&proxy).await;
+            let mut accepted = Vec::new();
+            let mut refused = Vec::new();
+            for u in 0..5 {
+                let text = format!("Client {c} says number {u}.");
+                // `message`s queue in order (a `text` would cancel the other texts).
+                let options = HashMap::from([("priority", Variant::from("message"))]);
+                match proxy.speak(&text, options).await {
+                    Ok(id) => accepted.push(id),
+                    Err(e) => refused.push(e.to_string()),
+                }
+            }
+            let mut outcomes = HashMap::new();
+            while outcomes.len() < accepted.len() {
+                let signal = tokio::time::timeout(Duration::from_secs(240), done.stream.next())
+                    .await
+                    .expect("an accepted utterance never finished")
+                    .unwrap();
+                let args = signal.args().unwrap();
+                if accepted.contains(&args.id) {
+                    assert!(
+                        outcomes.insert(args.id, args.reason.clone()).is_none(),
+                        "two Finished for {}",
+                        args.id
+                    );
+                }
+            }
+            (outcomes, refused)
+        }));
+    }
+    let (mut done, mut full) = (0, 0);
+    for client in clients {
+        let (outcomes, refused) = client.await.unwrap();
+        assert_eq!(outcomes.len() + refused.len(), 5);
+        for reason in outcomes.values() {
+            assert_eq!(reason, "done");
+        }
+        for e in &refused {
+            assert!(e.contains("QueueFull"), "{e}");
+        }
+        done += outcomes.len();
+        full += refused.len();
+    }
+    eprintln!("250 requests: {done} spoken, {full} refused with QueueFull");
+    assert_eq!(done + full, 250);
+    assert!(done >= 100);
+}
+
+async fn backends(proxy: &SpeechProxy<'_>) -> HashMap<String, String> {
+    // Properties are cached from PropertiesChanged; ask the daemon itself.
+    proxy.inner().get_property("Backends").await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn configuration_changes_apply_while_running() {
+    let dir = TempDir::new("daemon-config");
+    let config = dir.path().join("kazeia.toml");
+    write_config(
+        &config,
+        &quick_model(),
+        "null",
+        "[generation]\nmax_frames = 6\n",
+    );
+    let bus = DbusSession::start(None);
+    let mut daemon = start_daemon(&bus, &bus.env(), &config, dir.path().join("kazeiad.log"));
+    wait_until_loaded(&bus);
+    let connection = connect_in_this_process(&bus).await;
+    let proxy = SpeechProxy::builder(&connection)
+        .cache_properties(zbus::proxy::CacheProperties::No)
+        .build()
+        .await
+        .unwrap();
+    assert_eq!(backends(&proxy).await["decoder"], "cpu");
+
+    // Saving the file switches the decoder's backend, without a restart.
+    // Both plugins are built into one directory: the decoder moves to Vulkan (lavapipe in CI) and back.
+    kazeia_tests::cpu_plugin();
+    let plugin_dir = kazeia_tests::vulkan_plugin()
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    write_config(
+        &config,
+        &quick_model(),
+        "null",
+        &format!(
+            "[generation]\nmax_frames = 6\n[backends]\ndecoder = \"vulkan:llvmpipe\"\nplugin_path = [\"{}\"]\n",
+            plugin_dir.display()
+        ),
+    );
+    // Generous: the reload loads the Vulkan plugin and warms the decoder on lavapipe, slow on a loaded machine.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let decoder = loop {
+        let decoder = backends(&proxy).await["decoder"].clone();
+        if decoder != "cpu" {
+            break decoder;
+        }
+        assert!(Instant::now() < deadline, "the file change was not applied");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(decoder, "vulkan:llvmpipe", "{}", daemon.log());
+    let mut done = Finishes::new(&proxy).await;
+    let id = speak(&bus, "After the switch.");
+    assert_eq!(done.of(id, Duration::from_secs(30)).await, "done");
+
+    // An invalid file is refused by Reload() with the reason; the running configuration stays.
+    std::fs::write(&config, "[model]\nweights = \"q3\"\n").unwrap();
+    let e = call(&bus, "Reload", &[]).expect_err("an invalid file must be refused");
+    assert!(e.contains("weights"), "{e}");
+    assert_eq!(backends(&proxy).await["decoder"], decoder);
+    let id = speak(&bus, "Still the old configuration.");
+    assert_eq!(done.of(id, Duration::from_secs(30)).await, "done");
+
+    // SIGHUP applies a valid file: another model, the decoder back on the CPU plugin.
+    write_config(
+        &config,
+        &fixtures_dir().join("lm/shape_1b7"),
+        "null",
+        &format!(
+            "[generation]\nmax_frames = 6\n[backends]\ndecoder = \"cpu\"\nplugin_path = [\"{}\"]\n",
+            plugin_dir.display()
+        ),
+    );
+    // SAFETY: kill(2) takes no pointers and has no memory-safety preconditions.
+    unsafe { libc::kill(daemon.pid() as i32, libc::SIGHUP) };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let model: String = proxy.inner().get_property("Model").await.unwrap();
+        if model.ends_with("shape_1b7") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "SIGHUP did not apply the new model"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(backends(&proxy).await["decoder"], "cpu");
+    let id = speak(&bus, "A new model.");
+    assert_eq!(done.of(id, Duration::from_secs(30)).await, "done");
+    daemon.check_running();
+    let log = daemon.log();
+    assert!(
+        log.contains("refused, the running configuration stays") || log.contains("weights"),
+        "{log}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shuts_down_on_sigterm_and_when_the_bus_goes_away() {
+    let dir = TempDir::new("daemon-life");
+    let config = dir.path().join("kazeia.toml");
+    write_config(&config, &quick_model(), "null", "");
+    let bus = DbusSession::start(None);
+    let log = dir.path().join("a.log");
+    let config_arg = config.display().to_string();
+    let mut child = Command::new(KAZEIAD)
+        .args(["--config", &config_arg])
+        .envs(bus.env())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    assert!(name_appears(&bus, "org.kazeia.Speech"));
+    // SAFETY: kill(2) takes no pointers and has no memory-safety preconditions.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let status = wait_exit(&mut child, Duration::from_secs(10));
+    assert!(status.success(), "{status}");
+    assert!(std::fs::read_to_string(&log)
+        .unwrap()
+        .contains("kazeiad: stopped"));
+
+    // The bus disappears: the daemon exits by itself.
+    let mut child = Command::new(KAZEIAD)
+        .args(["--config", &config_arg])
+        .envs(bus.env())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    // Serving: both names taken and the bus watched (the name alone appears while the daemon still sets up,
+    // and a bus that goes away then is a failed start, reported as such).
+    wait_until("the daemon serving", || {
+        std::fs::read_to_string(&log)
+            .unwrap()
+            .contains("serving as")
+    });
+    drop(bus);
+    wait_exit(&mut child, Duration::from_secs(10));
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(text.contains("the session bus went away"), "{text}");
+}
+
+fn wait_exit(child: &mut std::process::Child, timeout: Duration) -> std::process::ExitStatus {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("the daemon did not exit within {timeout:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pause_resume_and_priorities_on_pipewire() {
+    // 40 frames = 3.2 s per sentence.
+    let daemon = TestDaemon::pipewire("daemon-prio", "[generation]\nmax_frames = 40\n");
+    let connection = connect_in_this_process(&daemon.bus).await;
+    let proxy = SpeechProxy::builder(&connection).build().await.unwrap();
+    let mut done = Finishes::new(&proxy).await;
+    let mut started = proxy.receive_started().await.unwrap();
+    let recorder = Recorder::start(daemon.pw());
+
+    // The tiny model samples its end of speech (a random seed per utterance), so a sentence may last well
+    // under the 1.3 s heard before the important message comes: a break keeps the utterance going.
+    let ssml = HashMap::from([("ssml", Variant::from(true))]);
+    let text = proxy
+        .speak(
+            "<speak>A long text read aloud.<break time=\"3s\"/>And a second sentence.</speak>",
+            ssml,
+        )
+        .await
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(30), started.next())
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    // Pause holds the caller's audio; Resume goes on where it was.
+    proxy.pause().await.unwrap();
+    let paused_at = Instant::now();
+    let state: String = proxy.inner().get_property("State").await.unwrap();
+    assert_eq!(state, "paused");
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    // Taken before the call: the daemon resumes before the reply comes (much before, under load).
+    let resumed_at = Instant::now();
+    proxy.resume().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    // An important message interrupts the text, which is cancelled (speech-dispatcher's model).
+    let mut options = HashMap::new();
+    options.insert("priority", Variant::from("important"));
+    let important = proxy.speak("Important news.", options).await.unwrap();
+    assert_eq!(done.of(important, Duration::from_secs(30)).await, "done");
+    let reason = tokio::time::timeout(
+        Duration::from_secs(60),
+        done.of(text, Duration::from_secs(60)),
+    )
+    .await;
+    assert_eq!(
+        reason.as_deref(),
+        Ok("cancelled"),
+        "{}",
+        daemon.service.log()
+    );
+    let recording = recorder.stop();
+
+    // Silence during the pause: no sound reached the recorder between 100 ms after Pause and Resume.
+    let spans = recording.sound_spans(0.01, 0.3);
+    assert!(spans.len() >= 2, "{spans:?}");
+    let heard_during_pause = spans.iter().any(|&(a, b)| {
+        let (start, end) = (
+            recording.arrival(a).unwrap(),
+            recording.arrival(b - 1).unwrap(),
+        );
+        start < resumed_at && end > paused_at + Duration::from_millis(100)
+    });
+    assert!(
+        !heard_during_pause,
+        "audio went on during the pause: {spans:?}"
+    );
+}
+
+/// The daemon on a private bus with the model of `KAZEIA_BENCH_MODEL` (weights `KAZEIA_BENCH_WEIGHTS`,
+/// default q4_0), for the first-audio benchmarks.
+fn bench_daemon(label: &str) -> (TempDir, DbusSession, Service) {
+    // Without a model, a real-size random 0.6B one (written once, see `random_model`).
+    let model = std::env::var_os("KAZEIA_BENCH_MODEL")
+        .map_or_else(|| random_model::random_model("0.6b"), PathBuf::from);
+    let weights = std::env::var("KAZEIA_BENCH_WEIGHTS").unwrap_or_else(|_| "q4_0".into());
+    // Shorter utterances (`KAZEIA_BENCH_MAX_FRAMES`, 80 ms each) make the first-audio runs quicker.
+    let max_frames: usize = std::env::var("KAZEIA_BENCH_MAX_FRAMES")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(40);
+    // Where the talker reads the text (`[generation] text`): auto, prompt or streamed.
+    let text = std::env::var("KAZEIA_BENCH_TEXT").unwrap_or_else(|_| "auto".into());
+    let batch = std::env::var("KAZEIA_BENCH_BATCH").unwrap_or_else(|_| "4".into());
+    let dir = TempDir::new(label);
+    let config = dir.path().join("kazeia.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[model]\npath = \"{}\"\nweights = \"{weights}\"\n[audio]\nsink = \"null\"\n\
+             [generation]\nmax_frames = {max_frames}\ntext = \"{text}\"\n[stream]\nbatch = {batch}\n",
+            model.display()
+        ),
+    )
+    .unwrap();
+    let bus = DbusSession::start(None);
+    // The latency lines of the debug log, for the breakdowns.
+    let mut env = bus.env();
+    env.push(("RUST_LOG".into(), "kazeia=debug".into()));
+    // The CPU plugin built now from this tree: found first, it wins over an equal (maybe stale) build that an
+    // earlier `cargo build` left beside the daemon's binary.
+    let plugin_dir = kazeia_tests::cpu_plugin_release()
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    env.push((
+        "KAZEIA_PLUGIN_PATH".into(),
+        plugin_dir.display().to_string(),
+    ));
+    let daemon = start_daemon(&bus, &env, &config, dir.path().join("kazeiad.log"));
+    wait_until_loaded(&bus);
+    (dir, bus, daemon)
+}
+
+/// Time to first audio through the daemon, on a real-size model (`KAZEIA_BENCH_TEXT=streamed`: the text
+/// streamed into the talker; `KAZEIA_BENCH_BATCH=1`: `[stream] batch`). The daemon runs on the CPU plugin
+/// built from this tree (`bench_daemon`), on `KAZEIA_BENCH_MODEL` or, without it, a real-size random 0.6B model
+/// written once (~2.5 GB, see `random_model`; nothing to download).
+/// `KAZEIA_BENCH_WEIGHTS=q4_0 cargo test --release -p kazeiad --test it daemon_first_audio -- --ignored
+/// --nocapture`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "benchmark: a real-size model (KAZEIA_BENCH_MODEL, else a random one written once)"]
+async fn daemon_first_audio() {
+    let (_dir, bus, daemon) = bench_daemon("daemon-bench");
+    let connection = connect_in_this_process(&bus).await;
+    for (what, text) in [
+        ("sentence", "The quick brown fox jumps over the lazy dog."),
+        ("letter", "k"),
+        ("letter again (cached)", "k"),
+        ("word", "Enter"),
+    ] {
+        let (reader, writer) = std::io::pipe().unwrap();
+        let fd: std::os::fd::OwnedFd = writer.into();
+        let proxy = zbus::Proxy::new(
+            &connection,
+            "org.kazeia.Speech.Provider",
+            "/org/kazeia/Speech/Provider",
+            "org.freedesktop.Speech.Provider",
+        )
+        .await
+        .unwrap();
+        let start = Instant::now();
+        let read = std::thread::spawn(move || {
+            let mut stream = SpielReader::new(reader).unwrap();
+            let mut first = None;
+            let mut samples = 0;
+            while let Some(chunk) = stream.next_chunk().unwrap() {
+                if let Chunk::Audio(pcm) = chunk {
+                    first.get_or_insert_with(|| start.elapsed());
+                    samples += pcm.len() / 2;
+                }
+            }
+            (first, samples, start.elapsed())
+        });
+        proxy
+            .call::<_, _, ()>(
+                "Synthesize",
+                &(zbus::Fd::from(&fd), text, "", 1.0f64, 1.0f64, false, ""),
+            )
+            .await
+            .unwrap();
+        drop(fd);
+        let (first, samples, total) = tokio::task::spawn_blocking(move || read.join().unwrap())
+            .await
+            .unwrap();
+        eprintln!(
+            "{what}: first audio after {:.1} ms, {:.2} s of audio in {:.2} s",
+            first.unwrap().as_secs_f64() * 1e3,
+            samples as f64 / 24000.0,
+            total.as_secs_f64()
+        );
+    }
+    // Where each utterance's time went, as the daemon logged it.
+    for line in daemon.log().lines().filter(|l| l.contains("utterance")) {
+        eprintln!(
+            "  {}",
+            line.split("utterance").nth(1).unwrap_or(line).trim()
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn starts_before_pipewire_and_plays_once_it_runs() {
+    let dir = TempDir::new("daemon-late-pw");
+    let config = dir.path().join("kazeia.toml");
+    let model = speaking_model(dir.path());
+    write_config(
+        &config,
+        &model,
+        "pipewire",
+        "[generation]\nmax_frames = 10\n",
+    );
+    let bus = DbusSession::start(None);
+    // No audio server yet: the daemon starts anyway and says why speech cannot play.
+    let daemon = start_daemon(&bus, &bus.env(), &config, dir.path().join("kazeiad.log"));
+    wait_until_loaded(&bus);
+    // The sink is opened as the loaded engine is applied, which may end just after `State` leaves `loading`.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !daemon.log().contains("will retry when speaking") && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        daemon.log().contains("will retry when speaking"),
+        "{}",
+        daemon.log()
+    );
+    let connection = connect_in_this_process(&bus).await;
+    let proxy = SpeechProxy::builder(&connection).build().await.unwrap();
+    let mut done = Finishes::new(&proxy).await;
+    // An utterance waits for the audio server (up to 30 s), and a stop ends the wait at once.
+    let id = speak(&bus, "Nobody hears this.");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let stop_at = Instant::now();
+    assert_eq!(proxy.stop_everyone().await.unwrap(), 1);
+    assert_eq!(done.of(id, Duration::from_secs(5)).await, "stopped");
+    assert!(stop_at.elapsed() < Duration::from_secs(1));
+    let waiting = speak(&bus, "Heard once the server is there.");
+    // Spiel clients are served meanwhile.
+    let (samples, _) = spiel(&connection, "Heard by the client.", false)
+        .await
+        .unwrap();
+    assert!(!samples.is_empty());
+    // The audio server comes up: the waiting utterance plays, and the next one.
+    let pw = PipeWire::start(&bus);
+    let recorder = Recorder::start(&pw);
+    assert_eq!(done.of(waiting, Duration::from_secs(30)).await, "done");
+    let id = speak(&bus, "Now it plays.");
+    assert_eq!(done.of(id, Duration::from_secs(30)).await, "done");
+    assert!(recorder.stop().peak() > 0.1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interrupted_text_resumes_where_it_was_and_reports_each_mark_once() {
+    // 12 frames = 0.96 s per sentence at most; interrupted texts resume (not speech-dispatcher's model).
+    let daemon = TestDaemon::pipewire(
+        "daemon-resume",
+        "[generation]\nmax_frames = 12\n[queue]\nresume_interrupted = true\n",
+    );
+    let connection = connect_in_this_process(&daemon.bus).await;
+    let proxy = SpeechProxy::builder(&connection).build().await.unwrap();
+    let mut done = Finishes::new(&proxy).await;
+    let mut marks = proxy.receive_mark().await.unwrap();
+    let ssml = "<speak>One sentence.<mark name=\"m1\"/> Two sentences.<mark name=\"m2\"/> Three \
+                sentences.<mark name=\"m3\"/> Four sentences.<mark name=\"m4\"/></speak>";
+    let mut options = HashMap::new();
+    options.insert("ssml", Variant::from(true));
+    let text = proxy.speak(ssml, options).await.unwrap();
+    let mut heard = Vec::new();
+    // Interrupt with an important message once the second mark has been heard.
+    while heard.len() < 2 {
+        let m = tokio::time::timeout(Duration::from_secs(30), marks.next())
+            .await
+            .expect("marks")
+            .unwrap();
+        heard.push(m.args().unwrap().name.clone());
+    }
+    let mut options = HashMap::new();
+    options.insert("priority", Variant::from("important"));
+    let important = proxy.speak("Important.", options).await.unwrap();
+    assert_eq!(done.of(important, Duration::from_secs(30)).await, "done");
+    assert_eq!(done.of(text, Duration::from_secs(30)).await, "done");
+    while let Ok(Some(m)) = tokio::time::timeout(Duration::from_millis(300), marks.next()).await {
+        heard.push(m.args().unwrap().name.clone());
+    }
+    // Resumed after the heard sentences: no mark twice, none missing, in order.
+    assert_eq!(heard, ["m1", "m2", "m3", "m4"]);
+}
+
+/// The speech-dispatcher path on a real-size model: `sd_kazeia` driven on its stdin as speech-dispatcher
+/// drives it, timing SPEAK / CHAR → first `705` audio block. Same command as [`daemon_first_audio`] with
+/// `module_first_audio`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "benchmark: a real-size model (KAZEIA_BENCH_MODEL, else a random one written once)"]
+async fn module_first_audio() {
+    use std::io::Write;
+    use std::process::Stdio;
+    let (_dir, bus, _daemon) = bench_daemon("module-bench");
+    let module_conf = fixtures_dir().join("../../config/speech-dispatcher/kazeia.conf");
+    let mut module = Command::new(kazeia_tests::sd_kazeia())
+        .arg(&module_conf)
+        .envs(bus.env())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut input = module.stdin.take().unwrap();
+    let mut output = module.stdout.take().unwrap();
+    // Marker → when it was seen, from a reader thread over the raw output (705 blocks are binary).
+    let (seen_tx, seen) = std::sync::mpsc::channel::<(&'static str, Instant)>();
+    std::thread::spawn(move || {
+        use std::io::Read;
+        let mut window: Vec<u8> = Vec::new();
+        let mut buf = [0u8; 65536];
+        while let Ok(n) = output.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            window.extend_from_slice(&buf[..n]);
+            for marker in [
+                "299 OK LOADED",
+                "203 OK AUDIO INITIALIZED",
+                "705-AUDIO",
+                "702 END",
+            ] {
+                let m = marker.as_bytes();
+                while let Some(at) = window.windows(m.len()).position(|w| w == m) {
+                    let _ = seen_tx.send((marker, Instant::now()));
+                    window.drain(..at + m.len());
+                }
+            }
+            let keep = window.len().saturating_sub(64);
+            window.drain(..keep);
+        }
+    });
+    let wait_for = |marker: &str| loop {
+        let (m, at) = seen
+            .recv_timeout(Duration::from_secs(120))
+            .expect("the module answered");
+        if m == marker {
+            return at;
+        }
+    };
+    input.write_all(b"INIT\n").unwrap();
+    wait_for("299 OK LOADED");
+    input
+        .write_all(b"AUDIO\naudio_output_method=server\n.\n")
+        .unwrap();
+    wait_for("203 OK AUDIO INITIALIZED");
+    for (what, block) in [
+        (
+            "SPEAK sentence",
+            "SPEAK\n<speak>The quick brown fox jumps over the lazy dog.</speak>\n.\n",
+        ),
+        ("CHAR k", "CHAR\nk\n.\n"),
+        ("CHAR k again", "CHAR\nk\n.\n"),
+        ("KEY control_c", "KEY\ncontrol_c\n.\n"),
+    ] {
+        let start = Instant::now();
+        input.write_all(block.as_bytes()).unwrap();
+        let first = wait_for("705-AUDIO");
+        let end = wait_for("702 END");
+        eprintln!(
+            "{what}: first audio block after {:.1} ms, END after {:.2} s",
+            (first - start).as_secs_f64() * 1e3,
+            (end - start).as_secs_f64()
+        );
+    }
+    input.write_all(b"QUIT\n").unwrap();
+    let _ = module.wait();
+}
+
+/// `sd_kazeia` on its stdin and stdout as speech-dispatcher drives it, with the times at which protocol
+/// markers come out (705 blocks are binary, so the raw output is scanned).
+struct ModuleDriver {
+    module: std::process::Child,
+    input: std::process::ChildStdin,
+    seen: std::sync::mpsc::Receiver<(&'static str, Instant)>,
+}
+
+impl ModuleDriver {
+    const MARKERS: [&'static str; 5] = [
+        "299 OK LOADED",
+        "203 OK AUDIO INITIALIZED",
+        "705-AUDIO",
+        "702 END",
+        "700-",
+    ];
+
+    /// `program`: a build of the module; with `log`, it logs everything (its latency lines included) to
+    /// that file.
+    fn start_program(bus: &DbusSession, program: &Path, log: Option<&Path>) -> Self {
+        use std::process::Stdio;
+        let module_conf = fixtures_dir().join("../../config/speech-dispatcher/kazeia.conf");
+        let stderr = match log {
+            Some(path) => Stdio::from(std::fs::File::create(path).unwrap()),
+            None => Stdio::null(),
+        };
+        let mut module = Command::new(program)
+            .arg(&module_conf)
+            .envs(bus.env())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(stderr)
+            .spawn()
+            .unwrap();
+        let input = module.stdin.take().unwrap();
+        let mut output = module.stdout.take().unwrap();
+        let (seen_tx, seen) = std::sync::mpsc::channel::<(&'static str, Instant)>();
+        std::thread::spawn(move || {
+            use std::io::Read;
+            let mut window: Vec<u8> = Vec::new();
+            let mut buf = [0u8; 65536];
+            while let Ok(n) = output.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                window.extend_from_slice(&buf[..n]);
+                // Markers in the order they appear in the output.
+                loop {
+                    let found = Self::MARKERS
+                        .iter()
+                        .filter_map(|m| {
+                            window
+                                .windows(m.len())
+                                .position(|w| w == m.as_bytes())
+                                .map(|at| (at, *m))
+                        })
+                        .min();
+                    let Some((at, marker)) = found else { break };
+                    let _ = seen_tx.send((marker, Instant::now()));
+                    window.drain(..at + marker.len());
+                }
+                let keep = window.len().saturating_sub(64);
+                window.drain(..keep);
+            }
+        });
+        let mut driver = ModuleDriver {
+            module,
+            input,
+            seen,
+        };
+        driver.send("INIT\n");
+        driver.wait_for("299 OK LOADED");
+        driver.send("AUDIO\naudio_output_method=server\n.\n");
+        driver.wait_for("203 OK AUDIO INITIALIZED");
+        if log.is_some() {
+            driver.send("LOGLEVEL\nlog_level=5\n.\n");
+        }
+        driver
+    }
+
+    fn send(&mut self, text: &str) {
+        use std::io::Write;
+        self.input.write_all(text.as_bytes()).unwrap();
+    }
+
+    /// When `marker` came; the index marks (`700-`) seen on the way are counted in `marks`.
+    fn wait_for_counting(&self, marker: &str, marks: &mut usize) -> Instant {
+        loop {
+            let (m, at) = self
+                .seen
+                .recv_timeout(Duration::from_secs(120))
+                .expect("the module answered");
+            if m == marker {
+                return at;
+            }
+            if m == "700-" {
+                *marks += 1;
+            }
+        }
+    }
+
+    fn wait_for(&self, marker: &str) -> Instant {
+        self.wait_for_counting(marker, &mut 0)
+    }
+}
+
+impl Drop for ModuleDriver {
+    fn drop(&mut self) {
+        self.send("QUIT\n");
+        let _ = self.module.wait();
+    }
+}
+
+/// What Orca 43 (`speechdispatcherfactory.py`, `_speak`) sends for `text`: a mark `start:end` (character
+/// offsets) before every word, `<`, `>`, `&` escaped, in `<speak>`.
+fn orca_ssml(text: &str) -> String {
+    let chars: Vec<char> = text.chars().collect();
+    let mut ssml = String::from("<speak>");
+    let mut i = 0;
+    while i < chars.len() {
+        if !chars[i].is_whitespace() && (i == 0 || chars[i - 1].is_whitespace()) {
+            let end = (i..chars.len())
+                .find(|&j| chars[j].is_whitespace())
+                .unwrap_or(chars.len());
+            ssml += &format!("<mark name=\"{i}:{end}\"/>");
+        }
+        match chars[i] {
+            '<' => ssml += "&lt;",
+            '>' => ssml += "&gt;",
+            '&' => ssml += "&amp;",
+            c => ssml.push(c),
+        }
+        i += 1;
+    }
+    ssml + "</speak>"
+}
+
+/// Orca's default voice settings as speech-dispatcher hands them to the module before each message (Orca's
+/// rate 50, pitch 5, gain 10 become SSIP rate 2, pitch 10, volume 100; punctuation "most").
+const ORCA_SET: &str = "SET\nrate=2\npitch=10\npitch_range=0\nvolume=100\npunctuation_mode=most\n\
+                        spelling_mode=off\ncap_let_recogn=none\nvoice=male1\nlanguage=en\n.\n";
+
+/// The lines added to `path` since `offset` (moved past them).
+fn new_lines(path: &Path, offset: &mut usize) -> Vec<String> {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let fresh = text.get(*offset..).unwrap_or_default().to_owned();
+    *offset = text.len();
+    fresh.lines().map(str::to_owned).collect()
+}
+
+/// The number of milliseconds in the first of `lines` that contains `what` (`… 12.3 ms after …`).
+fn ms_in(lines: &[String], what: &str) -> Option<f64> {
+    let line = lines.iter().find(|l| l.contains(what))?;
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let at = words.iter().position(|w| *w == "ms")?;
+    words.get(at.checked_sub(1)?)?.parse().ok()
+}
+
+fn median(values: &[f64]) -> f64 {
+    let mut v: Vec<f64> = values.iter().copied().filter(|x| x.is_finite()).collect();
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+/// First audio through speech-dispatcher's module with what Orca sends (its settings and a mark before
+/// every word), against a bare SPEAK, and each of the two alone: `cargo test --release -p kazeiad --test
+/// daemon_dbus module_first_audio_orca -- --ignored --nocapture` (`KAZEIA_BENCH_MODEL` or a random
+/// real-size 0.6B). Timed from the message written to the module to its first `705` audio block, with where
+/// the time went from the module's and the daemon's debug logs. `KAZEIA_BENCH_ROUNDS` (default 3) rounds of
+/// `KAZEIA_BENCH_MESSAGES` (default 7) messages; `KAZEIA_BENCH_OTHER_MODULE=path` runs another build of
+/// `sd_kazeia` beside this one, against the same daemon, for an A/B under the same load. Each message goes
+/// through every variant in turn, each with its own text (a number appended, so the cache of short
+/// utterances serves none). Reports only: timings are never asserted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "benchmark: real-size model"]
+async fn module_first_audio_orca() {
+    let (dir, bus, _daemon) = bench_daemon("module-orca-bench");
+    let daemon_log = dir.path().join("kazeiad.log");
+    let env_number = |name: &str, default: usize| -> usize {
+        std::env::var(name)
+            .ok()
+            .and_then(|r| r.parse().ok())
+            .unwrap_or(default)
+    };
+    let rounds = env_number("KAZEIA_BENCH_ROUNDS", 3);
+    let all_messages = [
+        "Screen reader on.",
+        "Save button",
+        "Untitled document, text editor.",
+        "File menu, nine items.",
+        "The quick brown fox jumps over the lazy dog.",
+        "Open a recent file with control R.",
+        "Cancel push button",
+    ];
+    let messages = &all_messages[..env_number("KAZEIA_BENCH_MESSAGES", 7).clamp(1, 7)];
+    let mut programs = vec![("this sd_kazeia".to_owned(), kazeia_tests::sd_kazeia())];
+    if let Some(other) = std::env::var_os("KAZEIA_BENCH_OTHER_MODULE") {
+        programs.push((format!("{}", Path::new(&other).display()), other.into()));
+    }
+    let mut modules: Vec<(String, ModuleDriver, PathBuf, usize)> = programs
+        .into_iter()
+        .enumerate()
+        .map(|(i, (label, program))| {
+            let log = dir.path().join(format!("sd_kazeia-{i}.log"));
+            let driver = ModuleDriver::start_program(&bus, &program, Some(&log));
+            (label, driver, log, 0)
+        })
+        .collect();
+    const NEUTRAL: &str =
+        "SET\nrate=0\npitch=0\nvolume=100\npunctuation_mode=none\nlanguage=c\n.\n";
+    let variants = [
+        ("bare SPEAK", NEUTRAL, false),
+        ("Orca's settings, no marks", ORCA_SET, false),
+        ("Orca's marks, neutral settings", NEUTRAL, true),
+        ("Orca (settings and marks)", ORCA_SET, true),
+    ];
+    let columns = [
+        "Synthesize answered",
+        "daemon started",
+        "prefill",
+        "first decoded",
+        "into pipe",
+        "from provider",
+    ];
+    // (module, variant, column) → values; column 0 is the first 705 block as the driver saw it.
+    let mut table = vec![vec![vec![Vec::new(); columns.len() + 1]; variants.len()]; modules.len()];
+    let mut daemon_at = 0;
+    let mut n = 0;
+    for _ in 0..rounds {
+        for text in messages {
+            for (m, (label, module, module_log, module_at)) in modules.iter_mut().enumerate() {
+                for (v, (what, settings, orca)) in variants.iter().enumerate() {
+                    n += 1;
+                    let text = format!("{text} {n}");
+                    let body = if *orca {
+                        orca_ssml(&text)
+                    } else {
+                        format!("<speak>{text}</speak>")
+                    };
+                    module.send(settings);
+                    std::thread::sleep(Duration::from_millis(20));
+                    new_lines(module_log, module_at);
+                    new_lines(&daemon_log, &mut daemon_at);
+                    let start = Instant::now();
+                    module.send(&format!("SPEAK\n{body}\n.\n"));
+                    let first = module.wait_for("705-AUDIO");
+                    let end = module.wait_for("702 END");
+                    // The logs of this message (its lines are written before END).
+                    std::thread::sleep(Duration::from_millis(20));
+                    let ml = new_lines(module_log, module_at);
+                    let dl = new_lines(&daemon_log, &mut daemon_at);
+                    let got = [
+                        ms_in(&ml, "Synthesize answered"),
+                        ms_in(&dl, "started"),
+                        ms_in(&dl, "prefill"),
+                        dl.iter()
+                            .find(|l| l.contains("first decoded audio"))
+                            .and_then(|l| l.rsplit(", first decoded audio ").next())
+                            .and_then(|l| l.split_whitespace().next()?.parse().ok()),
+                        ms_in(&dl, "into the Spiel pipe"),
+                        ms_in(&ml, "first audio from the provider"),
+                    ];
+                    let first_ms = (first - start).as_secs_f64() * 1e3;
+                    table[m][v][0].push(first_ms);
+                    for (c, value) in got.iter().enumerate() {
+                        table[m][v][c + 1].push(value.unwrap_or(f64::NAN));
+                    }
+                    eprintln!(
+                        "{label}, {what} {text:?}: first audio block after {first_ms:.0} ms, END after \
+                         {:.2} s",
+                        (end - start).as_secs_f64()
+                    );
+                }
+            }
+        }
+    }
+    eprintln!(
+        "\nmedians over {rounds} x {} messages (ms after the message was written):",
+        messages.len()
+    );
+    for (m, (label, ..)) in modules.iter().enumerate() {
+        eprintln!("{label}:");
+        for (v, (what, _, _)) in variants.iter().enumerate() {
+            let mut line = format!(
+                "  {what:<32} first 705 block {:6.0}",
+                median(&table[m][v][0])
+            );
+            for (c, name) in columns.iter().enumerate() {
+                line += &format!(" | {name} {:.0}", median(&table[m][v][c + 1]));
+            }
+            eprintln!("{line}");
+        }
+    }
+    eprintln!(
+        "(module: ms after the message; daemon: started / into pipe after the Synthesize call; prefill \
+         and first decoded from the start of generation)"
+    );
+}
+
+/// Orca's messages (a mark before every word) through all three doors on the fixture model, greedy: Spiel
+/// gives the same audio as the text without marks (one generation, not one per word) with every mark once,
+/// in order, never after the end; `Speak` signals every `Mark` once, in order; `sd_kazeia` reports every
+/// `700` index mark once, in order, the first before any audio.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_text_mode_is_the_configured_one_and_changes_without_a_restart() {
+    let dir = TempDir::new("daemon-text-mode");
+    let config = dir.path().join("kazeia.toml");
+    let configure = |mode: &str| {
+        write_config(
+            &config,
+            &quick_model(),
+            "null",
+            &format!("[generation]\ngreedy = true\nmax_frames = 20\ntext = \"{mode}\"\n"),
+        )
+    };
+    configure("prompt");
+    let bus = DbusSession::start(None);
+    let _daemon = start_daemon(&bus, &bus.env(), &config, dir.path().join("kazeiad.log"));
+    wait_until_loaded(&bus);
+    let connection = connect_in_this_process(&bus).await;
+    // Longer than the short-utterance cache takes, and more than one text token, so the modes differ.
+    let text = "The text goes where the configuration says.";
+    let (in_prompt, _) = spiel(&connection, text, false).await.unwrap();
+    assert!(!in_prompt.is_empty());
+
+    configure("streamed");
+    call(&bus, "Reload", &[]).unwrap();
+    let (streamed, _) = spiel(&connection, text, false).await.unwrap();
+    assert!(!streamed.is_empty());
+    assert_ne!(
+        streamed, in_prompt,
+        "the text mode did not change the speech"
+    );
+
+    // Greedy decoding: each mode always gives its own audio.
+    configure("prompt");
+    call(&bus, "Reload", &[]).unwrap();
+    assert_eq!(spiel(&connection, text, false).await.unwrap().0, in_prompt);
+    configure("streamed");
+    call(&bus, "Reload", &[]).unwrap();
+    assert_eq!(spiel(&connection, text, false).await.unwrap().0, streamed);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn orca_s_word_marks_are_one_generation_and_each_is_reported_once() {
+    let daemon = TestDaemon::null(
+        "daemon-orca-marks",
+        "[generation]\ngreedy = true\nmax_frames = 30\n",
+    );
+    let connection = connect_in_this_process(&daemon.bus).await;
+    let text = "Screen reader on. Focus is on the Save button, press Enter.";
+    let ssml = orca_ssml(text);
+    let names: Vec<String> = ssml
+        .split("<mark name=\"")
+        .skip(1)
+        .map(|s| s.split('"').next().unwrap().to_owned())
+        .collect();
+    assert_eq!(names.len(), 11);
+
+    let (plain, _) = spiel(&connection, text, false).await.unwrap();
+    let (marked, marks) = spiel(&connection, &ssml, true).await.unwrap();
+    assert_eq!(marked, plain, "the marks changed the speech");
+    let heard: Vec<&str> = marks.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(heard, names.iter().map(String::as_str).collect::<Vec<_>>());
+    assert_eq!(marks[0].1, 0);
+    assert!(marks.windows(2).all(|w| w[0].1 <= w[1].1), "{marks:?}");
+    assert!(marks.last().unwrap().1 < marked.len(), "{marks:?}");
+
+    let proxy = SpeechProxy::builder(&connection).build().await.unwrap();
+    let mut done = Finishes::new(&proxy).await;
+    let mut signals = proxy.receive_mark().await.unwrap();
+    let mut options = HashMap::new();
+    options.insert("ssml", Variant::from(true));
+    let id = proxy.speak(&ssml, options).await.unwrap();
+    assert_eq!(done.of(id, Duration::from_secs(30)).await, "done");
+    let mut signalled = Vec::new();
+    while let Ok(Some(m)) = tokio::time::timeout(Duration::from_millis(300), signals.next()).await {
+        let args = m.args().unwrap();
+        assert_eq!(args.id, id);
+        signalled.push(args.name.clone());
+    }
+    assert_eq!(signalled, names);
+
+    // The module, as speech-dispatcher drives it with Orca's settings.
+    use std::io::{Read, Write};
+    let module_conf = fixtures_dir().join("../../config/speech-dispatcher/kazeia.conf");
+    let mut module = Command::new(kazeia_tests::sd_kazeia())
+        .arg(&module_conf)
+        .envs(daemon.bus.env())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut input = module.stdin.take().unwrap();
+    write!(
+        input,
+        "INIT\nAUDIO\naudio_output_method=server\n.\n{ORCA_SET}SPEAK\n{ssml}\n.\n"
+    )
+    .unwrap();
+    let mut output = module.stdout.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut all = Vec::new();
+        let mut buf = [0u8; 65536];
+        while let Ok(n) = output.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            all.extend_from_slice(&buf[..n]);
+            if all.windows(7).any(|w| w == b"702 END") {
+                break;
+            }
+        }
+        all
+    });
+    let all = tokio::task::spawn_blocking(move || reader.join().unwrap())
+        .await
+        .unwrap();
+    writeln!(input, "QUIT").unwrap();
+    let _ = module.wait();
+    // 705 blocks hold no line feed (escaped), so the output splits into lines.
+    let lines: Vec<String> = all
+        .split(|&b| b == b'\n')
+        .map(|l| String::from_utf8_lossy(l).into_owned())
+        .collect();
+    let indexed: Vec<&str> = lines
+        .iter()
+        .filter_map(|l| l.strip_prefix("700-"))
+        .collect();
+    assert_eq!(
+        indexed,
+        names.iter().map(String::as_str).collect::<Vec<_>>()
+    );
+    let first_mark = lines.iter().position(|l| l.starts_with("700-")).unwrap();
+    let first_audio = lines.iter().position(|l| l == "705 AUDIO").unwrap();
+    let last_mark = lines.iter().rposition(|l| l.starts_with("700-")).unwrap();
+    assert!(
+        first_mark < first_audio && first_audio < last_mark,
+        "{lines:?}"
+    );
+}
+
+/// The prompt rows each of the last `count` utterances took from the talker's kept prefixes (the daemon's
+/// debug line `utterance N: prefill … (R rows, K kept from earlier prompts)`), waiting for them to be logged.
+fn kept_rows(log: &Path, count: usize) -> Vec<usize> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        let kept: Vec<usize> = text
+            .lines()
+            .filter_map(|l| {
+                l.split(" rows, ")
+                    .nth(1)?
+                    .split(" kept")
+                    .next()?
+                    .parse()
+                    .ok()
+            })
+            .collect();
+        if kept.len() >= count {
+            return kept[kept.len() - count..].to_vec();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no prefill line for {count} utterances in the log:\n{text}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A voice's fixed prompt rows (role, language tags, speaker) run once: the daemon's warm-up runs them for
+/// the default voice in the configured language (`auto` here) and in the session locale's (`LANG`), so the
+/// first request in either prefills only its text; another language runs them on its first request only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_default_voice_is_prepared_in_the_configured_and_the_locale_language() {
+    let dir = TempDir::new("daemon-prepared");
+    let config = dir.path().join("kazeia.toml");
+    write_config(
+        &config,
+        &quick_model(),
+        "null",
+        "[voice]\nspeaker = \"ryan\"\n[generation]\nmax_frames = 4\n",
+    );
+    let bus = DbusSession::start(None);
+    let mut env = bus.env();
+    env.push(("RUST_LOG".into(), "kazeia=debug".into()));
+    env.push(("LANG".into(), "en_GB.UTF-8".into()));
+    env.push(("LC_ALL".into(), String::new()));
+    env.push(("LC_MESSAGES".into(), String::new()));
+    let log = dir.path().join("kazeiad.log");
+    let _daemon = start_daemon(&bus, &env, &config, log.clone());
+    wait_until_loaded(&bus);
+    let connection = connect_in_this_process(&bus).await;
+    let proxy = SpeechProxy::builder(&connection).build().await.unwrap();
+    let mut finishes = Finishes::new(&proxy).await;
+    let requests = [
+        ("Good morning to you.", "en"),
+        ("A sentence in the configured language.", ""),
+        ("German for the first time.", "de"),
+        ("German once more.", "de"),
+    ];
+    for (n, (text, language)) in requests.iter().enumerate() {
+        let options = HashMap::from([("language", Variant::from(language.to_string()))]);
+        let id = proxy.speak(text, options).await.unwrap();
+        assert_eq!(finishes.of(id, Duration::from_secs(60)).await, "done");
+        let kept = *kept_rows(&log, n + 1).last().unwrap();
+        // Ryan with a language: role 3, tags 4, speaker 1, tts_bos 1; with `auto`, 3 tags.
+        let fixed = if language.is_empty() { 8 } else { 9 };
+        let expected = if n == 2 { 0 } else { fixed };
+        assert_eq!(kept, expected, "{text:?} ({language:?})");
+    }
+}
+
+/// The members of `interface` in an introspection document, sorted: `method Speak(in s, in a{sv}, out t)`,
+/// `signal Finished(t, s)`, `property State s read`. Argument names, comments and annotations are left out.
+fn interface_members(xml: &str, interface: &str) -> Vec<String> {
+    // Comments may hold `<` and `>`: dropped first.
+    let mut text = String::new();
+    let mut rest = xml;
+    while let Some(start) = rest.find("<!--") {
+        text.push_str(&rest[..start]);
+        let end = rest[start..].find("-->").expect("an unclosed comment") + start + 3;
+        rest = &rest[end..];
+    }
+    text.push_str(rest);
+    let attr = |tag: &str, key: &str| -> Option<String> {
+        let pattern = format!(" {key}=\"");
+        let start = tag.find(&pattern)? + pattern.len();
+        Some(tag[start..start + tag[start..].find('"')?].to_owned())
+    };
+    let mut members = Vec::new();
+    let mut inside = false;
+    // The method or signal being read: its kind and name, its arguments.
+    let mut current: Option<(String, Vec<String>)> = None;
+    for tag in text.split('<').skip(1) {
+        let tag = tag.split('>').next().unwrap_or_default();
+        let element = tag.split_whitespace().next().unwrap_or_default();
+        match element {
+            "interface" => inside = attr(tag, "name").as_deref() == Some(interface),
+            "/interface" => inside = false,
+            _ if !inside => {}
+            "method" | "signal" => {
+                let head = format!("{element} {}", attr(tag, "name").expect("a member's name"));
+                if tag.ends_with('/') {
+                    members.push(format!("{head}()"));
+                } else {
+                    current = Some((head, Vec::new()));
+                }
+            }
+            "arg" => {
+                let (head, args) = current.as_mut().expect("an argument outside a member");
+                let ty = attr(tag, "type").expect("an argument's type");
+                args.push(match attr(tag, "direction") {
+                    Some(direction) => format!("{direction} {ty}"),
+                    // A method's arguments are `in` unless said otherwise; a signal's have no direction.
+                    None if head.starts_with("method") => format!("in {ty}"),
+                    None => ty,
+                });
+            }
+            "/method" | "/signal" => {
+                let (head, args) = current.take().expect("a member's end without its start");
+                members.push(format!("{head}({})", args.join(", ")));
+            }
+            "property" => members.push(format!(
+                "property {} {} {}",
+                attr(tag, "name").expect("a property's name"),
+                attr(tag, "type").expect("a property's type"),
+                attr(tag, "access").expect("a property's access"),
+            )),
+            _ => {}
+        }
+    }
+    members.sort();
+    members
+}
+
+/// The introspection XML committed for app developers (`daemon/dbus/`, installed by `kazeia install` under
+/// share/dbus-1/interfaces) is what the daemon serves: the same methods, signals and properties, with the
+/// same signatures.
+#[test]
+fn the_committed_introspection_xml_is_the_served_interface() {
+    let daemon = TestDaemon::null("daemon-xml", "");
+    let committed = Path::new(env!("CARGO_MANIFEST_DIR")).join("dbus");
+    for (name, path, interface) in [
+        (
+            "org.kazeia.Speech",
+            "/org/kazeia/Speech",
+            "org.kazeia.Speech1",
+        ),
+        (
+            "org.kazeia.Speech.Provider",
+            "/org/kazeia/Speech/Provider",
+            "org.freedesktop.Speech.Provider",
+        ),
+    ] {
+        let out = busctl(&daemon.bus, &["introspect", "--xml-interface", name, path]);
+        assert!(out.status.success(), "{out:?}");
+        let served = interface_members(&String::from_utf8_lossy(&out.stdout), interface);
+        assert!(
+            served.iter().any(|m| m.starts_with("method "))
+                && served.iter().any(|m| m.starts_with("property ")),
+            "{interface} is not served as expected: {served:?}"
+        );
+        let file = committed.join(format!("{interface}.xml"));
+        let xml = std::fs::read_to_string(&file).unwrap();
+        assert_eq!(
+            interface_members(&xml, interface),
+            served,
+            "{} is not the interface the daemon serves",
+            file.display()
+        );
+    }
+}
+
+/// Runs `program args` with `env`, killed after 60 s; (exit status, stdout, stderr).
+fn run_client(
+    dir: &Path,
+    program: &Path,
+    args: &[&str],
+    env: &[(String, String)],
+) -> (std::process::ExitStatus, String, String) {
+    let (out, err) = (dir.join("client.out"), dir.join("client.err"));
+    let mut child = Command::new(program)
+        .args(args)
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .stdout(std::fs::File::create(&out).unwrap())
+        .stderr(std::fs::File::create(&err).unwrap())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("{} {args:?} did not end within 60 s", program.display());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let read = |p: &Path| std::fs::read_to_string(p).unwrap();
+    (status, read(&out), read(&err))
+}
+
+/// The example clients of docs/dbus-api.md (`tools/examples/`: Python with GDBus, and busctl) speak with a
+/// priority, wait for their utterance's `Finished` and say its reason; a refused request is an error exit
+/// that names the D-Bus error.
+#[test]
+fn the_example_clients_speak_and_wait_for_the_end() {
+    let daemon = TestDaemon::null("daemon-examples", "");
+    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tools/examples");
+    let python = require_program("/usr/bin/python3");
+    let python_say = examples.join("kazeia_say.py").display().to_string();
+    let busctl_say = examples.join("kazeia_say.sh").display().to_string();
+    let sh = Path::new("/bin/sh");
+    let env = daemon.bus.env();
+
+    for priority in ["message", "important"] {
+        let (status, out, err) = run_client(
+            daemon.dir.path(),
+            &python,
+            &[&python_say, "--priority", priority, "Hello from Python."],
+            &env,
+        );
+        assert!(status.success(), "{status}: {err}");
+        assert_eq!(out, "done\n", "{err}");
+        let (status, out, err) = run_client(
+            daemon.dir.path(),
+            sh,
+            &[&busctl_say, "Hello from busctl.", priority],
+            &env,
+        );
+        assert!(status.success(), "{status}: {err}");
+        assert_eq!(out, "done\n", "{err}");
+    }
+
+    let (status, out, err) = run_client(daemon.dir.path(), &python, &[&python_say, ""], &env);
+    assert_eq!(status.code(), Some(1), "{out}{err}");
+    assert!(
+        err.contains("org.kazeia.Speech1.Error.InvalidArgs: the text is empty"),
+        "{err}"
+    );
+    let (status, out, err) = run_client(daemon.dir.path(), sh, &[&busctl_say, ""], &env);
+    assert_eq!(status.code(), Some(1), "{out}{err}");
+    assert!(err.contains("the text is empty"), "{err}");
+}
