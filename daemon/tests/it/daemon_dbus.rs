@@ -16,8 +16,9 @@ use kazeiad::dbus::client::SpeechProxy;
 use zbus::wire::Variant;
 
 use crate::common::{
-    activation_files, busctl, call, connect_as_new_process, connect_in_this_process, name_appears,
-    quick_model, speak, start_daemon, wait_until_loaded, write_config, Finishes, TestDaemon,
+    activation_files, busctl, call, connect, connect_as_new_process, connect_in_this_process,
+    name_appears, proxy, quick_model, speak, start_daemon, wait_until_loaded, write_config,
+    Finishes, TestDaemon,
 };
 use crate::random_model;
 
@@ -81,6 +82,17 @@ async fn spiel(
     Ok(tokio::task::spawn_blocking(move || read.join().unwrap())
         .await
         .unwrap())
+}
+
+/// The shortest daemon test, as `daemon/README.md` shows it: the harness starts the rest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sentence_is_spoken_to_its_end() {
+    let daemon = TestDaemon::null("a-sentence", "[generation]\nmax_frames = 6\n");
+    let client = connect(&daemon.bus).await;
+    let api = proxy(&client).await;
+    let mut finishes = Finishes::new(&api).await;
+    let id = api.speak("Hello.", HashMap::new()).await.unwrap();
+    assert_eq!(finishes.of(id, Duration::from_secs(30)).await, "done");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
