@@ -36,6 +36,7 @@ use kazeia_engine::weights::{WeightFile, Weights};
 use kazeia_engine::weights_auto::{self, AutoChoice, AutoMachine, Measurement, WeightsSetting};
 use kazeia_engine::{Backend, WeightFormat, WeightStorage};
 
+use crate::audio_cost::{AudioCost, LmStage};
 use crate::bandwidth::read_bandwidth_gbps;
 use crate::common_args::BackendArgs;
 use kazeiad::model_path::resolve_model;
@@ -542,6 +543,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         Some(model) => Some(bandwidth_rounds(&loaded, model, &args)?),
         None => None,
     };
+    let cost = audio_cost(&loaded, &r, traffic.as_ref(), &args);
 
     if args.json {
         let stages: Vec<String> = PROFILE_STAGES
@@ -604,7 +606,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
                 ", \"weights\": \"{}\", \"weights_auto\": {}",
                 c.format,
                 serde_json::Value::from(c.reason())
-            ))
+            )) + &cost.json()
         );
         return Ok(());
     }
@@ -712,7 +714,49 @@ pub fn run(args: BenchArgs) -> Result<()> {
             &cp,
         );
     }
+    cost.print(args.threads);
     Ok(())
+}
+
+/// What a second of audio costs each stage, against this machine's ceilings (the f32 multiply-add probe runs
+/// here, after the timed runs and the read probes).
+fn audio_cost(
+    loaded: &Loaded,
+    run: &Run,
+    traffic: Option<&(Traffic, Traffic, u64)>,
+    args: &BenchArgs,
+) -> AudioCost {
+    let lm = match (traffic, &loaded.model) {
+        (Some((talker, cp, _)), Some(model)) => {
+            // One multiply-add per weight per step: the f32 layout's bytes over 4 (its norms, biases and the
+            // code predictor's embedding rows, < 0.1 %, counted too; attention over the cache left out).
+            let weights = model
+                .config
+                .frame_weight_bytes(WeightFormat::F32, kazeia_engine::lm::BlockBytes::PLAIN);
+            let stage = |name: &str, t: &Traffic, f32_bytes: u64| LmStage {
+                name: name.into(),
+                bytes_per_frame: t.mb * 1e6,
+                macs_per_frame: f32_bytes as f64 / 4.0,
+                gbps: t.gbps,
+                probe_gbps: t.probe_gbps,
+            };
+            vec![
+                stage("talker", talker, weights.talker),
+                stage("code predictor", cp, weights.code_predictor),
+            ]
+        }
+        _ => Vec::new(),
+    };
+    let frames_per_s =
+        loaded.decoder.sample_rate() as f64 / loaded.decoder.samples_per_frame() as f64;
+    AudioCost::new(
+        &lm,
+        loaded.decoder.config().decoder_multiply_adds(),
+        run.decoder_s,
+        args.frames as f64,
+        frames_per_s,
+        crate::fma_peak::fma_peak_gmacs(args.threads),
+    )
 }
 
 /// One memory-bound stage: weight bytes per frame, the rate achieved, and the probe's rate over one step's bytes.

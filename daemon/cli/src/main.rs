@@ -1,11 +1,13 @@
 //! `kazeia`: the command line of the Kazeia speech engine.
 
+mod audio_cost;
 mod backends;
 mod bandwidth;
 mod bench;
 mod common_args;
 mod control_cmd;
 mod decode;
+mod fma_peak;
 mod generate;
 mod install_cmd;
 mod manpages;

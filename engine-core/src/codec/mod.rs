@@ -14,6 +14,7 @@ mod bigvgan;
 pub mod config;
 mod conv;
 pub mod encoder;
+pub mod multiply_adds;
 mod pre_transformer;
 mod quantizer;
 mod upsample;

@@ -55,6 +55,49 @@ fn bench_prints_every_stage_and_paired_bandwidth_shares() {
             "{stage}: {gbps} / {probe} is not the share {share}"
         );
     }
+    // What a second of audio costs: the LM stages' bytes are their bytes per frame at the codec's frame rate
+    // (this fixture's 2 ms frames: 500 a second), every stage has multiply-adds and a share of its ceiling, and
+    // the decoder's stages add up to its total.
+    assert!(number("fma_peak_gmacs") > 0.0);
+    let frames_per_s = number("frames") / number("audio_s");
+    let frame_mb = number("talker_weight_mb_per_frame");
+    let audio_mb = number("talker_mb_per_audio_s");
+    // The JSON rounds MB per frame to 2 decimals.
+    assert!(
+        (audio_mb - frames_per_s * frame_mb).abs() <= 0.005 * frames_per_s + 0.1,
+        "{audio_mb} MB per s of audio from {frame_mb} MB per frame at {frames_per_s} frames/s"
+    );
+    let stages = [
+        "quantizer",
+        "pre_conv",
+        "pre_transformer",
+        "upsample",
+        "bigvgan",
+    ];
+    let mut sum = 0.0;
+    for stage in ["talker", "code_predictor"]
+        .into_iter()
+        .map(String::from)
+        .chain(stages.iter().map(|s| format!("decoder_{s}")))
+        .chain(["decoder_total".to_string()])
+    {
+        let (gmac, share) = (
+            number(&format!("{stage}_gmac_per_audio_s")),
+            number(&format!("{stage}_share")),
+        );
+        assert!(
+            gmac > 0.0 && share > 0.0,
+            "{stage}: {gmac} G, share {share}"
+        );
+        if stage.starts_with("decoder_") && stage != "decoder_total" {
+            sum += gmac;
+        }
+    }
+    let total = number("decoder_total_gmac_per_audio_s");
+    assert!(
+        (sum - total).abs() < 0.01 + 1e-3 * total,
+        "{sum} vs {total}"
+    );
 }
 
 /// `kazeia bench --batch` on the same model: every width's row, and the ceiling the unbatched decoder sets,
