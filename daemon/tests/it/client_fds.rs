@@ -4,45 +4,20 @@
 //! - `/dev/null`, a regular file or the read end of a pipe is refused with a clear error, and the daemon
 //!   goes on serving.
 
-use crate::common::*;
-
-use std::io::Read;
 use std::os::fd::{AsFd, AsRawFd};
 use std::time::Duration;
 
-use kazeia_spiel::{s16le_to_f32, Chunk, SpielReader};
-use kazeia_tests::services::{DbusSession, TempDir};
+use crate::common::*;
 
 fn status_flags(fd: &impl AsRawFd) -> i32 {
     // SAFETY: F_GETFL on a valid fd.
     unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) }
 }
 
-/// The samples of a whole Spiel stream.
-fn samples_of(input: impl Read) -> Vec<f32> {
-    let mut stream = SpielReader::new(input).expect("a Spiel header");
-    let mut samples = Vec::new();
-    while let Some(chunk) = stream.next_chunk().expect("a well-formed Spiel stream") {
-        if let Chunk::Audio(pcm) = chunk {
-            samples.extend(s16le_to_f32(&pcm));
-        }
-    }
-    samples
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_clients_descriptor_keeps_its_flags_and_only_pipes_and_sockets_are_taken() {
-    let dir = TempDir::new("client-fds");
-    let config = dir.path().join("kazeia.toml");
-    write_config(
-        &config,
-        &quick_model(),
-        "null",
-        "[generation]\nmax_frames = 6\n",
-    );
-    let bus = DbusSession::start(None);
-    let mut daemon = start_daemon(&bus, &bus.env(), &config, dir.path().join("kazeiad.log"));
-    let connection = connect(&bus).await;
+    let mut daemon = TestDaemon::null("client-fds", "[generation]\nmax_frames = 6\n");
+    let connection = connect(&daemon.bus).await;
     let api = proxy(&connection).await;
     let mut finishes = Finishes::new(&api).await;
 
@@ -60,7 +35,7 @@ async fn the_clients_descriptor_keeps_its_flags_and_only_pipes_and_sockets_are_t
         "the client's pipe flags changed: {before:#o} → {after:#o}"
     );
     drop(writer);
-    let heard = tokio::task::spawn_blocking(move || samples_of(reader))
+    let heard = tokio::task::spawn_blocking(move || read_stream(reader, None))
         .await
         .unwrap();
     assert!(!heard.is_empty(), "stream {id} had audio");
@@ -78,7 +53,7 @@ async fn the_clients_descriptor_keeps_its_flags_and_only_pipes_and_sockets_are_t
         "the client's socket flags changed"
     );
     drop(theirs);
-    let heard = tokio::task::spawn_blocking(move || samples_of(ours))
+    let heard = tokio::task::spawn_blocking(move || read_stream(ours, None))
         .await
         .unwrap();
     assert!(!heard.is_empty());
@@ -88,7 +63,7 @@ async fn the_clients_descriptor_keeps_its_flags_and_only_pipes_and_sockets_are_t
         .write(true)
         .open("/dev/null")
         .unwrap();
-    let file = std::fs::File::create(dir.path().join("out.spiel")).unwrap();
+    let file = std::fs::File::create(daemon.dir.path().join("out.spiel")).unwrap();
     let (read_end, _write_end) = std::io::pipe().unwrap();
     for (what, fd, expected) in [
         ("/dev/null", null.as_fd(), "character device"),
@@ -105,7 +80,7 @@ async fn the_clients_descriptor_keeps_its_flags_and_only_pipes_and_sockets_are_t
         );
     }
     assert_eq!(
-        std::fs::metadata(dir.path().join("out.spiel"))
+        std::fs::metadata(daemon.dir.path().join("out.spiel"))
             .unwrap()
             .len(),
         0,
@@ -115,5 +90,5 @@ async fn the_clients_descriptor_keeps_its_flags_and_only_pipes_and_sockets_are_t
     // The daemon goes on serving.
     let samples = spiel(&connection, "Still here.").await.unwrap();
     assert!(!samples.is_empty());
-    daemon.check_running();
+    daemon.service.check_running();
 }

@@ -16,18 +16,12 @@ const FILLS_A_PIPE: &str = "<speak>Stalled.<break time=\"3s\"/>Still stalled.</s
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_spiel_client_that_stops_reading_holds_up_nobody() {
-    let dir = TempDir::new("clients-stall");
-    let config = dir.path().join("kazeia.toml");
-    write_config(
-        &config,
-        &quick_model(),
-        "null",
+    let mut daemon = TestDaemon::null(
+        "clients-stall",
         "[generation]\nmax_frames = 6\n[queue]\nstall_timeout_ms = 1500\n",
     );
-    let bus = DbusSession::start(None);
-    let mut daemon = start_daemon(&bus, &bus.env(), &config, dir.path().join("kazeiad.log"));
-    let stalled_client = connect(&bus).await;
-    let other = connect(&bus).await;
+    let stalled_client = connect(&daemon.bus).await;
+    let other = connect(&daemon.bus).await;
     let other_api = proxy(&other).await;
     let mut finishes = Finishes::new(&other_api).await;
 
@@ -78,7 +72,7 @@ async fn a_spiel_client_that_stops_reading_holds_up_nobody() {
         "a stop ended the stalled stream in {:.1} ms",
         stop_at.elapsed().as_secs_f64() * 1e3
     );
-    daemon.check_running();
+    daemon.service.check_running();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -485,19 +479,13 @@ fn holdings(pid: u32) -> (f64, usize, usize) {
 /// after the last round than after the first (a leak per request or per client grows with the rounds).
 async fn soak(clients: usize, utterances: usize, seed: u64, duration: Duration) {
     let started = Instant::now();
-    let dir = TempDir::new("clients-soak");
-    let config = dir.path().join("kazeia.toml");
-    write_config(
-        &config,
-        &quick_model(),
-        "null",
+    let mut daemon = TestDaemon::null(
+        "clients-soak",
         "[generation]\nmax_frames = 6\n[queue]\nstall_timeout_ms = 1000\nmax_utterances = 1024\n",
     );
-    let bus = DbusSession::start(None);
-    let mut daemon = start_daemon(&bus, &bus.env(), &config, dir.path().join("kazeiad.log"));
-    let before = peak_rss_mib(daemon.pid());
+    let before = peak_rss_mib(daemon.service.pid());
     // Every Finished, seen by a client that stays to the end.
-    let monitor = connect(&bus).await;
+    let monitor = connect(&daemon.bus).await;
     let monitor_api = proxy(&monitor).await;
     let all = Collector::start(&monitor_api).await;
 
@@ -509,7 +497,7 @@ async fn soak(clients: usize, utterances: usize, seed: u64, duration: Duration) 
             .map(|c| {
                 let behaviour = BEHAVIOURS[c % BEHAVIOURS.len()];
                 tokio::spawn(soak_client(
-                    bus.address().to_owned(),
+                    daemon.bus.address().to_owned(),
                     behaviour,
                     utterances,
                     rng.below(u64::MAX),
@@ -535,8 +523,8 @@ async fn soak(clients: usize, utterances: usize, seed: u64, duration: Duration) 
         // Quiet: the clients gone, the queue empty, freed memory handed back (after 2 s of quiet), and the
         // async runtime's idle blocking threads ended (they stay 10 s).
         tokio::time::sleep(Duration::from_secs(11)).await;
-        daemon.check_running();
-        held.push(holdings(daemon.pid()));
+        daemon.service.check_running();
+        held.push(holdings(daemon.service.pid()));
     }
     // Nothing more comes: no second Finished for anything.
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -554,8 +542,8 @@ async fn soak(clients: usize, utterances: usize, seed: u64, duration: Duration) 
     for r in seen.values() {
         *reasons.entry(r.as_str()).or_default() += 1;
     }
-    daemon.check_running();
-    let peak = peak_rss_mib(daemon.pid());
+    daemon.service.check_running();
+    let peak = peak_rss_mib(daemon.service.pid());
     eprintln!(
         "{} rounds of {clients} clients × {utterances}: {} utterances for the speakers, {streams} Spiel \
          streams, finished {reasons:?}; peak RSS {peak:.0} MiB ({before:.0} MiB at start); held once quiet \

@@ -423,18 +423,8 @@ async fn backends(proxy: &SpeechProxy<'_>) -> HashMap<String, String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn configuration_changes_apply_while_running() {
-    let dir = TempDir::new("daemon-config");
-    let config = dir.path().join("kazeia.toml");
-    write_config(
-        &config,
-        &quick_model(),
-        "null",
-        "[generation]\nmax_frames = 6\n",
-    );
-    let bus = DbusSession::start(None);
-    let mut daemon = start_daemon(&bus, &bus.env(), &config, dir.path().join("kazeiad.log"));
-    wait_until_loaded(&bus);
-    let connection = connect_in_this_process(&bus).await;
+    let mut daemon = TestDaemon::null("daemon-config", "[generation]\nmax_frames = 6\n");
+    let connection = connect_in_this_process(&daemon.bus).await;
     let proxy = SpeechProxy::builder(&connection)
         .cache_properties(zbus::proxy::CacheProperties::No)
         .build()
@@ -450,7 +440,7 @@ async fn configuration_changes_apply_while_running() {
         .unwrap()
         .to_path_buf();
     write_config(
-        &config,
+        &daemon.config(),
         &quick_model(),
         "null",
         &format!(
@@ -468,22 +458,22 @@ async fn configuration_changes_apply_while_running() {
         assert!(Instant::now() < deadline, "the file change was not applied");
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
-    assert_eq!(decoder, "vulkan:llvmpipe", "{}", daemon.log());
+    assert_eq!(decoder, "vulkan:llvmpipe", "{}", daemon.service.log());
     let mut done = Finishes::new(&proxy).await;
-    let id = speak(&bus, "After the switch.");
+    let id = speak(&daemon.bus, "After the switch.");
     assert_eq!(done.of(id, Duration::from_secs(30)).await, "done");
 
     // An invalid file is refused by Reload() with the reason; the running configuration stays.
-    std::fs::write(&config, "[model]\nweights = \"q3\"\n").unwrap();
-    let e = call(&bus, "Reload", &[]).expect_err("an invalid file must be refused");
+    std::fs::write(daemon.config(), "[model]\nweights = \"q3\"\n").unwrap();
+    let e = call(&daemon.bus, "Reload", &[]).expect_err("an invalid file must be refused");
     assert!(e.contains("weights"), "{e}");
     assert_eq!(backends(&proxy).await["decoder"], decoder);
-    let id = speak(&bus, "Still the old configuration.");
+    let id = speak(&daemon.bus, "Still the old configuration.");
     assert_eq!(done.of(id, Duration::from_secs(30)).await, "done");
 
     // SIGHUP applies a valid file: another model, the decoder back on the CPU plugin.
     write_config(
-        &config,
+        &daemon.config(),
         &fixtures_dir().join("lm/shape_1b7"),
         "null",
         &format!(
@@ -492,7 +482,7 @@ async fn configuration_changes_apply_while_running() {
         ),
     );
     // SAFETY: kill(2) takes no pointers and has no memory-safety preconditions.
-    unsafe { libc::kill(daemon.pid() as i32, libc::SIGHUP) };
+    unsafe { libc::kill(daemon.service.pid() as i32, libc::SIGHUP) };
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let model: String = proxy.inner().get_property("Model").await.unwrap();
@@ -506,10 +496,10 @@ async fn configuration_changes_apply_while_running() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert_eq!(backends(&proxy).await["decoder"], "cpu");
-    let id = speak(&bus, "A new model.");
+    let id = speak(&daemon.bus, "A new model.");
     assert_eq!(done.of(id, Duration::from_secs(30)).await, "done");
-    daemon.check_running();
-    let log = daemon.log();
+    daemon.service.check_running();
+    let log = daemon.service.log();
     assert!(
         log.contains("refused, the running configuration stays") || log.contains("weights"),
         "{log}"

@@ -8,6 +8,8 @@ use kazeia_tests::desktop::name_has_owner;
 use kazeia_tests::fixtures_dir;
 use kazeia_tests::services::{DbusSession, Service, TempDir};
 
+use crate::common::state;
+
 const KAZEIAD: &str = env!("CARGO_BIN_EXE_kazeiad");
 
 /// Runs kazeiad with `[log] level = level` (and `rust_log`, if any) until it is ready, stops it, returns
@@ -46,22 +48,6 @@ fn daemon_log(dir: &Path, level: &str, rust_log: Option<&str>) -> String {
     }
     daemon.terminate();
     daemon.log()
-}
-
-/// The daemon's `State` property as busctl prints it (`s "idle"`).
-fn state(bus: &DbusSession) -> String {
-    let out = std::process::Command::new("busctl")
-        .arg(format!("--address={}", bus.address()))
-        .args([
-            "get-property",
-            "org.kazeia.Speech",
-            "/org/kazeia/Speech",
-            "org.kazeia.Speech1",
-            "State",
-        ])
-        .output()
-        .unwrap();
-    String::from_utf8_lossy(&out.stdout).trim().to_owned()
 }
 
 #[test]

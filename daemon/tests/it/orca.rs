@@ -130,25 +130,13 @@ impl Desktop {
 fn activate_and_wait_loaded(bus: &DbusSession) {
     let deadline = Instant::now() + Duration::from_secs(300);
     loop {
-        let out = std::process::Command::new("busctl")
-            .arg(format!("--address={}", bus.address()))
-            .args([
-                "get-property",
-                "org.kazeia.Speech",
-                "/org/kazeia/Speech",
-                "org.kazeia.Speech1",
-                "State",
-            ])
-            .output()
-            .expect("busctl (package systemd) is needed");
-        let state = String::from_utf8_lossy(&out.stdout);
-        if out.status.success() && !state.contains("loading") {
+        let state = common::state(bus);
+        if !state.is_empty() && !state.contains("loading") {
             return;
         }
         assert!(
             Instant::now() < deadline,
-            "kazeiad did not load its model: {state} {}",
-            String::from_utf8_lossy(&out.stderr)
+            "kazeiad did not load its model: {state:?}"
         );
         std::thread::sleep(Duration::from_millis(50));
     }

@@ -4,10 +4,9 @@
 
 use std::sync::Arc;
 
-use crate::common::lm_fixtures::fixture;
+use crate::common::lm_fixtures::{fixture, golden_wav};
 use kazeia_engine::stream::{SessionControl, StreamConfig, StreamEvent};
 use kazeia_engine::synth::{SynthOptions, Synthesizer, Voice};
-use kazeia_engine::weights::WeightFile;
 use kazeia_engine::CpuBackend;
 
 fn voice(non_streaming_mode: Option<bool>) -> Voice {
@@ -94,11 +93,7 @@ fn assert_marks_once_in_order(placed: &[(usize, usize)], count: usize, total: us
 fn a_mark_before_every_word_leaves_the_official_audio_unchanged() {
     for case in ["shape_0b6", "shape_1b7"] {
         let synth = Synthesizer::load(&fixture(case), Arc::new(CpuBackend::new(2))).unwrap();
-        let golden = WeightFile::open(&fixture(case).join("golden.safetensors"))
-            .unwrap()
-            .tensor("wav_en_nonstream")
-            .unwrap()
-            .data;
+        let golden = golden_wav(case);
         let text = "Hello world.";
         let marks = word_starts(text);
         let (audio, placed, generations) = speak(

@@ -5,10 +5,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::common::lm_fixtures::fixture;
+use crate::common::lm_fixtures::{fixture, golden_wav};
 use kazeia_engine::stream::{SessionControl, StreamConfig};
 use kazeia_engine::synth::{SynthOptions, Synthesizer, Voice};
-use kazeia_engine::weights::WeightFile;
 use kazeia_engine::CpuBackend;
 
 fn voice() -> Voice {
@@ -37,11 +36,7 @@ fn greedy(max_new_tokens: usize) -> SynthOptions {
 fn streamed_audio_equals_the_official_one_shot_waveform_for_any_chunking() {
     for case in ["shape_0b6", "shape_1b7"] {
         let synth = Synthesizer::load(&fixture(case), Arc::new(CpuBackend::new(2))).unwrap();
-        let golden = WeightFile::open(&fixture(case).join("golden.safetensors"))
-            .unwrap()
-            .tensor("wav_en_nonstream")
-            .unwrap()
-            .data;
+        let golden = golden_wav(case);
         for (first, later, parts) in [(1, 1, 2), (2, 8, 1), (3, 5, 4), (100, 100, 2)] {
             let config = StreamConfig {
                 first_chunk_frames: first,

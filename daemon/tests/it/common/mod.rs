@@ -71,6 +71,11 @@ impl TestDaemon {
         }
     }
 
+    /// The config it was started on (`kazeia.toml` in its folder).
+    pub fn config(&self) -> PathBuf {
+        self.dir.path().join("kazeia.toml")
+    }
+
     /// The PipeWire it plays through (tests started with [`TestDaemon::pipewire`]).
     pub fn pw(&self) -> &PipeWire {
         self.pw.as_ref().expect("a daemon started on PipeWire")
@@ -109,17 +114,27 @@ pub fn name_appears(bus: &DbusSession, name: &str) -> bool {
 /// Waits until the daemon's `State` is no longer `loading` (it owns its name before its model is loaded).
 pub fn wait_until_loaded(bus: &DbusSession) {
     let deadline = Instant::now() + Duration::from_secs(60);
-    let state = [
+    while state(bus).contains("loading") {
+        assert!(Instant::now() < deadline, "the model never loaded");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The daemon's `State` property as busctl prints it (`s "idle"`), empty if the call failed. Where the bus
+/// can activate the daemon, the call starts it.
+pub fn state(bus: &DbusSession) -> String {
+    let property = [
         "get-property",
         "org.kazeia.Speech",
         "/org/kazeia/Speech",
         "org.kazeia.Speech1",
         "State",
     ];
-    while String::from_utf8_lossy(&busctl(bus, &state).stdout).contains("loading") {
-        assert!(Instant::now() < deadline, "the model never loaded");
-        std::thread::sleep(Duration::from_millis(20));
+    let out = busctl(bus, &property);
+    if !out.status.success() {
+        return String::new();
     }
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
 }
 
 /// `busctl ARGS` on the test bus.
@@ -339,9 +354,9 @@ pub async fn synthesize(
     sent.map(|()| reader)
 }
 
-/// Reads a whole Spiel stream; the samples. `pace`: bytes a second the reader takes at most (a client
-/// playing as it reads), none: as fast as it comes.
-pub fn read_stream(reader: PipeReader, pace: Option<f64>) -> Vec<f32> {
+/// Reads a whole Spiel stream (a pipe, a socket); the samples, none if it had no header. `pace`: bytes a
+/// second the reader takes at most (a client playing as it reads), none: as fast as it comes.
+pub fn read_stream(reader: impl std::io::Read, pace: Option<f64>) -> Vec<f32> {
     let start = Instant::now();
     let Ok(mut stream) = SpielReader::new(reader) else {
         return Vec::new();

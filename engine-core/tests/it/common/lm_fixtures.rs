@@ -1,18 +1,27 @@
 //! The LM golden fixtures (`tests/fixtures/lm/*`, made by `tools/make_fixtures.py` from the official
-//! implementation): their directories, golden runs, and each run's request.
+//! implementation): their directories, golden runs, each run's request, and the official waveform. The
+//! Vulkan plugin's tests include this file too.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use kazeia_engine::lm::PromptRequest;
+use kazeia_engine::weights::WeightFile;
 use serde_json::Value;
 
 /// The CustomVoice fixtures: talker width equal to the code predictor's, and not.
 pub const CASES: [&str; 2] = ["shape_0b6", "shape_1b7"];
 
 pub fn fixture(case: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../tests/fixtures/lm")
-        .join(case)
+    kazeia_tests::fixtures_dir().join("lm").join(case)
+}
+
+/// The official one-shot waveform of the fixture's English run (`wav_en_nonstream`).
+pub fn golden_wav(case: &str) -> Vec<f32> {
+    WeightFile::open(&fixture(case).join("golden.safetensors"))
+        .unwrap()
+        .tensor("wav_en_nonstream")
+        .unwrap()
+        .data
 }
 
 /// The golden runs of a fixture (`golden.json`'s `runs`).

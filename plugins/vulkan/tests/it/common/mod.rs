@@ -1,30 +1,19 @@
 //! The golden fixtures and the greedy runs of the LM fixtures, shared by this crate's test files.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
-use kazeia_engine::lm::{generate, Prompt, PromptRequest, TtsModel};
+use kazeia_engine::lm::{generate, Prompt, TtsModel};
 use serde_json::Value;
 
+/// The engine's: the golden runs and their requests, read the same way.
+#[path = "../../../../../engine-core/tests/it/common/lm_fixtures.rs"]
+#[allow(dead_code)] // the engine's other helpers (its cases, the golden waveform) are not used here
+mod lm_fixtures;
+
+pub use lm_fixtures::{ids, runs};
+
 pub fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures")
-}
-
-/// The golden runs of `tests/fixtures/lm/{case}` (the official implementation's inputs and codes).
-pub fn runs(case: &str) -> Vec<Value> {
-    let text =
-        std::fs::read_to_string(fixtures().join("lm").join(case).join("golden.json")).unwrap();
-    serde_json::from_str::<Value>(&text).unwrap()["runs"]
-        .as_array()
-        .unwrap()
-        .clone()
-}
-
-pub fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
+    kazeia_tests::fixtures_dir()
 }
 
 pub fn greedy_codes(model: &TtsModel, run: &Value) -> Vec<Vec<u32>> {
@@ -32,16 +21,7 @@ pub fn greedy_codes(model: &TtsModel, run: &Value) -> Vec<Vec<u32>> {
 }
 
 pub fn prompt_of(model: &TtsModel, run: &Value) -> Prompt {
-    let request = PromptRequest {
-        input_ids: ids(&run["input_ids"]),
-        instruct_ids: run["instruct_ids"]
-            .as_array()
-            .map(|_| ids(&run["instruct_ids"])),
-        speaker: run["speaker"].as_str().map(str::to_owned),
-        language: run["language"].as_str().unwrap().to_owned(),
-        non_streaming_mode: run["non_streaming_mode"].as_bool().unwrap(),
-    };
-    model.prompt(&request).unwrap()
+    model.prompt(&lm_fixtures::request(run)).unwrap()
 }
 
 pub fn greedy_from(model: &TtsModel, prompt: &Prompt, run: &Value) -> Vec<Vec<u32>> {
