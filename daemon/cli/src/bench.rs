@@ -364,6 +364,10 @@ struct Silence {
     total_ms: f64,
     longest_ms: f64,
     gaps: usize,
+    /// The least audio a player could hold before starting so that no gap follows (ms of audio), and how much
+    /// later than the first arrival it would then start (the first sound's added delay, ms).
+    no_gap_hold_ms: f64,
+    no_gap_delay_ms: f64,
 }
 
 impl Silence {
@@ -385,8 +389,32 @@ impl Silence {
             }
             played_until += std::time::Duration::from_secs_f64(samples as f64 / rate as f64);
         }
+        (silence.no_gap_hold_ms, silence.no_gap_delay_ms) = no_gap_start(arrivals, rate);
         silence
     }
+}
+
+/// The earliest delivery a player could start at and play everything after without a gap: the audio up to and
+/// including it (ms) and its arrival after the first one (ms). Every later delivery must have arrived by the time
+/// the audio before it has played from that start.
+fn no_gap_start(arrivals: &[(Instant, usize)], rate: u32) -> (f64, f64) {
+    let seconds = |samples: usize| samples as f64 / rate as f64;
+    let Some(&(first, _)) = arrivals.first() else {
+        return (0.0, 0.0);
+    };
+    for (m, &(start, _)) in arrivals.iter().enumerate() {
+        let mut due = 0.0;
+        let in_time = arrivals.iter().enumerate().all(|(k, &(at, samples))| {
+            let ok = k <= m || (at - start).as_secs_f64() <= due;
+            due += seconds(samples);
+            ok
+        });
+        if in_time {
+            let held: f64 = arrivals[..=m].iter().map(|a| seconds(a.1)).sum();
+            return (held * 1e3, (start - first).as_secs_f64() * 1e3);
+        }
+    }
+    unreachable!("starting at the last delivery leaves nothing to wait for")
 }
 
 /// Sessions whose median first audio (and that session's silences) the table gives.
@@ -576,11 +604,14 @@ pub fn run(args: BenchArgs) -> Result<()> {
             r.decoder_list_s * 1e3,
             latency.as_ref().map_or(String::new(), |l| format!(
                 ", \"first_audio_ms\": {:.1}, \"silence_ms\": {:.1}, \"longest_gap_ms\": {:.1}, \"gaps\": {}, \
+                 \"no_gap_hold_ms\": {:.1}, \"no_gap_delay_ms\": {:.1}, \
                  \"new_voice_first_audio_ms\": {:.1}, \"stop_ms\": {:.3}, \"stop_session_ms\": {:.1}{}",
                 l.first_audio_ms,
                 l.silence.total_ms,
                 l.silence.longest_ms,
                 l.silence.gaps,
+                l.silence.no_gap_hold_ms,
+                l.silence.no_gap_delay_ms,
                 l.new_voice_first_audio_ms,
                 l.stop_ms,
                 l.stop_session_ms,
@@ -674,6 +705,11 @@ pub fn run(args: BenchArgs) -> Result<()> {
             "streaming: after the first sound, {:.0} ms of silence in {} gap(s), the longest {:.0} ms (a player that \
              plays each sample as soon as it is out)",
             l.silence.total_ms, l.silence.gaps, l.silence.longest_ms
+        );
+        println!(
+            "streaming: a player holding {:.0} ms of audio before it starts would play it without a gap (its first \
+             sound {:.0} ms later)",
+            l.silence.no_gap_hold_ms, l.silence.no_gap_delay_ms
         );
         if let Some(ms) = l.streamed_text_first_audio_ms {
             println!(
@@ -1061,4 +1097,32 @@ fn run_batches(loaded: &Loaded, args: &BenchArgs, widths: &[usize]) -> Result<()
         100.0 * sequential.decoder_s / sequential.total_s()
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    /// 100 ms deliveries at 0, 150 and 220 ms: played at once, a 50 ms gap before the second; held until the
+    /// second arrived (200 ms of audio, the first sound 150 ms later), the third is there in time.
+    #[test]
+    fn the_least_hold_for_no_gap() {
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let arrivals = [(at(0), 100), (at(150), 100), (at(220), 100)];
+        let silence = Silence::of(&arrivals, 1000);
+        assert_eq!((silence.gaps, silence.total_ms.round()), (1, 50.0));
+        assert_eq!(
+            (
+                silence.no_gap_hold_ms.round(),
+                silence.no_gap_delay_ms.round()
+            ),
+            (200.0, 150.0)
+        );
+        // Audio that comes faster than it plays needs no hold.
+        let steady = [(at(0), 100), (at(50), 100), (at(100), 100)];
+        assert_eq!(no_gap_start(&steady, 1000), (100.0, 0.0));
+        assert_eq!(no_gap_start(&[], 1000), (0.0, 0.0));
+    }
 }

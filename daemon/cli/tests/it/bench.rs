@@ -93,6 +93,12 @@ fn bench_prints_every_stage_and_paired_bandwidth_shares() {
             sum += gmac;
         }
     }
+    // The least hold for no gap: at least the first delivery's audio, started no earlier than it arrived.
+    let (hold, delay) = (number("no_gap_hold_ms"), number("no_gap_delay_ms"));
+    assert!(
+        hold > 0.0 && delay >= 0.0,
+        "hold {hold} ms, delay {delay} ms"
+    );
     let total = number("decoder_total_gmac_per_audio_s");
     assert!(
         (sum - total).abs() < 0.01 + 1e-3 * total,
