@@ -11,6 +11,7 @@ use kazeia_engine::codec::PROFILE_STAGES;
 /// the probe's rate (GB/s).
 pub struct LmStage {
     pub name: String,
+    pub key: String,
     pub bytes_per_frame: f64,
     pub macs_per_frame: f64,
     pub gbps: f64,
@@ -20,6 +21,8 @@ pub struct LmStage {
 /// One row of the table, per second of audio.
 struct Row {
     name: String,
+    /// The row's prefix in the JSON (`talker`, `code_predictor`, `decoder_bigvgan`, …).
+    key: String,
     /// MB of weights read per second of audio (none for the decoder, bound by arithmetic).
     mb: Option<f64>,
     /// 10⁹ multiply-adds per second of audio.
@@ -50,6 +53,7 @@ impl AudioCost {
             .iter()
             .map(|s| Row {
                 name: s.name.clone(),
+                key: s.key.clone(),
                 mb: Some(s.bytes_per_frame * frames_per_s / 1e6),
                 gmac: s.macs_per_frame * frames_per_s / 1e9,
                 achieved: s.gbps,
@@ -67,6 +71,7 @@ impl AudioCost {
         for ((name, macs), s) in PROFILE_STAGES.iter().zip(macs).zip(decoder_s) {
             rows.push(Row {
                 name: format!("decoder: {name}"),
+                key: format!("decoder_{name}"),
                 mb: None,
                 gmac: macs as f64 * frames_per_s / 1e9,
                 achieved: macs as f64 * frames / s / 1e9,
@@ -77,6 +82,7 @@ impl AudioCost {
         let total_s: f64 = decoder_s.iter().sum();
         rows.push(Row {
             name: "decoder total".into(),
+            key: "decoder_total".into(),
             mb: None,
             gmac: decoder.total() as f64 * frames_per_s / 1e9,
             achieved: decoder.total() as f64 * frames / total_s / 1e9,
@@ -117,15 +123,7 @@ impl AudioCost {
     pub fn json(&self) -> String {
         let mut out = format!(", \"fma_peak_gmacs\": {:.2}", self.fma_peak_gmacs);
         for r in &self.rows {
-            let key: String = r
-                .name
-                .chars()
-                .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
-                .collect::<String>()
-                .split('_')
-                .filter(|w| !w.is_empty())
-                .collect::<Vec<_>>()
-                .join("_");
+            let key = &r.key;
             if let Some(mb) = r.mb {
                 out += &format!(", \"{key}_mb_per_audio_s\": {mb:.1}");
             }
@@ -149,6 +147,7 @@ mod tests {
     fn rows_per_second_of_audio() {
         let lm = [LmStage {
             name: "talker".into(),
+            key: "talker".into(),
             bytes_per_frame: 2e8,
             macs_per_frame: 4e8,
             gbps: 20.0,

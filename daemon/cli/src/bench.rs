@@ -771,6 +771,7 @@ fn audio_cost(
                 .frame_weight_bytes(WeightFormat::F32, kazeia_engine::lm::BlockBytes::PLAIN);
             let stage = |name: &str, t: &Traffic, f32_bytes: u64| LmStage {
                 name: name.into(),
+                key: name.replace(' ', "_"),
                 bytes_per_frame: t.mb * 1e6,
                 macs_per_frame: f32_bytes as f64 / 4.0,
                 gbps: t.gbps,

@@ -21,19 +21,21 @@ pub fn fma_peak_gmacs(threads: usize) -> f64 {
     let barrier = Barrier::new(threads);
     let mut best = 0.0f64;
     for _ in 0..PASSES {
-        let (began, done) = (Instant::now(), std::sync::Mutex::new(0usize));
-        std::thread::scope(|scope| {
-            for _ in 0..threads {
-                scope.spawn(|| {
-                    barrier.wait();
-                    let (value, macs) = multiply_adds(black_box(STEPS));
-                    black_box(value);
-                    *done.lock().unwrap() += macs;
-                });
-            }
+        let began = Instant::now();
+        let macs: usize = std::thread::scope(|scope| {
+            let workers: Vec<_> = (0..threads)
+                .map(|_| {
+                    scope.spawn(|| {
+                        barrier.wait();
+                        let (value, macs) = multiply_adds(black_box(STEPS));
+                        black_box(value);
+                        macs
+                    })
+                })
+                .collect();
+            workers.into_iter().map(|w| w.join().unwrap()).sum()
         });
-        let macs = *done.lock().unwrap() as f64;
-        best = best.max(macs / began.elapsed().as_secs_f64() / 1e9);
+        best = best.max(macs as f64 / began.elapsed().as_secs_f64() / 1e9);
     }
     best
 }
