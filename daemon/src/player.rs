@@ -119,18 +119,23 @@ fn injected_panic(text: &str, place: &str) {
     }
 }
 
-/// A slow machine simulated for the tests and measurements (`KAZEIA_TEST_SLOW=R`): each decoded chunk is
-/// delivered only after `R` times its own duration, so synthesis runs at a real-time factor of about `R`.
+/// A slow machine simulated for the tests and measurements (`KAZEIA_TEST_SLOW=R` or `R+MS`): each decoded chunk is
+/// delivered only after `R` times its own duration, plus `MS` milliseconds (a decoder's cost per chunk, which
+/// makes the small first chunks slow even where the whole is faster than real time).
 fn simulated_slowness(samples: usize, sample_rate: u32) {
-    static FACTOR: std::sync::OnceLock<Option<f64>> = std::sync::OnceLock::new();
-    let factor = FACTOR.get_or_init(|| {
-        std::env::var("KAZEIA_TEST_SLOW")
-            .ok()
-            .and_then(|v| v.parse::<f64>().ok())
-            .filter(|f| f.is_finite() && *f > 0.0)
+    static SLOWNESS: std::sync::OnceLock<Option<(f64, f64)>> = std::sync::OnceLock::new();
+    let slowness = SLOWNESS.get_or_init(|| {
+        let value = std::env::var("KAZEIA_TEST_SLOW").ok()?;
+        let (factor, per_chunk_ms) = value.split_once('+').unwrap_or((&value, "0"));
+        let (factor, per_chunk_ms) = (
+            factor.parse::<f64>().ok()?,
+            per_chunk_ms.parse::<f64>().ok()?,
+        );
+        (factor.is_finite() && factor > 0.0 && (0.0..10_000.0).contains(&per_chunk_ms))
+            .then_some((factor, per_chunk_ms / 1e3))
     });
-    if let Some(factor) = factor {
-        let seconds = samples as f64 / f64::from(sample_rate.max(1)) * factor;
+    if let Some((factor, per_chunk)) = slowness {
+        let seconds = samples as f64 / f64::from(sample_rate.max(1)) * factor + per_chunk;
         std::thread::sleep(Duration::from_secs_f64(seconds.min(10.0)));
     }
 }
@@ -413,6 +418,7 @@ impl Player {
             request,
             control: &active.control,
             cache: &self.cache,
+            replayed: AtomicBool::new(false),
         };
         for piece in &request.pieces {
             if let Piece::Text { text, .. } = piece {
@@ -446,10 +452,11 @@ impl Player {
                 };
                 if hold > 0.0 {
                     tracing::debug!(
-                        "utterance {}: expected {expected:.1} s of audio at real-time factor {:.2}: \
-                         playing once {hold:.1} s are ready",
+                        "utterance {}: expected {expected:.1} s of audio at real-time factor {:.2} \
+                         (an utterance this long needed {:.2} s held before): playing once {hold:.2} s are ready",
                         request.id,
-                        rates.rtf.unwrap_or(0.0)
+                        rates.rtf.unwrap_or(0.0),
+                        rates.needed_for(expected)
                     );
                 }
                 let playback = Arc::new(PlannedPlayback::new(
@@ -522,6 +529,10 @@ impl Player {
         if speaker.control.is_stopped() {
             return Ok(Reason::Stopped);
         }
+        if speaker.replayed.load(Ordering::Relaxed) {
+            // Said from the cache at once: nothing about this machine's speed.
+            return Ok(Reason::Done);
+        }
         let sample = playback.sample(
             text_bytes(speaker.request),
             f64::from(speaker.request.prosody.rate),
@@ -529,7 +540,7 @@ impl Player {
         self.rates
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .learn(sample);
+            .learn(&sample);
         Ok(Reason::Done)
     }
 }
@@ -676,6 +687,8 @@ struct Speaker<'a> {
     request: &'a Request,
     control: &'a SessionControl,
     cache: &'a ShortCache,
+    /// Whether some of the audio came from the short-text cache (then its timing teaches nothing).
+    replayed: AtomicBool,
 }
 
 impl Speaker<'_> {
@@ -781,6 +794,7 @@ impl Speaker<'_> {
             Ok(())
         };
         if let Some(again) = again {
+            self.replayed.store(true, Ordering::Relaxed);
             let leading = marks.iter().take_while(|m| m.offset == 0).count();
             (0..leading).try_for_each(|i| emit(Out::Mark(i)))?;
             emit(Out::Audio(&again))?;

@@ -18,7 +18,7 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
@@ -39,6 +39,7 @@ use kazeia_engine::{Backend, WeightFormat, WeightStorage};
 use crate::audio_cost::{AudioCost, LmStage};
 use crate::bandwidth::read_bandwidth_gbps;
 use crate::common_args::BackendArgs;
+use kazeiad::audio::plan;
 use kazeiad::model_path::resolve_model;
 
 /// The benchmark sentence (10 words).
@@ -349,6 +350,8 @@ struct Latency {
     /// After the first sound, the silence a player that plays each sample as soon as it can would insert while
     /// waiting for the next chunk: in all, and the longest.
     silence: Silence,
+    /// The last session as the daemon's gapless plan would play it, learnt from the sessions before.
+    planned: Planned,
     /// The same with the talker's kept prefixes forgotten first (a voice's first utterance).
     new_voice_first_audio_ms: f64,
     /// First audio with the text streamed into the talker (`non_streaming_mode=False`, `[generation] text =
@@ -364,22 +367,23 @@ struct Silence {
     total_ms: f64,
     longest_ms: f64,
     gaps: usize,
-    /// The least audio a player could hold before starting so that no gap follows (ms of audio), and how much
-    /// later than the first arrival it would then start (the first sound's added delay, ms).
+    /// The least audio a player could hold before starting so that no gap follows (ms of audio; 0 when the first
+    /// delivery can play at once), and how much later than the first arrival it would then start (the first
+    /// sound's added delay, ms): `kazeiad::audio::plan::least_hold`.
     no_gap_hold_ms: f64,
     no_gap_delay_ms: f64,
 }
 
 impl Silence {
-    /// From each delivery's arrival and its samples: playback starts with the first, and whenever the audio
-    /// out so far has played before the next arrives, the wait is silence.
-    fn of(arrivals: &[(Instant, usize)], rate: u32) -> Self {
+    /// From each delivery's arrival and its seconds of audio: playback starts with the first, and whenever the
+    /// audio out so far has played before the next arrives, the wait is silence.
+    fn of(arrivals: &[(Duration, f64)]) -> Self {
         let mut silence = Silence::default();
         let Some(&(first, _)) = arrivals.first() else {
             return silence;
         };
         let mut played_until = first;
-        for &(at, samples) in arrivals {
+        for &(at, seconds) in arrivals {
             if at > played_until {
                 let gap = (at - played_until).as_secs_f64() * 1e3;
                 silence.total_ms += gap;
@@ -387,35 +391,61 @@ impl Silence {
                 silence.gaps += 1;
                 played_until = at;
             }
-            played_until += std::time::Duration::from_secs_f64(samples as f64 / rate as f64);
+            played_until += Duration::from_secs_f64(seconds);
         }
-        (silence.no_gap_hold_ms, silence.no_gap_delay_ms) = no_gap_start(arrivals, rate);
+        let hold = plan::least_hold(arrivals);
+        silence.no_gap_hold_ms = hold * 1e3;
+        silence.no_gap_delay_ms = (plan::replay(arrivals, hold).0 - first).as_secs_f64() * 1e3;
         silence
     }
 }
 
-/// The earliest delivery a player could start at and play everything after without a gap: the audio up to and
-/// including it (ms) and its arrival after the first one (ms). Every later delivery must have arrived by the time
-/// the audio before it has played from that start.
-fn no_gap_start(arrivals: &[(Instant, usize)], rate: u32) -> (f64, f64) {
-    let seconds = |samples: usize| samples as f64 / rate as f64;
-    let Some(&(first, _)) = arrivals.first() else {
-        return (0.0, 0.0);
-    };
-    for (m, &(start, _)) in arrivals.iter().enumerate() {
-        let mut due = 0.0;
-        let in_time = arrivals.iter().enumerate().all(|(k, &(at, samples))| {
-            let ok = k <= m || (at - start).as_secs_f64() <= due;
-            due += seconds(samples);
-            ok
-        });
-        if in_time {
-            let held: f64 = arrivals[..=m].iter().map(|a| seconds(a.1)).sum();
-            return (held * 1e3, (start - first).as_secs_f64() * 1e3);
-        }
-    }
-    unreachable!("starting at the last delivery leaves nothing to wait for")
+/// What the daemon's player would make of a session: it plans from what the sessions before taught it, as
+/// `kazeiad` does from the utterances before (`[stream] gapless`, the default).
+#[derive(Clone, Copy, Default)]
+struct Planned {
+    /// The audio it held before playing, and when the first sound came (ms after the request).
+    hold_ms: f64,
+    first_audio_ms: f64,
+    /// Silence after the first sound.
+    silence_ms: f64,
 }
+
+/// The last of `runs` (sessions of one text of `text_units` tokens, in the order they ran) as the daemon's player
+/// would play it having learnt from the ones before: the hold `kazeiad::audio::plan::Rates` asks for, when its
+/// first sound comes and the silence after it.
+fn planned_last(
+    runs: &[(f64, Vec<(Duration, f64)>)],
+    text_units: usize,
+    chunk_frames: usize,
+) -> Planned {
+    let mut rates = plan::Rates::default();
+    let chunk = chunk_frames as f64 * 0.08;
+    let mut planned = Planned::default();
+    for (_, arrivals) in runs {
+        let expected = rates.expected_seconds(text_units.max(1), 1.0);
+        let hold = rates.hold_seconds(expected, chunk);
+        let (first, silence) = plan::replay(arrivals, hold);
+        planned = Planned {
+            hold_ms: hold * 1e3,
+            first_audio_ms: first.as_secs_f64() * 1e3,
+            silence_ms: silence.as_secs_f64() * 1e3,
+        };
+        rates.learn(&plan::Sample {
+            audio: arrivals.iter().map(|a| a.1).sum(),
+            compute: arrivals.last().map_or(Duration::ZERO, |a| a.0),
+            // The text's tokens stand for its bytes: the same text each time, so the length it learns is exact.
+            text_bytes: text_units.max(1),
+            rate: 1.0,
+            arrivals: arrivals.clone(),
+        });
+    }
+    planned
+}
+
+/// One streaming session as a player gets it: its first audio (ms after the request), then each delivery's
+/// arrival after the request and its seconds of audio.
+type Session = (f64, Vec<(Duration, f64)>);
 
 /// Sessions whose median first audio (and that session's silences) the table gives.
 const SESSIONS: usize = 3;
@@ -462,35 +492,41 @@ fn measure_latency(
          on_audio: &mut (dyn FnMut(&[f32]) -> kazeia_engine::Result<()> + Send)| {
             session_of(request, control, on_audio)
         };
-    let rate = loaded.decoder.sample_rate();
-    let heard = |request: &PromptRequest| -> Result<(f64, Silence)> {
+    let rate = f64::from(loaded.decoder.sample_rate());
+    // One session: its first audio (ms), each delivery's arrival after the request and seconds of audio.
+    let heard = |request: &PromptRequest| -> Result<Session> {
         let mut arrivals = Vec::new();
+        let asked = Instant::now();
         let report = session_of(request, &SessionControl::new(), &mut |audio| {
-            arrivals.push((Instant::now(), audio.len()));
+            arrivals.push((asked.elapsed(), audio.len() as f64 / rate));
             Ok(())
         })?;
         let first_audio_ms = report
             .first_audio
             .map_or(f64::NAN, |d| d.as_secs_f64() * 1e3);
-        Ok((first_audio_ms, Silence::of(&arrivals, rate)))
+        Ok((first_audio_ms, arrivals))
     };
     let first_audio_of = |request: &PromptRequest| heard(request).map(|(ms, _)| ms);
-    // The session of median first audio among SESSIONS: one session's swings by tens of milliseconds on a
+    // SESSIONS sessions, in the order they ran.
+    let sessions = |request: &PromptRequest| -> Result<Vec<Session>> {
+        (0..SESSIONS).map(|_| heard(request)).collect()
+    };
+    // The session of median first audio among them: one session's swings by tens of milliseconds on a
     // shared machine (78 to 102 ms on the same build, minutes apart).
-    let median_of = |request: &PromptRequest| -> Result<(f64, Silence)> {
-        let mut runs = (0..SESSIONS)
-            .map(|_| heard(request))
-            .collect::<Result<Vec<_>>>()?;
+    let median = |mut runs: Vec<Session>| {
         runs.sort_by(|a, b| a.0.total_cmp(&b.0));
-        Ok(runs[SESSIONS / 2])
+        runs.swap_remove(SESSIONS / 2)
     };
     // First audio with the voice's prefix kept (as the daemon has it after its warm-up), then forgotten.
-    let (first_audio_ms, silence) = median_of(request)?;
+    let runs = sessions(request)?;
+    let planned = planned_last(&runs, request.input_ids.len(), config.chunk_frames);
+    let (first_audio_ms, arrivals) = median(runs);
+    let silence = Silence::of(&arrivals);
     model.talker.clear_prefixes();
     let new_voice_first_audio_ms = first_audio_of(request)?;
     // The voice's fixed rows are the same in both modes, so the prefix kept by the run above serves this one.
     let streamed_text_first_audio_ms = if request.non_streaming_mode {
-        Some(median_of(&streamed_request)?.0)
+        Some(median(sessions(&streamed_request)?).0)
     } else {
         None
     };
@@ -521,6 +557,7 @@ fn measure_latency(
     Ok(Some(Latency {
         first_audio_ms,
         silence,
+        planned,
         new_voice_first_audio_ms,
         streamed_text_first_audio_ms,
         stop_ms,
@@ -605,6 +642,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
             latency.as_ref().map_or(String::new(), |l| format!(
                 ", \"first_audio_ms\": {:.1}, \"silence_ms\": {:.1}, \"longest_gap_ms\": {:.1}, \"gaps\": {}, \
                  \"no_gap_hold_ms\": {:.1}, \"no_gap_delay_ms\": {:.1}, \
+                 \"planned_hold_ms\": {:.1}, \"planned_first_audio_ms\": {:.1}, \"planned_silence_ms\": {:.1}, \
                  \"new_voice_first_audio_ms\": {:.1}, \"stop_ms\": {:.3}, \"stop_session_ms\": {:.1}{}",
                 l.first_audio_ms,
                 l.silence.total_ms,
@@ -612,6 +650,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
                 l.silence.gaps,
                 l.silence.no_gap_hold_ms,
                 l.silence.no_gap_delay_ms,
+                l.planned.hold_ms,
+                l.planned.first_audio_ms,
+                l.planned.silence_ms,
                 l.new_voice_first_audio_ms,
                 l.stop_ms,
                 l.stop_session_ms,
@@ -710,6 +751,12 @@ pub fn run(args: BenchArgs) -> Result<()> {
             "streaming: a player holding {:.0} ms of audio before it starts would play it without a gap (its first \
              sound {:.0} ms later)",
             l.silence.no_gap_hold_ms, l.silence.no_gap_delay_ms
+        );
+        println!(
+            "streaming: the daemon's player, having learnt from the sessions before, held {:.0} ms: first sound \
+             {:.0} ms after the request, {:.0} ms of silence after it (the last of {SESSIONS} sessions; \
+             [stream] gapless)",
+            l.planned.hold_ms, l.planned.first_audio_ms, l.planned.silence_ms
         );
         if let Some(ms) = l.streamed_text_first_audio_ms {
             println!(
@@ -1109,10 +1156,9 @@ mod tests {
     /// second arrived (200 ms of audio, the first sound 150 ms later), the third is there in time.
     #[test]
     fn the_least_hold_for_no_gap() {
-        let t0 = Instant::now();
-        let at = |ms: u64| t0 + Duration::from_millis(ms);
-        let arrivals = [(at(0), 100), (at(150), 100), (at(220), 100)];
-        let silence = Silence::of(&arrivals, 1000);
+        let at = |ms: u64| Duration::from_millis(ms);
+        let arrivals = [(at(0), 0.1), (at(150), 0.1), (at(220), 0.1)];
+        let silence = Silence::of(&arrivals);
         assert_eq!((silence.gaps, silence.total_ms.round()), (1, 50.0));
         assert_eq!(
             (
@@ -1122,8 +1168,32 @@ mod tests {
             (200.0, 150.0)
         );
         // Audio that comes faster than it plays needs no hold.
-        let steady = [(at(0), 100), (at(50), 100), (at(100), 100)];
-        assert_eq!(no_gap_start(&steady, 1000), (100.0, 0.0));
-        assert_eq!(no_gap_start(&[], 1000), (0.0, 0.0));
+        let steady = [(at(0), 0.1), (at(50), 0.1), (at(100), 0.1)];
+        let silence = Silence::of(&steady);
+        assert_eq!(
+            (silence.no_gap_hold_ms, silence.no_gap_delay_ms),
+            (0.0, 0.0)
+        );
+        assert_eq!(Silence::of(&[]).no_gap_hold_ms, 0.0);
+    }
+
+    /// Sessions of 2 s that gap early (each 100 ms delivery 120 ms after the one before): the first is played
+    /// as it comes, the last is planned from what the ones before needed, with no gap.
+    #[test]
+    fn the_last_session_is_planned_from_the_ones_before() {
+        let session: Vec<(Duration, f64)> = (0..20)
+            .map(|i| (Duration::from_millis(300 + 120 * i), 0.1))
+            .collect();
+        let runs = vec![(300.0, session.clone()); SESSIONS];
+        let unplanned = Silence::of(&session);
+        assert!(unplanned.total_ms > 300.0);
+        let planned = planned_last(&runs, 20, 8);
+        assert_eq!(planned.silence_ms, 0.0);
+        assert!(planned.hold_ms >= unplanned.no_gap_hold_ms);
+        assert!(planned.first_audio_ms > 300.0);
+        // Played as it came, the first session alone.
+        let planned = planned_last(&runs[..1], 20, 8);
+        assert_eq!((planned.hold_ms, planned.first_audio_ms), (0.0, 300.0));
+        assert!((planned.silence_ms - unplanned.total_ms).abs() < 1e-6);
     }
 }

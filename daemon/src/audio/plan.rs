@@ -9,8 +9,15 @@
 //! there only when all of it is made, which adds a chunk's worth (`c / r`). That is the least added delay for
 //! no gap, and [`hold_seconds`] returns it (with a margin on `r`).
 //!
-//! `r` and the seconds of speech per byte of text are learnt from the utterances this machine has spoken
-//! ([`Rates`]): compute time excludes the time synthesis waited for the sink, so a fast machine paced by
+//! A steady rate is not the whole story just below real time: the first chunks are small (a frame, in two
+//! halves, then a few frames) and each pays the decoder's fixed cost, so a machine at `r` = 0.85 overall
+//! still falls behind during its first second or so, and the rule above holds nothing. So the player also
+//! keeps, for utterances of a few lengths, the least hold that their own deliveries needed ([`least_hold`]
+//! of each utterance's first 0.25, 0.5, … 16 s), and holds at least that much (with the margin) before an
+//! utterance of that length. Faster than real time they are 0 and the first chunk still plays at once.
+//!
+//! `r`, those holds and the seconds of speech per byte of text are learnt from the utterances this machine has
+//! spoken ([`Rates`]): compute time excludes the time synthesis waited for the sink, so a fast machine paced by
 //! playback still measures its own speed. Until one utterance has been measured, `r` is what `weights =
 //! "auto"`'s timed step predicted for the chosen format, if it ran; with neither, nothing is held.
 
@@ -34,6 +41,13 @@ const NEWEST_WEIGHT: f64 = 0.5;
 /// would need more starts with this much and may pause later.
 pub const MAX_HOLD_SECONDS: f64 = 60.0;
 
+/// Lengths of utterance (audio seconds) for which the least hold their first seconds needed is kept.
+pub const NEEDED_AT: [f64; 7] = [0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0];
+
+/// Weight of a smaller measurement of a needed hold: a larger one is taken at once (a gap costs more than a
+/// little delay), a smaller one only lowers it gradually.
+const NEEDED_DECAY: f64 = 0.25;
+
 /// What this machine's synthesis has shown: its real-time factor and how long text sounds.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Rates {
@@ -43,6 +57,9 @@ pub struct Rates {
     pub seconds_per_byte: f64,
     /// Whether the values come from an utterance (the first one replaces any prediction and the default).
     pub measured: bool,
+    /// The least audio held before playing that the utterances so far needed for no gap in their first
+    /// [`NEEDED_AT`] seconds.
+    pub needed: [f64; NEEDED_AT.len()],
 }
 
 impl Default for Rates {
@@ -51,12 +68,13 @@ impl Default for Rates {
             rtf: None,
             seconds_per_byte: DEFAULT_SECONDS_PER_BYTE,
             measured: false,
+            needed: [0.0; NEEDED_AT.len()],
         }
     }
 }
 
 /// One spoken utterance, as measured by its playback.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct Sample {
     /// Audio produced, in seconds.
     pub audio: f64,
@@ -65,6 +83,9 @@ pub struct Sample {
     /// Bytes of text it said, and the speaking rate they were said at.
     pub text_bytes: usize,
     pub rate: f64,
+    /// When each piece of audio was delivered (compute time since the start, waits for the sink left out) and
+    /// the seconds it holds.
+    pub arrivals: Vec<(Duration, f64)>,
 }
 
 impl Rates {
@@ -84,13 +105,43 @@ impl Rates {
 
     /// Seconds of audio to hold before playing an utterance expected to last `expected` seconds, made in
     /// chunks of at most `chunk` seconds.
+    /// chunks of at most `chunk` seconds: what the steady rate asks, and at least what utterances of that
+    /// length needed here before (both with the margin).
     pub fn hold_seconds(&self, expected: f64, chunk: f64) -> f64 {
-        self.rtf
-            .map_or(0.0, |rtf| hold_seconds(expected, rtf * RTF_MARGIN, chunk))
+        let steady = self
+            .rtf
+            .map_or(0.0, |rtf| hold_seconds(expected, rtf * RTF_MARGIN, chunk));
+        let needed = self.needed_for(expected) * RTF_MARGIN;
+        steady.max(needed).min(MAX_HOLD_SECONDS)
     }
 
-    /// Learns from one utterance; short ones are ignored.
-    pub fn learn(&mut self, sample: Sample) {
+    /// The hold utterances of `expected` seconds needed: interpolated between the lengths kept, never less
+    /// than a shorter length needed (a longer utterance begins like a shorter one).
+    pub fn needed_for(&self, expected: f64) -> f64 {
+        if !expected.is_finite() || expected <= 0.0 {
+            return 0.0;
+        }
+        let mut needed = 0.0f64;
+        for (i, &at) in NEEDED_AT.iter().enumerate() {
+            if at <= expected {
+                needed = needed.max(self.needed[i]);
+            } else {
+                // Between the last length reached and this one, linearly.
+                let (below_at, below) = match i {
+                    0 => (0.0, self.needed[0]),
+                    _ => (NEEDED_AT[i - 1], self.needed[i - 1]),
+                };
+                let part = (expected - below_at) / (at - below_at);
+                needed = needed.max(below + part * (self.needed[i] - below));
+                break;
+            }
+        }
+        needed
+    }
+
+    /// Learns from one utterance: its needed holds whatever its length, its speed only from long ones.
+    pub fn learn(&mut self, sample: &Sample) {
+        self.learn_needed(&sample.arrivals);
         if sample.audio < MIN_SAMPLE_SECONDS {
             return;
         }
@@ -113,6 +164,35 @@ impl Rates {
     }
 }
 
+impl Rates {
+    /// For each kept length the utterance reached, the least hold its deliveries up to there needed.
+    fn learn_needed(&mut self, arrivals: &[(Duration, f64)]) {
+        let total: f64 = arrivals.iter().map(|a| a.1).sum();
+        for (i, &at) in NEEDED_AT.iter().enumerate() {
+            if at > total + 1e-9 {
+                break;
+            }
+            // The pieces that begin within the first `at` seconds of audio.
+            let mut begins = 0.0;
+            let count = arrivals
+                .iter()
+                .take_while(|a| {
+                    let inside = begins < at - 1e-9;
+                    begins += a.1;
+                    inside
+                })
+                .count();
+            let new = least_hold(&arrivals[..count]);
+            let old = self.needed[i];
+            self.needed[i] = if new >= old {
+                new
+            } else {
+                old + NEEDED_DECAY * (new - old)
+            };
+        }
+    }
+}
+
 fn blend(old: f64, new: f64) -> f64 {
     old + NEWEST_WEIGHT * (new - old)
 }
@@ -125,6 +205,35 @@ pub fn hold_seconds(expected: f64, rtf: f64, chunk: f64) -> f64 {
         return 0.0;
     }
     (expected * (1.0 - 1.0 / rtf) + chunk.max(0.0) / rtf).min(MAX_HOLD_SECONDS)
+}
+
+/// The least audio a player of `arrivals` (when each piece arrived, and the seconds it holds) could hold before
+/// starting so that nothing after is late: it can start only as a piece arrives, and must start no earlier than
+/// `arrival - audio before it` for every piece. Played with [`replay`], that hold leaves no gap; 0 when the first
+/// piece can play at once.
+pub fn least_hold(arrivals: &[(Duration, f64)]) -> f64 {
+    let mut before = 0.0;
+    let mut earliest = f64::NEG_INFINITY;
+    for &(at, seconds) in arrivals {
+        earliest = earliest.max(at.as_secs_f64() - before);
+        before += seconds;
+    }
+    // Nothing, if the first piece is late for nothing; else the audio up to the first piece that arrives at or
+    // after that time (a player starts as the write that reaches its hold arrives).
+    if arrivals
+        .first()
+        .is_none_or(|a| a.0.as_secs_f64() >= earliest - 1e-9)
+    {
+        return 0.0;
+    }
+    let mut held = 0.0;
+    for &(at, seconds) in arrivals {
+        held += seconds;
+        if at.as_secs_f64() >= earliest - 1e-9 {
+            break;
+        }
+    }
+    held
 }
 
 /// A real-time player of `arrivals` (when each piece of audio arrived, and how many seconds it holds) that
@@ -178,6 +287,118 @@ mod tests {
         arrivals
     }
 
+    /// A stream as the daemon's decoder makes it: a prefill, the first frame in two halves, then chunks that
+    /// grow by a frame every third chunk up to 8; each chunk costs `fixed` seconds plus `rtf` times its audio
+    /// (a decoder's per-chunk cost makes the small first chunks slow even when the whole is fast).
+    fn daemon_stream(rtf: f64, fixed: f64, seconds: f64) -> Vec<(Duration, f64)> {
+        let frame = 0.08;
+        let mut at = 0.2;
+        let mut arrivals = Vec::new();
+        for _ in 0..2 {
+            at += fixed + rtf * frame / 2.0;
+            arrivals.push((Duration::from_secs_f64(at), frame / 2.0));
+        }
+        let (mut made, mut chunk) = (frame, 0);
+        while made < seconds - 1e-9 {
+            let n = (2 + chunk / 3).min(8) as f64 * frame;
+            let n = n.min(seconds - made);
+            at += fixed + rtf * n;
+            arrivals.push((Duration::from_secs_f64(at), n));
+            made += n;
+            chunk += 1;
+        }
+        arrivals
+    }
+
+    #[test]
+    fn the_least_hold_leaves_no_gap_and_less_would() {
+        for (rtf, fixed) in [
+            (0.3, 0.01),
+            (0.7, 0.05),
+            (0.85, 0.03),
+            (1.0, 0.0),
+            (1.5, 0.02),
+        ] {
+            for seconds in [0.3, 2.0, 30.0] {
+                let arrivals = daemon_stream(rtf, fixed, seconds);
+                let hold = least_hold(&arrivals);
+                let (start, silence) = replay(&arrivals, hold);
+                assert_eq!(
+                    silence,
+                    Duration::ZERO,
+                    "rtf {rtf} + {fixed} s a chunk, {seconds} s: a gap after holding {hold:.3} s"
+                );
+                if start > arrivals[0].0 {
+                    // Starting one piece earlier gaps.
+                    let starting = arrivals.iter().position(|a| a.0 == start).unwrap();
+                    let (_, short) = replay(&arrivals, hold - arrivals[starting].1);
+                    assert!(
+                        short > Duration::ZERO,
+                        "rtf {rtf}, {seconds} s: not the least"
+                    );
+                }
+            }
+        }
+        assert_eq!(least_hold(&[]), 0.0);
+    }
+
+    #[test]
+    fn just_below_real_time_the_first_chunks_are_held_for_and_a_fast_machine_holds_nothing() {
+        // 0.85 overall with 30 ms a chunk: the steady rule holds nothing, and the first chunks gap.
+        let slow = daemon_stream(0.7, 0.03, 10.0);
+        let mut rates = Rates::default();
+        let sample = |arrivals: &Vec<(Duration, f64)>| Sample {
+            audio: arrivals.iter().map(|a| a.1).sum(),
+            compute: arrivals.last().unwrap().0,
+            text_bytes: 140,
+            rate: 1.0,
+            arrivals: arrivals.clone(),
+        };
+        rates.learn(&sample(&slow));
+        let rtf = rates.rtf.unwrap();
+        assert!(rtf * RTF_MARGIN < 1.0, "{rtf}: the steady rule would hold");
+        assert!(replay(&slow, 0.0).1 > Duration::from_millis(20));
+        for seconds in [0.3, 1.0, 2.0, 10.0, 30.0] {
+            let arrivals = daemon_stream(0.7, 0.03, seconds);
+            let hold = rates.hold_seconds(seconds, 0.64);
+            let (start, silence) = replay(&arrivals, hold);
+            assert_eq!(silence, Duration::ZERO, "{seconds} s: held {hold:.2} s");
+            // Not much later than the least: the margin's share.
+            let least = replay(&arrivals, least_hold(&arrivals)).0;
+            assert!(
+                start <= least + Duration::from_millis(250),
+                "{seconds} s: started at {start:?}, could at {least:?}"
+            );
+        }
+        // A short utterance is held for no more than a long one.
+        assert!(rates.hold_seconds(0.3, 0.64) <= rates.hold_seconds(10.0, 0.64));
+
+        // Faster than real time, every piece is in time: nothing is held, and the first chunk plays at once.
+        let fast = daemon_stream(0.3, 0.01, 10.0);
+        let mut rates = Rates::default();
+        rates.learn(&sample(&fast));
+        assert_eq!(rates.needed, [0.0; NEEDED_AT.len()]);
+        assert_eq!(rates.hold_seconds(10.0, 0.64), 0.0);
+    }
+
+    #[test]
+    fn a_larger_need_is_taken_at_once_and_a_smaller_one_lowers_it_gradually() {
+        let mut rates = Rates::default();
+        let with_need = |need: f64| Sample {
+            // Everything arrives at once after the first 40 ms: `need` seconds needed.
+            arrivals: vec![
+                (Duration::ZERO, 0.04),
+                (Duration::from_secs_f64(need), 20.0),
+            ],
+            ..Sample::default()
+        };
+        rates.learn(&with_need(0.5));
+        assert!((rates.needed[NEEDED_AT.len() - 1] - 20.04).abs() < 1e-9);
+        let before = rates.needed;
+        rates.learn(&with_need(0.0));
+        assert!(rates.needed[6] < before[6] && rates.needed[6] > 0.5 * before[6]);
+    }
+
     #[test]
     fn the_hold_is_the_least_that_leaves_no_gap() {
         for rtf in [1.2, 1.5, 2.0, 3.0] {
@@ -221,11 +442,12 @@ mod tests {
         let mut rates = Rates::predicted(Some(2.0));
         assert!(rates.hold_seconds(10.0, 0.64) > 5.0);
         assert_eq!(Rates::predicted(Some(f64::NAN)), Rates::default());
-        rates.learn(Sample {
+        rates.learn(&Sample {
             audio: 10.0,
             compute: Duration::from_secs(8),
             text_bytes: 100,
             rate: 1.0,
+            ..Sample::default()
         });
         assert_eq!(
             rates.rtf,
@@ -238,27 +460,30 @@ mod tests {
     #[test]
     fn rates_are_learnt_from_long_utterances_only() {
         let mut rates = Rates::default();
-        rates.learn(Sample {
+        rates.learn(&Sample {
             audio: 0.5,
             compute: Duration::from_secs(5),
             text_bytes: 3,
             rate: 1.0,
+            ..Sample::default()
         });
         assert_eq!(rates, Rates::default());
-        rates.learn(Sample {
+        rates.learn(&Sample {
             audio: 10.0,
             compute: Duration::from_secs(15),
             text_bytes: 125,
             rate: 1.0,
+            ..Sample::default()
         });
         assert_eq!(rates.rtf, Some(1.5));
         assert!(rates.measured);
         assert!((rates.seconds_per_byte - 0.08).abs() < 1e-12);
-        rates.learn(Sample {
+        rates.learn(&Sample {
             audio: 10.0,
             compute: Duration::from_secs(25),
             text_bytes: 100,
             rate: 1.0,
+            ..Sample::default()
         });
         assert_eq!(rates.rtf, Some(2.0));
         assert!((rates.seconds_per_byte - 0.09).abs() < 1e-12);

@@ -33,6 +33,8 @@ struct Queue {
     /// Time writes waited for room, and when the last one returned.
     waited: Duration,
     last_write: Option<Instant>,
+    /// Each write's compute time since the start (waits left out) and samples: what the plan learns from.
+    arrivals: Vec<(Duration, u32)>,
 }
 
 pub struct PlannedPlayback {
@@ -80,11 +82,17 @@ impl PlannedPlayback {
     pub fn sample(&self, text_bytes: usize, rate: f64) -> Sample {
         let q = self.lock();
         let ran = q.last_write.map_or(Duration::ZERO, |t| t - self.began);
+        let seconds = |samples: u64| samples as f64 / f64::from(self.sample_rate);
         Sample {
-            audio: q.written as f64 / f64::from(self.sample_rate),
+            audio: seconds(q.written),
             compute: ran.saturating_sub(q.waited),
             text_bytes,
             rate,
+            arrivals: q
+                .arrivals
+                .iter()
+                .map(|&(at, samples)| (at, seconds(u64::from(samples))))
+                .collect(),
         }
     }
 
@@ -145,7 +153,10 @@ impl Playback for PlannedPlayback {
         q.chunks.push_back(samples.to_vec());
         q.queued += samples.len() as u64;
         q.written += samples.len() as u64;
-        q.last_write = Some(Instant::now());
+        let now = Instant::now();
+        q.last_write = Some(now);
+        let at = (now - self.began).saturating_sub(q.waited);
+        q.arrivals.push((at, samples.len() as u32));
         if !q.playing && q.written >= self.hold {
             q.playing = true;
             tracing::debug!(

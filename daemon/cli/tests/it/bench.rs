@@ -93,11 +93,23 @@ fn bench_prints_every_stage_and_paired_bandwidth_shares() {
             sum += gmac;
         }
     }
-    // The least hold for no gap: at least the first delivery's audio, started no earlier than it arrived.
+    // The least hold for no gap (none if the first delivery can play at once), started no earlier than the
+    // first arrival; the daemon's plan for the last session leaves no gap when it held at least that.
     let (hold, delay) = (number("no_gap_hold_ms"), number("no_gap_delay_ms"));
     assert!(
-        hold > 0.0 && delay >= 0.0,
+        hold >= 0.0 && delay >= 0.0 && (hold > 0.0) == (delay > 0.0),
         "hold {hold} ms, delay {delay} ms"
+    );
+    // The daemon's plan for the last session (its logic has unit tests in `bench.rs` and `plan.rs`).
+    let planned = [
+        "planned_hold_ms",
+        "planned_first_audio_ms",
+        "planned_silence_ms",
+    ]
+    .map(number);
+    assert!(
+        planned.iter().all(|v| v.is_finite() && *v >= 0.0) && planned[1] > 0.0,
+        "{planned:?}"
     );
     let total = number("decoder_total_gmac_per_audio_s");
     assert!(
