@@ -31,6 +31,32 @@ pub fn all() -> Vec<Case> {
     cases
 }
 
+/// What `cases` leaves out: an op kind without a case, or a weighted kind without one in each of its formats
+/// (so a new op kind or format fails every backend's suite until it has cases).
+pub fn missing(cases: &[Case]) -> Vec<String> {
+    let mut missing = Vec::new();
+    for kind in OpKind::ALL {
+        let formats: &[WeightFormat] = match kind {
+            OpKind::Linear => &LINEAR_FORMATS,
+            OpKind::Conv1d | OpKind::ConvTranspose1d => &CONV_FORMATS,
+            OpKind::DepthwiseConv1d => &[WeightFormat::F32],
+            _ => &[],
+        };
+        if !cases.iter().any(|c| c.kind == kind) {
+            missing.push(format!("no case of {kind:?}"));
+        }
+        for &format in formats {
+            if !cases
+                .iter()
+                .any(|c| c.kind == kind && c.format == Some(format))
+            {
+                missing.push(format!("no case of {kind:?} in {format}"));
+            }
+        }
+    }
+    missing
+}
+
 /// The small cases a backend runs when it starts (Vulkan's self-test: each kernel once on shapes that reach
 /// its edge cases — partial tiles and blocks, several key blocks, grouped heads, windows, a query that sees no
 /// key).
