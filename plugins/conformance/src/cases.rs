@@ -235,6 +235,11 @@ pub fn more() -> Vec<Case> {
         span(40, 0, 40, 0, None),
     ));
     c.push(attention(
+        "long prefill",
+        talker,
+        span(150, 0, 150, 0, None),
+    ));
+    c.push(attention(
         "decoder window",
         heads(4, 4, 64),
         span(30, 100, 102, 28, Some(72)),
