@@ -132,6 +132,12 @@ fn the_dsp_arithmetic_under_qemu_passes_the_conformance_suite() {
     );
 }
 
+/// On a device with HMX, the f32 convolutions it takes are computed from fp16 operands (weights and im2col'd
+/// inputs rounded to halves, products summed in f32): on the suite's f32 Conv1d cases, `repack`'s model of that
+/// product (bit-exact to the DSP under qemu) misses the CPU's result by 2.8e-4 to 4.3e-4 of the peak, above the
+/// suite's 1e-5 for convolutions, so this test is expected to fail there on those cases until that is settled
+/// (an fp16 tolerance the backend declares, or the DSP keeping f32 convolutions f32 as `WeightData::Conv1d`
+/// says of the F32 format).
 #[test]
 fn on_a_device_the_loaded_plugin_passes_the_conformance_suite() {
     let info = inspect(&kazeia_tests::hexagon_plugin());
