@@ -26,7 +26,7 @@ use crate::repack::{
 
 /// Rows up to which a linear layer runs as matvecs on the DSP (above: a prefill, left to the CPU's GEMM; the fp16
 /// tile product could take it, not wired yet).
-const DSP_MAX_ROWS: usize = 4;
+pub const DSP_MAX_ROWS: usize = 4;
 
 /// A conv1d weight resident in shared memory as fp16 im2col tiles (`[cout][k·cin]`), with the CPU's copy.
 struct DspConv {
@@ -283,7 +283,7 @@ impl HexagonBackend {
         })
     }
 
-    /// One matvec per row through the queue.
+    /// One matvec per row through the queue ([`linear_queue`]).
     fn dsp_linear(
         &self,
         w: &DspLinear,
@@ -291,24 +291,8 @@ impl HexagonBackend {
         rows: usize,
         y: &mut [f32],
     ) -> Result<(), String> {
-        let (out, inp) = (w.rows.out, x.len() / rows);
         let mut arena = Arena::default();
-        let mut ops = Vec::new();
-        let mut outputs = Vec::new();
-        for r in 0..rows {
-            let (xq, xs) = quantize_activations(&x[r * inp..(r + 1) * inp], w.rows.padded_in);
-            let xq: Vec<u8> = xq.iter().map(|&v| v as u8).collect();
-            let xq = arena.push(&xq);
-            let xs = arena.push(&f32_bytes(&xs));
-            let ys = arena.reserve(out * 4);
-            outputs.push(ys);
-            ops.push(QueueOp {
-                kind: QueueKind::Matvec,
-                format: w.rows.format.code(),
-                args: [w.quants, w.scales, xq, xs, ys],
-                dims: [out as u32, w.rows.padded_in as u32, 0, 0, 0],
-            });
-        }
+        let (ops, outputs) = linear_queue(&w.rows, w.quants, w.scales, x, rows, &mut arena);
         let queue = encode(&ops);
         let _guard = self
             .submit
@@ -321,14 +305,52 @@ impl HexagonBackend {
         self.session
             .run_queue(&qbuf, &[&scratch, &w.shared])
             .map_err(|e| e.to_string())?;
-        for (r, s) in outputs.iter().enumerate() {
-            let bytes = &scratch.bytes()[s.offset as usize..(s.offset + s.len) as usize];
-            for (o, c) in bytes.chunks_exact(4).enumerate() {
-                let bias = w.rows.bias.as_ref().map_or(0.0, |b| b[o]);
-                y[r * out + o] = f32::from_le_bytes(c.try_into().unwrap()) + bias;
-            }
-        }
+        linear_result(&w.rows, scratch.bytes(), &outputs, y);
         Ok(())
+    }
+}
+
+/// The queue of a linear layer of `rows` rows of `x` on the DSP, as the backend submits it (and the
+/// qemu-hexagon tests run it): per row, the activations quantised into `arena` (buffer 0) and one HVX matvec
+/// over the weight's `quants` and `scales` (where the weight lies: its own shared buffer on a device, the
+/// arena under emulation); returns the ops and where each row's sums land.
+pub fn linear_queue(
+    w: &QuantRows,
+    quants: Slice,
+    scales: Slice,
+    x: &[f32],
+    rows: usize,
+    arena: &mut Arena,
+) -> (Vec<QueueOp>, Vec<Slice>) {
+    let (out, inp) = (w.out, x.len() / rows);
+    let mut ops = Vec::new();
+    let mut outputs = Vec::new();
+    for r in 0..rows {
+        let (xq, xs) = quantize_activations(&x[r * inp..(r + 1) * inp], w.padded_in);
+        let xq: Vec<u8> = xq.iter().map(|&v| v as u8).collect();
+        let xq = arena.push(&xq);
+        let xs = arena.push(&f32_bytes(&xs));
+        let ys = arena.reserve(out * 4);
+        outputs.push(ys);
+        ops.push(QueueOp {
+            kind: QueueKind::Matvec,
+            format: w.format.code(),
+            args: [quants, scales, xq, xs, ys],
+            dims: [out as u32, w.padded_in as u32, 0, 0, 0],
+        });
+    }
+    (ops, outputs)
+}
+
+/// `y[rows][out]` from the sums [`linear_queue`]'s ops left in `scratch` (the arena after the queue ran), bias
+/// added.
+pub fn linear_result(w: &QuantRows, scratch: &[u8], outputs: &[Slice], y: &mut [f32]) {
+    for (r, s) in outputs.iter().enumerate() {
+        let bytes = &scratch[s.offset as usize..(s.offset + s.len) as usize];
+        for (o, c) in bytes.chunks_exact(4).enumerate() {
+            let bias = w.bias.as_ref().map_or(0.0, |b| b[o]);
+            y[r * w.out + o] = f32::from_le_bytes(c.try_into().unwrap()) + bias;
+        }
     }
 }
 

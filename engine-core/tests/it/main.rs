@@ -7,6 +7,7 @@ mod batch_generate;
 mod client_text;
 mod codec_parity;
 mod codec_truth;
+mod conformance;
 mod frame_budget;
 mod hub;
 mod lm_parity;

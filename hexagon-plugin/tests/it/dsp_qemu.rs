@@ -31,7 +31,7 @@ const SOURCES: [&str; 7] = [
 ];
 
 /// The harness binary, or why it cannot be built here.
-fn harness() -> Option<PathBuf> {
+pub(crate) fn harness() -> Option<PathBuf> {
     static BUILT: OnceLock<Option<PathBuf>> = OnceLock::new();
     BUILT
         .get_or_init(|| {
@@ -86,7 +86,7 @@ fn harness() -> Option<PathBuf> {
 }
 
 /// Runs `ops` over `arena` (buffer 0) on the emulated DSP: the status word, the failed op, the arena after.
-fn run(harness: &Path, ops: &[QueueOp], arena: &Arena) -> (u32, u32, Vec<u8>) {
+pub(crate) fn run(harness: &Path, ops: &[QueueOp], arena: &Arena) -> (u32, u32, Vec<u8>) {
     let queue = encode(ops);
     let mut input = vec![0u8; 128];
     input[..4].copy_from_slice(&(queue.len() as u32).to_le_bytes());

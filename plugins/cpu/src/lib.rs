@@ -37,7 +37,7 @@ use kazeia_backend_abi::{
 };
 
 pub use conv::{ConvTransposeWeight, ConvWeight, DepthwiseWeight};
-pub use linear::{resident_block_bytes, LinearWeight};
+pub use linear::{int8_activations, resident_block_bytes, LinearWeight};
 
 /// Elements below which an op runs inline rather than on the pool.
 const PARALLEL_MIN_WORK: usize = 1 << 15;

@@ -195,6 +195,24 @@ pub fn resident_block_bytes(format: WeightFormat) -> Option<u64> {
     }
 }
 
+/// Whether this CPU's `format` linear layers multiply int8 activations (each row quantised in blocks of 32 as a
+/// Q8_0 weight block is: `int8.rs`) rather than f32 ones: Q8_0/Q4_0 on x86 with AVX512-VNNI or AVX2 (Q8_0 not
+/// under `KAZEIA_VNNI_Q8=0` on AVX512-VNNI) and on aarch64; never the float formats. The conformance suite
+/// (`kazeia-backend-conformance`) allows such a backend the activations' rounding.
+pub fn int8_activations(format: WeightFormat) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    let (vnni, avx2) = (crate::linear_vnni::usable(), crate::linear_avx2::usable());
+    match format {
+        #[cfg(target_arch = "x86_64")]
+        WeightFormat::Q4_0 => vnni || avx2,
+        #[cfg(target_arch = "x86_64")]
+        WeightFormat::Q8_0 => avx2 || (vnni && crate::linear_vnni::q8_0_enabled()),
+        #[cfg(target_arch = "aarch64")]
+        WeightFormat::Q4_0 | WeightFormat::Q8_0 => true,
+        _ => false,
+    }
+}
+
 /// Whether `v` is an IEEE half exactly (the kernels that read halves then store it as one).
 pub(crate) fn is_half(v: f32) -> bool {
     f16_to_f32(half_bits(v)).to_bits() == v.to_bits()

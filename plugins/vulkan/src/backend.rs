@@ -3,12 +3,11 @@
 //! engine runs the rest on its CPU.
 
 use std::collections::HashSet;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use kazeia_backend_abi::list::{List, OpRecord, TensorRecord, NO_TENSOR};
 use kazeia_backend_abi::plugin::{OpKind, WeightDesc, WeightKind};
 use kazeia_backend_abi::{Backend, Capabilities, Combine, Weight, WeightData, WeightFormat};
-use kazeia_backend_cpu::CpuBackend;
 
 use crate::context::Gpu;
 use crate::exec::{Executor, Stats};
@@ -115,8 +114,6 @@ pub struct VulkanBackend {
     /// Self-test failures: kernel and reason.
     pub failures: Vec<(Kernel, String)>,
     options: Options,
-    /// The self-test's reference.
-    cpu: OnceLock<CpuBackend>,
 }
 
 impl VulkanBackend {
@@ -139,7 +136,6 @@ impl VulkanBackend {
             enabled: all_kernels().into_iter().collect(),
             failures: Vec::new(),
             options,
-            cpu: OnceLock::new(),
         };
         let disabled: Vec<Kernel> = backend
             .enabled
@@ -185,11 +181,6 @@ impl VulkanBackend {
 
     pub fn is_enabled(&self, kernel: Kernel) -> bool {
         self.enabled.contains(&kernel)
-    }
-
-    /// The CPU backend the self-test compares the kernels with.
-    pub(crate) fn cpu(&self) -> &CpuBackend {
-        self.cpu.get_or_init(|| CpuBackend::new(1))
     }
 
     /// Whether the device runs `op` with operands of `lens` values ([`Backend::supports`]): its kind on the

@@ -100,6 +100,7 @@ pub(crate) fn f16_bits(v: f32) -> u16 {
     sign | (((abs + round) >> 13) - (112 << 10)) as u16
 }
 
+#[cfg(test)]
 pub(crate) fn f16_to_f32(h: u16) -> f32 {
     let h = h as u32;
     let sign = (h & 0x8000) << 16;
