@@ -82,9 +82,6 @@ struct Entry<'m> {
     zeroed: bool,
     /// [`TensorRecord::resident`].
     resident: u64,
-    /// Its host memory holds its values (host data, or what a list left there), rather than memory just made
-    /// for a result to come back to.
-    host_values: bool,
 }
 
 impl Entry<'_> {
@@ -171,7 +168,6 @@ impl<'m> Graph<'m> {
             fresh: false,
             zeroed: false,
             resident: 0,
-            host_values: true,
         };
         self.pending_bytes += entry.owned_bytes();
         self.entries.push(entry);
@@ -549,7 +545,8 @@ impl<'m> Graph<'m> {
     fn tensor_record(entry: &mut Entry<'m>) -> TensorRecord {
         let alive = !entry.released;
         let zeroed = std::mem::take(&mut entry.zeroed);
-        let had_values = entry.host_values && !matches!(entry.buffer, Buffer::Virtual);
+        // Host memory, where there is some, holds the tensor's values: host data, or what an earlier list left.
+        let had_values = !matches!(entry.buffer, Buffer::Virtual);
         if alive && matches!(entry.buffer, Buffer::Virtual) {
             // Read after the list: it comes back to host memory made now.
             entry.buffer = Buffer::Host(vec![0.0; entry.len]);
@@ -563,8 +560,6 @@ impl<'m> Graph<'m> {
         if alive {
             flags |= TensorRecord::HOST_OUT;
         }
-        // After the list, host memory (where there is some) holds the tensor's values.
-        entry.host_values = true;
         match &mut entry.buffer {
             Buffer::Virtual => TensorRecord::scratch(entry.len, zeroed),
             Buffer::Host(v) => TensorRecord::host(v.as_mut_ptr(), entry.len, flags),

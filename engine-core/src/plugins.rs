@@ -574,8 +574,8 @@ impl PluginBackend {
     }
 
     /// Runs `list` in segments of consecutive ops on the same side: the plugin's as lists, the host's here on
-    /// the CPU. A tensor without host memory that crosses from one side to the other gets host memory for the
-    /// call; each plugin segment is told which of its tensors hold values from before (host data, or what an
+    /// the CPU. An intermediate result (no host flag) that crosses from one side to the other gets host memory
+    /// for the call; each plugin segment is told which of its tensors hold values from before (host data, or what an
     /// earlier segment wrote) and which a later segment or the caller reads.
     fn run_split(&self, list: List<'_>, placed: &[(Side, OpRecord)]) -> Result<(), String> {
         let count = list.tensors.len();
@@ -636,7 +636,8 @@ impl PluginBackend {
                         let zero_first = original.zeroed() && !started[t];
                         let later = users[t].iter().any(|&s| s > si);
                         let has_values = !zero_first && (original.host_in() || written[t]);
-                        let record = if host.is_null() {
+                        let record = if own[t].is_none() && original.is_scratch() {
+                            // An intermediate result of this segment alone: the plugin keeps it.
                             original
                         } else {
                             let mut flags = 0;

@@ -111,3 +111,21 @@ fn broken_plugins_are_reported_and_missing_backends_fall_back_to_cpu() {
     assert_eq!(backend.name(), "cpu");
     assert!(warning.is_none());
 }
+
+#[test]
+fn a_plugin_built_for_an_older_abi_is_refused_naming_both_versions() {
+    let current = kazeia_backend_abi::plugin::PLUGIN_ABI_VERSION;
+    assert!(current > 3, "the stale plugin must be older than this ABI");
+    let info = inspect(&kazeia_tests::stale_plugin());
+    let reason = info.unavailable.clone().expect("refused");
+    assert!(
+        reason.contains("built for plugin ABI version 3")
+            && reason.contains(&format!("needs version {current}"))
+            && reason.contains("rebuild the plugin"),
+        "{reason}"
+    );
+    let refused = PluginBackend::create(&info, 0, 1)
+        .err()
+        .expect("nothing of it to call");
+    assert!(refused.contains("not loaded"), "{refused}");
+}

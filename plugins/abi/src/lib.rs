@@ -317,14 +317,15 @@ pub trait Backend: Send + Sync {
     }
 
     /// Runs a list of ops in order — a whole stage, so a device backend can submit it at once, keep its
-    /// intermediate results (tensors without host memory) to itself, and replay what it recorded for a list of
+    /// intermediate results (tensors with no host flag) to itself, and replay what it recorded for a list of
     /// the same structure. Each op's weight is a `*const Weight` this backend made. A host backend allocates the
-    /// list's intermediate results for the call.
+    /// list's intermediate results for the call. Tensors are named by index (and resident ones by id), never by
+    /// address: host memory is only where a tensor's host flags say values cross.
     ///
     /// # Safety
-    /// The list must be well formed ([`list::List::check`]); every tensor's host memory must be valid for its
-    /// `capacity` for the call, used by nothing else meanwhile, and distinct tensors' memory must not overlap;
-    /// every weight must be a live `Weight` this backend made.
+    /// The list must be well formed ([`list::List::check`]); every tensor with a host flag must have host memory
+    /// valid for its `capacity` for the call, used by nothing else meanwhile, and distinct tensors' memory must
+    /// not overlap; every weight must be a live `Weight` this backend made.
     unsafe fn run_list(&self, list: list::List<'_>) -> Result<(), String>;
 
     /// The resident bytes of a linear weight this backend made, for an on-disk cache; `None` if the backend

@@ -1,13 +1,15 @@
 //! What crosses to a backend when it runs ops: a list of [`OpRecord`]s over a table of [`TensorRecord`]s.
 //!
-//! Ops name their operands by index into the list's tensor table, never by address. A tensor says where its
-//! values are on the host (if anywhere) and what the host expects of them: values to read before the list
-//! ([`TensorRecord::HOST_IN`]), values to find after it ([`TensorRecord::HOST_OUT`]), zeros to start from
-//! ([`TensorRecord::ZEROED`]). A tensor with no host memory is an intermediate result of the list: a device
-//! keeps it to itself (no transfer at all), a host backend allocates it for the list. A tensor may also be
-//! *resident* ([`TensorRecord::resident`]): the same host buffer from list to list (a KV cache), which a device
-//! may keep a copy of instead of uploading it each time. Because a list's structure (ops, operand indices,
-//! sizes) is the same each time the model runs the same stage, a device can record it once and replay it.
+//! A tensor's identity is its index in the list's table: ops name their operands by that index, never by
+//! address, so which op feeds which is explicit and a backend never looks at a pointer's value. Host memory is
+//! only where values cross: where a [`TensorRecord::HOST_IN`] tensor's values are read from before the list, and
+//! where a [`TensorRecord::HOST_OUT`] one's are written to after it; [`TensorRecord::ZEROED`] asks for zeros to
+//! start from. A tensor with neither host flag is an intermediate result of the list: a device keeps it to
+//! itself (no transfer at all), a host backend allocates it for the list, and its `host` field, if set, is not
+//! used. A tensor may also be *resident* ([`TensorRecord::resident`]): a stable id naming it across lists (a KV
+//! cache), under which a device may keep its copy instead of reading it from host memory each time. Because a
+//! list's structure (ops, operand indices, sizes, resident ids) is the same each time the model runs the same
+//! stage, a device can record it once and replay it.
 
 use std::ffi::c_void;
 use std::marker::PhantomData;
@@ -24,14 +26,16 @@ pub const NO_TENSOR: u32 = u32::MAX;
 pub struct TensorRecord {
     /// Values.
     pub len: usize,
-    /// The host memory holding the tensor (at least `capacity` values), or null for an intermediate result that
-    /// lives in the backend for the list only.
+    /// Where the host holds the tensor (at least `capacity` values): read before the list when it is
+    /// [`TensorRecord::HOST_IN`], written after it when it is [`TensorRecord::HOST_OUT`], used for nothing else
+    /// (never as the tensor's identity). Null for an intermediate result.
     pub host: *mut f32,
     /// [`TensorRecord::HOST_IN`], [`TensorRecord::HOST_OUT`], [`TensorRecord::ZEROED`].
     pub flags: u32,
-    /// 0, or an id under which the host buffer stays the same from list to list and changes only through ops of
-    /// this backend's lists (the engine takes a new id when it writes the buffer itself): a device may keep its
-    /// copy between lists and upload only what it has not seen. Needs host memory.
+    /// 0, or a stable id naming the tensor from list to list (a KV cache): under one id its values change only
+    /// through ops of this backend's lists (the engine takes a new id when it writes them itself), so a device
+    /// may keep its copy under the id and read from host memory only the values it has not seen. Needs both host
+    /// flags: the host memory is where unseen values come from and where the list's writes go back.
     pub resident: u64,
     /// Values the host memory holds from `host` on (≥ `len`; a resident tensor grows within it from list to
     /// list, so a device may size its copy to it once).
@@ -68,8 +72,10 @@ impl TensorRecord {
         }
     }
 
+    /// An intermediate result: neither [`TensorRecord::HOST_IN`] nor [`TensorRecord::HOST_OUT`], so it lives in
+    /// the backend for the list only, whatever its `host` field holds.
     pub fn is_scratch(&self) -> bool {
-        self.host.is_null()
+        !self.host_in() && !self.host_out()
     }
 
     pub fn host_in(&self) -> bool {
@@ -162,13 +168,14 @@ impl<'a> List<'a> {
 
     /// Whether the list is well formed: every operand index names a tensor, every op has an output and reads
     /// none of its own output, a host flag comes with host memory, `capacity ≥ len`, and a resident tensor has
-    /// host memory. The buffers themselves are not read.
+    /// both host flags. The buffers themselves are not read.
     pub fn check(&self) -> Result<(), String> {
         for (i, t) in self.tensors.iter().enumerate() {
-            if t.is_scratch() && (t.host_in() || t.host_out() || t.resident != 0) {
-                return Err(format!(
-                    "tensor {i}: host flags or a resident id without host memory"
-                ));
+            if t.host.is_null() && !t.is_scratch() {
+                return Err(format!("tensor {i}: host flags without host memory"));
+            }
+            if t.resident != 0 && !(t.host_in() && t.host_out()) {
+                return Err(format!("tensor {i}: a resident id without both host flags"));
             }
             if t.capacity < t.len {
                 return Err(format!(
@@ -427,11 +434,47 @@ mod tests {
             .list()
             .check()
             .unwrap_err()
+            .contains("without both host flags"));
+
+        let mut x = vec![0.0f32; 4];
+        let mut l = HostList::new();
+        let t = l.input(&x);
+        l.resident(t, 3);
+        assert!(l
+            .list()
+            .check()
+            .unwrap_err()
+            .contains("without both host flags"));
+        let mut l = HostList::new();
+        let t = l.in_out(&mut x);
+        l.resident(t, 3);
+        l.op(OpKind::Gelu, None, [None; 3], t, [0; 8], 0.0);
+        assert!(l.list().check().is_ok());
+
+        let mut l = HostList::new();
+        let t = l.scratch(4, false);
+        l.tensors[t as usize].flags = TensorRecord::HOST_OUT;
+        assert!(l
+            .list()
+            .check()
+            .unwrap_err()
             .contains("without host memory"));
 
         let mut l = HostList::new();
         l.op(OpKind::Gelu, None, [None; 3], 0, [0; 8], 0.0);
         assert!(l.list().check().unwrap_err().contains("no output"));
+    }
+
+    #[test]
+    fn a_tensor_without_host_flags_is_an_intermediate_result_wherever_it_points() {
+        let mut x = vec![1.0f32; 4];
+        let mut t = TensorRecord::host(x.as_mut_ptr(), 4, 0);
+        assert!(t.is_scratch(), "host memory alone names nothing");
+        t.flags = TensorRecord::ZEROED;
+        assert!(t.is_scratch());
+        t.flags = TensorRecord::HOST_OUT;
+        assert!(!t.is_scratch());
+        assert!(TensorRecord::scratch(4, true).is_scratch());
     }
 
     #[test]

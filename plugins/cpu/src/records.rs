@@ -66,7 +66,7 @@ pub unsafe fn run_op(
     Ok(())
 }
 
-/// Runs a list on `cpu`: its tensors without host memory are allocated for the call (zeros), a zeroed host
+/// Runs a list on `cpu`: its intermediate results (no host flag) are allocated for the call (zeros), a zeroed host
 /// tensor is cleared first, then each op in order on its operands.
 ///
 /// # Safety
@@ -81,9 +81,10 @@ pub unsafe fn run_list(cpu: &CpuBackend, list: List<'_>) -> Result<(), String> {
     unsafe { each_op(list, run) }
 }
 
-/// Calls `f(op, [a, b, c], out)` for each op of `list` in order, on its operands as slices: a tensor without
-/// host memory is allocated (zeros) at its first op and freed after its last, so a list holds no more at once
-/// than its ops ran one by one would; zeroed host tensors are cleared first. For a backend that runs lists on
+/// Calls `f(op, [a, b, c], out)` for each op of `list` in order, on its operands as slices: an intermediate
+/// result (a tensor with no host flag, whatever its `host` field) is allocated (zeros) at its first op and freed
+/// after its last, so a list holds no more at once than its ops ran one by one would; the others are used in
+/// place in host memory, the zeroed ones cleared first. For a backend that runs lists on
 /// host memory (the CPU, and the Hexagon plugin, whose DSP shares it).
 ///
 /// # Safety
@@ -144,4 +145,51 @@ pub unsafe fn each_op(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use kazeia_backend_abi::list::{List, TensorRecord};
+    use kazeia_backend_abi::plugin::strided_n;
+    use kazeia_backend_abi::Strided;
+
+    use super::*;
+
+    #[test]
+    fn host_memory_is_used_only_for_the_host_flags() {
+        // x (HOST_IN) → t (no host flag, though it points at host memory) → gelu → y (HOST_OUT).
+        let cpu = CpuBackend::new(1);
+        let x = [1.0f32, -2.0, 3.0];
+        let mut elsewhere = [7.0f32; 3];
+        let mut y = [0.0f32; 3];
+        let tensors = [
+            TensorRecord::host(x.as_ptr() as *mut f32, 3, TensorRecord::HOST_IN),
+            TensorRecord::host(elsewhere.as_mut_ptr(), 3, 0),
+            TensorRecord::host(y.as_mut_ptr(), 3, TensorRecord::HOST_OUT),
+        ];
+        let copy = |from: u32, to: u32| {
+            let mut op = OpRecord::new(OpKind::Copy);
+            op.inputs[0] = from;
+            op.out = to;
+            op.n = strided_n(Strided::contiguous(3));
+            op
+        };
+        let mut gelu = OpRecord::new(OpKind::Gelu);
+        gelu.out = 1;
+        let ops = [copy(0, 1), gelu, copy(1, 2)];
+        let list = List {
+            tensors: &tensors,
+            ops: &ops,
+        };
+        list.check().unwrap();
+        // SAFETY: every host pointer is a live local array of its tensor's length, no two overlap, no weights.
+        unsafe { run_list(&cpu, list) }.unwrap();
+        let mut want = x;
+        cpu.gelu(&mut want);
+        assert_eq!(y, want);
+        assert_eq!(
+            elsewhere, [7.0; 3],
+            "an intermediate result stays in the backend"
+        );
+    }
 }

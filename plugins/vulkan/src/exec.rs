@@ -3,12 +3,13 @@
 //! replayed.
 //!
 //! Each dispatch names its operands by their index in the list's tensor table, so which op feeds which is
-//! explicit. A tensor with no host memory (an intermediate result) lives on the device only; one the host reads
-//! afterwards comes back over the range the ops wrote (a KV-cache append: those rows alone); one that starts as
-//! zeros is set on the device. A list's *plan* — its buffer layout, descriptor sets and recorded command buffer —
-//! depends only on its structure (kernels, weights, sizes, push constants, which tensor each binding is), so the
-//! same stage run again (the next frame, the next chunk) replays it: per run only the host data is copied in and
-//! out.
+//! explicit; host memory is only read for a `HOST_IN` tensor and written for a `HOST_OUT` one, and no pointer's
+//! value is a key. A tensor with neither host flag (an intermediate result) lives on the device only; one the
+//! host reads afterwards comes back over the range the ops wrote (a KV-cache append: those rows alone); one that
+//! starts as zeros is set on the device. A list's *plan* — its buffer layout, descriptor sets and recorded command
+//! buffer — depends only on its structure (kernels, weights, sizes, push constants, which tensor each binding is,
+//! resident ids), so the same stage run again (the next frame, the next chunk) replays it wherever its host
+//! buffers are: per run only the host data is copied in and out.
 //!
 //! Activations live in an arena of host-visible buffers ("chunks", each at most one binding's range) shared by all
 //! plans, since one list runs at a time; when a new plan needs a bigger arena, the arena grows and every cached

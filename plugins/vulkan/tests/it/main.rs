@@ -7,3 +7,4 @@ mod decoder;
 mod kernels;
 mod plugin;
 mod spirv;
+mod tensor_ids;
