@@ -23,6 +23,15 @@ pub fn write_config(path: &Path, model: &Path, sink: &str, extra: &str) {
     .unwrap();
 }
 
+/// Writes `dir/kazeia.toml` as [`write_config`] does, for a model that speaks for seconds
+/// ([`crate::speaking_model`], made in `dir`); the config's path.
+pub fn speaking_config(dir: &Path, sink: &str, extra: &str) -> PathBuf {
+    let model = crate::speaking_model(dir);
+    let config = dir.join("kazeia.toml");
+    write_config(&config, &model, sink, extra);
+    config
+}
+
 /// D-Bus activation files for both of the daemon's names in `dir/services` (returned, for
 /// [`crate::services::DbusSession::start`]): the bus runs `daemon` (a program and its first arguments,
 /// `kazeiad` or `kazeia daemon`) with `--config CONFIG`.

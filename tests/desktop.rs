@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant, SystemTime};
 
-use crate::services::{require_program, wait_until, DbusSession, Service};
+use crate::services::{require_program, retry, wait_or_kill, wait_until, DbusSession, Service};
 
 /// A headless X server on a free display.
 pub struct Xvfb {
@@ -105,6 +105,23 @@ pub fn name_has_owner(bus: &DbusSession, name: &str) -> bool {
         .output();
     out.is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("boolean true"))
 }
+
+/// The settings speech-dispatcher 0.11.4 sends a module before `spd-say`'s first message, at its defaults
+/// (a whole `SET` block, for tests that speak the module protocol as speech-dispatcher does).
+pub const SPEECHD_DEFAULT_SET: &[&str] = &[
+    "SET",
+    "pitch=-10",
+    "pitch_range=0",
+    "rate=20",
+    "volume=0",
+    "punctuation_mode=none",
+    "spelling_mode=off",
+    "cap_let_recogn=none",
+    "voice=male1",
+    "language=en",
+    "synthesis_voice=NULL",
+    ".",
+];
 
 /// A private speech-dispatcher (`linux-speech-stack.md` §5) on a unix socket, playing server audio through
 /// PulseAudio (pipewire-pulse), with its configuration directory `conf` (`speechd.conf`, `modules/`).
@@ -220,20 +237,21 @@ impl SpeechDispatcher {
     /// Asks for `module`'s voices until it lists some, within `limit`: a module whose daemon is still loading
     /// its model answers at once that it has none yet (`sd_kazeia` starts kazeiad at its INIT). The list.
     pub fn wait_for_voices(&self, module: &str, limit: Duration) -> String {
-        let deadline = Instant::now() + limit;
-        loop {
+        retry(limit, Duration::from_millis(200), || {
             let voices = self.spd_say(&["-o", module, "-L"], Duration::from_secs(10));
             let listed = String::from_utf8_lossy(&voices.stdout).into_owned();
             if voices.status.success() && listed.lines().count() >= 2 {
-                return listed;
+                Ok(listed)
+            } else {
+                Err(listed)
             }
-            assert!(
-                Instant::now() < deadline,
+        })
+        .unwrap_or_else(|listed| {
+            panic!(
                 "{module} listed no voices within {limit:?}:\n{listed}\n{}",
                 self.logs()
-            );
-            std::thread::sleep(Duration::from_millis(200));
-        }
+            )
+        })
     }
 
     pub fn spd_say(&self, args: &[&str], limit: Duration) -> Output {
@@ -246,17 +264,11 @@ impl SpeechDispatcher {
             .stderr(Stdio::piped())
             .spawn()
             .expect("cannot run spd-say");
-        let deadline = Instant::now() + limit;
-        while child.try_wait().unwrap().is_none() {
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!(
-                    "spd-say {args:?} did not finish within {limit:?}\n{}",
-                    self.logs()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(10));
+        if wait_or_kill(&mut child, limit).is_none() {
+            panic!(
+                "spd-say {args:?} did not finish within {limit:?}\n{}",
+                self.logs()
+            );
         }
         child.wait_with_output().unwrap()
     }

@@ -58,6 +58,19 @@ pub const MODEL_FILES: [&str; 8] = [
     "speech_tokenizer/model.safetensors",
 ];
 
+/// The hub's answer to `GET /api/models/{repo}/revision/main`: the commit `sha` and the repository's
+/// `files`.
+pub fn revision_json(sha: &str, files: impl IntoIterator<Item = impl AsRef<str>>) -> String {
+    let siblings: Vec<String> = files
+        .into_iter()
+        .map(|f| format!("{{\"rfilename\":\"{}\"}}", f.as_ref()))
+        .collect();
+    format!(
+        "{{\"sha\":\"{sha}\",\"siblings\":[{}]}}",
+        siblings.join(",")
+    )
+}
+
 pub fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
@@ -153,15 +166,7 @@ fn serve(mut stream: std::net::TcpStream, state: &Mutex<Server>, gate: &(Mutex<b
     s.requests.push((method.clone(), path.clone(), from));
     let repo = s.repo.clone();
     let (status, headers, mut body) = if path == format!("/api/models/{repo}/revision/main") {
-        let siblings: Vec<String> = s
-            .files
-            .keys()
-            .map(|f| format!("{{\"rfilename\":\"{f}\"}}"))
-            .collect();
-        let json = format!(
-            "{{\"sha\":\"{SHA}\",\"siblings\":[{}]}}",
-            siblings.join(",")
-        );
+        let json = revision_json(SHA, s.files.keys());
         ("200 OK", String::new(), json.into_bytes())
     } else if let Some(file) = path.strip_prefix(&format!("/{repo}/resolve/{SHA}/")) {
         match s.files.get(file) {

@@ -6,7 +6,7 @@ pub mod hub_server;
 pub mod services;
 
 use std::path::PathBuf;
-use std::sync::OnceLock;
+use std::sync::Mutex;
 
 /// `tests/fixtures/` in the source tree.
 pub fn fixtures_dir() -> PathBuf {
@@ -41,54 +41,26 @@ pub fn speaking_model(dir: &std::path::Path) -> PathBuf {
 ///
 /// `cargo test` builds only the plugin crate's rlib, and a `.so` left in `target/<profile>/` by an earlier
 /// `cargo build` may be stale, so the tests build it with the running cargo into their own target directory
-/// (the outer cargo holds the lock of the main one); when it is up to date that takes a second.
+/// (the outer cargo holds the lock of the main one), once a test process; when it is up to date that takes
+/// a second.
 pub fn cpu_plugin() -> PathBuf {
-    static PLUGIN: OnceLock<PathBuf> = OnceLock::new();
-    PLUGIN
-        .get_or_init(|| build_plugin("kazeia-backend-cpu-plugin", "cpu_plugin"))
-        .clone()
+    build_plugin("kazeia-backend-cpu-plugin", "cpu_plugin")
 }
 
 /// The CPU plugin built as [`cpu_plugin`] is, but with the release profile: what benchmarks time.
 pub fn cpu_plugin_release() -> PathBuf {
-    static PLUGIN: OnceLock<PathBuf> = OnceLock::new();
-    PLUGIN
-        .get_or_init(|| {
-            let name = format!(
-                "libkazeia_backend_cpu_plugin{}",
-                std::env::consts::DLL_SUFFIX
-            );
-            let target = build_for_tests(&["--release", "-p", "kazeia-backend-cpu-plugin"]);
-            let built = target.join("release").join(&name);
-            assert!(built.is_file(), "{} was not built", built.display());
-            built
-        })
-        .clone()
+    let args = ["--release", "-p", "kazeia-backend-cpu-plugin"];
+    build_once(&args, "release", &plugin_file("cpu_plugin"))
 }
 
 /// The Vulkan backend built as a plugin (`libkazeia_backend_vulkan.so`), built the way [`cpu_plugin`] is.
 pub fn vulkan_plugin() -> PathBuf {
-    static PLUGIN: OnceLock<PathBuf> = OnceLock::new();
-    PLUGIN
-        .get_or_init(|| build_plugin("kazeia-backend-vulkan", "vulkan"))
-        .clone()
+    build_plugin("kazeia-backend-vulkan", "vulkan")
 }
 
 /// The Hexagon backend built as a plugin (`libkazeia_backend_hexagon.so`), built the way [`cpu_plugin`] is.
 pub fn hexagon_plugin() -> PathBuf {
-    static PLUGIN: OnceLock<PathBuf> = OnceLock::new();
-    PLUGIN
-        .get_or_init(|| build_plugin("kazeia-backend-hexagon", "hexagon"))
-        .clone()
-}
-
-/// A test plugin named `faulty` (`libkazeia_backend_faulty.so`, `tests/faulty-plugin`): the CPU backend whose op
-/// lists fail after `KAZEIA_FAULTY_AFTER` of them, built the way [`cpu_plugin`] is.
-pub fn faulty_plugin() -> PathBuf {
-    static PLUGIN: OnceLock<PathBuf> = OnceLock::new();
-    PLUGIN
-        .get_or_init(|| build_plugin("kazeia-backend-faulty", "faulty"))
-        .clone()
+    build_plugin("kazeia-backend-hexagon", "hexagon")
 }
 
 /// A test plugin built for plugin ABI version 3 (`libkazeia_backend_stale.so`, `tests/stale-plugin`): it exports
@@ -107,32 +79,46 @@ pub fn stale_plugin() -> PathBuf {
 /// -p kazeia` alone does not build another package's binary, and one left in `target/<profile>/` may be stale.
 /// Tests built with `--release` (the timing benchmarks) get a release build of the module.
 pub fn sd_kazeia() -> PathBuf {
-    static MODULE: OnceLock<PathBuf> = OnceLock::new();
-    MODULE
-        .get_or_init(|| {
-            let mut args = vec!["-p", "kazeia-speechd", "--bin", "sd_kazeia"];
-            let profile = if cfg!(debug_assertions) {
-                "debug"
-            } else {
-                args.push("--release");
-                "release"
-            };
-            let target = build_for_tests(&args);
-            let built = target.join(profile).join("sd_kazeia");
-            assert!(built.is_file(), "{} was not built", built.display());
-            built
-        })
-        .clone()
+    let mut args = vec!["-p", "kazeia-speechd", "--bin", "sd_kazeia"];
+    let profile = if cfg!(debug_assertions) {
+        "debug"
+    } else {
+        args.push("--release");
+        "release"
+    };
+    build_once(&args, profile, "sd_kazeia")
+}
+
+/// A test plugin named `faulty` (`libkazeia_backend_faulty.so`, `tests/faulty-plugin`): the CPU backend whose op
+/// lists fail after `KAZEIA_FAULTY_AFTER` of them, built the way [`cpu_plugin`] is.
+pub fn faulty_plugin() -> PathBuf {
+    build_plugin("kazeia-backend-faulty", "faulty")
+}
+
+/// The file name of the backend plugin `libkazeia_backend_{file}.so`.
+fn plugin_file(file: &str) -> String {
+    format!("libkazeia_backend_{file}{}", std::env::consts::DLL_SUFFIX)
 }
 
 /// Builds `package`'s cdylib (`libkazeia_backend_{file}.so`) into `target/plugin-for-tests/` and returns its
 /// path.
 fn build_plugin(package: &str, file: &str) -> PathBuf {
-    let name = format!("libkazeia_backend_{file}{}", std::env::consts::DLL_SUFFIX);
-    let target = build_for_tests(&["-p", package]);
-    let built = target.join("debug").join(&name);
-    assert!(built.is_file(), "{} was not built", built.display());
-    built
+    build_once(&["-p", package], "debug", &plugin_file(file))
+}
+
+/// `target/plugin-for-tests/PROFILE/FILE`, built by [`build_for_tests`] with `args` the first time a test
+/// process asks for it (later calls, from any thread, wait for that build and reuse it).
+fn build_once(args: &[&str], profile: &str, file: &str) -> PathBuf {
+    static BUILT: Mutex<Vec<(Vec<String>, PathBuf)>> = Mutex::new(Vec::new());
+    let key: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    let mut built = BUILT.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((_, path)) = built.iter().find(|(k, _)| *k == key) {
+        return path.clone();
+    }
+    let path = build_for_tests(args).join(profile).join(file);
+    assert!(path.is_file(), "{} was not built", path.display());
+    built.push((key, path.clone()));
+    path
 }
 
 /// Runs `cargo build --quiet ARGS` with the running cargo into `target/plugin-for-tests/` (the outer cargo

@@ -281,6 +281,40 @@ pub fn wait_until(what: &str, mut ready: impl FnMut() -> bool) {
     }
 }
 
+/// Tries `attempt` every `every` until it gives `Ok` or `limit` has passed; the last try's result, so that
+/// a caller's failure message can say what was seen instead (`.unwrap_or_else(|seen| panic!(…))`).
+pub fn retry<T, E>(
+    limit: Duration,
+    every: Duration,
+    mut attempt: impl FnMut() -> Result<T, E>,
+) -> Result<T, E> {
+    let deadline = Instant::now() + limit;
+    loop {
+        let tried = attempt();
+        if tried.is_ok() || Instant::now() >= deadline {
+            return tried;
+        }
+        std::thread::sleep(every);
+    }
+}
+
+/// Waits at most `limit` for `child` to exit: its status, or `None` when it was still running (it is killed
+/// and reaped then).
+pub fn wait_or_kill(child: &mut Child, limit: Duration) -> Option<std::process::ExitStatus> {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return Some(status);
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 /// A private session bus.
 pub struct DbusSession {
     dir: TempDir,

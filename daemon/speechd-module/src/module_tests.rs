@@ -363,7 +363,7 @@ impl Harness {
         self.module.join().unwrap()
     }
 
-    /// INIT, server AUDIO and LOGLEVEL, as speech-dispatcher starts a module.
+    /// INIT and server AUDIO, as speech-dispatcher starts a module.
     fn started(synth: TestSynth) -> Harness {
         let mut h = Harness::start(synth);
         h.send(&["INIT"]);
@@ -374,6 +374,57 @@ impl Harness {
             "203 OK AUDIO INITIALIZED",
         ]);
         h
+    }
+
+    /// A module whose audio blocks last 5 ms at most, started with INIT and server AUDIO sent at once.
+    fn started_with_blocks_of_5_ms(synth: TestSynth) -> Harness {
+        let mut h = Harness::with_options(synth, ModuleOptions { audio_block_ms: 5 });
+        h.send(&["INIT", "AUDIO", "audio_output_method=server", "."]);
+        h.expect(&[
+            "299-test synthesiser ready",
+            "299 OK LOADED SUCCESSFULLY",
+            "207 OK RECEIVING AUDIO SETTINGS",
+            "203 OK AUDIO INITIALIZED",
+        ]);
+        h
+    }
+
+    /// [`Harness::started`] on a new [`TestSynth`], and that synthesiser, to see what it was asked.
+    fn started_watched() -> (Harness, TestSynth) {
+        let synth = TestSynth::new();
+        (Harness::started(synth.clone()), synth)
+    }
+
+    /// A module on a slow synthesiser (10 ms of audio every 10 ms), past the `701 BEGIN` of a text that
+    /// lasts longer than any test.
+    fn speaking_a_long_text() -> Harness {
+        let mut h = Harness::started(TestSynth::new().slow(240, 10));
+        h.speak_begun(&format!("<speak>{}</speak>", "words ".repeat(200)));
+        h
+    }
+
+    /// Sends a message (`lines`: SPEAK, CHAR, KEY or SOUND_ICON with its text and `.`); once it is accepted,
+    /// what comes of it up to its end.
+    fn say(&mut self, lines: &[&str]) -> Vec<Out> {
+        self.send(lines);
+        self.expect(&["202 OK RECEIVING MESSAGE", "200 OK SPEAKING"]);
+        self.message(usize::MAX)
+    }
+
+    /// SPEAK `ssml`, read up to its `701 BEGIN`.
+    fn speak_begun(&mut self, ssml: &str) {
+        self.send(&["SPEAK", ssml, "."]);
+        self.expect(&["202 OK RECEIVING MESSAGE", "200 OK SPEAKING", "701 BEGIN"]);
+    }
+
+    /// The next output that is not an audio block (the blocks before it skipped).
+    fn next_after_audio(&mut self) -> Out {
+        loop {
+            match self.next() {
+                Out::Audio { .. } => {}
+                other => return other,
+            }
+        }
     }
 
     fn set(&mut self, lines: &[&str]) {
@@ -397,14 +448,8 @@ fn audio(text: &str) -> Out {
 
 #[test]
 fn startup_transcript() {
-    let mut h = Harness::start(TestSynth::new());
-    h.send(&["INIT"]);
-    h.expect(&["299-test synthesiser ready", "299 OK LOADED SUCCESSFULLY"]);
-    h.send(&["AUDIO", "audio_output_method=server", "."]);
-    h.expect(&[
-        "207 OK RECEIVING AUDIO SETTINGS",
-        "203 OK AUDIO INITIALIZED",
-    ]);
+    // INIT and server AUDIO, as every test starts.
+    let mut h = Harness::started(TestSynth::new());
     h.send(&["LOGLEVEL", "log_level=0", "."]);
     h.expect(&["207 OK RECEIVING LOGLEVEL SETTINGS", "203 OK LOGLEVEL SET"]);
     h.send(&["LIST VOICES"]);
@@ -421,20 +466,7 @@ fn startup_transcript() {
     h.expect(&["304 CANT LIST VOICES"]);
     h.send(&["DEBUG OFF "]);
     h.expect(&["200 OK DEBUGGING OFF"]);
-    h.send(&[
-        "SET",
-        "pitch=-10",
-        "pitch_range=0",
-        "rate=20",
-        "volume=0",
-        "punctuation_mode=none",
-        "spelling_mode=off",
-        "cap_let_recogn=none",
-        "voice=male1",
-        "language=en",
-        "synthesis_voice=NULL",
-        ".",
-    ]);
+    h.send(kazeia_tests::desktop::SPEECHD_DEFAULT_SET);
     h.expect(&["203 OK RECEIVING SETTINGS", "203 OK SETTINGS RECEIVED"]);
     h.send(&["STOP", "PAUSE"]);
     h.silent_for(Duration::from_millis(100));
@@ -517,8 +549,7 @@ fn only_server_audio_is_accepted() {
 
 #[test]
 fn speaks_speech_dispatcher_text_with_marks_in_order() {
-    let synth = TestSynth::new();
-    let mut h = Harness::started(synth.clone());
+    let (mut h, synth) = Harness::started_watched();
     h.set(&[
         "rate=50",
         "pitch=-100",
@@ -554,19 +585,9 @@ fn speaks_speech_dispatcher_text_with_marks_in_order() {
 
 #[test]
 fn long_audio_is_split_into_bounded_blocks() {
-    let synth = TestSynth::new();
-    let options = ModuleOptions { audio_block_ms: 5 };
-    let mut h = Harness::with_options(synth, options);
-    h.send(&["INIT", "AUDIO", "audio_output_method=server", "."]);
-    h.expect(&[
-        "299-test synthesiser ready",
-        "299 OK LOADED SUCCESSFULLY",
-        "207 OK RECEIVING AUDIO SETTINGS",
-        "203 OK AUDIO INITIALIZED",
-    ]);
+    let mut h = Harness::started_with_blocks_of_5_ms(TestSynth::new());
     let text = "A sentence long enough to need many blocks of audio. ".repeat(20);
-    h.send(&["SPEAK", &format!("<speak>{text}</speak>"), "."]);
-    h.expect(&["202 OK RECEIVING MESSAGE", "200 OK SPEAKING", "701 BEGIN"]);
+    h.speak_begun(&format!("<speak>{text}</speak>"));
     let mut samples = Vec::new();
     loop {
         match h.next() {
@@ -586,12 +607,9 @@ fn long_audio_is_split_into_bounded_blocks() {
 
 #[test]
 fn multi_line_messages_are_dot_unstuffed_and_voice_and_volume_apply() {
-    let synth = TestSynth::new();
-    let mut h = Harness::started(synth.clone());
+    let (mut h, synth) = Harness::started_watched();
     h.set(&["synthesis_voice=Bare", "volume=0", "language=zh"]);
-    h.send(&["SPEAK", "<speak>Line one", "..dotted", "</speak>", "."]);
-    h.expect(&["202 OK RECEIVING MESSAGE", "200 OK SPEAKING"]);
-    let msg = h.message(usize::MAX);
+    let msg = h.say(&["SPEAK", "<speak>Line one", "..dotted", "</speak>", "."]);
     let half: Vec<i16> = samples_for("Line one .dotted")
         .iter()
         .map(|&s| (s as f32 * 0.5).round() as i16)
@@ -612,13 +630,9 @@ fn multi_line_messages_are_dot_unstuffed_and_voice_and_volume_apply() {
     assert_eq!(r.voice_id, "bare", "synthesis_voice wins over the language");
     // NULL keeps the voice; a name no voice has falls back to the language.
     h.set(&["synthesis_voice=NULL", "volume=100"]);
-    h.send(&["SPEAK", "<speak>x</speak>", "."]);
-    h.expect(&["202 OK RECEIVING MESSAGE", "200 OK SPEAKING"]);
-    assert_eq!(h.message(usize::MAX).len(), 3);
+    assert_eq!(h.say(&["SPEAK", "<speak>x</speak>", "."]).len(), 3);
     h.set(&["synthesis_voice=Nobody"]);
-    h.send(&["SPEAK", "<speak>y</speak>", "."]);
-    h.expect(&["202 OK RECEIVING MESSAGE", "200 OK SPEAKING"]);
-    assert_eq!(h.message(usize::MAX).len(), 3);
+    assert_eq!(h.say(&["SPEAK", "<speak>y</speak>", "."]).len(), 3);
     let ids: Vec<String> = synth
         .requests()
         .iter()
@@ -630,8 +644,7 @@ fn multi_line_messages_are_dot_unstuffed_and_voice_and_volume_apply() {
 
 #[test]
 fn char_key_and_sound_icon() {
-    let synth = TestSynth::new();
-    let mut h = Harness::started(synth.clone());
+    let (mut h, synth) = Harness::started_watched();
     h.set(&["cap_let_recogn=spell"]);
     for (command, value, said) in [
         ("CHAR", "A", "capital A"),
@@ -640,10 +653,8 @@ fn char_key_and_sound_icon() {
         ("KEY", "control_c", "control C"),
         ("KEY", "kp-enter", "keypad enter"),
     ] {
-        h.send(&[command, value, "."]);
-        h.expect(&["202 OK RECEIVING MESSAGE", "200 OK SPEAKING"]);
         assert_eq!(
-            h.message(usize::MAX),
+            h.say(&[command, value, "."]),
             vec![line("701 BEGIN"), audio(said), line("702 END")]
         );
         let r = synth.requests().pop().unwrap();
@@ -654,10 +665,8 @@ fn char_key_and_sound_icon() {
         );
     }
     let before = synth.requests().len();
-    h.send(&["SOUND_ICON", "bell", "."]);
-    h.expect(&["202 OK RECEIVING MESSAGE", "200 OK SPEAKING"]);
     assert_eq!(
-        h.message(usize::MAX),
+        h.say(&["SOUND_ICON", "bell", "."]),
         vec![line("701 BEGIN"), Out::Icon("bell".into()), line("702 END")]
     );
     // Nothing to say: the events without a call to the provider.
@@ -675,13 +684,10 @@ fn char_key_and_sound_icon() {
 
 #[test]
 fn spelling_mode_spells_the_message() {
-    let synth = TestSynth::new();
-    let mut h = Harness::started(synth.clone());
+    let mut h = Harness::started(TestSynth::new());
     h.set(&["spelling_mode=on"]);
-    h.send(&["SPEAK", "<speak>ab<mark name=\"__spd_0\"/> c</speak>", "."]);
-    h.expect(&["202 OK RECEIVING MESSAGE", "200 OK SPEAKING"]);
     assert_eq!(
-        h.message(usize::MAX),
+        h.say(&["SPEAK", "<speak>ab<mark name=\"__spd_0\"/> c</speak>", "."]),
         vec![
             line("701 BEGIN"),
             audio("A B"),
@@ -699,20 +705,11 @@ fn stop_during_speech_ends_it_at_once_and_cancels_the_stream() {
     let synth = TestSynth::new().slow(240, 10);
     let mut h = Harness::started(synth.clone());
     let text = "a long message ".repeat(100);
-    h.send(&["SPEAK", &format!("<speak>{text}</speak>"), "."]);
-    h.expect(&["202 OK RECEIVING MESSAGE", "200 OK SPEAKING", "701 BEGIN"]);
+    h.speak_begun(&format!("<speak>{text}</speak>"));
     assert!(matches!(h.next(), Out::Audio { .. }));
     let asked = Instant::now();
     h.send(&["STOP"]);
-    loop {
-        match h.next() {
-            Out::Audio { .. } => {}
-            other => {
-                assert_eq!(other, line("703 STOP"));
-                break;
-            }
-        }
-    }
+    assert_eq!(h.next_after_audio(), line("703 STOP"));
     let latency = asked.elapsed();
     eprintln!("STOP → 703 STOP: {latency:?}");
     assert!(latency < Duration::from_millis(500), "{latency:?}");
@@ -736,20 +733,12 @@ fn pause_stops_after_the_next_sentence_mark() {
     // Blocks of 120 samples, one per chunk every 15 ms: the first sentence takes about 250 ms, so the
     // PAUSE sent after its first block arrives well before its mark.
     let synth = TestSynth::new().slow(120, 15);
-    let mut h = Harness::with_options(synth, ModuleOptions { audio_block_ms: 5 });
-    h.send(&["INIT", "AUDIO", "audio_output_method=server", "."]);
-    h.expect(&[
-        "299-test synthesiser ready",
-        "299 OK LOADED SUCCESSFULLY",
-        "207 OK RECEIVING AUDIO SETTINGS",
-        "203 OK AUDIO INITIALIZED",
-    ]);
+    let mut h = Harness::started_with_blocks_of_5_ms(synth);
     let first = "The first sentence goes on for a while. ".repeat(25);
     let ssml = format!(
         "<speak>{first}<mark name=\"__spd_0\"/> Second.<mark name=\"__spd_1\"/> Third.</speak>"
     );
-    h.send(&["SPEAK", &ssml, "."]);
-    h.expect(&["202 OK RECEIVING MESSAGE", "200 OK SPEAKING", "701 BEGIN"]);
+    h.speak_begun(&ssml);
     assert!(matches!(h.next(), Out::Audio { .. }));
     h.send(&["PAUSE"]);
     let mut got = Vec::new();
@@ -767,24 +756,9 @@ fn pause_stops_after_the_next_sentence_mark() {
 
 #[test]
 fn quit_while_speaking_stops_first() {
-    let synth = TestSynth::new().slow(240, 10);
-    let mut h = Harness::started(synth);
-    h.send(&[
-        "SPEAK",
-        &format!("<speak>{}</speak>", "words ".repeat(200)),
-        ".",
-    ]);
-    h.expect(&["202 OK RECEIVING MESSAGE", "200 OK SPEAKING", "701 BEGIN"]);
+    let mut h = Harness::speaking_a_long_text();
     h.send(&["QUIT"]);
-    loop {
-        match h.next() {
-            Out::Audio { .. } => {}
-            other => {
-                assert_eq!(other, line("703 STOP"));
-                break;
-            }
-        }
-    }
+    assert_eq!(h.next_after_audio(), line("703 STOP"));
     h.expect(&["210 OK QUIT"]);
     assert_eq!(h.finish(), 0);
 }
@@ -826,10 +800,8 @@ fn messages_while_the_provider_loads_fail_at_once_and_the_first_after_is_spoken(
     assert!(synth.requests().is_empty());
     // Loaded: the next message is spoken, with nothing restarted (the empty list was not kept).
     loaded.store(true, Ordering::SeqCst);
-    h.send(&["SPEAK", "<speak>Now</speak>", "."]);
-    h.expect(&["202 OK RECEIVING MESSAGE", "200 OK SPEAKING"]);
     assert_eq!(
-        h.message(usize::MAX),
+        h.say(&["SPEAK", "<speak>Now</speak>", "."]),
         vec![line("701 BEGIN"), audio("Now"), line("702 END")]
     );
     assert_eq!(h.quit(), 0);
@@ -855,14 +827,7 @@ fn debug_on_copies_the_log_to_a_file() {
 
 #[test]
 fn end_of_input_stops_speech_and_exits() {
-    let synth = TestSynth::new().slow(240, 10);
-    let mut h = Harness::started(synth);
-    h.send(&[
-        "SPEAK",
-        &format!("<speak>{}</speak>", "words ".repeat(200)),
-        ".",
-    ]);
-    h.expect(&["202 OK RECEIVING MESSAGE", "200 OK SPEAKING", "701 BEGIN"]);
+    let h = Harness::speaking_a_long_text();
     assert_eq!(h.finish(), 0);
 }
 
@@ -913,8 +878,7 @@ fn audio_shorter_than_a_block_is_sent_without_waiting_for_more() {
         "<speak>{}</speak>",
         "Hello there, this is a longer text. ".repeat(10)
     );
-    h.send(&["SPEAK", &text, "."]);
-    h.expect(&["202 OK RECEIVING MESSAGE", "200 OK SPEAKING", "701 BEGIN"]);
+    h.speak_begun(&text);
     match h.next() {
         Out::Audio { samples, .. } => assert_eq!(samples, samples_for(&text[7..])[..240]),
         other => panic!("{other:?}"),

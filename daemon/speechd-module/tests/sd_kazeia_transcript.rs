@@ -6,41 +6,35 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use kazeia_tests::services::{require_program, DbusSession, TempDir};
+use kazeia_tests::desktop::SPEECHD_DEFAULT_SET;
+use kazeia_tests::services::{require_program, wait_or_kill, DbusSession, TempDir};
 
 /// What speech-dispatcher 0.11.4 sends a module at startup and for one `spd-say` message.
-const STARTUP: &[&str] = &[
-    "INIT",
-    "AUDIO",
-    "audio_output_method=server",
-    ".",
-    "LOGLEVEL",
-    "log_level=0",
-    ".",
-    "LIST VOICES",
-    "LIST VOICES",
-    "SET",
-    "pitch=-10",
-    "pitch_range=0",
-    "rate=20",
-    "volume=0",
-    "punctuation_mode=none",
-    "spelling_mode=off",
-    "cap_let_recogn=none",
-    "voice=male1",
-    "language=en",
-    "synthesis_voice=NULL",
-    ".",
-    "SPEAK",
-    "<speak>One.<mark name=\"__spd_0\"/> Two &amp; &lt;three&gt;?<mark name=\"__spd_1\"/> Four!</speak>",
-    ".",
-    "CHAR",
-    "x",
-    ".",
-    "BOGUS",
-    "DEBUG OFF ",
-    "QUIT",
-];
+fn startup() -> Vec<&'static str> {
+    let init = [
+        "INIT",
+        "AUDIO",
+        "audio_output_method=server",
+        ".",
+        "LOGLEVEL",
+        "log_level=0",
+        ".",
+        "LIST VOICES",
+        "LIST VOICES",
+    ];
+    let message = [
+        "SPEAK",
+        "<speak>One.<mark name=\"__spd_0\"/> Two &amp; &lt;three&gt;?<mark name=\"__spd_1\"/> Four!</speak>",
+        ".",
+        "CHAR",
+        "x",
+        ".",
+        "BOGUS",
+        "DEBUG OFF ",
+        "QUIT",
+    ];
+    [&init[..], SPEECHD_DEFAULT_SET, &message[..]].concat()
+}
 
 /// Runs `sd_kazeia [config]` with `env` only, feeds it `input`; returns stdout lines, stderr and the status.
 fn run_module(
@@ -71,22 +65,13 @@ fn run_module(
         let _ = stderr.read_to_string(&mut s);
         s
     });
-    let deadline = Instant::now() + Duration::from_secs(60);
     let out = std::thread::spawn(move || {
         let mut s = String::new();
         let _ = stdout.read_to_string(&mut s);
         s
     });
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("sd_kazeia did not finish within 60 s");
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    };
+    let status = wait_or_kill(&mut child, Duration::from_secs(60))
+        .unwrap_or_else(|| panic!("sd_kazeia did not finish within 60 s"));
     let stdout = out.join().unwrap();
     let stderr = err.join().unwrap();
     let lines = stdout.lines().map(str::to_string).collect();
@@ -114,7 +99,7 @@ fn startup_and_messages_when_the_daemon_cannot_start() {
     let dir = TempDir::new("sd-kazeia");
     let bus = DbusSession::start(Some(&failing_activation(dir.path())));
     let started = Instant::now();
-    let (lines, stderr, status) = run_module(&bus.env(), None, STARTUP);
+    let (lines, stderr, status) = run_module(&bus.env(), None, &startup());
     let took = started.elapsed();
     let want = [
         "299-kazeia: speech provider org.kazeia.Speech.Provider activatable",
@@ -149,7 +134,7 @@ fn startup_and_messages_when_the_daemon_cannot_start() {
 #[test]
 fn init_fails_without_a_provider() {
     let bus = DbusSession::start(None);
-    let (lines, stderr, status) = run_module(&bus.env(), None, STARTUP);
+    let (lines, stderr, status) = run_module(&bus.env(), None, &startup());
     assert_eq!(
         lines,
         [
@@ -169,7 +154,7 @@ fn init_fails_without_a_session_bus() {
         "DBUS_SESSION_BUS_ADDRESS".to_string(),
         format!("unix:path={}/no-bus-here", dir.path().display()),
     )];
-    let (lines, stderr, status) = run_module(&env, None, STARTUP);
+    let (lines, stderr, status) = run_module(&env, None, &startup());
     assert_eq!(lines.len(), 2, "{lines:?}\nstderr:\n{stderr}");
     assert!(
         lines[0].starts_with("399-cannot connect to the session bus"),

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
-use kazeia_tests::services::{DbusSession, PipeWire, TempDir};
+use kazeia_tests::services::DbusSession;
 use kazeiad::config::DaemonConfig;
 use kazeiad::dbus::client::SpeechProxy;
 use kazeiad::player::Player;
@@ -20,7 +20,7 @@ use kazeiad::request::{Client, Output};
 use kazeiad::service::{Refusal, Service, SpeakOptions};
 use zbus::wire::Variant;
 
-use crate::common::{quick_model, start_daemon, write_config};
+use crate::common::{memory_kib, spiel_proxy, TestDaemon};
 
 async fn proxy(bus: &DbusSession) -> (zbus::Connection, SpeechProxy<'static>) {
     let connection = zbus::connection::Builder::address(bus.address())
@@ -37,13 +37,16 @@ fn ssml() -> HashMap<&'static str, Variant<'static>> {
 
 /// Resident memory of a process, in bytes.
 fn rss(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let kb: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmRSS");
-    kb * 1024
+    memory_kib(pid, "VmRSS") * 1024
+}
+
+/// Asserts that a call was refused as invalid, the error naming `field`, and short.
+fn refused_as_invalid<T: std::fmt::Debug>(reply: zbus::Result<T>, field: &str) {
+    let e = reply.expect_err(field).to_string();
+    assert!(
+        e.contains("InvalidArgs") && e.contains(field) && e.len() < 400,
+        "{field}: {e}"
+    );
 }
 
 /// Waits for `Finished(id, _)`; the reason.
@@ -67,18 +70,9 @@ async fn finished(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_break_bomb_keeps_memory_bounded_and_stop_everyone_still_works() {
-    let dir = TempDir::new("bounded-breaks");
-    let config = dir.path().join("kazeia.toml");
-    write_config(
-        &config,
-        &quick_model(),
-        "pipewire",
-        "[generation]\nmax_frames = 8\n",
-    );
-    let bus = DbusSession::start(None);
-    let pw = PipeWire::start(&bus);
-    let mut daemon = start_daemon(&bus, &pw.env(), &config, dir.path().join("kazeiad.log"));
-    let (_connection, proxy) = proxy(&bus).await;
+    let mut daemon =
+        TestDaemon::setup("bounded-breaks", "[generation]\nmax_frames = 8\n").pipewire();
+    let (_connection, proxy) = proxy(&daemon.bus).await;
     let mut done = proxy.receive_finished().await.unwrap();
     let mut started = proxy.receive_started().await.unwrap();
 
@@ -88,7 +82,7 @@ async fn a_break_bomb_keeps_memory_bounded_and_stop_everyone_still_works() {
         finished(&mut done, warm, Duration::from_secs(60)).await,
         "done"
     );
-    let before = rss(daemon.pid());
+    let before = rss(daemon.service.pid());
 
     // Marks keep the breaks apart (adjacent ones merge into one of at most 10 s).
     let bomb = format!(
@@ -105,7 +99,7 @@ async fn a_break_bomb_keeps_memory_bounded_and_stop_everyone_still_works() {
     let mut peak = before;
     for _ in 0..60 {
         tokio::time::sleep(Duration::from_millis(50)).await;
-        peak = peak.max(rss(daemon.pid()));
+        peak = peak.max(rss(daemon.service.pid()));
         assert!(
             peak < before + (64 << 20),
             "the daemon grew from {} MB to {} MB",
@@ -113,7 +107,7 @@ async fn a_break_bomb_keeps_memory_bounded_and_stop_everyone_still_works() {
             peak >> 20
         );
     }
-    daemon.check_running();
+    daemon.service.check_running();
     eprintln!(
         "RSS {:.1} MB before the break bomb, at most {:.1} MB in 3 s of it",
         before as f64 / 1e6,
@@ -191,18 +185,13 @@ async fn stop_is_answered_while_a_huge_parse_runs() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn silence_around_a_huge_gain_is_silent() {
-    let dir = TempDir::new("bounded-silent");
-    let config = dir.path().join("kazeia.toml");
-    let wav = dir.path().join("out.wav");
-    write_config(
-        &config,
-        &quick_model(),
-        &format!("wav:{}", wav.display()),
+    let setup = TestDaemon::setup(
+        "bounded-silent",
         "[generation]\ngreedy = true\nmax_frames = 8\n",
     );
-    let bus = DbusSession::start(None);
-    let _daemon = start_daemon(&bus, &bus.env(), &config, dir.path().join("kazeiad.log"));
-    let (_connection, proxy) = proxy(&bus).await;
+    let wav = setup.dir().join("out.wav");
+    let daemon = setup.wav(&wav);
+    let (_connection, proxy) = proxy(&daemon.bus).await;
     let mut done = proxy.receive_finished().await.unwrap();
     let samples = || {
         let bytes = std::fs::read(&wav).unwrap();
@@ -233,18 +222,11 @@ async fn silence_around_a_huge_gain_is_silent() {
 /// would otherwise go whole into the talker's prompt (prefill, keys and values grow with it).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_request_string_is_bounded_with_a_clear_error() {
-    let dir = TempDir::new("bounded-strings");
-    let config = dir.path().join("kazeia.toml");
     // A 1.7B CustomVoice model: it takes instructions.
-    write_config(
-        &config,
-        &kazeia_tests::fixtures_dir().join("lm/shape_1b7"),
-        "null",
-        "[generation]\nmax_frames = 6\n",
-    );
-    let bus = DbusSession::start(None);
-    let mut daemon = start_daemon(&bus, &bus.env(), &config, dir.path().join("kazeiad.log"));
-    let (connection, proxy) = proxy(&bus).await;
+    let mut daemon = TestDaemon::setup("bounded-strings", "[generation]\nmax_frames = 6\n")
+        .model(kazeia_tests::fixtures_dir().join("lm/shape_1b7"))
+        .null();
+    let (connection, proxy) = proxy(&daemon.bus).await;
     let mut done = proxy.receive_finished().await.unwrap();
     let string = |key: &'static str, value: String| HashMap::from([(key, Variant::from(value))]);
     let huge = |n: usize| "calm ".repeat(n / 5);
@@ -257,15 +239,7 @@ async fn every_request_string_is_bounded_with_a_clear_error() {
         (string("language", huge(1 << 20)), "language"),
         (string("priority", huge(1 << 20)), "priority"),
     ] {
-        let e = proxy
-            .speak("Hi.", options)
-            .await
-            .expect_err(field)
-            .to_string();
-        assert!(
-            e.contains("InvalidArgs") && e.contains(field) && e.len() < 400,
-            "{field}: {e}"
-        );
+        refused_as_invalid(proxy.speak("Hi.", options).await, field);
     }
     let mut odd_key = HashMap::new();
     let key = "k".repeat(100_000);
@@ -278,40 +252,24 @@ async fn every_request_string_is_bounded_with_a_clear_error() {
     );
 
     // Spiel's voice and language too.
-    let spiel = zbus::Proxy::new(
-        &connection,
-        "org.kazeia.Speech.Provider",
-        "/org/kazeia/Speech/Provider",
-        "org.freedesktop.Speech.Provider",
-    )
-    .await
-    .unwrap();
+    let spiel = spiel_proxy(&connection).await;
     for (voice, language, field) in [
         (huge(1 << 20), String::new(), "voice"),
         (String::new(), huge(1 << 20), "language"),
     ] {
         let (_reader, writer) = std::io::pipe().unwrap();
         let fd: std::os::fd::OwnedFd = writer.into();
-        let e = spiel
-            .call::<_, _, ()>(
-                "Synthesize",
-                &(
-                    zbus::Fd::from(&fd),
-                    "Hi.",
-                    voice.as_str(),
-                    1.0f64,
-                    1.0f64,
-                    false,
-                    language.as_str(),
-                ),
-            )
-            .await
-            .expect_err(field)
-            .to_string();
-        assert!(
-            e.contains("InvalidArgs") && e.contains(field) && e.len() < 400,
-            "{field}: {e}"
+        let synthesize = (
+            zbus::Fd::from(&fd),
+            "Hi.",
+            voice.as_str(),
+            1.0f64,
+            1.0f64,
+            false,
+            language.as_str(),
         );
+        let sent = spiel.call::<_, _, ()>("Synthesize", &synthesize).await;
+        refused_as_invalid(sent, field);
     }
 
     // An instruction within the bound is spoken, and so is the next client's text.
@@ -328,5 +286,5 @@ async fn every_request_string_is_bounded_with_a_clear_error() {
         finished(&mut done, id, Duration::from_secs(60)).await,
         "done"
     );
-    daemon.check_running();
+    daemon.service.check_running();
 }

@@ -17,8 +17,7 @@ fn status_flags(fd: &impl AsRawFd) -> i32 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_clients_descriptor_keeps_its_flags_and_only_pipes_and_sockets_are_taken() {
     let mut daemon = TestDaemon::null("client-fds", "[generation]\nmax_frames = 6\n");
-    let connection = connect(&daemon.bus).await;
-    let api = proxy(&connection).await;
+    let (connection, api) = client(&daemon.bus).await;
     let mut finishes = Finishes::new(&api).await;
 
     // A pipe whose write end the client keeps a copy of (as a shell keeps its stdout).

@@ -8,8 +8,6 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
-use kazeia_tests::services::{DbusSession, TempDir};
-use kazeia_tests::speaking_model;
 
 /// A Spiel stream that fills a pipe (64 KiB) at once: three seconds of silence between two words.
 const FILLS_A_PIPE: &str = "<speak>Stalled.<break time=\"3s\"/>Still stalled.</speak>";
@@ -21,8 +19,7 @@ async fn a_spiel_client_that_stops_reading_holds_up_nobody() {
         "[generation]\nmax_frames = 6\n[queue]\nstall_timeout_ms = 1500\n",
     );
     let stalled_client = connect(&daemon.bus).await;
-    let other = connect(&daemon.bus).await;
-    let other_api = proxy(&other).await;
+    let (other, other_api) = client(&daemon.bus).await;
     let mut finishes = Finishes::new(&other_api).await;
 
     // A client keeps its pipe open and never reads.
@@ -32,11 +29,12 @@ async fn a_spiel_client_that_stops_reading_holds_up_nobody() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     // Everyone else is heard meanwhile: the speakers and another Spiel client.
     let asked = Instant::now();
-    let id = other_api
-        .speak("Heard by everyone.", priority("message"))
-        .await
-        .unwrap();
-    assert_eq!(finishes.of(id, Duration::from_secs(20)).await, "done");
+    assert_eq!(
+        finishes
+            .message(&other_api, "Heard by everyone.", Duration::from_secs(20))
+            .await,
+        "done"
+    );
     let samples = spiel(&other, "Also heard.").await.unwrap();
     assert!(!samples.is_empty());
     eprintln!(
@@ -77,19 +75,14 @@ async fn a_spiel_client_that_stops_reading_holds_up_nobody() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn spiel_streams_of_different_clients_are_served_at_once() {
-    let dir = TempDir::new("clients-concurrent");
-    let model = speaking_model(dir.path());
-    let config = dir.path().join("kazeia.toml");
-    write_config(
-        &config,
-        &model,
-        "null",
+    let daemon = TestDaemon::setup(
+        "clients-concurrent",
         "[generation]\ngreedy = true\nmax_frames = 25\n",
-    );
-    let bus = DbusSession::start(None);
-    let _daemon = start_daemon(&bus, &bus.env(), &config, dir.path().join("kazeiad.log"));
-    let app = connect(&bus).await;
-    let screen_reader = connect(&bus).await;
+    )
+    .speaking()
+    .null();
+    let app = connect(&daemon.bus).await;
+    let screen_reader = connect(&daemon.bus).await;
 
     // An app streams a long text, read as its player plays it (here at twice real time).
     let long = "This is a long article read aloud, sentence after sentence. ".repeat(48);
@@ -124,10 +117,8 @@ async fn spiel_streams_of_different_clients_are_served_at_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_client_cannot_fill_the_queue_for_everyone() {
     let daemon = TestDaemon::null("clients-flood", "[generation]\nmax_frames = 6\n");
-    let flood = connect(&daemon.bus).await;
-    let flood_api = proxy(&flood).await;
-    let other = connect(&daemon.bus).await;
-    let other_api = proxy(&other).await;
+    let (flood, flood_api) = client(&daemon.bus).await;
+    let (_other, other_api) = client(&daemon.bus).await;
     let mut finishes = Finishes::new(&other_api).await;
 
     // One client holds its own speech and sends 400 messages.
@@ -170,10 +161,8 @@ async fn one_client_cannot_fill_the_queue_for_everyone() {
 async fn pause_belongs_to_the_client_that_paused_and_ends_when_it_leaves() {
     // Played in real time: 3.2 s per sentence chunk.
     let daemon = TestDaemon::pipewire("clients-pause", "[generation]\nmax_frames = 40\n");
-    let pauser = connect(&daemon.bus).await;
-    let pauser_api = proxy(&pauser).await;
-    let other = connect(&daemon.bus).await;
-    let other_api = proxy(&other).await;
+    let (_pauser, pauser_api) = client(&daemon.bus).await;
+    let (_other, other_api) = client(&daemon.bus).await;
     let mut finishes = Finishes::new(&other_api).await;
     let mut started = other_api.receive_started().await.unwrap();
     let long = "A long text that its client pauses. ".repeat(30);
@@ -187,18 +176,22 @@ async fn pause_belongs_to_the_client_that_paused_and_ends_when_it_leaves() {
     pauser_api.pause().await.unwrap();
     assert_eq!(other_api.state().await.unwrap(), "paused");
     // Another client is heard while the first one is paused.
-    let id = other_api
-        .speak("Not held by someone else's pause.", priority("message"))
-        .await
-        .unwrap();
-    assert_eq!(finishes.of(id, Duration::from_secs(30)).await, "done");
+    assert_eq!(
+        finishes
+            .message(
+                &other_api,
+                "Not held by someone else's pause.",
+                Duration::from_secs(30)
+            )
+            .await,
+        "done"
+    );
     // The paused one resumes when its client says so, and finishes.
     pauser_api.resume().await.unwrap();
     assert_eq!(finishes.of(held, Duration::from_secs(120)).await, "done");
 
     // A client that pauses and leaves: its pause ends with it, and what it held is cancelled.
-    let leaver = connect(&daemon.bus).await;
-    let leaver_api = proxy(&leaver).await;
+    let (leaver, leaver_api) = client(&daemon.bus).await;
     let left = leaver_api.speak(&long, priority("message")).await.unwrap();
     leaver_api.pause().await.unwrap();
     drop(leaver_api);
@@ -207,19 +200,19 @@ async fn pause_belongs_to_the_client_that_paused_and_ends_when_it_leaves() {
         finishes.of(left, Duration::from_secs(10)).await,
         "cancelled"
     );
-    let id = other_api
-        .speak("Heard after it left.", priority("message"))
-        .await
-        .unwrap();
-    assert_eq!(finishes.of(id, Duration::from_secs(30)).await, "done");
+    assert_eq!(
+        finishes
+            .message(&other_api, "Heard after it left.", Duration::from_secs(30))
+            .await,
+        "done"
+    );
     assert_eq!(other_api.state().await.unwrap(), "idle");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn speech_dispatchers_priority_rules_on_the_bus() {
     let daemon = TestDaemon::null("clients-priorities", "[generation]\nmax_frames = 6\n");
-    let connection = connect(&daemon.bus).await;
-    let api = proxy(&connection).await;
+    let (_connection, api) = client(&daemon.bus).await;
     let mut finishes = Finishes::new(&api).await;
     let mut started = api.receive_started().await.unwrap();
     // Held by the client's own pause, so that the rules act on waiting utterances.
@@ -269,20 +262,10 @@ async fn speech_dispatchers_priority_rules_on_the_bus() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn panics_end_that_utterance_and_the_daemon_keeps_speaking() {
-    let dir = TempDir::new("clients-panic");
-    let config = dir.path().join("kazeia.toml");
-    write_config(
-        &config,
-        &quick_model(),
-        "null",
-        "[generation]\nmax_frames = 6\n",
-    );
-    let bus = DbusSession::start(None);
-    let mut env = bus.env();
-    env.push(("KAZEIA_TEST_FAULTS".into(), "1".into()));
-    let mut daemon = start_daemon(&bus, &env, &config, dir.path().join("kazeiad.log"));
-    let connection = connect(&bus).await;
-    let api = proxy(&connection).await;
+    let mut daemon = TestDaemon::setup("clients-panic", "[generation]\nmax_frames = 6\n")
+        .env("KAZEIA_TEST_FAULTS", "1")
+        .null();
+    let (connection, api) = client(&daemon.bus).await;
     let mut finishes = Finishes::new(&api).await;
     for (fault, expected) in [
         ("kazeia-panic-worker", "internal error"),
@@ -297,11 +280,12 @@ async fn panics_end_that_utterance_and_the_daemon_keeps_speaking() {
             reason.starts_with("error: ") && reason.contains(expected),
             "{fault}: {reason}"
         );
-        let id = api
-            .speak("Still speaking.", priority("message"))
-            .await
-            .unwrap();
-        assert_eq!(finishes.of(id, Duration::from_secs(20)).await, "done");
+        assert_eq!(
+            finishes
+                .message(&api, "Still speaking.", Duration::from_secs(20))
+                .await,
+            "done"
+        );
         // On a Spiel stream too: that stream ends, the next one is heard.
         let samples = spiel(&connection, &format!("Streamed {fault}."))
             .await
@@ -315,8 +299,8 @@ async fn panics_end_that_utterance_and_the_daemon_keeps_speaking() {
             .unwrap()
             .is_empty());
     }
-    daemon.check_running();
-    let log = daemon.log();
+    daemon.service.check_running();
+    let log = daemon.service.log();
     assert!(log.contains("injected fault"), "{log}");
 }
 
@@ -485,8 +469,7 @@ async fn soak(clients: usize, utterances: usize, seed: u64, duration: Duration) 
     );
     let before = peak_rss_mib(daemon.service.pid());
     // Every Finished, seen by a client that stays to the end.
-    let monitor = connect(&daemon.bus).await;
-    let monitor_api = proxy(&monitor).await;
+    let (_monitor, monitor_api) = client(&daemon.bus).await;
     let all = Collector::start(&monitor_api).await;
 
     let mut rng = Rng(seed);
@@ -511,15 +494,13 @@ async fn soak(clients: usize, utterances: usize, seed: u64, duration: Duration) 
         }
         // Exactly one Finished for each: the sink's by id, the streams by count (Spiel gives no ids).
         let expected = accepted.len() + streams;
-        let deadline = Instant::now() + Duration::from_secs(120);
-        while all.len() < expected {
-            assert!(
-                Instant::now() < deadline,
-                "{} of {expected} utterances finished",
-                all.len()
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        wait_for(
+            Duration::from_secs(120),
+            Duration::from_millis(20),
+            async || all.len() >= expected,
+            || format!("{} of {expected} utterances finished", all.len()),
+        )
+        .await;
         // Quiet: the clients gone, the queue empty, freed memory handed back (after 2 s of quiet), and the
         // async runtime's idle blocking threads ended (they stay 10 s).
         tokio::time::sleep(Duration::from_secs(11)).await;

@@ -1,27 +1,37 @@
 //! The daemon's speech as heard at a headless PipeWire's null sink (recorded by `pw-record`): how a stop
 //! ends it, and how it rides out a restart of the audio server.
 
-use crate::common::{
-    connect, priority, proxy, spiel, start_daemon, write_config, Finishes, TestDaemon,
-};
+use crate::common::{client, loud_seconds, priority, spiel, wait_for, Finishes, TestDaemon};
 
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use kazeia_tests::services::{DbusSession, PipeWire, Recorder, TempDir};
-use kazeia_tests::speaking_model;
+use kazeia_tests::services::{PipeWire, Recorder};
 
 /// Louder than this is speech.
 const THRESHOLD: f32 = 0.01;
 
-/// Seconds of 5 ms windows holding a sample louder than [`THRESHOLD`] (silent gaps left out).
-fn loud_seconds(samples: &[f32], rate: u32) -> f64 {
-    let window = rate as usize / 200;
-    let loud = samples
-        .chunks(window)
-        .filter(|w| w.iter().any(|s| s.abs() > THRESHOLD))
-        .count();
-    (loud * window) as f64 / rate as f64
+/// Waits (at most 30 s) until `rec` hears speech that came after `asked`.
+async fn wait_for_speech(rec: &Recorder, asked: Instant, daemon: &TestDaemon) {
+    wait_for(
+        Duration::from_secs(30),
+        Duration::from_millis(20),
+        async || rec.sound_since(asked, THRESHOLD).is_some(),
+        || format!("no speech:\n{}", daemon.service.log()),
+    )
+    .await;
+}
+
+/// Said twice by the slow-machine tests: too long for the short-text cache, so said again it is generated
+/// again (greedy: the same audio).
+const TWO_SENTENCES: &str =
+    "The first sentence is here. And here is a second one, a little longer than the first.";
+
+/// The lines of `log` that contain any of `words`.
+fn lines_with<'a>(log: &'a str, words: &[&str]) -> Vec<&'a str> {
+    log.lines()
+        .filter(|l| words.iter().any(|w| l.contains(w)))
+        .collect()
 }
 
 /// The largest step between neighbouring samples.
@@ -36,8 +46,7 @@ fn largest_step(samples: &[f32]) -> f32 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stop_during_speech_fades_out_at_once() {
     let daemon = TestDaemon::pipewire("daemon-stop-fade", "[generation]\ngreedy = true\n");
-    let connection = connect(&daemon.bus).await;
-    let api = proxy(&connection).await;
+    let (_connection, api) = client(&daemon.bus).await;
     let mut finishes = Finishes::new(&api).await;
     let rec = Recorder::start(daemon.pw());
     let asked = Instant::now();
@@ -48,15 +57,7 @@ async fn a_stop_during_speech_fades_out_at_once() {
         )
         .await
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while rec.sound_since(asked, THRESHOLD).is_none() {
-        assert!(
-            Instant::now() < deadline,
-            "no speech:\n{}",
-            daemon.service.log()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_for_speech(&rec, asked, &daemon).await;
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let stop_at = Instant::now();
     assert_eq!(api.stop_everyone().await.unwrap(), 1);
@@ -109,64 +110,53 @@ fn signal(pid: u32, signal: &str) {
 /// What both recorders heard together is what the two texts sound like whole (from Spiel, greedy).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pipewire_restart_mid_utterance_loses_nothing() {
-    let dir = TempDir::new("daemon-pw-restart");
-    let model = speaking_model(dir.path());
-    let config = dir.path().join("kazeia.toml");
     // Greedy: the same audio every time (about 1.1 s per chunk of 400 characters).
-    write_config(&config, &model, "pipewire", "[generation]\ngreedy = true\n");
-    let bus = DbusSession::start(None);
-    let mut pw = PipeWire::start(&bus);
-    let daemon = start_daemon(&bus, &pw.env(), &config, dir.path().join("kazeiad.log"));
-    let connection = connect(&bus).await;
-    let api = proxy(&connection).await;
+    let mut daemon = TestDaemon::pipewire("daemon-pw-restart", "[generation]\ngreedy = true\n");
+    let (connection, api) = client(&daemon.bus).await;
     let long = "Hello world, this is a test. ".repeat(100);
     let short = "Said while the audio server was away.";
     let whole_long = spiel(&connection, &long).await.unwrap();
     let whole_short = spiel(&connection, short).await.unwrap();
     let (loud_long, loud_short) = (
-        loud_seconds(&whole_long, 24_000),
-        loud_seconds(&whole_short, 24_000),
+        loud_seconds(&whole_long, 24_000, THRESHOLD),
+        loud_seconds(&whole_short, 24_000, THRESHOLD),
     );
     let whole = loud_long + loud_short;
 
     let mut finishes = Finishes::new(&api).await;
-    let before = Recorder::start(&pw);
+    let before = Recorder::start(daemon.pw());
     let asked = Instant::now();
     // Messages: the second does not cancel the first (as a second text would).
     let id = api.speak(&long, priority("message")).await.unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while before.sound_since(asked, THRESHOLD).is_none() {
-        assert!(Instant::now() < deadline, "no speech:\n{}", daemon.log());
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_for_speech(&before, asked, &daemon).await;
     // Heard for a while, then the server dies.
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    pw.kill_server();
+    daemon.pw.as_mut().unwrap().kill_server();
     let before = before.stop();
     tokio::time::sleep(Duration::from_millis(500)).await;
     let queued = api.speak(short, priority("message")).await.unwrap();
     tokio::time::sleep(Duration::from_millis(500)).await;
     // The daemon is held while the new server and its recorder start, so that the recorder hears all
     // that follows (left running, it would take up the speech as soon as the server's socket is there).
-    signal(daemon.pid(), "STOP");
-    drop(pw);
-    let pw = PipeWire::start(&bus);
-    let after = Recorder::start(&pw);
+    signal(daemon.service.pid(), "STOP");
+    daemon.pw = None;
+    daemon.pw = Some(PipeWire::start(&daemon.bus));
+    let after = Recorder::start(daemon.pw());
     let resumed = Instant::now();
-    signal(daemon.pid(), "CONT");
+    signal(daemon.service.pid(), "CONT");
     let gap = Instant::now() - resumed;
     assert_eq!(
         finishes.of(id, Duration::from_secs(60)).await,
         "done",
         "{}",
-        daemon.log()
+        daemon.service.log()
     );
     assert_eq!(finishes.of(queued, Duration::from_secs(30)).await, "done");
     let back = after.sound_since(resumed, THRESHOLD);
     let after = after.stop();
 
-    let heard_before = loud_seconds(&before.samples, before.rate);
-    let heard_after = loud_seconds(&after.samples, after.rate);
+    let heard_before = loud_seconds(&before.samples, before.rate, THRESHOLD);
+    let heard_after = loud_seconds(&after.samples, after.rate, THRESHOLD);
     let back_ms = back.map(|b| (b - resumed).as_secs_f64() * 1e3);
     eprintln!(
         "restart: heard {heard_before:.3} s before the server died and {heard_after:.3} s after, of \
@@ -192,7 +182,7 @@ async fn a_pipewire_restart_mid_utterance_loses_nothing() {
         "heard {heard_before} + {heard_after} s of {whole} s"
     );
     assert!(back_ms.is_some_and(|ms| ms < 1000.0), "{back_ms:?}");
-    let log = daemon.log();
+    let log = daemon.service.log();
     assert!(
         log.contains("waits up to 30 s for the audio server"),
         "{log}"
@@ -234,28 +224,22 @@ async fn said_twice(
     extra: &str,
     env: &[(&str, &str)],
 ) -> ([Heard; 2], String) {
-    let dir = TempDir::new("daemon-slow-machine");
-    let model = speaking_model(dir.path());
-    let config = dir.path().join("kazeia.toml");
-    write_config(
-        &config,
-        &model,
-        "pipewire",
+    let mut setup = TestDaemon::setup(
+        "daemon-slow-machine",
         &format!("[generation]\ngreedy = true\n{extra}"),
-    );
-    let bus = DbusSession::start(None);
-    let pw = PipeWire::start(&bus);
-    let mut daemon_env = pw.env();
-    daemon_env.push(("KAZEIA_TEST_SLOW".into(), slowness.into()));
-    daemon_env.push(("RUST_LOG".into(), "info,kazeiad::player=debug".into()));
-    daemon_env.extend(env.iter().map(|(k, v)| (k.to_string(), v.to_string())));
-    let daemon = start_daemon(&bus, &daemon_env, &config, dir.path().join("kazeiad.log"));
-    let connection = connect(&bus).await;
-    let api = proxy(&connection).await;
+    )
+    .speaking()
+    .env("KAZEIA_TEST_SLOW", slowness)
+    .env("RUST_LOG", "info,kazeiad::player=debug");
+    for (key, value) in env {
+        setup = setup.env(key, value);
+    }
+    let daemon = setup.pipewire();
+    let (_connection, api) = client(&daemon.bus).await;
     let mut finishes = Finishes::new(&api).await;
     let mut heard = Vec::new();
     for text in [first, second] {
-        let rec = Recorder::start(&pw);
+        let rec = Recorder::start(daemon.pw());
         let asked = Instant::now();
         let id = api.speak(text, priority("message")).await.unwrap();
         assert_eq!(finishes.of(id, Duration::from_secs(600)).await, "done");
@@ -270,7 +254,7 @@ async fn said_twice(
             gaps_ms: gaps_ms(&rec.samples, rec.rate),
         });
     }
-    ([heard[0], heard[1]], daemon.log())
+    ([heard[0], heard[1]], daemon.service.log())
 }
 
 /// On a machine slower than real time (simulated: each chunk delivered after 1.5 times its duration), the first
@@ -278,13 +262,9 @@ async fn said_twice(
 /// text said again starts later and is heard without a gap.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slower_than_real_time_speech_starts_later_and_has_no_gap() {
-    let text =
-        "The first sentence is here. And here is a second one, a little longer than the first.";
-    let ([unplanned, planned], log) = said_twice("1.5", (text, text), "", &[]).await;
-    let plan: Vec<&str> = log
-        .lines()
-        .filter(|l| l.contains("real-time factor"))
-        .collect();
+    let ([unplanned, planned], log) =
+        said_twice("1.5", (TWO_SENTENCES, TWO_SENTENCES), "", &[]).await;
+    let plan = lines_with(&log, &["real-time factor"]);
     eprintln!("simulated RTF 1.5: unplanned {unplanned:?}, planned {planned:?}\n{plan:?}");
     assert!(
         unplanned.gaps_ms > 100.0,
@@ -306,14 +286,9 @@ async fn slower_than_real_time_speech_starts_later_and_has_no_gap() {
 /// next is heard without a gap, starting only a little later.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn just_below_real_time_the_first_chunks_leave_no_gap() {
-    // Too long for the short-text cache: said again, it is generated again (greedy: the same audio).
-    let text =
-        "The first sentence is here. And here is a second one, a little longer than the first.";
-    let ([unplanned, planned], log) = said_twice("0.6+60", (text, text), "", &[]).await;
-    let plan: Vec<&str> = log
-        .lines()
-        .filter(|l| l.contains("playing after") || l.contains("real-time factor"))
-        .collect();
+    let ([unplanned, planned], log) =
+        said_twice("0.6+60", (TWO_SENTENCES, TWO_SENTENCES), "", &[]).await;
+    let plan = lines_with(&log, &["playing after", "real-time factor"]);
     eprintln!(
         "simulated 0.6 + 60 ms a chunk: unplanned {unplanned:?}, planned {planned:?}\n{plan:?}"
     );

@@ -2,6 +2,7 @@
 //! `pw-record`, `busctl` as a real client, and `kazeiad` serving a tiny fixture model.
 
 use std::collections::HashMap;
+use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -9,30 +10,21 @@ use std::time::{Duration, Instant};
 use futures_util::StreamExt;
 use kazeia_spiel::{s16le_to_f32, Chunk, EventKind, SpielReader};
 use kazeia_tests::services::{
-    require_program, wait_until, DbusSession, PipeWire, Recorder, Service, TempDir,
+    require_program, wait_or_kill, wait_until, DbusSession, PipeWire, Recorder, Service, TempDir,
 };
 use kazeia_tests::{fixtures_dir, speaking_model};
 use kazeiad::dbus::client::SpeechProxy;
 use zbus::wire::Variant;
 
 use crate::common::{
-    activation_files, busctl, call, connect, connect_as_new_process, connect_in_this_process,
-    name_appears, proxy, quick_model, speak, start_daemon, wait_until_loaded, write_config,
-    Finishes, TestDaemon,
+    activation_files, busctl, call, client, client_in_this_process, connect_as_new_process,
+    connect_in_this_process, loud_seconds, name_appears, quick_model, speak, speaking_config,
+    spiel_proxy, start_daemon, synthesize_to, wait_until_loaded, write_config, Finishes,
+    TestDaemon,
 };
 use crate::random_model;
 
 const KAZEIAD: &str = env!("CARGO_BIN_EXE_kazeiad");
-
-/// Seconds of 5 ms windows holding a sample louder than `threshold` (silent gaps left out).
-fn loud_seconds(samples: &[f32], rate: u32, threshold: f32) -> f64 {
-    let window = rate as usize / 200;
-    let loud = samples
-        .chunks(window)
-        .filter(|w| w.iter().any(|s| s.abs() > threshold))
-        .count();
-    (loud * window) as f64 / rate as f64
-}
 
 /// Calls Spiel `Synthesize` and reads the whole stream: (samples, marks in order with the sample
 /// count before each).
@@ -42,13 +34,6 @@ async fn spiel(
     ssml: bool,
 ) -> zbus::Result<(Vec<f32>, Vec<(String, usize)>)> {
     let (reader, writer) = std::io::pipe().unwrap();
-    let proxy = zbus::Proxy::new(
-        connection,
-        "org.kazeia.Speech.Provider",
-        "/org/kazeia/Speech/Provider",
-        "org.freedesktop.Speech.Provider",
-    )
-    .await?;
     let fd: std::os::fd::OwnedFd = writer.into();
     let read = std::thread::spawn(move || {
         // A refused call closes the pipe before any header: nothing to read then.
@@ -71,12 +56,7 @@ async fn spiel(
         }
         (samples, marks)
     });
-    let sent: zbus::Result<()> = proxy
-        .call(
-            "Synthesize",
-            &(zbus::Fd::from(&fd), text, "", 1.0f64, 1.0f64, ssml, ""),
-        )
-        .await;
+    let sent = synthesize_to(connection, fd.as_fd(), text, ssml).await;
     drop(fd);
     sent?;
     Ok(tokio::task::spawn_blocking(move || read.join().unwrap())
@@ -88,8 +68,7 @@ async fn spiel(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sentence_is_spoken_to_its_end() {
     let daemon = TestDaemon::null("a-sentence", "[generation]\nmax_frames = 6\n");
-    let client = connect(&daemon.bus).await;
-    let api = proxy(&client).await;
+    let (_connection, api) = client(&daemon.bus).await;
     let mut finishes = Finishes::new(&api).await;
     let id = api.speak("Hello.", HashMap::new()).await.unwrap();
     assert_eq!(finishes.of(id, Duration::from_secs(30)).await, "done");
@@ -98,9 +77,7 @@ async fn a_sentence_is_spoken_to_its_end() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn activation_speak_on_pipewire_and_spiel_stream() {
     let dir = TempDir::new("daemon-play");
-    let model = speaking_model(dir.path());
-    let config = dir.path().join("kazeia.toml");
-    write_config(&config, &model, "pipewire", "[generation]\ngreedy = true\n");
+    let config = speaking_config(dir.path(), "pipewire", "[generation]\ngreedy = true\n");
     let bus = DbusSession::start(Some(&activation_files(dir.path(), &config)));
     let pw = PipeWire::start(&bus);
     let connection = connect_in_this_process(&bus).await;
@@ -154,8 +131,7 @@ async fn stop_during_a_long_utterance_ends_the_audio() {
     // Greedy decoding, so the length does not depend on the sampler: ~1.1 s per 400-character chunk,
     // about 12 s in all.
     let daemon = TestDaemon::pipewire("daemon-stop", "[generation]\ngreedy = true\n");
-    let connection = connect_in_this_process(&daemon.bus).await;
-    let proxy = SpeechProxy::builder(&connection).build().await.unwrap();
+    let (_connection, proxy) = client_in_this_process(&daemon.bus).await;
     let mut done = Finishes::new(&proxy).await;
     let mut started_signals = proxy.receive_started().await.unwrap();
     let recorder = Recorder::start(daemon.pw());
@@ -203,52 +179,42 @@ async fn bad_input_gets_error_replies_and_the_daemon_keeps_serving() {
     let huge = "word ".repeat(1000);
     let no_options = HashMap::<&str, Variant<'_>>::new;
     let with = |key: &'static str, value: Variant<'static>| HashMap::from([(key, value)]);
-    let ssml = |text: &'static str| (text, with("ssml", Variant::from(true)));
+    // A body of SSML, and "Hi" with one option.
+    let ssml = |text: &str| (text.to_owned(), with("ssml", Variant::from(true)));
+    let hi = |key: &'static str, value: Variant<'static>| ("Hi".to_owned(), with(key, value));
     type Case<'a> = (&'a str, (String, HashMap<&'a str, Variant<'a>>), &'a str);
     let cases: Vec<Case> = vec![
         ("empty", ("".into(), no_options()), "InvalidArgs"),
         ("blank", ("  \n ".into(), no_options()), "InvalidArgs"),
         ("huge", (huge.clone(), no_options()), "TextTooLong"),
-        (
-            "unclosed tag",
-            (ssml("<speak>Hi <mark").0.into(), ssml("").1),
-            "InvalidSsml",
-        ),
-        (
-            "mismatched tag",
-            (ssml("<speak>a</p>").0.into(), ssml("").1),
-            "InvalidSsml",
-        ),
+        ("unclosed tag", ssml("<speak>Hi <mark"), "InvalidSsml"),
+        ("mismatched tag", ssml("<speak>a</p>"), "InvalidSsml"),
         (
             "unknown voice",
-            ("Hi".into(), with("voice", Variant::from("nobody"))),
+            hi("voice", "nobody".into()),
             "UnknownVoice",
         ),
         (
             "unknown language",
-            ("Hi".into(), with("language", Variant::from("tlh"))),
+            hi("language", "tlh".into()),
             "UnknownVoice",
         ),
         (
             "rate of the wrong type",
-            ("Hi".into(), with("rate", Variant::from("fast"))),
+            hi("rate", "fast".into()),
             "InvalidArgs",
         ),
         (
             "negative rate",
-            ("Hi".into(), with("rate", Variant::from(-1.0))),
+            hi("rate", Variant::from(-1.0)),
             "InvalidArgs",
         ),
         (
             "unknown priority",
-            ("Hi".into(), with("priority", Variant::from("urgent"))),
+            hi("priority", "urgent".into()),
             "InvalidArgs",
         ),
-        (
-            "unknown option",
-            ("Hi".into(), with("colour", Variant::from("red"))),
-            "InvalidArgs",
-        ),
+        ("unknown option", hi("colour", "red".into()), "InvalidArgs"),
     ];
     for (what, body, error) in &cases {
         let reply = connection
@@ -319,31 +285,17 @@ async fn bad_input_gets_error_replies_and_the_daemon_keeps_serving() {
 /// its two text ids may take; the format is named, as `auto` depends on the machine.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_word_the_model_does_not_end_is_cut_and_not_cached() {
-    let dir = TempDir::new("daemon-runaway");
-    let config = dir.path().join("kazeia.toml");
-    write_config(
-        &config,
-        &quick_model(),
-        "null",
-        "[generation]\ngreedy = true\n",
-    );
-    let text = std::fs::read_to_string(&config).unwrap();
-    std::fs::write(
-        &config,
-        text.replacen("[model]\n", "[model]\nweights = \"bf16\"\n", 1),
-    )
-    .unwrap();
-    let bus = DbusSession::start(None);
-    let daemon = start_daemon(&bus, &bus.env(), &config, dir.path().join("kazeiad.log"));
-    wait_until_loaded(&bus);
-    let connection = connect_in_this_process(&bus).await;
+    let daemon = TestDaemon::setup("daemon-runaway", "[generation]\ngreedy = true\n")
+        .weights("bf16")
+        .null();
+    let connection = connect_in_this_process(&daemon.bus).await;
     let warning = "stopped at the limit from their length";
     let (first, _) = spiel(&connection, "End", false).await.unwrap();
-    let log = daemon.log();
+    let log = daemon.service.log();
     assert_eq!(log.matches(warning).count(), 1, "{log}");
     let (again, _) = spiel(&connection, "End", false).await.unwrap();
     assert_eq!(again, first, "greedy: the same audio");
-    let log = daemon.log();
+    let log = daemon.service.log();
     assert_eq!(
         log.matches(warning).count(),
         2,
@@ -352,7 +304,7 @@ async fn a_word_the_model_does_not_end_is_cut_and_not_cached() {
     // A word the model ends gives no warning.
     let (ended, _) = spiel(&connection, "Row", false).await.unwrap();
     assert!(!ended.is_empty() && ended.len() < first.len());
-    assert_eq!(daemon.log().matches(warning).count(), 2);
+    assert_eq!(daemon.service.log().matches(warning).count(), 2);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -514,12 +466,16 @@ async fn shuts_down_on_sigterm_and_when_the_bus_goes_away() {
     let bus = DbusSession::start(None);
     let log = dir.path().join("a.log");
     let config_arg = config.display().to_string();
-    let mut child = Command::new(KAZEIAD)
-        .args(["--config", &config_arg])
-        .envs(bus.env())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
+    // kazeiad on this bus, its log in `log`.
+    let start = || {
+        Command::new(KAZEIAD)
+            .args(["--config", &config_arg])
+            .envs(bus.env())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap()
+    };
+    let mut child = start();
     assert!(name_appears(&bus, "org.kazeia.Speech"));
     // SAFETY: kill(2) takes no pointers and has no memory-safety preconditions.
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
@@ -530,12 +486,7 @@ async fn shuts_down_on_sigterm_and_when_the_bus_goes_away() {
         .contains("kazeiad: stopped"));
 
     // The bus disappears: the daemon exits by itself.
-    let mut child = Command::new(KAZEIAD)
-        .args(["--config", &config_arg])
-        .envs(bus.env())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
+    let mut child = start();
     // Serving: both names taken and the bus watched (the name alone appears while the daemon still sets up,
     // and a bus that goes away then is a failed start, reported as such).
     wait_until("the daemon serving", || {
@@ -550,25 +501,15 @@ async fn shuts_down_on_sigterm_and_when_the_bus_goes_away() {
 }
 
 fn wait_exit(child: &mut std::process::Child, timeout: Duration) -> std::process::ExitStatus {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            return status;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("the daemon did not exit within {timeout:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_or_kill(child, timeout)
+        .unwrap_or_else(|| panic!("the daemon did not exit within {timeout:?}"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pause_resume_and_priorities_on_pipewire() {
     // 40 frames = 3.2 s per sentence.
     let daemon = TestDaemon::pipewire("daemon-prio", "[generation]\nmax_frames = 40\n");
-    let connection = connect_in_this_process(&daemon.bus).await;
-    let proxy = SpeechProxy::builder(&connection).build().await.unwrap();
+    let (_connection, proxy) = client_in_this_process(&daemon.bus).await;
     let mut done = Finishes::new(&proxy).await;
     let mut started = proxy.receive_started().await.unwrap();
     let recorder = Recorder::start(daemon.pw());
@@ -696,14 +637,7 @@ async fn daemon_first_audio() {
     ] {
         let (reader, writer) = std::io::pipe().unwrap();
         let fd: std::os::fd::OwnedFd = writer.into();
-        let proxy = zbus::Proxy::new(
-            &connection,
-            "org.kazeia.Speech.Provider",
-            "/org/kazeia/Speech/Provider",
-            "org.freedesktop.Speech.Provider",
-        )
-        .await
-        .unwrap();
+        let proxy = spiel_proxy(&connection).await;
         let start = Instant::now();
         let read = std::thread::spawn(move || {
             let mut stream = SpielReader::new(reader).unwrap();
@@ -801,8 +735,7 @@ async fn an_interrupted_text_resumes_where_it_was_and_reports_each_mark_once() {
         "daemon-resume",
         "[generation]\nmax_frames = 12\n[queue]\nresume_interrupted = true\n",
     );
-    let connection = connect_in_this_process(&daemon.bus).await;
-    let proxy = SpeechProxy::builder(&connection).build().await.unwrap();
+    let (_connection, proxy) = client_in_this_process(&daemon.bus).await;
     let mut done = Finishes::new(&proxy).await;
     let mut marks = proxy.receive_mark().await.unwrap();
     let ssml = "<speak>One sentence.<mark name=\"m1\"/> Two sentences.<mark name=\"m2\"/> Three \
@@ -837,61 +770,8 @@ async fn an_interrupted_text_resumes_where_it_was_and_reports_each_mark_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "benchmark: a real-size model (KAZEIA_BENCH_MODEL, else a random one written once)"]
 async fn module_first_audio() {
-    use std::io::Write;
-    use std::process::Stdio;
     let (_dir, bus, _daemon) = bench_daemon("module-bench");
-    let module_conf = fixtures_dir().join("../../config/speech-dispatcher/kazeia.conf");
-    let mut module = Command::new(kazeia_tests::sd_kazeia())
-        .arg(&module_conf)
-        .envs(bus.env())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut input = module.stdin.take().unwrap();
-    let mut output = module.stdout.take().unwrap();
-    // Marker → when it was seen, from a reader thread over the raw output (705 blocks are binary).
-    let (seen_tx, seen) = std::sync::mpsc::channel::<(&'static str, Instant)>();
-    std::thread::spawn(move || {
-        use std::io::Read;
-        let mut window: Vec<u8> = Vec::new();
-        let mut buf = [0u8; 65536];
-        while let Ok(n) = output.read(&mut buf) {
-            if n == 0 {
-                break;
-            }
-            window.extend_from_slice(&buf[..n]);
-            for marker in [
-                "299 OK LOADED",
-                "203 OK AUDIO INITIALIZED",
-                "705-AUDIO",
-                "702 END",
-            ] {
-                let m = marker.as_bytes();
-                while let Some(at) = window.windows(m.len()).position(|w| w == m) {
-                    let _ = seen_tx.send((marker, Instant::now()));
-                    window.drain(..at + m.len());
-                }
-            }
-            let keep = window.len().saturating_sub(64);
-            window.drain(..keep);
-        }
-    });
-    let wait_for = |marker: &str| loop {
-        let (m, at) = seen
-            .recv_timeout(Duration::from_secs(120))
-            .expect("the module answered");
-        if m == marker {
-            return at;
-        }
-    };
-    input.write_all(b"INIT\n").unwrap();
-    wait_for("299 OK LOADED");
-    input
-        .write_all(b"AUDIO\naudio_output_method=server\n.\n")
-        .unwrap();
-    wait_for("203 OK AUDIO INITIALIZED");
+    let mut module = ModuleDriver::start_program(&bus, &kazeia_tests::sd_kazeia(), None);
     for (what, block) in [
         (
             "SPEAK sentence",
@@ -902,17 +782,15 @@ async fn module_first_audio() {
         ("KEY control_c", "KEY\ncontrol_c\n.\n"),
     ] {
         let start = Instant::now();
-        input.write_all(block.as_bytes()).unwrap();
-        let first = wait_for("705-AUDIO");
-        let end = wait_for("702 END");
+        module.send(block);
+        let first = module.wait_for("705-AUDIO");
+        let end = module.wait_for("702 END");
         eprintln!(
             "{what}: first audio block after {:.1} ms, END after {:.2} s",
             (first - start).as_secs_f64() * 1e3,
             (end - start).as_secs_f64()
         );
     }
-    input.write_all(b"QUIT\n").unwrap();
-    let _ = module.wait();
 }
 
 /// `sd_kazeia` on its stdin and stdout as speech-dispatcher drives it, with the times at which protocol
@@ -1220,28 +1098,20 @@ async fn module_first_audio_orca() {
 /// `700` index mark once, in order, the first before any audio.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_text_mode_is_the_configured_one_and_changes_without_a_restart() {
-    let dir = TempDir::new("daemon-text-mode");
-    let config = dir.path().join("kazeia.toml");
-    let configure = |mode: &str| {
-        write_config(
-            &config,
-            &quick_model(),
-            "null",
-            &format!("[generation]\ngreedy = true\nmax_frames = 20\ntext = \"{mode}\"\n"),
-        )
-    };
-    configure("prompt");
-    let bus = DbusSession::start(None);
-    let _daemon = start_daemon(&bus, &bus.env(), &config, dir.path().join("kazeiad.log"));
-    wait_until_loaded(&bus);
-    let connection = connect_in_this_process(&bus).await;
+    let generation =
+        |mode: &str| format!("[generation]\ngreedy = true\nmax_frames = 20\ntext = \"{mode}\"\n");
+    let daemon = TestDaemon::null("daemon-text-mode", &generation("prompt"));
+    let bus = &daemon.bus;
+    let configure =
+        |mode: &str| write_config(&daemon.config(), &quick_model(), "null", &generation(mode));
+    let connection = connect_in_this_process(bus).await;
     // Longer than the short-utterance cache takes, and more than one text token, so the modes differ.
     let text = "The text goes where the configuration says.";
     let (in_prompt, _) = spiel(&connection, text, false).await.unwrap();
     assert!(!in_prompt.is_empty());
 
     configure("streamed");
-    call(&bus, "Reload", &[]).unwrap();
+    call(bus, "Reload", &[]).unwrap();
     let (streamed, _) = spiel(&connection, text, false).await.unwrap();
     assert!(!streamed.is_empty());
     assert_ne!(
@@ -1251,10 +1121,10 @@ async fn the_text_mode_is_the_configured_one_and_changes_without_a_restart() {
 
     // Greedy decoding: each mode always gives its own audio.
     configure("prompt");
-    call(&bus, "Reload", &[]).unwrap();
+    call(bus, "Reload", &[]).unwrap();
     assert_eq!(spiel(&connection, text, false).await.unwrap().0, in_prompt);
     configure("streamed");
-    call(&bus, "Reload", &[]).unwrap();
+    call(bus, "Reload", &[]).unwrap();
     assert_eq!(spiel(&connection, text, false).await.unwrap().0, streamed);
 }
 
@@ -1390,25 +1260,17 @@ fn kept_rows(log: &Path, count: usize) -> Vec<usize> {
 /// first request in either prefills only its text; another language runs them on its first request only.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_default_voice_is_prepared_in_the_configured_and_the_locale_language() {
-    let dir = TempDir::new("daemon-prepared");
-    let config = dir.path().join("kazeia.toml");
-    write_config(
-        &config,
-        &quick_model(),
-        "null",
+    let daemon = TestDaemon::setup(
+        "daemon-prepared",
         "[voice]\nspeaker = \"ryan\"\n[generation]\nmax_frames = 4\n",
-    );
-    let bus = DbusSession::start(None);
-    let mut env = bus.env();
-    env.push(("RUST_LOG".into(), "kazeia=debug".into()));
-    env.push(("LANG".into(), "en_GB.UTF-8".into()));
-    env.push(("LC_ALL".into(), String::new()));
-    env.push(("LC_MESSAGES".into(), String::new()));
-    let log = dir.path().join("kazeiad.log");
-    let _daemon = start_daemon(&bus, &env, &config, log.clone());
-    wait_until_loaded(&bus);
-    let connection = connect_in_this_process(&bus).await;
-    let proxy = SpeechProxy::builder(&connection).build().await.unwrap();
+    )
+    .env("RUST_LOG", "kazeia=debug")
+    .env("LANG", "en_GB.UTF-8")
+    .env("LC_ALL", "")
+    .env("LC_MESSAGES", "")
+    .null();
+    let log = daemon.dir.path().join("kazeiad.log");
+    let (_connection, proxy) = client_in_this_process(&daemon.bus).await;
     let mut finishes = Finishes::new(&proxy).await;
     let requests = [
         ("Good morning to you.", "en"),

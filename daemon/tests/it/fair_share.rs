@@ -18,7 +18,6 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use kazeia_spiel::{Chunk, SpielReader};
-use kazeia_tests::services::{DbusSession, TempDir};
 
 /// Ten seconds of silence after a word: a stream that fills a pipe (1.4 s of audio) at once.
 const LONG: &str = "<speak>Long.<break time=\"10s\"/>Over.</speak>";
@@ -59,23 +58,17 @@ fn hostile_requests() -> usize {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_newcomer_is_heard_within_a_second_while_slow_readers_hold_the_streams() {
-    let dir = TempDir::new("fair-slow-readers");
-    let config = dir.path().join("kazeia.toml");
     // Room for all 4 × 64 (the default bound would refuse some of them, which is the next test's concern).
-    write_config(
-        &config,
-        &quick_model(),
-        "null",
+    let mut daemon = TestDaemon::null(
+        "fair-slow-readers",
         "[generation]\nmax_frames = 6\n[queue]\nmax_utterances = 1024\n",
     );
-    let bus = DbusSession::start(None);
-    let mut daemon = start_daemon(&bus, &bus.env(), &config, dir.path().join("kazeiad.log"));
 
     // Four processes, 64 long requests each: two read 4 KiB from each pipe every 4 s, two never read.
     let per_client = hostile_requests();
     let mut hostiles = Vec::new();
     for h in 0..4 {
-        let connection = connect(&bus).await;
+        let connection = connect(&daemon.bus).await;
         let mut pipes = Vec::new();
         for _ in 0..per_client {
             let reader = synthesize(&connection, LONG, true).await.unwrap();
@@ -105,7 +98,7 @@ async fn a_newcomer_is_heard_within_a_second_while_slow_readers_hold_the_streams
     tokio::time::sleep(Duration::from_secs(2)).await;
 
     // A newcomer (a screen reader): each of its messages is heard within a second.
-    let newcomer = connect(&bus).await;
+    let newcomer = connect(&daemon.bus).await;
     let mut firsts = Vec::new();
     for n in 0..6 {
         let asked = Instant::now();
@@ -133,8 +126,8 @@ async fn a_newcomer_is_heard_within_a_second_while_slow_readers_hold_the_streams
         *worst < Duration::from_secs(1),
         "a newcomer waited {worst:?} for its first audio ({ms:?} ms)"
     );
-    daemon.check_running();
-    let log = daemon.log();
+    daemon.service.check_running();
+    let log = daemon.service.log();
     assert!(
         log.contains("does not keep up"),
         "slow readers were dropped:\n{log}"
@@ -251,8 +244,7 @@ async fn six_connections_of_one_process_buy_no_more_queue() {
     );
 
     // Another client's message is accepted and spoken.
-    let other = connect(&daemon.bus).await;
-    let other_api = proxy(&other).await;
+    let (_other, other_api) = client(&daemon.bus).await;
     let mut finishes = Finishes::new(&other_api).await;
     let id = other_api
         .speak("Another client's message.", priority("message"))
@@ -263,23 +255,17 @@ async fn six_connections_of_one_process_buy_no_more_queue() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn spiel_requests_leave_the_room_kept_for_important_and_message() {
-    let dir = TempDir::new("fair-spiel-room");
-    let config = dir.path().join("kazeia.toml");
     // 16 in all, a quarter (4) kept for the speakers' important and message speech.
-    write_config(
-        &config,
-        &quick_model(),
-        "null",
+    let daemon = TestDaemon::null(
+        "fair-spiel-room",
         "[generation]\nmax_frames = 6\n[queue]\nmax_utterances = 16\nmax_per_client = 4\n",
     );
-    let bus = DbusSession::start(None);
-    let _daemon = start_daemon(&bus, &bus.env(), &config, dir.path().join("kazeiad.log"));
 
     // Four processes send four long Spiel requests each, held open unread.
     let (mut pipes, mut refused) = (Vec::new(), 0);
     let mut clients = Vec::new();
     for _ in 0..4 {
-        let connection = connect(&bus).await;
+        let connection = connect(&daemon.bus).await;
         for _ in 0..4 {
             match synthesize(&connection, LONG, true).await {
                 Ok(reader) => pipes.push(reader),
@@ -298,8 +284,7 @@ async fn spiel_requests_leave_the_room_kept_for_important_and_message() {
     assert_eq!(pipes.len(), 12, "the Spiel requests took the kept room");
 
     // An own-API message and an important from another client are accepted and spoken.
-    let other = connect(&bus).await;
-    let api = proxy(&other).await;
+    let (_other, api) = client(&daemon.bus).await;
     let mut finishes = Finishes::new(&api).await;
     for p in ["message", "important"] {
         let id = api

@@ -6,9 +6,9 @@ use std::time::{Duration, Instant};
 
 use kazeia_tests::desktop::name_has_owner;
 use kazeia_tests::fixtures_dir;
-use kazeia_tests::services::{DbusSession, Service, TempDir};
+use kazeia_tests::services::{retry, DbusSession, Service, TempDir};
 
-use crate::common::state;
+use crate::common::{busctl, state};
 
 const KAZEIAD: &str = env!("CARGO_BIN_EXE_kazeiad");
 
@@ -105,31 +105,26 @@ fn a_bad_level_is_refused_with_the_reason() {
         &env,
         dir.path().join("kazeiad.log"),
     );
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let problem = loop {
+    let problem = retry(Duration::from_secs(60), Duration::from_millis(20), || {
         daemon.check_running();
-        let out = std::process::Command::new("busctl")
-            .arg(format!("--address={}", bus.address()))
-            .args([
+        let out = busctl(
+            &bus,
+            &[
                 "get-property",
                 "org.kazeia.Speech",
                 "/org/kazeia/Speech",
                 "org.kazeia.Speech1",
                 "ConfigProblem",
-            ])
-            .output()
-            .unwrap();
+            ],
+        );
         let problem = String::from_utf8_lossy(&out.stdout).trim().to_owned();
         if problem.len() > 4 {
-            break problem;
+            Ok(problem)
+        } else {
+            Err(())
         }
-        assert!(
-            Instant::now() < deadline,
-            "no ConfigProblem: {}",
-            daemon.log()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    })
+    .unwrap_or_else(|()| panic!("no ConfigProblem: {}", daemon.log()));
     let reason = "[log] level: `kazeia=loudest` is not a log level";
     assert!(problem.contains(reason), "{problem}");
     daemon.terminate();

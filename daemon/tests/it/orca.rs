@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use kazeia_tests::desktop::{
     instant_of, press_key, speechd_log_entries, AtSpi, GtkWindow, Orca, SpeechDispatcher, Xvfb,
 };
-use kazeia_tests::services::{DbusSession, PipeWire, Recorder, TempDir};
+use kazeia_tests::services::{retry, DbusSession, PipeWire, Recorder, TempDir};
 use kazeia_tests::speaking_model;
 
 use crate::common;
@@ -161,18 +161,10 @@ fn wait_sound(
     desk: &Desktop,
     what: &str,
 ) -> Instant {
-    let deadline = Instant::now() + limit;
-    loop {
-        if let Some(at) = rec.sound_since(since, THRESHOLD) {
-            return at;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{what} was not heard within {limit:?}\n{}",
-            desk.logs()
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    retry(limit, Duration::from_millis(5), || {
+        rec.sound_since(since, THRESHOLD).ok_or(())
+    })
+    .unwrap_or_else(|()| panic!("{what} was not heard within {limit:?}\n{}", desk.logs()))
 }
 
 /// Waits until nothing was heard for `quiet`.

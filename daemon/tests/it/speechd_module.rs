@@ -2,24 +2,24 @@
 //! speech-dispatcher with the module registered → `sd_kazeia` → `kazeiad`, started by D-Bus activation on a
 //! private bus with a tiny fixture model → server audio → pipewire-pulse → a null sink, recorded.
 
-use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use kazeia_tests::services::{require_program, DbusSession, PipeWire, Recorder, Service, TempDir};
+use kazeia_tests::desktop::SpeechDispatcher;
+use kazeia_tests::services::{
+    require_program, wait_or_kill, DbusSession, PipeWire, Recorder, Recording, TempDir,
+};
 use kazeia_tests::speaking_model;
 
 use crate::common;
 
 /// Everything between spd-say and the sink, torn down on drop (in reverse order of the fields).
 struct Stack {
-    speechd: Service,
+    speechd: SpeechDispatcher,
     pw: PipeWire,
     bus: DbusSession,
-    socket: PathBuf,
-    module_log: PathBuf,
-    _dir: TempDir,
+    dir: TempDir,
 }
 
 impl Stack {
@@ -29,15 +29,12 @@ impl Stack {
         let model = speaking_model(dir.path());
         let config = dir.path().join("kazeia.toml");
         // The Spiel path streams to the module, so the daemon's own sink is never used.
-        std::fs::write(
+        common::write_config(
             &config,
-            format!(
-                "[model]\npath = \"{}\"\n[audio]\nsink = \"null\"\n[threads]\ntalker = 1\n\
-                 code_predictor = 1\ndecoder = 1\n[generation]\n{generation}",
-                model.display()
-            ),
-        )
-        .unwrap();
+            &model,
+            "null",
+            &format!("[generation]\n{generation}"),
+        );
         let services = common::activation_files(dir.path(), &config);
         let bus = DbusSession::start(Some(&services));
         let pw = PipeWire::start(&bus).with_pulse();
@@ -57,51 +54,12 @@ impl Stack {
         let shipped =
             Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/speech-dispatcher/kazeia.conf");
         std::fs::copy(shipped, conf.join("modules/kazeia.conf")).unwrap();
-        let logs = dir.path().join("sdlog");
-        std::fs::create_dir_all(&logs).unwrap();
-        let socket = dir.path().join("speechd.sock");
-        let args = [
-            "-s",
-            "-l",
-            "4",
-            "-c",
-            "unix_socket",
-            "-S",
-            &socket.display().to_string(),
-            "-C",
-            &conf.display().to_string(),
-            "-L",
-            &logs.display().to_string(),
-            "-P",
-            &dir.path().join("speechd.pid").display().to_string(),
-            "-t",
-            "0",
-        ]
-        .map(|s| s.to_string());
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let program = require_program("speech-dispatcher");
-        let mut speechd = Service::spawn(
-            &program.display().to_string(),
-            &args,
-            &pw.env(),
-            dir.path().join("speech-dispatcher.out"),
-        );
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while !socket.exists() {
-            speechd.check_running();
-            assert!(
-                Instant::now() < deadline,
-                "speech-dispatcher did not open its socket"
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        let speechd = SpeechDispatcher::start(dir.path(), &conf, None, &pw.env());
         Stack {
             speechd,
             pw,
             bus,
-            socket,
-            module_log: logs.join("kazeia.log"),
-            _dir: dir,
+            dir,
         }
     }
 
@@ -109,90 +67,60 @@ impl Stack {
         let mut cmd = Command::new(require_program("spd-say"));
         cmd.env_clear()
             .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-            .envs(self.pw.env())
-            .env(
-                "SPEECHD_ADDRESS",
-                format!("unix_socket:{}", self.socket.display()),
-            )
+            .envs(self.speechd.env())
             .args(args);
         cmd
     }
 
     /// Runs spd-say to the end (at most `limit`).
     fn spd_say(&self, args: &[&str], limit: Duration) -> Output {
-        let child = self
-            .spd_say_command(args)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("cannot run spd-say");
-        wait_output(child, limit, &format!("spd-say {args:?}"), self)
+        self.speechd.spd_say(args, limit)
     }
 
     /// Asks for kazeia's voices until it lists some (the daemon has loaded its model); the list.
     fn wait_for_voices(&self) -> String {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            let voices = self.spd_say(&["-o", "kazeia", "-L"], Duration::from_secs(10));
-            let listed = text(&voices.stdout);
-            if listed.lines().count() >= 2 {
-                return listed;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "no voices listed:\n{listed}\n{}",
-                self.logs()
-            );
-            std::thread::sleep(Duration::from_millis(200));
-        }
+        self.speechd
+            .wait_for_voices("kazeia", Duration::from_secs(60))
     }
 
-    /// speech-dispatcher's output and the end of its log, and the module's log, for failure messages.
+    /// How long after `asked` the first sound louder than `threshold` came; panics with `nothing` and the
+    /// logs if there was none.
+    fn first_sound(
+        &self,
+        recording: &Recording,
+        threshold: f32,
+        asked: Instant,
+        nothing: &str,
+    ) -> Duration {
+        let (first, _) = recording
+            .sound_span(threshold)
+            .unwrap_or_else(|| panic!("{nothing}\n{}", self.logs()));
+        recording.arrival(first).unwrap() - asked
+    }
+
+    /// speech-dispatcher never saw the module end abnormally.
+    fn assert_module_never_crashed(&self) {
+        let logs = self.logs();
+        assert!(!logs.contains("terminated abnormally"), "{logs}");
+    }
+
+    /// The module's own log (`sdlog/kazeia.log`).
+    fn module_log(&self) -> PathBuf {
+        self.dir.path().join("sdlog/kazeia.log")
+    }
+
+    /// speech-dispatcher's output and the end of its logs, and the module's whole log, for failure messages.
     fn logs(&self) -> String {
-        let read = |p: &Path| std::fs::read_to_string(p).unwrap_or_default();
-        let server = read(&self.module_log.with_file_name("speech-dispatcher.log"));
-        let tail: Vec<&str> = server.lines().rev().take(60).collect();
-        let tail: Vec<&str> = tail.into_iter().rev().collect();
-        format!(
-            "--- speech-dispatcher output:\n{}\n--- speech-dispatcher.log (end):\n{}\n--- kazeia.log:\n{}",
-            self.speechd.log(),
-            tail.join("\n"),
-            read(&self.module_log)
-        )
+        let module = std::fs::read_to_string(self.module_log()).unwrap_or_default();
+        format!("{}\n--- kazeia.log (whole):\n{module}", self.speechd.logs())
     }
 }
 
 fn wait_output(mut child: Child, limit: Duration, what: &str, stack: &Stack) -> Output {
-    let deadline = Instant::now() + limit;
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            let mut stdout = Vec::new();
-            let mut stderr = Vec::new();
-            child
-                .stdout
-                .take()
-                .unwrap()
-                .read_to_end(&mut stdout)
-                .unwrap();
-            child
-                .stderr
-                .take()
-                .unwrap()
-                .read_to_end(&mut stderr)
-                .unwrap();
-            return Output {
-                status,
-                stdout,
-                stderr,
-            };
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("{what} did not finish within {limit:?}\n{}", stack.logs());
-        }
-        std::thread::sleep(Duration::from_millis(10));
+    if wait_or_kill(&mut child, limit).is_none() {
+        panic!("{what} did not finish within {limit:?}\n{}", stack.logs());
     }
+    child.wait_with_output().unwrap()
 }
 
 fn text(bytes: &[u8]) -> String {
@@ -226,10 +154,7 @@ fn spd_say_speaks_through_kazeia_and_reports_marks() {
     let recording = recorder.stop();
     let threshold = 0.01;
     let heard = recording.sound_duration(threshold);
-    let (first, _) = recording
-        .sound_span(threshold)
-        .unwrap_or_else(|| panic!("nothing reached the sink\n{}", stack.logs()));
-    let first_audio = recording.arrival(first).unwrap() - asked;
+    let first_audio = stack.first_sound(&recording, threshold, asked, "nothing reached the sink");
     eprintln!(
         "spd-say -w: {:.2} s; {heard:.2} s of sound, peak {:.3}; first sound {:.0} ms after spd-say started",
         took.as_secs_f64(),
@@ -283,20 +208,14 @@ fn spd_say_speaks_through_kazeia_and_reports_marks() {
     let said = stack.spd_say(&["-o", "kazeia", "-w", "-c", "a"], Duration::from_secs(60));
     assert!(said.status.success(), "{said:?}\n{}", stack.logs());
     let recording = recorder.stop();
-    let (first, _) = recording
-        .sound_span(threshold)
-        .unwrap_or_else(|| panic!("the character was not heard\n{}", stack.logs()));
-    let first_audio = recording.arrival(first).unwrap() - asked;
+    let first_audio =
+        stack.first_sound(&recording, threshold, asked, "the character was not heard");
     eprintln!(
         "spd-say -c a: first sound {:.0} ms after spd-say started, {:.2} s of sound",
         first_audio.as_secs_f64() * 1e3,
         recording.sound_duration(threshold)
     );
-    assert!(
-        !stack.logs().contains("terminated abnormally"),
-        "{}",
-        stack.logs()
-    );
+    stack.assert_module_never_crashed();
 }
 
 #[test]
@@ -363,11 +282,7 @@ fn cancel_during_speech_silences_it_and_ends_the_client_wait() {
         stack.logs()
     );
     assert!(client_done < Duration::from_secs(2), "{client_done:?}");
-    assert!(
-        !stack.logs().contains("terminated abnormally"),
-        "{}",
-        stack.logs()
-    );
+    stack.assert_module_never_crashed();
 }
 
 /// Every message ends in speech or a clean end: punctuation or markup alone ends at once, and a language the
@@ -402,7 +317,7 @@ fn nothing_to_say_ends_and_a_foreign_language_is_still_spoken() {
         "the Czech message was not heard ({heard:.2} s)\n{}",
         stack.logs()
     );
-    let log = std::fs::read_to_string(&stack.module_log).unwrap_or_default();
+    let log = std::fs::read_to_string(stack.module_log()).unwrap_or_default();
     for refused in [
         "not spoken",
         "did not take the message",

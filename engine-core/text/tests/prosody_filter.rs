@@ -176,6 +176,16 @@ fn max_step(x: &[f32]) -> f32 {
     x.windows(2).fold(0.0, |m, w| m.max((w[1] - w[0]).abs()))
 }
 
+/// What `measure` (a frequency estimator) finds in the interior of `input` filtered at `(rate, pitch)`.
+fn measured_after(
+    (rate, pitch): (f32, f32),
+    input: &[f32],
+    measure: fn(&[f32], u32) -> f64,
+) -> f64 {
+    let out = one_shot(rate, pitch, 1.0, input);
+    measure(interior(&out), SR)
+}
+
 fn assert_within(measured: f64, expected: f64, tolerance: f64, what: &str) {
     let error = (measured / expected - 1.0).abs();
     assert!(
@@ -286,8 +296,7 @@ fn output_length_is_input_length_over_rate() {
 fn rate_keeps_the_frequency_of_a_sine() {
     let input = sine(200.0, 0.5, 2.0, SR);
     for rate in [0.5, 1.5, 2.0, 3.0, 0.25, 4.0] {
-        let out = one_shot(rate, 1.0, 1.0, &input);
-        let freq = zero_crossing_frequency(interior(&out), SR);
+        let freq = measured_after((rate, 1.0), &input, zero_crossing_frequency);
         assert_within(freq, 200.0, 0.02, &format!("sine at rate {rate}"));
     }
 }
@@ -302,8 +311,7 @@ fn rate_keeps_the_pitch_of_a_voiced_signal() {
         "input",
     );
     for rate in [0.5, 1.5, 2.0, 3.0, 0.25, 4.0] {
-        let out = one_shot(rate, 1.0, 1.0, &input);
-        let f0 = autocorrelation_f0(interior(&out), SR);
+        let f0 = measured_after((rate, 1.0), &input, autocorrelation_f0);
         assert_within(f0, 120.0, 0.02, &format!("voiced at rate {rate}"));
     }
 }
@@ -322,16 +330,14 @@ fn pitch_moves_frequencies_by_its_factor() {
         (3.0, 3.0),
     ] {
         let pitch_now = pitch.min(2.0);
-        let out = one_shot(rate, pitch, 1.0, &tone);
-        let freq = zero_crossing_frequency(interior(&out), SR);
+        let freq = measured_after((rate, pitch), &tone, zero_crossing_frequency);
         assert_within(
             freq,
             200.0 * pitch_now as f64,
             0.02,
             &format!("sine at rate {rate} pitch {pitch}"),
         );
-        let out = one_shot(rate, pitch, 1.0, &voice);
-        let f0 = autocorrelation_f0(interior(&out), SR);
+        let f0 = measured_after((rate, pitch), &voice, autocorrelation_f0);
         assert_within(
             f0,
             120.0 * pitch_now as f64,

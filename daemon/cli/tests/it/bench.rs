@@ -4,6 +4,8 @@
 use std::path::Path;
 use std::process::Command;
 
+use crate::assert_ok;
+
 /// `kazeia bench --model <the tiny 0.6B-shaped fixture> ARGS --json`: the JSON line it prints.
 fn bench_json(args: &[&str]) -> serde_json::Value {
     let model = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/lm/shape_0b6");
@@ -14,11 +16,7 @@ fn bench_json(args: &[&str]) -> serde_json::Value {
         .arg("--json")
         .output()
         .expect("cannot run kazeia");
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    assert_ok(&output);
     let stdout = String::from_utf8_lossy(&output.stdout);
     serde_json::from_str(stdout.lines().last().expect("a JSON line")).expect("JSON")
 }

@@ -5,6 +5,7 @@ use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use kazeia_tests::daemon_config::write_config;
 use kazeia_tests::desktop::name_has_owner;
 use kazeia_tests::services::{DbusSession, PipeWire, TempDir};
 use kazeia_tests::speaking_model;
@@ -62,15 +63,7 @@ fn voices_status_and_stop_talk_to_the_daemon() {
     let dir = TempDir::new("ctl");
     let model = speaking_model(dir.path());
     let config = dir.path().join("kazeia.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[model]\npath = \"{}\"\n[audio]\nsink = \"pipewire\"\n[threads]\ntalker = 1\n\
-             code_predictor = 1\ndecoder = 1\n[generation]\ngreedy = true\n",
-            model.display()
-        ),
-    )
-    .unwrap();
+    write_config(&config, &model, "pipewire", "[generation]\ngreedy = true\n");
     let bus = DbusSession::start(Some(&write_activation(dir.path(), &config)));
     let _pw = PipeWire::start(&bus);
 

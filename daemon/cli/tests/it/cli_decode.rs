@@ -4,8 +4,8 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+use crate::{assert_close, assert_ok, golden};
 use kazeia_engine::wav::read_wav;
-use kazeia_engine::weights::WeightFile;
 
 fn fixture(case: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -21,7 +21,12 @@ fn kazeia(args: &[&str]) -> Output {
 }
 
 fn decode(model: &Path, codes: &Path, out: &Path, format: &str) -> Output {
-    kazeia(&[
+    decode_with(model, codes, out, format, &[])
+}
+
+/// `kazeia decode` with `extra` arguments after the usual ones.
+fn decode_with(model: &Path, codes: &Path, out: &Path, format: &str, extra: &[&str]) -> Output {
+    let mut args = vec![
         "decode",
         "--model",
         model.to_str().unwrap(),
@@ -31,7 +36,9 @@ fn decode(model: &Path, codes: &Path, out: &Path, format: &str) -> Output {
         out.to_str().unwrap(),
         "--sample-format",
         format,
-    ])
+    ];
+    args.extend_from_slice(extra);
+    kazeia(&args)
 }
 
 /// Asserts a clean failure: non-zero exit, one error line naming `expected`, no panic.
@@ -64,25 +71,10 @@ fn decode_reproduces_the_official_waveform() {
         let dir = fixture(case);
         let out = tmp.path().join(format!("{case}.wav"));
         let output = decode(&dir, &dir.join("codes.json"), &out, "f32");
-        assert!(
-            output.status.success(),
-            "{}",
-            String::from_utf8_lossy(&output.stderr)
-        );
+        assert_ok(&output);
         let (rate, samples) = read_wav(&std::fs::read(&out).unwrap()).unwrap();
         assert_eq!(rate, 24000);
-        let golden = WeightFile::open(&dir.join("golden.safetensors"))
-            .unwrap()
-            .tensor("wav")
-            .unwrap()
-            .data;
-        assert_eq!(samples.len(), golden.len(), "{case}: length");
-        let err = samples
-            .iter()
-            .zip(&golden)
-            .map(|(a, b)| (a - b).abs())
-            .fold(0.0, f32::max);
-        assert!(err <= 1e-4, "{case}: max abs error {err:e}");
+        assert_close(&samples, &golden(&dir, "wav"), 1e-4, case);
     }
 }
 
@@ -94,33 +86,11 @@ fn stream_chunk_decodes_the_same_samples() {
     let whole = tmp.path().join("whole.wav");
     let chunked = tmp.path().join("chunked.wav");
     assert!(decode(&dir, &codes, &whole, "f32").status.success());
-    let output = kazeia(&[
-        "decode",
-        "--model",
-        dir.to_str().unwrap(),
-        "--codes",
-        codes.to_str().unwrap(),
-        "--out",
-        chunked.to_str().unwrap(),
-        "--sample-format",
-        "f32",
-        "--stream-chunk",
-        "3",
-    ]);
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    let output = decode_with(&dir, &codes, &chunked, "f32", &["--stream-chunk", "3"]);
+    assert_ok(&output);
     let (_, a) = read_wav(&std::fs::read(&whole).unwrap()).unwrap();
     let (_, b) = read_wav(&std::fs::read(&chunked).unwrap()).unwrap();
-    assert_eq!(a.len(), b.len());
-    let err = a
-        .iter()
-        .zip(&b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max);
-    assert!(err <= 1e-5, "{err:e}");
+    assert_close(&b, &a, 1e-5, "chunked against whole");
 }
 
 #[test]
@@ -129,11 +99,7 @@ fn s16_output_is_16_bit_pcm_of_the_same_signal() {
     let dir = fixture("window");
     let out = tmp.path().join("s16.wav");
     let output = decode(&dir, &dir.join("codes.json"), &out, "s16");
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    assert_ok(&output);
     let bytes = std::fs::read(&out).unwrap();
     assert_eq!(
         u16::from_le_bytes([bytes[20], bytes[21]]),
@@ -146,18 +112,8 @@ fn s16_output_is_16_bit_pcm_of_the_same_signal() {
         "bits per sample"
     );
     let (_, samples) = read_wav(&bytes).unwrap();
-    let golden = WeightFile::open(&dir.join("golden.safetensors"))
-        .unwrap()
-        .tensor("wav")
-        .unwrap()
-        .data;
-    assert_eq!(samples.len(), golden.len());
-    let err = samples
-        .iter()
-        .zip(&golden)
-        .map(|(a, b)| (a - b).abs())
-        .fold(0.0, f32::max);
-    assert!(err <= 1.0 / 32767.0, "quantisation error {err:e}");
+    // Within the quantisation step.
+    assert_close(&samples, &golden(&dir, "wav"), 1.0 / 32767.0, "s16");
 }
 
 #[test]

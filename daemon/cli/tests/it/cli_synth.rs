@@ -7,8 +7,8 @@ use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+use crate::{assert_close, assert_ok, golden};
 use kazeia_engine::wav::read_wav;
-use kazeia_engine::weights::WeightFile;
 
 fn lm_fixture(case: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -27,14 +27,6 @@ fn kazeia(args: &[&str], env: &[(&str, &str)]) -> Output {
         cmd.env(k, v);
     }
     cmd.output().expect("cannot run kazeia")
-}
-
-fn assert_ok(output: &Output) {
-    assert!(
-        output.status.success(),
-        "failed: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
 }
 
 fn assert_clean_error(output: &Output, expected: &str) {
@@ -70,11 +62,7 @@ fn golden_run(case: &str, name: &str) -> serde_json::Value {
 }
 
 fn golden_wav(case: &str) -> Vec<f32> {
-    WeightFile::open(&lm_fixture(case).join("golden.safetensors"))
-        .unwrap()
-        .tensor("wav_en_nonstream")
-        .unwrap()
-        .data
+    golden(&lm_fixture(case), "wav_en_nonstream")
 }
 
 /// `synth` in the checkpoint's own precision (the goldens' lossless path; `auto` may choose a lossy format).
@@ -101,12 +89,13 @@ fn synth_args<'a>(model: &'a str, text: &'a str, out: &'a str) -> Vec<&'a str> {
     ]
 }
 
-fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len(), "lengths differ");
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
+/// [`synth_args`] saying "Hello world." with the model directory `model` into `out`.
+fn hello_args<'a>(model: &'a Path, out: &'a Path) -> Vec<&'a str> {
+    synth_args(
+        model.to_str().unwrap(),
+        "Hello world.",
+        out.to_str().unwrap(),
+    )
 }
 
 #[test]
@@ -158,18 +147,10 @@ fn synth_speaks_text_to_the_official_waveform() {
     for case in ["shape_0b6", "shape_1b7"] {
         let out = tmp.path().join(format!("{case}.wav"));
         let model = lm_fixture(case);
-        let output = kazeia(
-            &synth_args(
-                model.to_str().unwrap(),
-                "Hello world.",
-                out.to_str().unwrap(),
-            ),
-            &[],
-        );
+        let output = kazeia(&hello_args(&model, &out), &[]);
         assert_ok(&output);
         let (_, samples) = read_wav(&std::fs::read(&out).unwrap()).unwrap();
-        let err = max_abs_diff(&samples, &golden_wav(case));
-        assert!(err <= 1e-4, "{case}: max abs error {err:e}");
+        assert_close(&samples, &golden_wav(case), 1e-4, case);
     }
 }
 
@@ -345,14 +326,7 @@ fn serve_hub(
             }
             let path = line.split_whitespace().nth(1).unwrap_or("").to_owned();
             let (status, body, etag) = if path == format!("/api/models/{repo}/revision/main") {
-                let siblings: Vec<String> = files
-                    .iter()
-                    .map(|f| format!("{{\"rfilename\":\"{f}\"}}"))
-                    .collect();
-                let json = format!(
-                    "{{\"sha\":\"{sha}\",\"siblings\":[{}]}}",
-                    siblings.join(",")
-                );
+                let json = kazeia_tests::hub_server::revision_json(sha, &files);
                 ("200 OK", json.into_bytes(), None)
             } else if let Some(file) = path.strip_prefix(&format!("/{repo}/resolve/{sha}/")) {
                 match std::fs::read(dir.join(file)) {
@@ -417,7 +391,7 @@ fn a_repo_id_downloads_into_the_hub_cache_once_then_works_offline() {
     let output = kazeia(&args, &env);
     assert_ok(&output);
     let (_, samples) = read_wav(&std::fs::read(&out).unwrap()).unwrap();
-    assert!(max_abs_diff(&samples, &golden_wav("shape_0b6")) <= 1e-4);
+    assert_close(&samples, &golden_wav("shape_0b6"), 1e-4, "shape_0b6");
 
     // The layout Python's huggingface_hub uses: refs/main → snapshots/<sha>/… → symlinks into blobs/.
     let folder = cache.join("models--Kazeia--tiny-custom-voice");
@@ -463,14 +437,7 @@ fn kazeia_profile_prints_the_stage_breakdown() {
     let tmp = tempfile::tempdir().unwrap();
     let model = lm_fixture("shape_1b7");
     let out = tmp.path().join("p.wav");
-    let output = kazeia(
-        &synth_args(
-            model.to_str().unwrap(),
-            "Hello world.",
-            out.to_str().unwrap(),
-        ),
-        &[("KAZEIA_PROFILE", "1")],
-    );
+    let output = kazeia(&hello_args(&model, &out), &[("KAZEIA_PROFILE", "1")]);
     assert_ok(&output);
     let stderr = String::from_utf8_lossy(&output.stderr);
     for stage in [
@@ -486,14 +453,7 @@ fn kazeia_profile_prints_the_stage_breakdown() {
             "no `{stage}` in the profile: {stderr}"
         );
     }
-    let quiet = kazeia(
-        &synth_args(
-            model.to_str().unwrap(),
-            "Hello world.",
-            out.to_str().unwrap(),
-        ),
-        &[],
-    );
+    let quiet = kazeia(&hello_args(&model, &out), &[]);
     assert!(!String::from_utf8_lossy(&quiet.stderr).contains("profile:"));
 }
 
@@ -526,11 +486,7 @@ fn backends_lists_plugins_and_a_missing_backend_falls_back_to_cpu() {
 
     let model = lm_fixture("shape_0b6");
     let out = tmp.path().join("o.wav");
-    let mut args = synth_args(
-        model.to_str().unwrap(),
-        "Hello world.",
-        out.to_str().unwrap(),
-    );
+    let mut args = hello_args(&model, &out);
     args.extend(["--decoder-backend", "hexagon"]);
     let output = kazeia(&args, &[]);
     assert_ok(&output);
@@ -541,5 +497,5 @@ fn backends_lists_plugins_and_a_missing_backend_falls_back_to_cpu() {
         "{stderr}"
     );
     let (_, samples) = read_wav(&std::fs::read(&out).unwrap()).unwrap();
-    assert!(max_abs_diff(&samples, &golden_wav("shape_0b6")) <= 1e-4);
+    assert_close(&samples, &golden_wav("shape_0b6"), 1e-4, "shape_0b6");
 }

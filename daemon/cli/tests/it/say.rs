@@ -18,13 +18,18 @@ fn activation_dir(dir: &Path, config: &Path) -> PathBuf {
 async fn say_uses_the_daemon_and_falls_back_in_process() {
     let dir = TempDir::new("daemon-say");
     let config = dir.path().join("kazeia.toml");
+    // The tiny model, its audio written to `wav`.
+    let configure = |wav: &Path| {
+        let sink = format!("wav:{}", wav.display());
+        write_config(
+            &config,
+            &quick_model(),
+            &sink,
+            "[generation]\nmax_frames = 6\n",
+        );
+    };
     let wav = dir.path().join("said.wav");
-    write_config(
-        &config,
-        &quick_model(),
-        &format!("wav:{}", wav.display()),
-        "[generation]\nmax_frames = 6\n",
-    );
+    configure(&wav);
     // Through the daemon, which the bus starts on the first call.
     let bus = DbusSession::start(Some(&activation_dir(dir.path(), &config)));
     let out = Command::new(KAZEIA)
@@ -32,12 +37,9 @@ async fn say_uses_the_daemon_and_falls_back_in_process() {
         .envs(bus.env())
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(!String::from_utf8_lossy(&out.stderr).contains("in process"));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(!stderr.contains("in process"), "{stderr}");
     let first = std::fs::metadata(&wav).unwrap().len();
     assert!(first > 44);
     let out = Command::new(KAZEIA)
@@ -51,12 +53,7 @@ async fn say_uses_the_daemon_and_falls_back_in_process() {
 
     // No bus at all: in process, with the configuration given.
     let local_wav = dir.path().join("local.wav");
-    write_config(
-        &config,
-        &quick_model(),
-        &format!("wav:{}", local_wav.display()),
-        "[generation]\nmax_frames = 6\n",
-    );
+    configure(&local_wav);
     let out = Command::new(KAZEIA)
         .args([
             "say",

@@ -31,9 +31,13 @@ fn fixtures_dir() -> PathBuf {
 /// A copy of a fixture model (files linked) whose `config.json` is edited by `edit`.
 fn model_variant(dir: &Path, fixture: &str, edit: impl FnOnce(&mut serde_json::Value)) -> PathBuf {
     let src = fixtures_dir().join("lm").join(fixture);
-    let model = dir.join(format!("model-{fixture}"));
-    std::fs::create_dir_all(&model).unwrap();
-    for entry in std::fs::read_dir(&src).unwrap() {
+    linked_copy(&src, &dir.join(format!("model-{fixture}")), edit)
+}
+
+/// A copy of the model `src` at `model` (files linked) whose `config.json` is edited by `edit`.
+fn linked_copy(src: &Path, model: &Path, edit: impl FnOnce(&mut serde_json::Value)) -> PathBuf {
+    std::fs::create_dir_all(model).unwrap();
+    for entry in std::fs::read_dir(src).unwrap() {
         let name = entry.unwrap().file_name();
         if name != "config.json" {
             std::os::unix::fs::symlink(src.join(&name), model.join(&name)).unwrap();
@@ -43,7 +47,7 @@ fn model_variant(dir: &Path, fixture: &str, edit: impl FnOnce(&mut serde_json::V
         serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
     edit(&mut config);
     std::fs::write(model.join("config.json"), config.to_string()).unwrap();
-    model
+    model.to_path_buf()
 }
 
 fn voice_design_model(dir: &Path) -> PathBuf {
@@ -223,6 +227,23 @@ fn ids<T>(voices: &[(String, T, T)]) -> Vec<&str> {
 }
 
 /// Speaks and waits for the end: `Ok(reason)` or the refusal's error text.
+/// Asserts that `text` said with `options` is refused with the D-Bus error `name`, its message saying `why`.
+async fn assert_refused(
+    proxy: &SpeechProxy<'_>,
+    text: &str,
+    options: &[(&str, &str)],
+    (name, why): (&str, &str),
+) {
+    let e = say(proxy, text, options).await.unwrap_err();
+    assert!(e.contains(name) && e.contains(why), "{e}");
+}
+
+/// Asserts that "Hello world." said with `voice` is spoken to its end.
+async fn assert_voice_speaks(proxy: &SpeechProxy<'_>, voice: &str) {
+    let said = say(proxy, "Hello world.", &[("voice", voice)]).await;
+    assert_eq!(said.as_deref(), Ok("done"), "{voice}");
+}
+
 async fn say(
     proxy: &SpeechProxy<'_>,
     text: &str,
@@ -333,18 +354,8 @@ async fn voice_design_voices_are_listed_everywhere_and_follow_changes() {
     );
 
     // Each voice speaks; so does a style given with the utterance.
-    assert_eq!(
-        say(&proxy, "Hello world.", &[("voice", "narrator")])
-            .await
-            .unwrap(),
-        "done"
-    );
-    assert_eq!(
-        say(&proxy, "Hello world.", &[("voice", "bright")])
-            .await
-            .unwrap(),
-        "done"
-    );
+    assert_voice_speaks(&proxy, "narrator").await;
+    assert_voice_speaks(&proxy, "bright").await;
     assert_eq!(
         say(
             &proxy,
@@ -420,13 +431,13 @@ async fn voice_design_voices_are_listed_everywhere_and_follow_changes() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let e = say(&proxy, "Hi.", &[("voice", "bright")])
-        .await
-        .unwrap_err();
-    assert!(
-        e.contains("UnknownVoice") && e.contains("unknown voice `bright`"),
-        "{e}"
-    );
+    assert_refused(
+        &proxy,
+        "Hi.",
+        &[("voice", "bright")],
+        ("UnknownVoice", "unknown voice `bright`"),
+    )
+    .await;
     d.daemon().check_running();
 }
 
@@ -443,12 +454,7 @@ async fn a_model_with_no_speakers_and_no_voices_publishes_one_default_voice() {
         listed[0].2.split(',').count(),
         "one line per language"
     );
-    assert_eq!(
-        say(&proxy, "Hello world.", &[("voice", "default")])
-            .await
-            .unwrap(),
-        "done"
-    );
+    assert_voice_speaks(&proxy, "default").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -467,20 +473,20 @@ async fn a_0b6_custom_voice_model_refuses_instructions_as_the_official_one_drops
         ["dylan", "eric", "ryan", "vivian"],
         "designed voices are not offered"
     );
-    let e = say(&proxy, "Hello.", &[("instruct", "Whisper.")])
-        .await
-        .unwrap_err();
-    assert!(
-        e.contains("InvalidArgs") && e.contains("0.6B CustomVoice"),
-        "{e}"
-    );
-    let e = say(&proxy, "Hello.", &[("voice", "narrator")])
-        .await
-        .unwrap_err();
-    assert!(
-        e.contains("UnknownVoice") && e.contains("cannot be used with this model"),
-        "{e}"
-    );
+    assert_refused(
+        &proxy,
+        "Hello.",
+        &[("instruct", "Whisper.")],
+        ("InvalidArgs", "0.6B CustomVoice"),
+    )
+    .await;
+    assert_refused(
+        &proxy,
+        "Hello.",
+        &[("voice", "narrator")],
+        ("UnknownVoice", "cannot be used with this model"),
+    )
+    .await;
     // Its speakers still speak.
     assert_eq!(
         say(&proxy, "Hello.", &[("voice", "ryan")]).await.unwrap(),
@@ -575,19 +581,9 @@ async fn voices_cloned_with_voice_add_are_served_and_bad_recordings_are_refused(
         assert!(ok, "synth {args:?}: {out}");
     }
     assert!(listed[0].2.starts_with("en"), "{listed:?}");
-    assert_eq!(
-        say(&proxy, "Hello world.", &[("voice", "me")])
-            .await
-            .unwrap(),
-        "done"
-    );
+    assert_voice_speaks(&proxy, "me").await;
     assert_eq!(say(&proxy, "Hello world.", &[]).await.unwrap(), "done");
-    assert_eq!(
-        say(&proxy, "Hello world.", &[("voice", "plain")])
-            .await
-            .unwrap(),
-        "done"
-    );
+    assert_voice_speaks(&proxy, "plain").await;
     let e = say(
         &proxy,
         "Hello.",
@@ -683,19 +679,9 @@ async fn cloned_voice_first_audio() {
         first_audio_median(&d, "ryan", text).await
     };
     let dir = TempDir::new("voices-bench-base");
-    let base = dir.path().join("model-base");
-    std::fs::create_dir_all(&base).unwrap();
-    for entry in std::fs::read_dir(&random).unwrap() {
-        let name = entry.unwrap().file_name();
-        if name != "config.json" {
-            std::os::unix::fs::symlink(random.join(&name), base.join(&name)).unwrap();
-        }
-    }
-    let mut model_config: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(random.join("config.json")).unwrap())
-            .unwrap();
-    model_config["tts_model_type"] = "base".into();
-    std::fs::write(base.join("config.json"), model_config.to_string()).unwrap();
+    let base = linked_copy(&random, &dir.path().join("model-base"), |c| {
+        c["tts_model_type"] = "base".into();
+    });
     let d = Daemon::launch(dir, &config(&base), |d| {
         let voices = d.data.join("kazeia/voices");
         std::fs::create_dir_all(&voices).unwrap();

@@ -2,6 +2,7 @@
 
 use std::collections::HashMap;
 use std::io::PipeReader;
+use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Arc, Mutex};
@@ -16,7 +17,7 @@ use zbus::wire::Variant;
 
 pub const KAZEIAD: &str = env!("CARGO_BIN_EXE_kazeiad");
 
-pub use kazeia_tests::daemon_config::{quick_model, write_config};
+pub use kazeia_tests::daemon_config::{quick_model, speaking_config, write_config};
 
 /// D-Bus activation files for both of kazeiad's names, starting it with `config`, in `dir/services`
 /// (returned, for [`DbusSession::start`]).
@@ -36,31 +37,50 @@ pub struct TestDaemon {
 impl TestDaemon {
     /// The tiny fixture model ([`quick_model`]) on the null sink; `extra` is appended to the config.
     pub fn null(name: &str, extra: &str) -> TestDaemon {
-        let dir = TempDir::new(name);
-        let bus = DbusSession::start(None);
-        TestDaemon::start(dir, bus, None, &quick_model(), "null", extra)
+        TestDaemon::setup(name, extra).null()
     }
 
     /// A model that speaks for seconds ([`speaking_model`]) through a headless PipeWire's null sink.
     pub fn pipewire(name: &str, extra: &str) -> TestDaemon {
-        let dir = TempDir::new(name);
-        let model = speaking_model(dir.path());
-        let bus = DbusSession::start(None);
-        let pw = PipeWire::start(&bus);
-        TestDaemon::start(dir, bus, Some(pw), &model, "pipewire", extra)
+        TestDaemon::setup(name, extra).speaking().pipewire()
     }
 
-    fn start(
-        dir: TempDir,
-        bus: DbusSession,
-        pw: Option<PipeWire>,
-        model: &Path,
-        sink: &str,
-        extra: &str,
-    ) -> TestDaemon {
+    /// A daemon to be started in a folder named after `name`, `extra` appended to its config: the tiny
+    /// fixture model unless [`Setup::model`] or [`Setup::speaking`] says otherwise, the daemon's environment
+    /// the bus's plus what [`Setup::env`] adds; [`Setup::null`] or [`Setup::pipewire`] starts it.
+    pub fn setup(name: &str, extra: &str) -> Setup {
+        Setup {
+            dir: TempDir::new(name),
+            model: None,
+            weights: None,
+            extra: extra.to_owned(),
+            env: Vec::new(),
+        }
+    }
+
+    fn start(setup: Setup, pw: bool, sink: &str) -> TestDaemon {
+        let Setup {
+            dir,
+            model,
+            weights,
+            extra,
+            env: added,
+        } = setup;
+        let bus = DbusSession::start(None);
+        let pw = pw.then(|| PipeWire::start(&bus));
         let config = dir.path().join("kazeia.toml");
-        write_config(&config, model, sink, extra);
-        let env = pw.as_ref().map_or_else(|| bus.env(), PipeWire::env);
+        write_config(&config, &model.unwrap_or_else(quick_model), sink, &extra);
+        if let Some(weights) = weights {
+            let text = std::fs::read_to_string(&config).unwrap();
+            let text = text.replacen(
+                "[model]\n",
+                &format!("[model]\nweights = \"{weights}\"\n"),
+                1,
+            );
+            std::fs::write(&config, text).unwrap();
+        }
+        let mut env = pw.as_ref().map_or_else(|| bus.env(), PipeWire::env);
+        env.extend(added);
         let service = start_daemon(&bus, &env, &config, dir.path().join("kazeiad.log"));
         wait_until_loaded(&bus);
         TestDaemon {
@@ -79,6 +99,61 @@ impl TestDaemon {
     /// The PipeWire it plays through (tests started with [`TestDaemon::pipewire`]).
     pub fn pw(&self) -> &PipeWire {
         self.pw.as_ref().expect("a daemon started on PipeWire")
+    }
+}
+
+/// How a [`TestDaemon`] is to be started (from [`TestDaemon::setup`]).
+pub struct Setup {
+    dir: TempDir,
+    model: Option<PathBuf>,
+    weights: Option<String>,
+    extra: String,
+    env: Vec<(String, String)>,
+}
+
+impl Setup {
+    /// The test's folder (where the model of [`Setup::speaking`] goes, and the config and log will).
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Starts `model` instead of the tiny fixture one.
+    pub fn model(mut self, model: PathBuf) -> Setup {
+        self.model = Some(model);
+        self
+    }
+
+    /// Loads the model's weights in `format` (`[model] weights`: `bf16`, `q8`, …) instead of `auto`.
+    pub fn weights(mut self, format: &str) -> Setup {
+        self.weights = Some(format.to_owned());
+        self
+    }
+
+    /// Starts a model that speaks for seconds ([`speaking_model`], made in the test's folder).
+    pub fn speaking(self) -> Setup {
+        let model = speaking_model(self.dir.path());
+        self.model(model)
+    }
+
+    /// Adds `key=value` to the daemon's environment.
+    pub fn env(mut self, key: &str, value: &str) -> Setup {
+        self.env.push((key.to_owned(), value.to_owned()));
+        self
+    }
+
+    /// Starts it on the null sink, and waits until its model is loaded.
+    pub fn null(self) -> TestDaemon {
+        TestDaemon::start(self, false, "null")
+    }
+
+    /// Starts it through a headless PipeWire's null sink, and waits until its model is loaded.
+    pub fn pipewire(self) -> TestDaemon {
+        TestDaemon::start(self, true, "pipewire")
+    }
+
+    /// Starts it writing its audio to the WAV file `wav`, and waits until its model is loaded.
+    pub fn wav(self, wav: &Path) -> TestDaemon {
+        TestDaemon::start(self, false, &format!("wav:{}", wav.display()))
     }
 }
 
@@ -243,6 +318,21 @@ fn socket_connected_by_a_child(address: &str) -> std::os::unix::net::UnixStream 
     }
 }
 
+/// A new client of its own ([`connect`]) and its proxy of Kazeia's interface.
+pub async fn client(bus: &DbusSession) -> (zbus::Connection, SpeechProxy<'static>) {
+    let connection = connect(bus).await;
+    let api = proxy(&connection).await;
+    (connection, api)
+}
+
+/// Another connection of this test process ([`connect_in_this_process`]) and its proxy of Kazeia's interface.
+pub async fn client_in_this_process(bus: &DbusSession) -> (zbus::Connection, SpeechProxy<'static>) {
+    let connection = connect_in_this_process(bus).await;
+    let api = proxy(&connection).await;
+    (connection, api)
+}
+
+/// A proxy of Kazeia's interface on `connection`, its properties read anew each time.
 pub async fn proxy(connection: &zbus::Connection) -> SpeechProxy<'static> {
     SpeechProxy::builder(connection)
         .cache_properties(zbus::proxy::CacheProperties::No)
@@ -282,6 +372,18 @@ impl Finishes {
         })
         .await
         .unwrap_or_else(|_| panic!("no Finished for {id} within {timeout:?}"))
+    }
+
+    /// Speaks `text` through `api` as a `message` (which cancels nothing), and waits for its `Finished`; the
+    /// reason.
+    pub async fn message(
+        &mut self,
+        api: &SpeechProxy<'_>,
+        text: &str,
+        timeout: Duration,
+    ) -> String {
+        let id = api.speak(text, priority("message")).await.unwrap();
+        self.of(id, timeout).await
     }
 
     /// Takes the next signal into `seen`.
@@ -343,13 +445,7 @@ pub async fn synthesize(
 ) -> zbus::Result<PipeReader> {
     let (reader, writer) = std::io::pipe().unwrap();
     let fd: std::os::fd::OwnedFd = writer.into();
-    let proxy = spiel_proxy(connection).await;
-    let sent: zbus::Result<()> = proxy
-        .call(
-            "Synthesize",
-            &(zbus::Fd::from(&fd), text, "", 1.0f64, 1.0f64, ssml, ""),
-        )
-        .await;
+    let sent = synthesize_to(connection, fd.as_fd(), text, ssml).await;
     drop(fd);
     sent.map(|()| reader)
 }
@@ -388,15 +484,44 @@ pub async fn spiel(connection: &zbus::Connection, text: &str) -> zbus::Result<Ve
     )
 }
 
+/// Waits until `ready` holds, asking again every `every`; panics after `limit` with what `failure` says
+/// (called then, so it may read a log).
+pub async fn wait_for(
+    limit: Duration,
+    every: Duration,
+    mut ready: impl AsyncFnMut() -> bool,
+    failure: impl Fn() -> String,
+) {
+    let deadline = Instant::now() + limit;
+    while !ready().await {
+        assert!(Instant::now() < deadline, "{}", failure());
+        tokio::time::sleep(every).await;
+    }
+}
+
+/// Seconds of `samples` (at `rate`) in 5 ms windows with a sample louder than `threshold`.
+pub fn loud_seconds(samples: &[f32], rate: u32, threshold: f32) -> f64 {
+    let window = rate as usize / 200;
+    let loud = samples
+        .chunks(window)
+        .filter(|w| w.iter().any(|s| s.abs() > threshold))
+        .count();
+    (loud * window) as f64 / rate as f64
+}
+
+/// A memory figure of a process's `/proc/PID/status` (`VmRSS`, `VmHWM`, …), in KiB.
+pub fn memory_kib(pid: u32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or_else(|| panic!("{field} in /proc/PID/status"))
+}
+
 /// The daemon's peak resident memory (VmHWM), in MiB.
 pub fn peak_rss_mib(pid: u32) -> f64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let kb: f64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmHWM in /proc/PID/status");
-    kb / 1024.0
+    memory_kib(pid, "VmHWM") as f64 / 1024.0
 }
 
 /// Every `Finished` signal, drained as it comes by a task of its own: a signal stream left unread fills
