@@ -66,10 +66,7 @@ pub fn hexagon_plugin() -> PathBuf {
 /// A test plugin built for plugin ABI version 3 (`libkazeia_backend_stale.so`, `tests/stale-plugin`): it exports
 /// only that version's entry symbol, so the loader must refuse it. Built the way [`cpu_plugin`] is.
 pub fn stale_plugin() -> PathBuf {
-    static PLUGIN: OnceLock<PathBuf> = OnceLock::new();
-    PLUGIN
-        .get_or_init(|| build_plugin("kazeia-backend-stale", "stale"))
-        .clone()
+    build_plugin("kazeia-backend-stale", "stale")
 }
 
 /// The speech-dispatcher module `sd_kazeia` (package `kazeia-speechd`), for the tests of other packages that
