@@ -29,6 +29,8 @@ use crate::par::chunks_mut;
 use crate::conv_arm as arm;
 #[cfg(target_arch = "x86_64")]
 use crate::conv_x86 as x86;
+#[cfg(target_arch = "x86_64")]
+use crate::conv_x86_bf16 as x86_bf16;
 
 /// Output columns per time tile: the output tile stays in L2 across the taps.
 const TIME_TILE: usize = 256;
@@ -86,6 +88,48 @@ impl Stored {
             other => panic!("a convolution stored as {other} (the ABI's check admits f32 and f16)"),
         }
     }
+}
+
+/// How a backend computes its convolutions.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ConvPrecision {
+    /// Direct f32 sums in blocks: as close to the exact result as the official f32 decoder (the default).
+    #[default]
+    Exact,
+    /// Winograd's F(2, k) for the convolutions that suit it (`conv_winograd.rs`): fewer multiplications, a few
+    /// more ulps of rounding.
+    Winograd,
+    /// The fast decoder mode: operands rounded to bf16, products summed in f32, on AVX512-BF16
+    /// (`conv_x86_bf16.rs`); on a CPU without it, [`ConvPrecision::Winograd`].
+    Fast,
+}
+
+impl ConvPrecision {
+    /// What this precision runs as on this CPU: `Fast` is `Winograd` where the bf16 kernel is missing.
+    pub fn on_this_cpu(self) -> Self {
+        match self {
+            ConvPrecision::Fast if !fast_kernel_available() => ConvPrecision::Winograd,
+            other => other,
+        }
+    }
+
+    /// The convolution kernel this precision runs on this CPU, in words (for logs and `kazeia bench`).
+    pub fn kernel(self) -> &'static str {
+        match self.on_this_cpu() {
+            ConvPrecision::Exact => "exact (direct f32)",
+            ConvPrecision::Winograd => "Winograd F(2, 7) in f32 (no bf16 kernel on this CPU)",
+            ConvPrecision::Fast => "bf16 dot products (AVX512-BF16), f32 sums",
+        }
+    }
+}
+
+/// Whether this CPU has the fast mode's low-precision convolution kernel.
+pub fn fast_kernel_available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if x86_bf16::available() {
+        return true;
+    }
+    false
 }
 
 /// Per-tap `[cout][cin]` panels, `[k][cout][cin]`.
@@ -214,6 +258,9 @@ enum Taps {
     /// The x86 tile kernels' `[cout/rows][group][cin][taps][rows]` blocks.
     #[cfg(target_arch = "x86_64")]
     X86(x86::Blocked),
+    /// The fast mode's AVX512-BF16 tile: `[cout/32][group][cin/2][taps][32]` bf16 pairs (not exact).
+    #[cfg(target_arch = "x86_64")]
+    X86Bf16(x86_bf16::Blocked),
 }
 
 /// Which kernel a new weight is laid out for.
@@ -224,6 +271,9 @@ pub(crate) enum Layout {
     Neon,
     #[cfg(target_arch = "x86_64")]
     X86(x86::Isa),
+    /// The fast mode's bf16 tile (`conv_x86_bf16.rs`).
+    #[cfg(target_arch = "x86_64")]
+    X86Bf16,
 }
 
 impl Layout {
@@ -242,6 +292,16 @@ impl Layout {
             return Layout::X86(isa);
         }
         Layout::Gemm
+    }
+
+    /// The fast mode's kernel for a layer of `cout` outputs: the bf16 tile where this CPU has AVX512-BF16 and the
+    /// layer fills at least half a tile of 32 outputs, else the exact kernel [`Layout::selected`] picks.
+    pub(crate) fn fast(cout: usize) -> Self {
+        #[cfg(target_arch = "x86_64")]
+        if x86_bf16::available() && 2 * cout > 32 {
+            return Layout::X86Bf16;
+        }
+        Self::selected(cout)
     }
 }
 
@@ -268,6 +328,15 @@ impl Taps {
                 );
                 Taps::X86(x86::Blocked::new(w, dims, stride, format, isa))
             }
+            // bf16 rounds the weights itself: an F16 layer's as they are held, rounded to f16 first.
+            #[cfg(target_arch = "x86_64")]
+            Layout::X86Bf16 => match format {
+                WeightFormat::F16 => {
+                    let held: Vec<f32> = w.iter().map(|&v| f16::from_f32(v).to_f32()).collect();
+                    Taps::X86Bf16(x86_bf16::Blocked::new(&held, dims, stride))
+                }
+                _ => Taps::X86Bf16(x86_bf16::Blocked::new(w, dims, stride)),
+            },
         }
     }
 
@@ -279,7 +348,9 @@ impl Taps {
             #[cfg(target_arch = "aarch64")]
             Taps::Neon(_) => unreachable!("the NEON layout runs on its own kernel"),
             #[cfg(target_arch = "x86_64")]
-            Taps::X86(_) => unreachable!("the x86 tile layout runs on its own kernel"),
+            Taps::X86(_) | Taps::X86Bf16(_) => {
+                unreachable!("the x86 tile layouts run on their own kernels")
+            }
         }
     }
 }
@@ -304,6 +375,23 @@ impl ConvWeight {
         format: WeightFormat,
     ) -> Self {
         Self::with_layout(w, (cout, cin, k), bias, format, Layout::selected(cout))
+    }
+
+    /// As [`ConvWeight::new`], computed as `precision` says.
+    pub fn with_precision(
+        w: &[f32],
+        (cout, cin, k): (usize, usize, usize),
+        bias: Option<&[f32]>,
+        format: WeightFormat,
+        precision: ConvPrecision,
+    ) -> Self {
+        match precision.on_this_cpu() {
+            ConvPrecision::Exact => Self::new(w, cout, cin, k, bias, format),
+            ConvPrecision::Winograd => Self::fast(w, (cout, cin, k), bias, format),
+            ConvPrecision::Fast => {
+                Self::with_layout(w, (cout, cin, k), bias, format, Layout::fast(cout))
+            }
+        }
     }
 
     /// As [`ConvWeight::new`], computed by Winograd's F(2, k) where the layer suits it (`conv_winograd.rs`):
@@ -385,6 +473,10 @@ impl ConvWeight {
         if let Taps::X86(blocks) = &self.taps {
             return x86::conv1d(blocks, &self.bias, x, len, dilation, y, par);
         }
+        #[cfg(target_arch = "x86_64")]
+        if let Taps::X86Bf16(blocks) = &self.taps {
+            return x86_bf16::conv1d(blocks, &self.bias, x, len, dilation, y, par);
+        }
         let panels = self.taps.panels();
         for (row, b) in y.chunks_exact_mut(lout).zip(&self.bias) {
             row.fill(*b);
@@ -464,6 +556,21 @@ impl ConvTransposeWeight {
         Self::with_layout(w, (cin, cout, k), stride, format, Layout::selected(cout))
     }
 
+    /// As [`ConvTransposeWeight::new`], computed as `precision` says (Winograd does not apply: exact).
+    pub fn with_precision(
+        w: &[f32],
+        (cin, cout, k): (usize, usize, usize),
+        stride: usize,
+        format: WeightFormat,
+        precision: ConvPrecision,
+    ) -> Self {
+        let layout = match precision.on_this_cpu() {
+            ConvPrecision::Fast => Layout::fast(cout),
+            ConvPrecision::Exact | ConvPrecision::Winograd => Layout::selected(cout),
+        };
+        Self::with_layout(w, (cin, cout, k), stride, format, layout)
+    }
+
     pub(crate) fn with_layout(
         w: &[f32],
         (cin, cout, k): (usize, usize, usize),
@@ -498,6 +605,10 @@ impl ConvTransposeWeight {
         #[cfg(target_arch = "x86_64")]
         if let Taps::X86(blocks) = &self.taps {
             return x86::conv_transpose1d(blocks, s, x, len, y, par);
+        }
+        #[cfg(target_arch = "x86_64")]
+        if let Taps::X86Bf16(blocks) = &self.taps {
+            return x86_bf16::conv_transpose1d(blocks, s, x, len, y, par);
         }
         let panels = self.taps.panels();
         y.fill(0.0);
@@ -547,7 +658,7 @@ pub(crate) mod tests {
         w.iter().map(|&v| f16::from_f32(v).to_f32()).collect()
     }
 
-    fn parallelisms() -> [gemm::Parallelism; 2] {
+    pub(crate) fn parallelisms() -> [gemm::Parallelism; 2] {
         [gemm::Parallelism::None, gemm::Parallelism::Rayon(2)]
     }
 
@@ -560,7 +671,7 @@ pub(crate) mod tests {
     }
 
     /// Checks `y` against the exact sums `exact[o]` (f64) with the bound `γ(terms) · Σ|term|` of each output.
-    fn check(y: &[f32], exact: &[(f64, f64, usize)], what: &str) {
+    pub(crate) fn check(y: &[f32], exact: &[(f64, f64, usize)], what: &str) {
         for (n, (&got, &(sum, abs, terms))) in y.iter().zip(exact).enumerate() {
             let bound = gamma(terms) * abs;
             let err = (f64::from(got) - sum).abs();
@@ -572,7 +683,7 @@ pub(crate) mod tests {
     }
 
     /// `(Σ, Σ|·|, terms)` of each output of the dilated convolution, from the definition.
-    fn conv1d_exact(
+    pub(crate) fn conv1d_exact(
         w: &[f32],
         bias: &[f32],
         x: &[f32],
@@ -600,7 +711,7 @@ pub(crate) mod tests {
     }
 
     /// The same for the transposed convolution: `y[o][n] = Σ_{i, t: n = m·s + t} w[i][o][t] · x[i][m]`.
-    fn conv_transpose1d_exact(
+    pub(crate) fn conv_transpose1d_exact(
         w: &[f32],
         x: &[f32],
         (cin, cout, k): (usize, usize, usize),
@@ -626,13 +737,13 @@ pub(crate) mod tests {
     }
 
     /// Output filled with NaN first, so that a tile left unwritten fails the check.
-    fn unwritten(n: usize) -> Vec<f32> {
+    pub(crate) fn unwritten(n: usize) -> Vec<f32> {
         vec![f32::NAN; n]
     }
 
     /// Runs `forward(y, par)` into `n` outputs filled with NaN first (so that a tile left unwritten fails the
     /// check) with one and two threads: each result within the bound of `exact`, and the same bits both ways.
-    fn check_with_every_parallelism(
+    pub(crate) fn check_with_every_parallelism(
         n: usize,
         exact: &[(f64, f64, usize)],
         what: &str,
