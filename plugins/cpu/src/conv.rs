@@ -29,8 +29,6 @@ use crate::par::chunks_mut;
 use crate::conv_arm as arm;
 #[cfg(target_arch = "x86_64")]
 use crate::conv_x86 as x86;
-#[cfg(target_arch = "x86_64")]
-use crate::conv_x86_bf16 as x86_bf16;
 
 /// Output columns per time tile: the output tile stays in L2 across the taps.
 const TIME_TILE: usize = 256;
@@ -97,39 +95,32 @@ pub enum ConvPrecision {
     #[default]
     Exact,
     /// Winograd's F(2, k) for the convolutions that suit it (`conv_winograd.rs`): fewer multiplications, a few
-    /// more ulps of rounding.
+    /// more ulps of rounding (`KAZEIA_CONV_WINOGRAD=1`).
     Winograd,
-    /// The fast decoder mode: operands rounded to bf16, products summed in f32, on AVX512-BF16
-    /// (`conv_x86_bf16.rs`); on a CPU without it, [`ConvPrecision::Winograd`].
+    /// The fast decoder mode: Winograd's F(6, k) in f32 for the convolutions that suit it (the vocoder's 7-tap
+    /// residual ones: 2 multiplications an output per channel pair instead of 7), direct sums for the others. Not
+    /// exact: ~1e-4 of the exact waveform (`engine-core/tests/it/codec_fast.rs` holds it to 40 dB SNR).
     Fast,
 }
 
 impl ConvPrecision {
-    /// What this precision runs as on this CPU: `Fast` is `Winograd` where the bf16 kernel is missing.
-    pub fn on_this_cpu(self) -> Self {
-        match self {
-            ConvPrecision::Fast if !fast_kernel_available() => ConvPrecision::Winograd,
-            other => other,
-        }
-    }
-
-    /// The convolution kernel this precision runs on this CPU, in words (for logs and `kazeia bench`).
+    /// The convolution kernel this precision runs, in words (for logs and `kazeia bench`).
     pub fn kernel(self) -> &'static str {
-        match self.on_this_cpu() {
-            ConvPrecision::Exact => "exact (direct f32)",
-            ConvPrecision::Winograd => "Winograd F(2, 7) in f32 (no bf16 kernel on this CPU)",
-            ConvPrecision::Fast => "bf16 dot products (AVX512-BF16), f32 sums",
+        match self {
+            ConvPrecision::Exact => "direct f32 sums (exact)",
+            ConvPrecision::Winograd => "Winograd F(2, 7) for the 7-tap ones, f32",
+            ConvPrecision::Fast => "Winograd F(6, 7) for the 7-tap ones, f32",
         }
     }
-}
 
-/// Whether this CPU has the fast mode's low-precision convolution kernel.
-pub fn fast_kernel_available() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    if x86_bf16::available() {
-        return true;
+    /// Outputs per Winograd tile, for the convolutions that suit it; `None`: all direct.
+    fn winograd_tile(self) -> Option<usize> {
+        match self {
+            ConvPrecision::Exact => None,
+            ConvPrecision::Winograd => Some(conv_winograd::M),
+            ConvPrecision::Fast => Some(conv_winograd::FAST_M),
+        }
     }
-    false
 }
 
 /// Per-tap `[cout][cin]` panels, `[k][cout][cin]`.
@@ -258,9 +249,6 @@ enum Taps {
     /// The x86 tile kernels' `[cout/rows][group][cin][taps][rows]` blocks.
     #[cfg(target_arch = "x86_64")]
     X86(x86::Blocked),
-    /// The fast mode's AVX512-BF16 tile: `[cout/32][group][cin/2][taps][32]` bf16 pairs (not exact).
-    #[cfg(target_arch = "x86_64")]
-    X86Bf16(x86_bf16::Blocked),
 }
 
 /// Which kernel a new weight is laid out for.
@@ -271,9 +259,6 @@ pub(crate) enum Layout {
     Neon,
     #[cfg(target_arch = "x86_64")]
     X86(x86::Isa),
-    /// The fast mode's bf16 tile (`conv_x86_bf16.rs`).
-    #[cfg(target_arch = "x86_64")]
-    X86Bf16,
 }
 
 impl Layout {
@@ -292,16 +277,6 @@ impl Layout {
             return Layout::X86(isa);
         }
         Layout::Gemm
-    }
-
-    /// The fast mode's kernel for a layer of `cout` outputs: the bf16 tile where this CPU has AVX512-BF16 and the
-    /// layer fills at least half a tile of 32 outputs, else the exact kernel [`Layout::selected`] picks.
-    pub(crate) fn fast(cout: usize) -> Self {
-        #[cfg(target_arch = "x86_64")]
-        if x86_bf16::available() && 2 * cout > 32 {
-            return Layout::X86Bf16;
-        }
-        Self::selected(cout)
     }
 }
 
@@ -328,15 +303,6 @@ impl Taps {
                 );
                 Taps::X86(x86::Blocked::new(w, dims, stride, format, isa))
             }
-            // bf16 rounds the weights itself: an F16 layer's as they are held, rounded to f16 first.
-            #[cfg(target_arch = "x86_64")]
-            Layout::X86Bf16 => match format {
-                WeightFormat::F16 => {
-                    let held: Vec<f32> = w.iter().map(|&v| f16::from_f32(v).to_f32()).collect();
-                    Taps::X86Bf16(x86_bf16::Blocked::new(&held, dims, stride))
-                }
-                _ => Taps::X86Bf16(x86_bf16::Blocked::new(w, dims, stride)),
-            },
         }
     }
 
@@ -348,9 +314,7 @@ impl Taps {
             #[cfg(target_arch = "aarch64")]
             Taps::Neon(_) => unreachable!("the NEON layout runs on its own kernel"),
             #[cfg(target_arch = "x86_64")]
-            Taps::X86(_) | Taps::X86Bf16(_) => {
-                unreachable!("the x86 tile layouts run on their own kernels")
-            }
+            Taps::X86(_) => unreachable!("the x86 tile layout runs on its own kernel"),
         }
     }
 }
@@ -377,7 +341,9 @@ impl ConvWeight {
         Self::with_layout(w, (cout, cin, k), bias, format, Layout::selected(cout))
     }
 
-    /// As [`ConvWeight::new`], computed as `precision` says.
+    /// As [`ConvWeight::new`], computed as `precision` says: by Winograd's F(m, k) where the layer suits it
+    /// (`conv_winograd.rs`: fewer multiplications, more rounding, and an F16 layer rounds the transformed weights
+    /// rather than the weights), else directly.
     pub fn with_precision(
         w: &[f32],
         (cout, cin, k): (usize, usize, usize),
@@ -385,41 +351,50 @@ impl ConvWeight {
         format: WeightFormat,
         precision: ConvPrecision,
     ) -> Self {
-        match precision.on_this_cpu() {
-            ConvPrecision::Exact => Self::new(w, cout, cin, k, bias, format),
-            ConvPrecision::Winograd => Self::fast(w, (cout, cin, k), bias, format),
-            ConvPrecision::Fast => {
-                Self::with_layout(w, (cout, cin, k), bias, format, Layout::fast(cout))
+        let layout = Layout::selected(cout);
+        match precision.winograd_tile() {
+            // F(6, k)'s transformed weights span powers of 3 with cancellations between them: rounded to f16 they
+            // put a layer ~1e-2 from its output (F(2, k): ~1e-3), so the fast mode holds them as f32, from the
+            // weights as the format holds them (an F16 layer is the F32 one on the weights rounded to f16).
+            Some(m)
+                if conv_winograd::suits(cout, cin, k, m) && precision == ConvPrecision::Fast =>
+            {
+                Self::winograd_f32(w, (cout, cin, k), bias, format, layout, m)
             }
+            Some(m) if conv_winograd::suits(cout, cin, k, m) => {
+                Self::winograd(w, (cout, cin, k), bias, format, layout, m)
+            }
+            _ => Self::with_layout(w, (cout, cin, k), bias, format, layout),
         }
     }
 
-    /// As [`ConvWeight::new`], computed by Winograd's F(2, k) where the layer suits it (`conv_winograd.rs`):
-    /// fewer multiplications, a few more ulps of rounding, and an F16 layer rounds the transformed weights
-    /// rather than the weights.
-    pub fn fast(
+    /// [`ConvWeight::winograd`] with the transformed weights held as f32 whatever `format`, computed from the
+    /// weights as `format` holds them (an F16 layer is the F32 one on the weights rounded to f16).
+    pub(crate) fn winograd_f32(
         w: &[f32],
-        (cout, cin, k): (usize, usize, usize),
+        dims: (usize, usize, usize),
         bias: Option<&[f32]>,
         format: WeightFormat,
+        layout: Layout,
+        m: usize,
     ) -> Self {
-        let layout = Layout::selected(cout);
-        if conv_winograd::suits(cout, cin, k) {
-            Self::winograd(w, (cout, cin, k), bias, format, layout)
-        } else {
-            Self::with_layout(w, (cout, cin, k), bias, format, layout)
-        }
+        let held: Vec<f32> = match format {
+            WeightFormat::F16 => w.iter().map(|&v| f16::from_f32(v).to_f32()).collect(),
+            _ => w.to_vec(),
+        };
+        Self::winograd(&held, dims, bias, WeightFormat::F32, layout, m)
     }
 
-    /// Computed by Winograd's F(2, k), its GEMMs on `layout` (`conv_winograd.rs`).
+    /// Computed by Winograd's F(m, k), its GEMMs on `layout` (`conv_winograd.rs`).
     pub(crate) fn winograd(
         w: &[f32],
         (cout, cin, k): (usize, usize, usize),
         bias: Option<&[f32]>,
         format: WeightFormat,
         layout: Layout,
+        m: usize,
     ) -> Self {
-        let winograd = Winograd::new(w, (cout, cin, k), format, layout);
+        let winograd = Winograd::new(w, (cout, cin, k), format, layout, m);
         Self::assemble(Taps::Winograd(Box::new(winograd)), bias, (cout, cin, k))
     }
 
@@ -472,10 +447,6 @@ impl ConvWeight {
         #[cfg(target_arch = "x86_64")]
         if let Taps::X86(blocks) = &self.taps {
             return x86::conv1d(blocks, &self.bias, x, len, dilation, y, par);
-        }
-        #[cfg(target_arch = "x86_64")]
-        if let Taps::X86Bf16(blocks) = &self.taps {
-            return x86_bf16::conv1d(blocks, &self.bias, x, len, dilation, y, par);
         }
         let panels = self.taps.panels();
         for (row, b) in y.chunks_exact_mut(lout).zip(&self.bias) {
@@ -556,21 +527,6 @@ impl ConvTransposeWeight {
         Self::with_layout(w, (cin, cout, k), stride, format, Layout::selected(cout))
     }
 
-    /// As [`ConvTransposeWeight::new`], computed as `precision` says (Winograd does not apply: exact).
-    pub fn with_precision(
-        w: &[f32],
-        (cin, cout, k): (usize, usize, usize),
-        stride: usize,
-        format: WeightFormat,
-        precision: ConvPrecision,
-    ) -> Self {
-        let layout = match precision.on_this_cpu() {
-            ConvPrecision::Fast => Layout::fast(cout),
-            ConvPrecision::Exact | ConvPrecision::Winograd => Layout::selected(cout),
-        };
-        Self::with_layout(w, (cin, cout, k), stride, format, layout)
-    }
-
     pub(crate) fn with_layout(
         w: &[f32],
         (cin, cout, k): (usize, usize, usize),
@@ -605,10 +561,6 @@ impl ConvTransposeWeight {
         #[cfg(target_arch = "x86_64")]
         if let Taps::X86(blocks) = &self.taps {
             return x86::conv_transpose1d(blocks, s, x, len, y, par);
-        }
-        #[cfg(target_arch = "x86_64")]
-        if let Taps::X86Bf16(blocks) = &self.taps {
-            return x86_bf16::conv_transpose1d(blocks, s, x, len, y, par);
         }
         let panels = self.taps.panels();
         y.fill(0.0);
@@ -658,7 +610,7 @@ pub(crate) mod tests {
         w.iter().map(|&v| f16::from_f32(v).to_f32()).collect()
     }
 
-    pub(crate) fn parallelisms() -> [gemm::Parallelism; 2] {
+    fn parallelisms() -> [gemm::Parallelism; 2] {
         [gemm::Parallelism::None, gemm::Parallelism::Rayon(2)]
     }
 
@@ -671,7 +623,7 @@ pub(crate) mod tests {
     }
 
     /// Checks `y` against the exact sums `exact[o]` (f64) with the bound `γ(terms) · Σ|term|` of each output.
-    pub(crate) fn check(y: &[f32], exact: &[(f64, f64, usize)], what: &str) {
+    fn check(y: &[f32], exact: &[(f64, f64, usize)], what: &str) {
         for (n, (&got, &(sum, abs, terms))) in y.iter().zip(exact).enumerate() {
             let bound = gamma(terms) * abs;
             let err = (f64::from(got) - sum).abs();
@@ -683,7 +635,7 @@ pub(crate) mod tests {
     }
 
     /// `(Σ, Σ|·|, terms)` of each output of the dilated convolution, from the definition.
-    pub(crate) fn conv1d_exact(
+    fn conv1d_exact(
         w: &[f32],
         bias: &[f32],
         x: &[f32],
@@ -711,7 +663,7 @@ pub(crate) mod tests {
     }
 
     /// The same for the transposed convolution: `y[o][n] = Σ_{i, t: n = m·s + t} w[i][o][t] · x[i][m]`.
-    pub(crate) fn conv_transpose1d_exact(
+    fn conv_transpose1d_exact(
         w: &[f32],
         x: &[f32],
         (cin, cout, k): (usize, usize, usize),
@@ -737,13 +689,13 @@ pub(crate) mod tests {
     }
 
     /// Output filled with NaN first, so that a tile left unwritten fails the check.
-    pub(crate) fn unwritten(n: usize) -> Vec<f32> {
+    fn unwritten(n: usize) -> Vec<f32> {
         vec![f32::NAN; n]
     }
 
     /// Runs `forward(y, par)` into `n` outputs filled with NaN first (so that a tile left unwritten fails the
     /// check) with one and two threads: each result within the bound of `exact`, and the same bits both ways.
-    pub(crate) fn check_with_every_parallelism(
+    fn check_with_every_parallelism(
         n: usize,
         exact: &[(f64, f64, usize)],
         what: &str,

@@ -39,13 +39,13 @@ use crate::gemm_call::{for_column_tiles, for_row_blocks, for_tile_blocks, Dst, S
 /// How far ahead of its loads a tile prefetches its weights (into L1): a one-frame chunk's large layers are one
 /// pass over megabytes of weights with few FMAs per load, which the hardware prefetchers alone fed at a quarter of
 /// the rate (measured on a Xeon: 1024→1536 k7 over 11 columns, 7.6 → 1.8 ms; 2-8 KiB ahead all within 10 %).
-pub(crate) const PREFETCH_BYTES: usize = 8192;
+const PREFETCH_BYTES: usize = 8192;
 
 /// The most output channels a tile holds (AVX-512).
-pub(crate) const MAX_ROWS: usize = 32;
+const MAX_ROWS: usize = 32;
 
 /// Register tiles per time tile (a unit of parallel work): only a call's last tile of columns is partial.
-pub(crate) const TIME_TILE_TILES: usize = 20;
+const TIME_TILE_TILES: usize = 20;
 
 /// The tile kernels.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -255,7 +255,7 @@ fn with_window<R>(x: &[f32], len: usize, columns: Range<isize>, f: impl FnOnce(&
 
 /// `c0..c1` as tiles of at most `nr` columns, of widths that differ by one at most (32 columns: 11 + 11 + 10,
 /// not 14 + 14 + 4, whose last tile would hold too few accumulators to hide the FMA latency).
-pub(crate) fn tiles(columns: Range<usize>, nr: usize) -> impl Iterator<Item = (usize, usize)> {
+fn tiles(columns: Range<usize>, nr: usize) -> impl Iterator<Item = (usize, usize)> {
     let (c0, cols) = (columns.start, columns.len());
     let n = cols.div_ceil(nr);
     let (width, wider) = (cols / n.max(1), cols % n.max(1));
@@ -365,7 +365,7 @@ struct Job<'a> {
 }
 
 /// The vector operations the tile needs, for one ISA.
-pub(crate) trait Simd {
+trait Simd {
     type V: Copy;
     const LANES: usize;
     /// # Safety (all)
@@ -404,7 +404,7 @@ pub(crate) trait Simd {
     }
 }
 
-pub(crate) struct Avx512;
+struct Avx512;
 struct Avx2;
 
 impl Simd for Avx512 {

@@ -12,8 +12,6 @@ mod conv_arm;
 mod conv_winograd;
 #[cfg(target_arch = "x86_64")]
 mod conv_x86;
-#[cfg(target_arch = "x86_64")]
-mod conv_x86_bf16;
 mod gemm_call;
 #[cfg_attr(not(target_arch = "aarch64"), allow(dead_code))]
 mod int8;
@@ -38,9 +36,7 @@ use kazeia_backend_abi::{
     WeightData, WeightFormat,
 };
 
-pub use conv::{
-    fast_kernel_available, ConvPrecision, ConvTransposeWeight, ConvWeight, DepthwiseWeight,
-};
+pub use conv::{ConvPrecision, ConvTransposeWeight, ConvWeight, DepthwiseWeight};
 pub use linear::{resident_block_bytes, LinearWeight};
 
 /// Elements below which an op runs inline rather than on the pool.
@@ -94,7 +90,7 @@ impl CpuBackend {
     }
 
     /// This backend with its convolutions computed as `precision` says: [`ConvPrecision::Fast`] is the fast
-    /// decoder mode (bf16 operands where the CPU has AVX512-BF16, else Winograd), not exact, with its own bound
+    /// decoder mode (Winograd's F(6, 7) for the vocoder's 7-tap convolutions), not exact, with its own bound
     /// (`engine-core/tests/it/codec_fast.rs`: ≥ 40 dB SNR against the exact decoder).
     pub fn with_conv_precision(mut self, precision: ConvPrecision) -> Self {
         self.convs = precision;
@@ -177,13 +173,7 @@ impl Backend for CpuBackend {
                 k,
                 stride,
                 format,
-            } => Weight::new(ConvTransposeWeight::with_precision(
-                w,
-                (cin, cout, k),
-                stride,
-                format,
-                self.convs,
-            )),
+            } => Weight::new(ConvTransposeWeight::new(w, cin, cout, k, stride, format)),
         })
     }
 
