@@ -683,7 +683,7 @@ mod tests {
             ] {
                 let dims = (cout, cin, 7, len, d);
                 let errors = errors(dims, layout, gemm::Parallelism::Rayon(2), FAST_M);
-                
+
                 assert!(
                     errors[0] < 5e-5,
                     "{layout:?} {dims:?}: f32 error {:e}",
