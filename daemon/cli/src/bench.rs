@@ -649,7 +649,11 @@ pub fn run(args: BenchArgs) -> Result<()> {
                 ", \"weights\": \"{}\", \"weights_auto\": {}",
                 c.format,
                 serde_json::Value::from(c.reason())
-            )) + &cost.json()
+            )) + &format!(
+                ", \"decoder_precision\": \"{}\", \"decoder_kernel\": {}",
+                args.decoder_precision(),
+                serde_json::Value::from(args.decoder_precision().kernel())
+            ) + &cost.json()
         );
         return Ok(());
     }
