@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
+use kazeia_engine::codec::DecoderPrecision;
 use kazeia_engine::weights_auto::WeightsSetting;
 use serde::Deserialize;
 
@@ -182,6 +183,9 @@ pub struct StreamSection {
     /// On a machine slower than real time, start playing once the rest will arrive in time (`audio::plan`),
     /// so speech has no gap; false plays the first chunk at once, gaps and all.
     pub gapless: bool,
+    /// The codec decoder's precision: `exact`, or `fast` (faster convolutions, not exact: within 40 dB SNR of
+    /// the exact decoder; the CPU backend only). See [`DaemonConfig::decoder_precision`].
+    pub decoder: String,
 }
 
 impl Default for ModelSection {
@@ -244,6 +248,7 @@ impl Default for StreamSection {
             first_chunk_parts: 2,
             batch: 4,
             gapless: true,
+            decoder: "exact".into(),
         }
     }
 }
@@ -308,6 +313,7 @@ impl DaemonConfig {
                 "[stream] first_chunk_frames, chunk_frames, first_chunk_parts and batch must be positive"
             );
         }
+        self.decoder_precision()?;
         if self.voice.language.trim().is_empty() {
             bail!("[voice] language is empty (use \"auto\")");
         }
@@ -321,6 +327,14 @@ impl DaemonConfig {
             }
         }
         Ok(())
+    }
+
+    /// `[stream] decoder`: `exact` or `fast`.
+    pub fn decoder_precision(&self) -> Result<DecoderPrecision> {
+        self.stream
+            .decoder
+            .parse()
+            .map_err(|e| anyhow::anyhow!("[stream] decoder: {e}"))
     }
 
     /// `[model] weights`: a format, always obeyed, or `auto`: the most precise format this machine keeps
@@ -419,6 +433,16 @@ mod tests {
     }
 
     #[test]
+    fn the_decoder_is_exact_unless_fast_is_asked() {
+        assert_eq!(
+            DaemonConfig::default().decoder_precision().unwrap(),
+            DecoderPrecision::Exact
+        );
+        let c = DaemonConfig::parse("[stream]\ndecoder = \"fast\"\n", "t").unwrap();
+        assert_eq!(c.decoder_precision().unwrap(), DecoderPrecision::Fast);
+    }
+
+    #[test]
     fn text_modes_map_to_the_official_flag() {
         for (value, mode, flag) in [
             ("auto", TextMode::Auto, None),
@@ -443,6 +467,10 @@ mod tests {
             ("[queue]\nspiel_streams = 1000\n", "spiel_streams"),
             ("[stream]\nchunk_frames = 0\n", "stream"),
             ("[stream]\nfirst_chunk_parts = 0\n", "first_chunk_parts"),
+            (
+                "[stream]\ndecoder = \"quick\"\n",
+                "[stream] decoder: unknown decoder precision `quick`",
+            ),
             (
                 "[generation]\ntext = \"later\"\n",
                 "unknown variant `later`",

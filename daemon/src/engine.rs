@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
+use kazeia_engine::codec::DecoderPrecision;
 use kazeia_engine::fallback::Stage;
 use kazeia_engine::lm::LmBackends;
 use kazeia_engine::plugins::{backend_named, discover_for, search_path};
@@ -82,6 +83,8 @@ pub struct EngineKey {
     backends: [String; 3],
     threads: [usize; 3],
     plugin_path: Vec<PathBuf>,
+    /// `[stream] decoder`: the decoder's convolutions are uploaded for it.
+    decoder_precision: String,
 }
 
 impl EngineKey {
@@ -98,6 +101,7 @@ impl EngineKey {
             ],
             threads: [t.talker, t.code_predictor, t.decoder],
             plugin_path: b.plugin_path.clone(),
+            decoder_precision: config.stream.decoder.clone(),
         }
     }
 }
@@ -201,7 +205,25 @@ impl Engine {
         let t = &config.threads;
         let (talker, talker_name) = pick("talker", &b.talker, t.talker);
         let (cp, cp_name) = pick("code_predictor", &b.code_predictor, t.code_predictor);
-        let (decoder, decoder_name) = pick("decoder", &b.decoder, t.decoder);
+        let (decoder, decoder_name) = match config.decoder_precision()? {
+            // The fast decoder on a CPU backend of its own (its convolutions uploaded another way).
+            DecoderPrecision::Fast if b.decoder == "cpu" => {
+                let precision = DecoderPrecision::Fast;
+                tracing::info!("decoder fast: convolutions on {}", precision.kernel());
+                let backend: Arc<dyn Backend> =
+                    Arc::new(precision.cpu_backend(threads_or_all(t.decoder)));
+                (backend, "cpu (fast decoder)".to_owned())
+            }
+            precision => {
+                if precision == DecoderPrecision::Fast {
+                    tracing::warn!(
+                        "[stream] decoder = \"fast\" applies to the cpu backend only; the decoder runs on {}",
+                        b.decoder
+                    );
+                }
+                pick("decoder", &b.decoder, t.decoder)
+            }
+        };
         let weights = config.weights_setting()?;
         let machine = AutoMachine::new([t.talker, t.code_predictor, t.decoder].map(threads_or_all));
         let (mut synth, auto) = load_synthesizer(

@@ -30,5 +30,5 @@ pub mod weights_auto;
 
 pub use error::{Error, Result};
 pub use kazeia_backend_abi::{Backend, WeightFormat};
-pub use kazeia_backend_cpu::CpuBackend;
+pub use kazeia_backend_cpu::{ConvPrecision, CpuBackend};
 pub use linear::WeightStorage;

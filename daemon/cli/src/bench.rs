@@ -38,7 +38,8 @@ use kazeia_engine::{Backend, WeightFormat, WeightStorage};
 
 use crate::audio_cost::{AudioCost, LmStage};
 use crate::bandwidth::read_bandwidth_gbps;
-use crate::common_args::BackendArgs;
+use crate::common_args::{BackendArgs, DecoderArgs};
+use kazeia_engine::codec::DecoderPrecision;
 use kazeiad::audio::plan;
 use kazeiad::model_path::resolve_model;
 
@@ -74,6 +75,8 @@ pub struct BenchArgs {
     first_chunk_parts: usize,
     #[command(flatten)]
     backends: BackendArgs,
+    #[command(flatten)]
+    decoder: DecoderArgs,
     /// Only time the codec decoder.
     #[arg(long)]
     decoder_only: bool,
@@ -85,6 +88,13 @@ pub struct BenchArgs {
     /// per sentence, each sentence decoded after it is generated.
     #[arg(long, value_delimiter = ',')]
     batch: Option<Vec<usize>>,
+}
+
+impl BenchArgs {
+    /// `--decoder`, else exact.
+    fn decoder_precision(&self) -> DecoderPrecision {
+        self.decoder.precision.unwrap_or_default()
+    }
 }
 
 #[derive(Clone, Copy, Default)]
@@ -114,7 +124,9 @@ struct Loaded {
 }
 
 fn load(args: &BenchArgs) -> Result<Loaded> {
-    let (lm, decoder) = args.backends.resolve(args.threads);
+    let (lm, decoder) = args
+        .backends
+        .resolve_with(args.threads, args.decoder_precision());
     match args.weights {
         WeightsSetting::Fixed(storage) => load_as(args, storage, lm, decoder, !args.decoder_only),
         WeightsSetting::Auto => load_auto(args, lm, decoder),
@@ -678,7 +690,11 @@ pub fn run(args: BenchArgs) -> Result<()> {
                 ", \"weights\": \"{}\", \"weights_auto\": {}",
                 c.format,
                 serde_json::Value::from(c.reason())
-            )) + &cost.json()
+            )) + &format!(
+                ", \"decoder_precision\": \"{}\", \"decoder_kernel\": {}",
+                args.decoder_precision(),
+                serde_json::Value::from(args.decoder_precision().kernel())
+            ) + &cost.json()
         );
         return Ok(());
     }
@@ -766,6 +782,11 @@ pub fn run(args: BenchArgs) -> Result<()> {
         }
     }
     println!("RTF {rtf:.3} (wall time / audio time); load {load_s:.1} s; peak RSS {rss:.0} MB");
+    let precision = args.decoder_precision();
+    println!(
+        "decoder {precision}: convolutions on {}",
+        precision.kernel()
+    );
     if let Some(choice) = &loaded.auto {
         println!("weights {} ({})", choice.format, choice.reason());
     }

@@ -4,6 +4,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use clap::Args;
+use kazeia_engine::codec::DecoderPrecision;
 use kazeia_engine::lm::LmBackends;
 use kazeia_engine::plugins::{backend_named, discover_for, search_path};
 use kazeia_engine::weights_auto::{AutoMachine, WeightsSetting};
@@ -74,9 +75,48 @@ pub struct BackendArgs {
     pub plugin_path: Vec<PathBuf>,
 }
 
+/// The codec decoder's precision.
+#[derive(Args)]
+pub struct DecoderArgs {
+    /// The codec decoder's precision: exact, or fast (its convolutions faster and not exact: within 40 dB SNR
+    /// of the exact decoder; the CPU backend only). Default: exact (for `synth`, kazeia.toml's `[stream] decoder`).
+    #[arg(long = "decoder", value_name = "exact|fast")]
+    pub precision: Option<DecoderPrecision>,
+}
+
 impl BackendArgs {
     /// The LM stages' backends and the decoder's, logging every fallback to the CPU.
     pub fn resolve(&self, threads: usize) -> (LmBackends, Arc<dyn Backend>) {
+        self.resolve_with(threads, DecoderPrecision::Exact)
+    }
+
+    /// [`BackendArgs::resolve`] with the decoder's convolutions computed as `precision` says: a fast decoder on
+    /// the CPU backend is a built-in CPU backend of its own (the LM stages keep theirs); on a plugin the fast mode
+    /// does not apply (a warning says so).
+    pub fn resolve_with(
+        &self,
+        threads: usize,
+        precision: DecoderPrecision,
+    ) -> (LmBackends, Arc<dyn Backend>) {
+        let (lm, decoder) = self.resolve_exact(threads);
+        if precision == DecoderPrecision::Exact {
+            return (lm, decoder);
+        }
+        if self.decoder_backend.as_deref().unwrap_or(&self.backend) != "cpu" {
+            tracing::warn!(
+                "--decoder {precision} applies to the cpu backend only; the decoder's backend is {}",
+                decoder.name()
+            );
+            return (lm, decoder);
+        }
+        tracing::info!(
+            "decoder {precision}: convolutions on {}",
+            precision.kernel()
+        );
+        (lm, Arc::new(precision.cpu_backend(threads)))
+    }
+
+    fn resolve_exact(&self, threads: usize) -> (LmBackends, Arc<dyn Backend>) {
         let names = [
             self.talker_backend.as_deref().unwrap_or(&self.backend),
             self.cp_backend.as_deref().unwrap_or(&self.backend),

@@ -12,7 +12,7 @@ use kazeia_engine::wav::{SampleFormat, WavWriter};
 use kazeia_engine::weights_auto::load_synthesizer;
 use kazeia_text::text::DEFAULT_CHUNK_CHARS;
 
-use crate::common_args::{EngineArgs, SamplingArgs};
+use crate::common_args::{DecoderArgs, EngineArgs, SamplingArgs};
 use kazeiad::model_path::resolve_model;
 use kazeiad::request::VoiceChoice;
 use kazeiad::voices::speech_voice;
@@ -74,6 +74,8 @@ pub struct SynthArgs {
     sampling: SamplingArgs,
     #[command(flatten)]
     engine: EngineArgs,
+    #[command(flatten)]
+    decoder: DecoderArgs,
 }
 
 fn read_text(args: &SynthArgs) -> Result<String> {
@@ -122,7 +124,14 @@ pub fn run(args: SynthArgs) -> Result<()> {
         None => config.weights_setting()?,
     };
     let dir = resolve_model(&config.model.path)?;
-    let (lm, decoder) = args.engine.backends.resolve(args.engine.threads);
+    let precision = match args.decoder.precision {
+        Some(p) => p,
+        None => config.decoder_precision()?,
+    };
+    let (lm, decoder) = args
+        .engine
+        .backends
+        .resolve_with(args.engine.threads, precision);
     let backend_names =
         [lm.talker.name(), lm.code_predictor.name(), decoder.name()].map(str::to_owned);
     let load_start = Instant::now();

@@ -16,6 +16,7 @@ mod conv;
 pub mod encoder;
 pub mod multiply_adds;
 mod pre_transformer;
+pub mod precision;
 mod quantizer;
 mod upsample;
 
@@ -26,6 +27,7 @@ use kazeia_backend_abi::{Backend, WeightFormat};
 
 pub use config::{CodecConfig, DecoderConfig};
 use conv::{CausalConv1d, ConvState};
+pub use precision::DecoderPrecision;
 
 use crate::error::{Error, Result};
 use crate::graph::{Graph, Tensor};

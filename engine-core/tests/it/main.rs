@@ -5,6 +5,7 @@ mod common;
 
 mod batch_generate;
 mod client_text;
+mod codec_fast;
 mod codec_parity;
 mod codec_truth;
 mod conformance;

@@ -88,6 +88,41 @@ impl Stored {
     }
 }
 
+/// How a backend computes its convolutions.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ConvPrecision {
+    /// Direct f32 sums in blocks: as close to the exact result as the official f32 decoder (the default).
+    #[default]
+    Exact,
+    /// Winograd's F(2, k) for the convolutions that suit it (`conv_winograd.rs`): fewer multiplications, a few
+    /// more ulps of rounding (`KAZEIA_CONV_WINOGRAD=1`).
+    Winograd,
+    /// The fast decoder mode: Winograd's F(6, k) in f32 for the convolutions that suit it (the vocoder's 7-tap
+    /// residual ones: 2 multiplications an output per channel pair instead of 7), direct sums for the others. Not
+    /// exact: ~1e-4 of the exact waveform (`engine-core/tests/it/codec_fast.rs` holds it to 40 dB SNR).
+    Fast,
+}
+
+impl ConvPrecision {
+    /// The convolution kernel this precision runs, in words (for logs and `kazeia bench`).
+    pub fn kernel(self) -> &'static str {
+        match self {
+            ConvPrecision::Exact => "direct f32 sums (exact)",
+            ConvPrecision::Winograd => "Winograd F(2, 7) for the 7-tap ones, f32",
+            ConvPrecision::Fast => "Winograd F(6, 7) for the 7-tap ones, f32",
+        }
+    }
+
+    /// Outputs per Winograd tile, for the convolutions that suit it; `None`: all direct.
+    fn winograd_tile(self) -> Option<usize> {
+        match self {
+            ConvPrecision::Exact => None,
+            ConvPrecision::Winograd => Some(conv_winograd::M),
+            ConvPrecision::Fast => Some(conv_winograd::FAST_M),
+        }
+    }
+}
+
 /// Per-tap `[cout][cin]` panels, `[k][cout][cin]`.
 struct Panels(Stored);
 
@@ -306,32 +341,60 @@ impl ConvWeight {
         Self::with_layout(w, (cout, cin, k), bias, format, Layout::selected(cout))
     }
 
-    /// As [`ConvWeight::new`], computed by Winograd's F(2, k) where the layer suits it (`conv_winograd.rs`):
-    /// fewer multiplications, a few more ulps of rounding, and an F16 layer rounds the transformed weights
-    /// rather than the weights.
-    pub fn fast(
+    /// As [`ConvWeight::new`], computed as `precision` says: by Winograd's F(m, k) where the layer suits it
+    /// (`conv_winograd.rs`: fewer multiplications, more rounding, and an F16 layer rounds the transformed weights
+    /// rather than the weights), else directly.
+    pub fn with_precision(
         w: &[f32],
         (cout, cin, k): (usize, usize, usize),
         bias: Option<&[f32]>,
         format: WeightFormat,
+        precision: ConvPrecision,
     ) -> Self {
         let layout = Layout::selected(cout);
-        if conv_winograd::suits(cout, cin, k) {
-            Self::winograd(w, (cout, cin, k), bias, format, layout)
-        } else {
-            Self::with_layout(w, (cout, cin, k), bias, format, layout)
+        match precision.winograd_tile() {
+            // F(6, k)'s transformed weights span powers of 3 with cancellations between them: rounded to f16 they
+            // put a layer ~1e-2 from its output (F(2, k): ~1e-3), so the fast mode holds them as f32, from the
+            // weights as the format holds them (an F16 layer is the F32 one on the weights rounded to f16).
+            Some(m)
+                if conv_winograd::suits(cout, cin, k, m) && precision == ConvPrecision::Fast =>
+            {
+                Self::winograd_f32(w, (cout, cin, k), bias, format, layout, m)
+            }
+            Some(m) if conv_winograd::suits(cout, cin, k, m) => {
+                Self::winograd(w, (cout, cin, k), bias, format, layout, m)
+            }
+            _ => Self::with_layout(w, (cout, cin, k), bias, format, layout),
         }
     }
 
-    /// Computed by Winograd's F(2, k), its GEMMs on `layout` (`conv_winograd.rs`).
+    /// [`ConvWeight::winograd`] with the transformed weights held as f32 whatever `format`, computed from the
+    /// weights as `format` holds them (an F16 layer is the F32 one on the weights rounded to f16).
+    pub(crate) fn winograd_f32(
+        w: &[f32],
+        dims: (usize, usize, usize),
+        bias: Option<&[f32]>,
+        format: WeightFormat,
+        layout: Layout,
+        m: usize,
+    ) -> Self {
+        let held: Vec<f32> = match format {
+            WeightFormat::F16 => w.iter().map(|&v| f16::from_f32(v).to_f32()).collect(),
+            _ => w.to_vec(),
+        };
+        Self::winograd(&held, dims, bias, WeightFormat::F32, layout, m)
+    }
+
+    /// Computed by Winograd's F(m, k), its GEMMs on `layout` (`conv_winograd.rs`).
     pub(crate) fn winograd(
         w: &[f32],
         (cout, cin, k): (usize, usize, usize),
         bias: Option<&[f32]>,
         format: WeightFormat,
         layout: Layout,
+        m: usize,
     ) -> Self {
-        let winograd = Winograd::new(w, (cout, cin, k), format, layout);
+        let winograd = Winograd::new(w, (cout, cin, k), format, layout, m);
         Self::assemble(Taps::Winograd(Box::new(winograd)), bias, (cout, cin, k))
     }
 

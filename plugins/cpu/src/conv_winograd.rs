@@ -13,7 +13,8 @@
 //! come from Toom-Cook on the points 0, ±1, ±2, ±½ and ∞ (computed in f64 here, not tabulated): `G` evaluates
 //! the filter's polynomial, `Bᵀ` is the transposed interpolation, `Aᵀ` the transposed evaluation of the output's.
 //!
-//! F(2, 7) takes 8 products for 14 multiplications per channel pair (1.75× fewer). The arithmetic is f32 as
+//! F(2, 7) takes 8 products for 14 multiplications per channel pair (1.75× fewer); the fast decoder mode's
+//! F(6, 7) ([`FAST_M`]) 12 for 42 (3.5× fewer), at more rounding. The arithmetic is f32 as
 //! before, but not the same rounding: against an f64 reference, ~1.5e-6 of the output's peak where the direct
 //! kernel has ~1.5e-7 (the points ±2, ±½ weigh the products unevenly); on the decoder fixtures the waveform stays
 //! within 5e-6 of the official one (bound 1e-4) and a chunked decode within 5e-6 of the one-shot (8e-6 on the
@@ -35,11 +36,31 @@ use kazeia_backend_abi::WeightFormat;
 use crate::conv::{ConvWeight, Layout};
 use crate::gemm_call::{for_column_tiles, SharedOut};
 
-/// Outputs per tile.
-const M: usize = 2;
+/// Outputs per tile of the opt-in Winograd of `KAZEIA_CONV_WINOGRAD` ([`crate::ConvPrecision::Winograd`]).
+pub(crate) const M: usize = 2;
+
+/// Outputs per tile of the fast decoder mode's ([`crate::ConvPrecision::Fast`]): F(6, 7) takes 12 products for
+/// 42 multiplications per channel pair (3.5× fewer), on the points 0, ±1, ±2, ±½, ±3, ±⅓ and ∞. Its rounding
+/// grows with the points (~1e-5 of a layer's peak against ~1.5e-6 for F(2, 7)), still far inside the fast
+/// mode's bound: the released decoder's waveform ~89 dB SNR against the exact one (bound 40). Against F(4, 7)
+/// (91 dB): decoder 0.92/0.97 against 1.04/1.01 s per s of audio; F(8, 7) would need points past ±3, whose
+/// powers grow the rounding faster (AMD EPYC Zen 4, 2 threads, a shared machine).
+pub(crate) const FAST_M: usize = 6;
 
 /// The evaluation points before ∞, in the order taken (F(2, 7) takes the first seven).
-const POINTS: [f64; 9] = [0.0, 1.0, -1.0, 2.0, -2.0, 0.5, -0.5, 3.0, -3.0];
+const POINTS: [f64; 11] = [
+    0.0,
+    1.0,
+    -1.0,
+    2.0,
+    -2.0,
+    0.5,
+    -0.5,
+    3.0,
+    -3.0,
+    1.0 / 3.0,
+    -1.0 / 3.0,
+];
 
 /// Tiles per unit of work: a chunk's transformed inputs and products stay in L2 for the small layers.
 const TILES_PER_CHUNK: usize = 128;
@@ -63,12 +84,12 @@ const MAX_CHANNEL_PAIRS: usize = 1 << 20;
 /// Whether a convolution is worth computing this way: enough taps to save multiplications, channels enough that
 /// the per-channel transforms are small next to the GEMMs, and not so many that the weights' stream bounds it
 /// ([`MAX_CHANNEL_PAIRS`]).
-pub(crate) fn suits(cout: usize, cin: usize, k: usize) -> bool {
+pub(crate) fn suits(cout: usize, cin: usize, k: usize, m: usize) -> bool {
     k >= 5
         && cout >= 32
         && cin >= 32
         && cout * cin <= MAX_CHANNEL_PAIRS
-        && M + k - 1 <= POINTS.len() + 1
+        && m + k - 1 <= POINTS.len() + 1
 }
 
 /// The F(m, k) matrices: `bt` `[α][α]`, `g` `[α][k]`, `at` `[m][α]`.
@@ -184,9 +205,10 @@ impl Winograd {
         (cout, cin, k): (usize, usize, usize),
         format: WeightFormat,
         layout: Layout,
+        m: usize,
     ) -> Self {
         assert_eq!(w.len(), cout * cin * k, "conv1d weight size");
-        let t = Transforms::new(M, k);
+        let t = Transforms::new(m, k);
         let products = (0..t.alpha)
             .map(|xi| {
                 let g = &t.g[xi * k..(xi + 1) * k];
@@ -577,6 +599,7 @@ mod tests {
         (cout, cin, k, len, d): (usize, usize, usize, usize, usize),
         layout: Layout,
         par: gemm::Parallelism,
+        m: usize,
     ) -> Vec<f64> {
         let w = random(cout * cin * k, 1);
         let b = random(cout, 2);
@@ -586,7 +609,11 @@ mod tests {
         [WeightFormat::F32, WeightFormat::F16]
             .into_iter()
             .map(|format| {
-                let conv = ConvWeight::winograd(&w, (cout, cin, k), Some(&b), format, layout);
+                let conv = if m == FAST_M {
+                    ConvWeight::winograd_f32(&w, (cout, cin, k), Some(&b), format, layout, m)
+                } else {
+                    ConvWeight::winograd(&w, (cout, cin, k), Some(&b), format, layout, m)
+                };
                 let mut y = vec![f32::NAN; reference.len()];
                 conv.forward(&x, len, d, &mut y, par);
                 let err = y
@@ -623,7 +650,7 @@ mod tests {
                 (48, 96, 6 * 3 + 1000, 3),
             ] {
                 let dims = (cout, cin, 7, len, d);
-                let errors = errors(dims, layout, gemm::Parallelism::Rayon(2));
+                let errors = errors(dims, layout, gemm::Parallelism::Rayon(2), M);
                 // f32: a few ulps of the sums (the direct kernel's own rounding is ~1e-7 here); f16: the weights'
                 // rounding (2⁻¹¹ relative, summed over 7·cin terms of either sign).
                 assert!(
@@ -640,19 +667,50 @@ mod tests {
         }
     }
 
+    /// The fast mode's F(6, 7) at awkward shapes (columns off the 6-output tiles, dilations, one tile, many):
+    /// f32 rounding grown by its points, ~2e-5 of the peak (F(2, 7): < 2e-6), still the convolution; F16 weights
+    /// ~2e-4 (their own rounding: the transformed weights are held as f32).
+    #[test]
+    fn the_fast_tile_computes_the_convolution() {
+        for layout in layouts() {
+            for (cout, cin, len, d) in [
+                (40, 33, 6 * 9 + 1, 9),
+                (40, 33, 6 * 9 + 23, 9),
+                (32, 48, 301, 3),
+                (33, 32, 7, 1),
+                (64, 40, 613, 1),
+                (96, 96, 6 * 3 + 1000, 3),
+            ] {
+                let dims = (cout, cin, 7, len, d);
+                let errors = errors(dims, layout, gemm::Parallelism::Rayon(2), FAST_M);
+
+                assert!(
+                    errors[0] < 5e-5,
+                    "{layout:?} {dims:?}: f32 error {:e}",
+                    errors[0]
+                );
+                assert!(
+                    errors[1] < 1e-3,
+                    "{layout:?} {dims:?}: f16 error {:e}",
+                    errors[1]
+                );
+            }
+        }
+    }
+
     #[test]
     fn only_the_vocoders_wide_convolutions_take_it() {
         // The released vocoder's 7-tap convolutions, 768² down to 96² channel pairs.
         for c in [768, 384, 192, 96] {
-            assert!(suits(c, c, 7), "{c} channels");
+            assert!(suits(c, c, 7, M), "{c} channels");
         }
         // Its 1024→1536 input convolution: bound by its weights' stream.
-        assert!(!suits(1536, 1024, 7));
+        assert!(!suits(1536, 1024, 7, M));
         // Too few taps or channels.
-        assert!(!suits(768, 768, 3));
-        assert!(!suits(768, 768, 1));
-        assert!(!suits(31, 768, 7));
-        assert!(!suits(1, 96, 7));
+        assert!(!suits(768, 768, 3, M));
+        assert!(!suits(768, 768, 1, M));
+        assert!(!suits(31, 768, 7, M));
+        assert!(!suits(1, 96, 7, M));
     }
 
     #[test]
@@ -663,7 +721,7 @@ mod tests {
             let w = random(cout * cin * k, 4);
             let x = random(cin * len, 5);
             let conv =
-                ConvWeight::winograd(&w, (cout, cin, k), None, WeightFormat::F32, Layout::Gemm);
+                ConvWeight::winograd(&w, (cout, cin, k), None, WeightFormat::F32, Layout::Gemm, M);
             let run = |par| {
                 let mut y = vec![0.0; cout * (len - (k - 1) * d)];
                 conv.forward(&x, len, d, &mut y, par);

@@ -36,7 +36,7 @@ use kazeia_backend_abi::{
     WeightData, WeightFormat,
 };
 
-pub use conv::{ConvTransposeWeight, ConvWeight, DepthwiseWeight};
+pub use conv::{ConvPrecision, ConvTransposeWeight, ConvWeight, DepthwiseWeight};
 pub use linear::{int8_activations, resident_block_bytes, LinearWeight};
 
 /// Elements below which an op runs inline rather than on the pool.
@@ -46,8 +46,8 @@ const PARALLEL_MIN_WORK: usize = 1 << 15;
 pub struct CpuBackend {
     pool: rayon::ThreadPool,
     threads: usize,
-    /// Convolutions that suit it run Winograd's algorithm ([`ConvWeight::fast`]): an opt-in, never the default.
-    winograd: bool,
+    /// How the convolutions are computed: exact unless opted out of ([`ConvPrecision`]).
+    convs: ConvPrecision,
 }
 
 impl CpuBackend {
@@ -61,18 +61,22 @@ impl CpuBackend {
             .expect("cannot start the CPU backend's worker threads");
         // Direct convolutions: as close to the exact result as the official f32 decoder (`codec_truth` tests).
         // `KAZEIA_CONV_WINOGRAD=1` opts into Winograd's faster, less exact ones.
-        let winograd = std::env::var("KAZEIA_CONV_WINOGRAD").as_deref() == Ok("1");
+        let convs = if std::env::var("KAZEIA_CONV_WINOGRAD").as_deref() == Ok("1") {
+            ConvPrecision::Winograd
+        } else {
+            ConvPrecision::Exact
+        };
         CpuBackend {
             pool,
             threads,
-            winograd,
+            convs,
         }
     }
 
     /// This backend with every convolution computed directly (no Winograd, whatever `KAZEIA_CONV_WINOGRAD`
     /// says): each output a fixed sum of products of the weights as stored, as the tests of that property need.
     pub fn with_direct_convolutions(mut self) -> Self {
-        self.winograd = false;
+        self.convs = ConvPrecision::Exact;
         self
     }
 
@@ -81,8 +85,21 @@ impl CpuBackend {
     /// on the tiny fixtures (the default's contract is 1.25×). An opt-in for a fast decoder mode, with its own
     /// bound; `KAZEIA_CONV_WINOGRAD=1` does the same for every backend of a process.
     pub fn with_winograd_convolutions(mut self) -> Self {
-        self.winograd = true;
+        self.convs = ConvPrecision::Winograd;
         self
+    }
+
+    /// This backend with its convolutions computed as `precision` says: [`ConvPrecision::Fast`] is the fast
+    /// decoder mode (Winograd's F(6, 7) for the vocoder's 7-tap convolutions), not exact, with its own bound
+    /// (`engine-core/tests/it/codec_fast.rs`: ≥ 40 dB SNR against the exact decoder).
+    pub fn with_conv_precision(mut self, precision: ConvPrecision) -> Self {
+        self.convs = precision;
+        self
+    }
+
+    /// How this backend computes its convolutions.
+    pub fn conv_precision(&self) -> ConvPrecision {
+        self.convs
     }
 
     pub fn threads(&self) -> usize {
@@ -136,15 +153,13 @@ impl Backend for CpuBackend {
                 k,
                 bias,
                 format,
-            } if self.winograd => Weight::new(ConvWeight::fast(w, (cout, cin, k), bias, format)),
-            WeightData::Conv1d {
+            } => Weight::new(ConvWeight::with_precision(
                 w,
-                cout,
-                cin,
-                k,
+                (cout, cin, k),
                 bias,
                 format,
-            } => Weight::new(ConvWeight::new(w, cout, cin, k, bias, format)),
+                self.convs,
+            )),
             WeightData::DepthwiseConv1d {
                 w,
                 channels,

@@ -1,0 +1,97 @@
+//! The fast decoder mode's bound (issue 43.2): on the released decoder shape (`codec_truth.rs`'s seeded
+//! fixtures, near full scale), the fast mode's waveform is within 40 dB SNR of the exact decoder's, one-shot and
+//! streamed in every chunking `codec_truth.rs` checks, with the weights held as F32 and as F16 (what the lossy
+//! LM formats give the decoder), each against the exact decoder of the same format. The fast mode is the same
+//! arithmetic on every CPU (Winograd's F(6, 7) in f32 on the tile kernels), so nothing is skipped.
+
+use crate::common;
+
+use std::sync::{Arc, Mutex};
+
+use common::codec_fixture as fixture;
+use common::seeded_weights::SeededWeights;
+use kazeia_engine::codec::{CodecConfig, CodecDecoder};
+use kazeia_engine::codes::parse_codes_json;
+use kazeia_engine::{ConvPrecision, CpuBackend, WeightFormat};
+
+/// The fast mode's bound against the exact decoder.
+const SNR_BOUND_DB: f64 = 40.0;
+
+/// The chunkings `codec_truth.rs` streams the released fixtures in.
+const CHUNKINGS: [&[usize]; 6] = [&[1], &[2], &[3], &[7], &[1, 4, 2, 9], &[13, 1]];
+
+/// One released-shape case at a time (two decoders of ~0.5 GB each).
+static LARGE: Mutex<()> = Mutex::new(());
+
+fn decoder(case: &str, precision: ConvPrecision, format: WeightFormat) -> CodecDecoder {
+    let dir = fixture(case);
+    let config = CodecConfig::load(&dir.join("speech_tokenizer/config.json")).unwrap();
+    let weights = SeededWeights::open(&dir.join("seeded_weights.json"));
+    let backend = Arc::new(CpuBackend::new(2).with_conv_precision(precision));
+    CodecDecoder::from_parts_as(config, &weights, backend, format).unwrap()
+}
+
+/// `10 log10(Σ exact² / Σ (exact − test)²)`.
+fn snr_db(exact: &[f32], test: &[f32]) -> f64 {
+    assert_eq!(exact.len(), test.len(), "lengths differ");
+    let power: f64 = exact.iter().map(|&v| f64::from(v).powi(2)).sum();
+    let noise: f64 = exact
+        .iter()
+        .zip(test)
+        .map(|(&a, &b)| (f64::from(a) - f64::from(b)).powi(2))
+        .sum();
+    10.0 * (power / noise.max(1e-30)).log10()
+}
+
+/// The fast decoder one-shot and in every chunking, against the exact one-shot waveform, for each format.
+fn check(case: &str) {
+    let _one_at_a_time = LARGE.lock().unwrap_or_else(|e| e.into_inner());
+    let codes =
+        parse_codes_json(&std::fs::read_to_string(fixture(case).join("codes.json")).unwrap())
+            .unwrap();
+    let kernel = ConvPrecision::Fast.kernel();
+    for format in [WeightFormat::F32, WeightFormat::F16] {
+        let exact = decoder(case, ConvPrecision::Exact, format)
+            .decode(&codes)
+            .unwrap();
+        let peak = exact.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        assert!(peak >= 0.9, "{case}: peak {peak} (not near full scale)");
+        let fast = decoder(case, ConvPrecision::Fast, format);
+        let mut worst = snr_db(&exact, &fast.decode(&codes).unwrap());
+        eprintln!("{case} {format} ({kernel}): one-shot SNR {worst:.1} dB");
+        assert!(
+            worst >= SNR_BOUND_DB,
+            "{case} {format}: fast one-shot SNR {worst:.1} dB < {SNR_BOUND_DB}"
+        );
+        for pattern in CHUNKINGS {
+            let mut state = fast.new_state();
+            let mut streamed = Vec::with_capacity(exact.len());
+            let mut start = 0;
+            for &size in pattern.iter().cycle() {
+                if start >= codes.len() {
+                    break;
+                }
+                let end = (start + size).min(codes.len());
+                streamed.extend(fast.decode_chunk(&mut state, &codes[start..end]).unwrap());
+                start = end;
+            }
+            let snr = snr_db(&exact, &streamed);
+            assert!(
+                snr >= SNR_BOUND_DB,
+                "{case} {format}, chunks {pattern:?}: fast SNR {snr:.1} dB < {SNR_BOUND_DB}"
+            );
+            worst = worst.min(snr);
+        }
+        eprintln!("{case} {format}: worst SNR over the chunkings {worst:.1} dB");
+    }
+}
+
+#[test]
+fn fast_decoder_on_random_codes() {
+    check("released_random");
+}
+
+#[test]
+fn fast_decoder_on_generated_codes() {
+    check("released_generated");
+}
