@@ -8,6 +8,17 @@ pub mod services;
 use std::path::PathBuf;
 use std::sync::Mutex;
 
+/// `n` test values in [-1, 1], spread by a hash of the index: the same for the same `seed` on every machine.
+pub fn values(n: usize, seed: u32) -> Vec<f32> {
+    (0..n)
+        .map(|i| {
+            (((i as u32).wrapping_mul(2_654_435_761) ^ seed.wrapping_mul(40503)) % 2001) as f32
+                / 1000.0
+                - 1.0
+        })
+        .collect()
+}
+
 /// `tests/fixtures/` in the source tree.
 pub fn fixtures_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures")

@@ -2,7 +2,6 @@
 //! stage and fails after a set number of op lists; the stage moves to the CPU with one warning, and the
 //! utterance is still the official waveform (the committed golden of the fixture), neither cut nor repeated.
 
-use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use kazeia_engine::fallback::Stage;
@@ -10,22 +9,21 @@ use kazeia_engine::graph::Graph;
 use kazeia_engine::lm::LmBackends;
 use kazeia_engine::plugins::{inspect, PluginBackend};
 use kazeia_engine::stream::{SessionControl, StreamConfig};
-use kazeia_engine::synth::{SynthOptions, Synthesizer, Voice};
-use kazeia_engine::weights::WeightFile;
+use kazeia_engine::synth::{SynthOptions, Synthesizer};
 use kazeia_engine::{Backend, CpuBackend, Error, WeightStorage};
 
-fn fixture() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/lm/shape_0b6")
-}
+#[path = "it/common/mod.rs"]
+#[allow(dead_code)] // this binary uses a few of the engine tests' helpers
+mod common;
 
-fn voice() -> Voice {
-    Voice {
-        speaker: Some("ryan".into()),
-        language: "english".into(),
-        instruct: None,
-        non_streaming_mode: None,
-        clone: None,
-    }
+use common::lm_fixtures::ryan;
+use common::{assert_within, chunking};
+
+/// The fixture every test here speaks with.
+const CASE: &str = "shape_0b6";
+
+fn fixture() -> std::path::PathBuf {
+    common::lm_fixtures::fixture(CASE)
 }
 
 /// A synthesizer with `stage` on a faulty backend that runs `after` lists, the others on the built-in CPU
@@ -58,19 +56,26 @@ fn synthesizer(stage: Stage, after: usize) -> (Synthesizer, Arc<Mutex<Vec<String
     (synth, warnings)
 }
 
-fn speak(synth: &Synthesizer, config: StreamConfig) -> Result<Vec<f32>, Error> {
+/// Speaks `text` greedily in chunks of up to `chunk_chars` characters: the number of chunks spoken, and the
+/// audio.
+fn speak_text(
+    synth: &Synthesizer,
+    text: &str,
+    chunk_chars: usize,
+    config: StreamConfig,
+) -> Result<(usize, Vec<f32>), Error> {
     let mut audio = Vec::new();
     let options = SynthOptions {
         greedy: true,
         seed: None,
         max_new_tokens: Some(24),
-        chunk_chars: 400,
+        chunk_chars,
         text_budget: true,
         ignore_eos: false,
     };
-    synth.synthesize(
-        "Hello world.",
-        &voice(),
+    let (report, _) = synth.synthesize(
+        text,
+        &ryan(None),
         &options,
         config,
         &SessionControl::new(),
@@ -79,22 +84,16 @@ fn speak(synth: &Synthesizer, config: StreamConfig) -> Result<Vec<f32>, Error> {
             Ok(())
         },
     )?;
-    Ok(audio)
+    Ok((report.utterances, audio))
+}
+
+/// Speaks the fixture's English sentence, the one its golden waveform is of: the audio.
+fn speak(synth: &Synthesizer, config: StreamConfig) -> Result<Vec<f32>, Error> {
+    speak_text(synth, "Hello world.", 400, config).map(|(_, audio)| audio)
 }
 
 fn assert_official(audio: &[f32], what: &str) {
-    let golden = WeightFile::open(&fixture().join("golden.safetensors"))
-        .unwrap()
-        .tensor("wav_en_nonstream")
-        .unwrap()
-        .data;
-    assert_eq!(audio.len(), golden.len(), "{what}: length");
-    let err = audio
-        .iter()
-        .zip(&golden)
-        .map(|(a, b)| (a - b).abs())
-        .fold(0.0, f32::max);
-    assert!(err <= 1e-4, "{what}: {err:e}");
+    assert_within(what, audio, &common::lm_fixtures::golden_wav(CASE), 1e-4);
 }
 
 /// The plugin's budget is one per process: one test at a time sets it.
@@ -105,13 +104,7 @@ fn a_stage_whose_backend_fails_moves_to_the_cpu_and_the_utterance_is_still_the_o
     let _one = PLUGIN.lock().unwrap_or_else(|e| e.into_inner());
     let cache = tempfile::tempdir().unwrap();
     std::env::set_var("KAZEIA_CACHE_DIR", cache.path());
-    let config = StreamConfig {
-        first_chunk_frames: 1,
-        chunk_frames: 4,
-        profile_decoder: false,
-        batch: 1,
-        ..StreamConfig::default()
-    };
+    let config = chunking(1, 4, 1);
     // Lists each stage runs before its failure: the talker's prompt takes 5 and its prefill 1, so 8 fails
     // in the second frame; the code predictor runs 15 a frame; the decoder one per chunk, three for the first
     // (the stages before the vocoder, then its two parts: 2 fails after the first part was heard, which is not
@@ -229,36 +222,8 @@ fn a_stage_failing_mid_batch_moves_to_the_cpu_and_no_chunk_is_lost() {
     let cache = tempfile::tempdir().unwrap();
     std::env::set_var("KAZEIA_CACHE_DIR", cache.path());
     let text = "Hello world. Good morning, how are you today? Fine, thanks.";
-    let options = SynthOptions {
-        greedy: true,
-        seed: None,
-        max_new_tokens: Some(24),
-        chunk_chars: 16,
-        text_budget: true,
-        ignore_eos: false,
-    };
-    let speak = |synth: &Synthesizer, batch: usize| {
-        let config = StreamConfig {
-            first_chunk_frames: 1,
-            chunk_frames: 4,
-            profile_decoder: false,
-            batch,
-            ..StreamConfig::default()
-        };
-        let mut audio = Vec::new();
-        let (report, _) = synth.synthesize(
-            text,
-            &voice(),
-            &options,
-            config,
-            &SessionControl::new(),
-            &mut |chunk| {
-                audio.extend_from_slice(chunk);
-                Ok(())
-            },
-        )?;
-        Ok::<_, Error>((report.utterances, audio))
-    };
+    let speak =
+        |synth: &Synthesizer, batch: usize| speak_text(synth, text, 16, chunking(1, 4, batch));
     let cpu = Synthesizer::load(&fixture(), Arc::new(CpuBackend::new(2))).unwrap();
     let (chunks, reference) = speak(&cpu, 1).unwrap();
     assert!(chunks >= 3, "{chunks} chunks");
@@ -274,13 +239,7 @@ fn a_stage_failing_mid_batch_moves_to_the_cpu_and_no_chunk_is_lost() {
         let what = format!("{} failing after {after} lists", stage.name());
         let (synth, warnings) = synthesizer(stage, after);
         let (_, audio) = speak(&synth, 3).unwrap_or_else(|e| panic!("{what}: {e}"));
-        assert_eq!(audio.len(), reference.len(), "{what}: length");
-        let err = audio
-            .iter()
-            .zip(&reference)
-            .map(|(a, b)| (a - b).abs())
-            .fold(0.0, f32::max);
-        assert!(err <= 1e-4, "{what}: {err:e}");
+        assert_within(&what, &audio, &reference, 1e-4);
         assert_eq!(warnings.lock().unwrap().len(), 1, "{what}: one warning");
         assert!(synth.fallback.has_moved(stage), "{what}: moved");
     }

@@ -402,16 +402,7 @@ mod tests {
     use super::*;
     use kazeia_backend_abi::Backend;
     use kazeia_backend_cpu::{CpuBackend, LinearWeight};
-
-    fn values(n: usize, seed: u32) -> Vec<f32> {
-        (0..n)
-            .map(|i| {
-                (((i as u32).wrapping_mul(2_654_435_761) ^ seed.wrapping_mul(40503)) % 2001) as f32
-                    / 1000.0
-                    - 1.0
-            })
-            .collect()
-    }
+    use kazeia_tests::values;
 
     fn cpu_rows(out: usize, inp: usize, format: WeightFormat) -> QuantRows {
         let w = values(out * inp, out as u32);

@@ -9,12 +9,12 @@ use crate::common;
 use std::cell::RefCell;
 use std::sync::Arc;
 
-use common::lm_fixtures::{fixture, ids, request, runs, CASES};
+use common::lm_fixtures::{fixture, golden_codes, max_new_tokens, model_as, request, runs, CASES};
 
 use kazeia_engine::lm::{
     generate, generate_batch, BatchOptions, BatchSequence, GenerateOptions, Prompt, TtsModel,
 };
-use kazeia_engine::{CpuBackend, WeightFormat, WeightStorage};
+use kazeia_engine::{CpuBackend, WeightFormat};
 
 /// A golden run's name, `max_new_tokens` and codes.
 type Golden = (String, usize, Vec<Vec<u32>>);
@@ -32,8 +32,8 @@ fn prompts(model: &TtsModel, case: &str) -> (Vec<Prompt>, Vec<Golden>) {
         .map(|run| {
             (
                 run["name"].as_str().unwrap().to_owned(),
-                run["max_new_tokens"].as_u64().unwrap() as usize,
-                run["codes"].as_array().unwrap().iter().map(ids).collect(),
+                max_new_tokens(run),
+                golden_codes(run),
             )
         })
         .collect();
@@ -157,12 +157,7 @@ fn batched_greedy_codes_are_those_of_one_prompt_at_a_time_and_official() {
 fn batched_codes_are_unbatched_ones_under_lossy_formats_and_threads() {
     for case in CASES {
         for format in [WeightFormat::Q8_0, WeightFormat::Q4_0, WeightFormat::BF16] {
-            let model = TtsModel::load_as(
-                &fixture(case),
-                Arc::new(CpuBackend::new(2)),
-                WeightStorage::Convert(format),
-            )
-            .unwrap();
+            let model = model_as(case, format, 2);
             let (prompts, _) = prompts(&model, case);
             let mut options = model.default_options(true);
             options.max_new_tokens = 40;

@@ -11,20 +11,14 @@ use kazeia_engine::tokenizer::{assistant_text, TextTokenizer};
 use kazeia_engine::CpuBackend;
 use serde_json::Value;
 
+use crate::common::lm_fixtures::ids;
+
 fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures")
 }
 
 fn json(path: &Path) -> Value {
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
-}
-
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
 }
 
 /// Every added token of a model directory: (id, content).

@@ -8,17 +8,14 @@ use crate::common;
 
 use std::sync::{Arc, Mutex};
 
+use common::codec::{codec_codes, decode_in_chunks, CHUNKINGS};
 use common::codec_fixture as fixture;
 use common::seeded_weights::SeededWeights;
 use kazeia_engine::codec::{CodecConfig, CodecDecoder};
-use kazeia_engine::codes::parse_codes_json;
 use kazeia_engine::{ConvPrecision, CpuBackend, WeightFormat};
 
 /// The fast mode's bound against the exact decoder.
 const SNR_BOUND_DB: f64 = 40.0;
-
-/// The chunkings `codec_truth.rs` streams the released fixtures in.
-const CHUNKINGS: [&[usize]; 6] = [&[1], &[2], &[3], &[7], &[1, 4, 2, 9], &[13, 1]];
 
 /// One released-shape case at a time (two decoders of ~0.5 GB each).
 static LARGE: Mutex<()> = Mutex::new(());
@@ -46,9 +43,7 @@ fn snr_db(exact: &[f32], test: &[f32]) -> f64 {
 /// The fast decoder one-shot and in every chunking, against the exact one-shot waveform, for each format.
 fn check(case: &str) {
     let _one_at_a_time = LARGE.lock().unwrap_or_else(|e| e.into_inner());
-    let codes =
-        parse_codes_json(&std::fs::read_to_string(fixture(case).join("codes.json")).unwrap())
-            .unwrap();
+    let codes = codec_codes(&fixture(case));
     let kernel = ConvPrecision::Fast.kernel();
     for format in [WeightFormat::F32, WeightFormat::F16] {
         let exact = decoder(case, ConvPrecision::Exact, format)
@@ -64,17 +59,7 @@ fn check(case: &str) {
             "{case} {format}: fast one-shot SNR {worst:.1} dB < {SNR_BOUND_DB}"
         );
         for pattern in CHUNKINGS {
-            let mut state = fast.new_state();
-            let mut streamed = Vec::with_capacity(exact.len());
-            let mut start = 0;
-            for &size in pattern.iter().cycle() {
-                if start >= codes.len() {
-                    break;
-                }
-                let end = (start + size).min(codes.len());
-                streamed.extend(fast.decode_chunk(&mut state, &codes[start..end]).unwrap());
-                start = end;
-            }
+            let streamed = decode_in_chunks(&fast, &codes, pattern);
             let snr = snr_db(&exact, &streamed);
             assert!(
                 snr >= SNR_BOUND_DB,

@@ -5,24 +5,22 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 
-use crate::common::{codec_fixture as fixture, max_abs_diff};
+use crate::common::codec::{
+    assert_every_chunking_is_one_shot, chunk_bounds, codec_codes, golden_wav, snr_db,
+};
+use crate::common::{assert_within, codec_fixture as fixture, max_abs_diff};
 use kazeia_engine::codec::{CodecDecoder, Trace};
-use kazeia_engine::codes::parse_codes_json;
 use kazeia_engine::weights::WeightFile;
 use kazeia_engine::CpuBackend;
 
 /// Waveform tolerance of the issue: max abs error ≤ 1e-4 in f32.
 const WAV_TOLERANCE: f32 = 1e-4;
 
-fn load_codes(dir: &Path) -> Vec<Vec<u32>> {
-    parse_codes_json(&std::fs::read_to_string(dir.join("codes.json")).unwrap()).unwrap()
-}
-
 fn check_case(case: &str, threads: usize) {
     let dir = fixture(case);
     let golden = WeightFile::open(&dir.join("golden.safetensors")).unwrap();
     let decoder = CodecDecoder::load(&dir, Arc::new(CpuBackend::new(threads))).unwrap();
-    let codes = load_codes(&dir);
+    let codes = codec_codes(&dir);
 
     let mut stages: BTreeMap<String, Vec<f32>> = BTreeMap::new();
     let wav = decoder
@@ -125,7 +123,7 @@ fn long_sequence_one_shot_and_official_chunking() {
     let dir = fixture("long");
     let golden = WeightFile::open(&dir.join("golden.safetensors")).unwrap();
     let decoder = CodecDecoder::load(&dir, Arc::new(CpuBackend::new(1))).unwrap();
-    let codes = load_codes(&dir);
+    let codes = codec_codes(&dir);
     assert!(
         codes.len() > 300,
         "the long fixture must exceed the official chunk"
@@ -143,7 +141,7 @@ fn long_sequence_one_shot_and_official_chunking() {
 fn bad_codes_are_rejected_with_a_reason() {
     let dir = fixture("window");
     let decoder = CodecDecoder::load(&dir, Arc::new(CpuBackend::new(1))).unwrap();
-    let mut codes = load_codes(&dir);
+    let mut codes = codec_codes(&dir);
     codes[3][5] = 64; // codebook_size is 64
     let err = decoder.decode(&codes).unwrap_err().to_string();
     assert!(
@@ -157,21 +155,6 @@ fn bad_codes_are_rejected_with_a_reason() {
     assert!(decoder.decode(&[]).unwrap().is_empty());
 }
 
-/// `(start, end)` of each chunk of `frames` frames cut by the sizes of `pattern`, repeated.
-fn chunk_bounds(frames: usize, pattern: &[usize]) -> Vec<(usize, usize)> {
-    let mut bounds = Vec::new();
-    let mut start = 0;
-    for &size in pattern.iter().cycle() {
-        if start >= frames {
-            break;
-        }
-        let end = (start + size).min(frames);
-        bounds.push((start, end));
-        start = end;
-    }
-    bounds
-}
-
 /// Streaming: any chunking of the frames gives the one-shot waveform (issue bound: 1e-5).
 #[test]
 fn chunked_decoding_equals_one_shot_for_every_chunk_size() {
@@ -179,27 +162,10 @@ fn chunked_decoding_equals_one_shot_for_every_chunk_size() {
     for case in ["window", "rates", "bf16_gqa", "long"] {
         let dir = fixture(case);
         let decoder = CodecDecoder::load(&dir, Arc::new(CpuBackend::new(1))).unwrap();
-        let codes = load_codes(&dir);
+        let codes = codec_codes(&dir);
         let one_shot = decoder.decode(&codes).unwrap();
-        let patterns: [&[usize]; 6] = [&[1], &[2], &[3], &[7], &[1, 4, 2, 9], &[13, 1]];
-        for pattern in patterns {
-            let mut state = decoder.new_state();
-            let mut streamed = Vec::new();
-            for (start, end) in chunk_bounds(codes.len(), pattern) {
-                let chunk = decoder
-                    .decode_chunk(&mut state, &codes[start..end])
-                    .unwrap();
-                assert_eq!(chunk.len(), (end - start) * decoder.samples_per_frame());
-                streamed.extend(chunk);
-            }
-            assert_eq!(state.frames(), codes.len());
-            let err = max_abs_diff(&streamed, &one_shot);
-            assert!(
-                err <= 1e-5,
-                "{case}, chunks {pattern:?}: differs from one-shot by {err:e}"
-            );
-            worst = worst.max(err);
-        }
+        let chunked = assert_every_chunking_is_one_shot(case, &decoder, &codes, &one_shot, 1e-5);
+        worst = worst.max(chunked);
     }
     eprintln!("chunked vs one-shot: worst max abs difference {worst:e}");
 }
@@ -212,7 +178,7 @@ fn a_chunk_in_parts_equals_the_one_shot_decode() {
     for case in ["window", "rates"] {
         let dir = fixture(case);
         let decoder = CodecDecoder::load(&dir, Arc::new(CpuBackend::new(1))).unwrap();
-        let codes = load_codes(&dir);
+        let codes = codec_codes(&dir);
         let one_shot = decoder.decode(&codes).unwrap();
         let spf = decoder.samples_per_frame();
         for (chunks, parts) in [(&[1usize][..], 2), (&[1], 4), (&[1, 3, 2], 3), (&[2, 5], 7)] {
@@ -246,12 +212,8 @@ fn a_chunk_in_parts_equals_the_one_shot_decode() {
                 assert_eq!(sizes.iter().sum::<usize>(), (end - start) * spf);
             }
             assert_eq!(state.frames(), codes.len());
-            let err = max_abs_diff(&streamed, &one_shot);
-            assert!(
-                err <= 1e-5,
-                "{case}, chunks {chunks:?} in {parts} parts: differs from one-shot by {err:e}"
-            );
-            worst = worst.max(err);
+            let what = format!("{case}, chunks {chunks:?} in {parts} parts: differs from one-shot");
+            worst = worst.max(assert_within(&what, &streamed, &one_shot, 1e-5));
         }
     }
     eprintln!("chunks in parts vs one-shot: worst max abs difference {worst:e}");
@@ -273,32 +235,15 @@ impl kazeia_engine::weights::Weights for Rounded<'_> {
     }
 }
 
-fn snr_db(signal: &[f32], test: &[f32]) -> f64 {
-    let power: f64 = signal.iter().map(|&v| (v as f64).powi(2)).sum();
-    let noise: f64 = signal
-        .iter()
-        .zip(test)
-        .map(|(&a, &b)| (a as f64 - b as f64).powi(2))
-        .sum();
-    10.0 * (power / noise.max(1e-30)).log10()
-}
-
 #[test]
 fn decoder_snr_with_f16_and_bf16_weights() {
     for case in ["window", "rates"] {
         let dir = fixture(case);
-        let file = WeightFile::open(&dir.join("speech_tokenizer/model.safetensors")).unwrap();
-        let config =
-            kazeia_engine::codec::CodecConfig::load(&dir.join("speech_tokenizer/config.json"))
-                .unwrap();
-        let codes = load_codes(&dir);
+        let (file, config) = codec_weights_and_config(&dir);
+        let codes = codec_codes(&dir);
         let reference = golden_names(&dir);
         assert!(reference.contains(&"wav".to_string()));
-        let golden = WeightFile::open(&dir.join("golden.safetensors"))
-            .unwrap()
-            .tensor("wav")
-            .unwrap()
-            .data;
+        let golden = golden_wav(&dir);
         let mut results = Vec::new();
         for (label, to) in [
             (
@@ -323,6 +268,14 @@ fn decoder_snr_with_f16_and_bf16_weights() {
         }
         eprintln!("{case}: decoder SNR vs f32: {}", results.join(", "));
     }
+}
+
+/// A codec fixture's decoder weights, and its configuration.
+fn codec_weights_and_config(dir: &Path) -> (WeightFile, kazeia_engine::codec::CodecConfig) {
+    let file = WeightFile::open(&dir.join("speech_tokenizer/model.safetensors")).unwrap();
+    let config =
+        kazeia_engine::codec::CodecConfig::load(&dir.join("speech_tokenizer/config.json")).unwrap();
+    (file, config)
 }
 
 /// The decoder held in f16 (what the lossy LM formats load, `WeightStorage::decoder_format`): within the f16
@@ -354,16 +307,9 @@ fn decoder_held_in_f16() {
     }
     for case in ["window", "rates"] {
         let dir = fixture(case);
-        let file = WeightFile::open(&dir.join("speech_tokenizer/model.safetensors")).unwrap();
-        let config =
-            kazeia_engine::codec::CodecConfig::load(&dir.join("speech_tokenizer/config.json"))
-                .unwrap();
-        let codes = load_codes(&dir);
-        let golden = WeightFile::open(&dir.join("golden.safetensors"))
-            .unwrap()
-            .tensor("wav")
-            .unwrap()
-            .data;
+        let (file, config) = codec_weights_and_config(&dir);
+        let codes = codec_codes(&dir);
+        let golden = golden_wav(&dir);
         let backend = || Arc::new(CpuBackend::new(2).with_direct_convolutions());
         let f16 = CodecDecoder::load_as(&dir, backend(), kazeia_engine::WeightFormat::F16)
             .unwrap()

@@ -10,10 +10,10 @@ use crate::common;
 
 use std::sync::{Arc, Mutex};
 
+use crate::common::codec::assert_every_chunking_is_one_shot;
 use crate::common::codec_fixture as fixture;
 use common::seeded_weights::{self, SeededWeights};
 use kazeia_engine::codec::{CodecConfig, CodecDecoder};
-use kazeia_engine::codes::parse_codes_json;
 use kazeia_engine::weights::WeightFile;
 use kazeia_engine::CpuBackend;
 
@@ -31,7 +31,7 @@ const RELEASED: [&str; 2] = ["released_random", "released_generated"];
 static LARGE: Mutex<()> = Mutex::new(());
 
 fn codes(case: &str) -> Vec<Vec<u32>> {
-    parse_codes_json(&std::fs::read_to_string(fixture(case).join("codes.json")).unwrap()).unwrap()
+    common::codec::codec_codes(&fixture(case))
 }
 
 /// The f64 truth of a fixture's waveform.
@@ -144,49 +144,12 @@ fn the_hard_fixtures_are_hard() {
     }
 }
 
-/// `(start, end)` of each chunk of `frames` frames cut by the sizes of `pattern`, repeated.
-fn chunk_bounds(frames: usize, pattern: &[usize]) -> Vec<(usize, usize)> {
-    let mut bounds = Vec::new();
-    let mut start = 0;
-    for &size in pattern.iter().cycle() {
-        if start >= frames {
-            break;
-        }
-        let end = (start + size).min(frames);
-        bounds.push((start, end));
-        start = end;
-    }
-    bounds
-}
-
 /// The released shape: the contract one-shot, and any chunking within 1e-5 of the one-shot waveform.
 fn check_released(case: &str) {
     let _one_at_a_time = LARGE.lock().unwrap_or_else(|e| e.into_inner());
     let (decoder, one_shot) = check_case(case, 2);
     let codes = codes(case);
-    let mut worst = 0.0f32;
-    for pattern in [&[1usize][..], &[2], &[3], &[7], &[1, 4, 2, 9], &[13, 1]] {
-        let mut state = decoder.new_state();
-        let mut streamed = Vec::with_capacity(one_shot.len());
-        for (start, end) in chunk_bounds(codes.len(), pattern) {
-            streamed.extend(
-                decoder
-                    .decode_chunk(&mut state, &codes[start..end])
-                    .unwrap(),
-            );
-        }
-        let err = streamed
-            .iter()
-            .zip(&one_shot)
-            .map(|(a, b)| (a - b).abs())
-            .fold(0.0, f32::max);
-        assert_eq!(streamed.len(), one_shot.len());
-        assert!(
-            err <= 1e-5,
-            "{case}, chunks {pattern:?}: {err:e} from one-shot"
-        );
-        worst = worst.max(err);
-    }
+    let worst = assert_every_chunking_is_one_shot(case, &decoder, &codes, &one_shot, 1e-5);
     eprintln!("{case}: chunked vs one-shot: worst {worst:e}");
 }
 

@@ -11,6 +11,14 @@ use kazeia_engine::hub::{resolve, HubSettings, MODEL_FILES};
 use kazeia_tests::hub_server::{fixture, hex, Hub, REPO, SHA};
 use sha2::{Digest, Sha256};
 
+/// A local hub, and an empty cache that downloads from it.
+fn hub_with_empty_cache() -> (Hub, tempfile::TempDir, HubSettings) {
+    let hub = Hub::start();
+    let cache = tempfile::tempdir().unwrap();
+    let settings = settings(&hub, cache.path());
+    (hub, cache, settings)
+}
+
 fn settings(hub: &Hub, cache: &Path) -> HubSettings {
     HubSettings {
         endpoint: hub.endpoint.clone(),
@@ -18,6 +26,13 @@ fn settings(hub: &Hub, cache: &Path) -> HubSettings {
         offline: false,
         token: None,
     }
+}
+
+/// The error a download that must fail ends with, as text.
+fn resolve_error(settings: &HubSettings) -> String {
+    resolve(REPO, settings, &mut |_, _, _| {})
+        .unwrap_err()
+        .to_string()
 }
 
 fn snapshot_files(snapshot: &Path) -> Vec<String> {
@@ -32,9 +47,7 @@ fn snapshot_files(snapshot: &Path) -> Vec<String> {
 
 #[test]
 fn only_the_model_files_are_fetched_and_a_complete_snapshot_needs_no_network() {
-    let hub = Hub::start();
-    let cache = tempfile::tempdir().unwrap();
-    let settings = settings(&hub, cache.path());
+    let (hub, _cache, settings) = hub_with_empty_cache();
     let snapshot = resolve(REPO, &settings, &mut |_, _, _| {}).unwrap();
     assert_eq!(snapshot_files(&snapshot).len(), MODEL_FILES.len());
     for name in MODEL_FILES {
@@ -68,16 +81,12 @@ fn only_the_model_files_are_fetched_and_a_complete_snapshot_needs_no_network() {
 
 #[test]
 fn an_interrupted_download_continues_where_it_stopped() {
-    let hub = Hub::start();
-    let cache = tempfile::tempdir().unwrap();
-    let settings = settings(&hub, cache.path());
+    let (hub, cache, settings) = hub_with_empty_cache();
     let file = "model.safetensors";
     let size = hub.state().files[file].len();
     let half = size / 2 + 123;
     hub.state().cut = Some((file.into(), half));
-    let error = resolve(REPO, &settings, &mut |_, _, _| {})
-        .unwrap_err()
-        .to_string();
+    let error = resolve_error(&settings);
     assert!(error.contains("continues from there"), "{error}");
     let blobs = cache.path().join("models--Kazeia--tiny/blobs");
     let partial: Vec<PathBuf> = std::fs::read_dir(&blobs)
@@ -105,14 +114,10 @@ fn an_interrupted_download_continues_where_it_stopped() {
 
 #[test]
 fn a_corrupted_download_is_refused_and_not_kept() {
-    let hub = Hub::start();
-    let cache = tempfile::tempdir().unwrap();
-    let settings = settings(&hub, cache.path());
+    let (hub, cache, settings) = hub_with_empty_cache();
     let file = "speech_tokenizer/model.safetensors";
     hub.state().corrupt = Some(file.into());
-    let error = resolve(REPO, &settings, &mut |_, _, _| {})
-        .unwrap_err()
-        .to_string();
+    let error = resolve_error(&settings);
     assert!(
         error.contains("does not match the hub's checksum"),
         "{error}"

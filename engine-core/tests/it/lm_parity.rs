@@ -6,11 +6,13 @@ use crate::common;
 
 use std::sync::Arc;
 
-use common::lm_fixtures::{fixture, ids, request, runs, CASES};
+use common::lm_fixtures::{
+    fixture, golden_codes, greedy_codes, ids, max_new_tokens, model_as, request, runs, CASES,
+};
 
 use crate::common::max_abs_diff;
 use kazeia_engine::lm::sampler::{argmax, TalkerRules};
-use kazeia_engine::lm::{generate, TtsModel};
+use kazeia_engine::lm::TtsModel;
 use kazeia_engine::tokenizer::{assistant_text, instruct_text, TextTokenizer};
 use kazeia_engine::weights::WeightFile;
 use kazeia_engine::CpuBackend;
@@ -108,20 +110,8 @@ fn greedy_codes_are_identical_to_official_for_every_layout() {
         let model = TtsModel::load(&fixture(case), Arc::new(CpuBackend::new(1))).unwrap();
         for run in runs(case) {
             let name = run["name"].as_str().unwrap();
-            let prompt = model.prompt(&request(&run)).unwrap();
-            let mut options = model.default_options(true);
-            options.max_new_tokens = run["max_new_tokens"].as_u64().unwrap() as usize;
-            let codes = generate(
-                &model,
-                &prompt,
-                &options,
-                &mut || unreachable!("greedy"),
-                &mut |_| true,
-            )
-            .unwrap()
-            .codes;
-            let expected: Vec<Vec<u32>> =
-                run["codes"].as_array().unwrap().iter().map(ids).collect();
+            let codes = greedy_codes(&model, &run, max_new_tokens(&run));
+            let expected = golden_codes(&run);
             assert_eq!(codes, expected, "{case}/{name}: codes differ");
             checked += 1;
         }
@@ -181,30 +171,13 @@ fn bad_requests_are_rejected_with_a_reason() {
 /// differing choice; `lossy_formats.rs` checks them teacher-forced against f32, with bounds.
 #[test]
 fn weight_formats_against_f32_codes() {
-    use kazeia_engine::{WeightFormat, WeightStorage};
+    use kazeia_engine::WeightFormat;
     for case in CASES {
         for format in [WeightFormat::F32, WeightFormat::BF16, WeightFormat::F16] {
-            let model = TtsModel::load_as(
-                &fixture(case),
-                Arc::new(CpuBackend::new(1)),
-                WeightStorage::Convert(format),
-            )
-            .unwrap();
+            let model = model_as(case, format, 1);
             for run in &runs(case) {
-                let prompt = model.prompt(&request(run)).unwrap();
-                let mut options = model.default_options(true);
-                options.max_new_tokens = run["max_new_tokens"].as_u64().unwrap() as usize;
-                let codes = generate(
-                    &model,
-                    &prompt,
-                    &options,
-                    &mut || unreachable!(),
-                    &mut |_| true,
-                )
-                .unwrap()
-                .codes;
-                let expected: Vec<Vec<u32>> =
-                    run["codes"].as_array().unwrap().iter().map(ids).collect();
+                let codes = greedy_codes(&model, run, max_new_tokens(run));
+                let expected = golden_codes(run);
                 assert_eq!(codes, expected, "{case} {format}: {}", run["name"]);
             }
         }
@@ -225,20 +198,7 @@ fn converted_weights_are_cached_on_disk() {
         let backends = LmBackends::same(Arc::new(CpuBackend::new(1)));
         TtsModel::load_cached(&dir, backends, storage, Some(tmp.path())).unwrap()
     };
-    let codes_of = |model: &TtsModel| {
-        let prompt = model.prompt(&request(run)).unwrap();
-        let mut options = model.default_options(true);
-        options.max_new_tokens = 12;
-        generate(
-            model,
-            &prompt,
-            &options,
-            &mut || unreachable!(),
-            &mut |_| true,
-        )
-        .unwrap()
-        .codes
-    };
+    let codes_of = |model: &TtsModel| greedy_codes(model, run, 12);
     let first = codes_of(&load());
     let files: Vec<_> = std::fs::read_dir(tmp.path())
         .unwrap()
@@ -274,19 +234,8 @@ fn greedy_codes_through_the_plugin_are_the_official_ones() {
     let model =
         TtsModel::load_on(&fixture("shape_1b7"), backends, WeightStorage::AsStored).unwrap();
     for run in runs("shape_1b7") {
-        let prompt = model.prompt(&request(&run)).unwrap();
-        let mut options = model.default_options(true);
-        options.max_new_tokens = run["max_new_tokens"].as_u64().unwrap() as usize;
-        let codes = generate(
-            &model,
-            &prompt,
-            &options,
-            &mut || unreachable!(),
-            &mut |_| true,
-        )
-        .unwrap()
-        .codes;
-        let expected: Vec<Vec<u32>> = run["codes"].as_array().unwrap().iter().map(ids).collect();
+        let codes = greedy_codes(&model, &run, max_new_tokens(&run));
+        let expected = golden_codes(&run);
         assert_eq!(codes, expected, "{}", run["name"]);
     }
 }

@@ -19,7 +19,7 @@ use crate::common;
 
 use std::sync::Arc;
 
-use common::lm_fixtures::{fixture, request, runs};
+use common::lm_fixtures::{model_as, request, runs};
 
 use kazeia_engine::lm::sampler::argmax;
 use kazeia_engine::lm::{
@@ -160,6 +160,14 @@ fn fixture_request(case: &str) -> PromptRequest {
     request(&runs(case)[0])
 }
 
+fn bound(format: WeightFormat, talker: Score, code_predictor: Score) -> Bounds {
+    Bounds {
+        format,
+        talker,
+        code_predictor,
+    }
+}
+
 fn s(shortfall: f64, agreement: f64) -> Score {
     Score {
         shortfall,
@@ -175,11 +183,6 @@ fn tiny_fixtures() {
     // measured value (at least 0.005 nats), the agreement 0.1 below it (3 of the talker's 32 positions).
     // Measured: shape_0b6 q8_0 talker 0.0000 nats / 1.000, code predictor 0.0002 / 0.981; q4_0 0.0396 / 0.750,
     // 0.0338 / 0.804. shape_1b7 q8_0 0.0000 / 1.000, 0.0002 / 0.979; q4_0 0.0119 / 0.750, 0.0621 / 0.733.
-    let bound = |format, talker, code_predictor| Bounds {
-        format,
-        talker,
-        code_predictor,
-    };
     let cases = [
         (
             "shape_0b6",
@@ -196,14 +199,7 @@ fn tiny_fixtures() {
             ],
         ),
     ];
-    let load = |case, format| {
-        TtsModel::load_as(
-            &fixture(case),
-            Arc::new(CpuBackend::new(1)),
-            WeightStorage::Convert(format),
-        )
-        .unwrap()
-    };
+    let load = |case, format| model_as(case, format, 1);
     for (case, bounds) in &cases {
         let request = fixture_request(case);
         let f32_model = load(case, WeightFormat::F32);
@@ -233,11 +229,6 @@ fn released_0b6_shapes_on_random_weights() {
     // give flat distributions, so small changes flip many greedy choices, at little cost in log-probability);
     // the control, other weights: 3.08 / 0.0 and 3.57 / 0.0. With int8 activations for both formats (AVX512-VNNI,
     // Xeon, 2 threads): q8_0 0.0006 / 0.938, 0.0010 / 0.956; q4_0 0.0882 / 0.594, 0.0916 / 0.604.
-    let bound = |format, talker, code_predictor| Bounds {
-        format,
-        talker,
-        code_predictor,
-    };
     let bounds = [
         bound(WeightFormat::Q8_0, s(0.005, 0.87), s(0.005, 0.85)),
         bound(WeightFormat::Q4_0, s(0.37, 0.30), s(0.62, 0.30)),

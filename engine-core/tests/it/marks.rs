@@ -4,20 +4,11 @@
 
 use std::sync::Arc;
 
-use crate::common::lm_fixtures::{fixture, golden_wav};
+use crate::common::lm_fixtures::{fixture, golden_wav, ryan};
+use crate::common::{assert_within, chunking};
 use kazeia_engine::stream::{SessionControl, StreamConfig, StreamEvent};
 use kazeia_engine::synth::{SynthOptions, Synthesizer, Voice};
 use kazeia_engine::CpuBackend;
-
-fn voice(non_streaming_mode: Option<bool>) -> Voice {
-    Voice {
-        speaker: Some("ryan".into()),
-        language: "english".into(),
-        instruct: None,
-        non_streaming_mode,
-        clone: None,
-    }
-}
 
 fn greedy(max_new_tokens: usize, chunk_chars: usize) -> SynthOptions {
     SynthOptions {
@@ -100,18 +91,12 @@ fn a_mark_before_every_word_leaves_the_official_audio_unchanged() {
             &synth,
             text,
             &marks,
-            &voice(None),
+            &ryan(None),
             &greedy(24, 400),
             StreamConfig::default(),
         );
         assert_eq!(generations, 1, "{case}: one generation, not one per mark");
-        assert_eq!(audio.len(), golden.len(), "{case}");
-        let err = audio
-            .iter()
-            .zip(&golden)
-            .map(|(a, b)| (a - b).abs())
-            .fold(0.0, f32::max);
-        assert!(err <= 1e-4, "{case}: {err:e}");
+        assert_within(case, &audio, &golden, 1e-4);
         assert_marks_once_in_order(&placed, marks.len(), audio.len());
         assert_eq!(placed[0].1, 0, "the first word starts the audio");
         assert!(placed[1].1 > 0 && placed[1].1 < audio.len(), "{placed:?}");
@@ -126,15 +111,9 @@ fn marked_and_unmarked_text_give_the_same_codes_in_both_layouts_and_chunkings() 
     let marks = word_starts(text);
     for non_streaming in [Some(true), Some(false)] {
         for (chunk_chars, first, later) in [(400, 1, 8), (40, 2, 3)] {
-            let config = StreamConfig {
-                first_chunk_frames: first,
-                chunk_frames: later,
-                profile_decoder: false,
-                batch: 1,
-                ..StreamConfig::default()
-            };
+            let config = chunking(first, later, 1);
             let options = greedy(30, chunk_chars);
-            let voice = voice(non_streaming);
+            let voice = ryan(non_streaming);
             let (plain, none, plain_generations) =
                 speak(&synth, text, &[], &voice, &options, config);
             let (audio, placed, generations) =
@@ -160,7 +139,7 @@ fn marks_at_the_ends_and_past_them_are_heard_there() {
         &synth,
         text,
         &[0, 0, 5, text.len(), text.len() + 10],
-        &voice(None),
+        &ryan(None),
         &greedy(20, 400),
         StreamConfig::default(),
     );
@@ -181,7 +160,7 @@ fn a_stop_hands_out_no_mark_after_it() {
         .synthesize_marked(
             &text,
             &marks,
-            &voice(None),
+            &ryan(None),
             &greedy(40, 70),
             StreamConfig::default(),
             &control,

@@ -4,8 +4,9 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use crate::common::assert_within;
+use crate::common::codec::codec_codes;
 use kazeia_engine::codec::CodecDecoder;
-use kazeia_engine::codes::parse_codes_json;
 use kazeia_engine::plugins::{backend_named, discover, inspect, PluginBackend};
 use kazeia_engine::CpuBackend;
 
@@ -32,8 +33,7 @@ fn decoding_through_the_plugin_equals_the_built_in_backend() {
     let info = inspect(&cpu_plugin());
     let plugin = Arc::new(PluginBackend::create(&info, 0, 2).unwrap());
     let dir = fixtures().join("codec/rates");
-    let codes =
-        parse_codes_json(&std::fs::read_to_string(dir.join("codes.json")).unwrap()).unwrap();
+    let codes = codec_codes(&dir);
     let through_plugin = CodecDecoder::load(&dir, plugin)
         .unwrap()
         .decode(&codes)
@@ -42,13 +42,7 @@ fn decoding_through_the_plugin_equals_the_built_in_backend() {
         .unwrap()
         .decode(&codes)
         .unwrap();
-    let err = through_plugin
-        .iter()
-        .zip(&built_in)
-        .map(|(a, b)| (a - b).abs())
-        .fold(0.0f32, f32::max);
-    assert_eq!(through_plugin.len(), built_in.len());
-    assert!(err <= 1e-6, "{err:e}");
+    assert_within("through the plugin", &through_plugin, &built_in, 1e-6);
 }
 
 #[test]

@@ -5,20 +5,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::common::lm_fixtures::{fixture, golden_wav};
+use crate::common::lm_fixtures::{fixture, golden_wav, ryan};
+use crate::common::{assert_within, chunking};
 use kazeia_engine::stream::{SessionControl, StreamConfig};
-use kazeia_engine::synth::{SynthOptions, Synthesizer, Voice};
+use kazeia_engine::synth::{SynthOptions, Synthesizer};
 use kazeia_engine::CpuBackend;
-
-fn voice() -> Voice {
-    Voice {
-        speaker: Some("ryan".into()),
-        language: "english".into(),
-        instruct: None,
-        non_streaming_mode: None,
-        clone: None,
-    }
-}
 
 fn greedy(max_new_tokens: usize) -> SynthOptions {
     SynthOptions {
@@ -52,7 +43,7 @@ fn streamed_audio_equals_the_official_one_shot_waveform_for_any_chunking() {
             let (report, _) = synth
                 .synthesize(
                     "Hello world.",
-                    &voice(),
+                    &ryan(None),
                     &greedy(24),
                     config,
                     &control,
@@ -63,13 +54,7 @@ fn streamed_audio_equals_the_official_one_shot_waveform_for_any_chunking() {
                     },
                 )
                 .unwrap();
-            assert_eq!(audio.len(), golden.len(), "{case} {first}/{later}");
-            let err = audio
-                .iter()
-                .zip(&golden)
-                .map(|(a, b)| (a - b).abs())
-                .fold(0.0, f32::max);
-            assert!(err <= 1e-4, "{case} {first}/{later}: {err:e}");
+            assert_within(&format!("{case} {first}/{later}"), &audio, &golden, 1e-4);
             let frames = report.frames;
             // Chunks of `first` frames, then one frame more every third chunk up to `later`, the last one what is
             // left; the first comes in its parts (it has four 50 Hz columns per frame, more than the parts).
@@ -109,6 +94,13 @@ fn chunks_grow_by_one_frame_every_third_chunk_up_to_the_largest() {
     assert_eq!(config.chunk_frames_at(1), 5);
 }
 
+/// Runs `check` with one chunk generated at a time, and with four at once (`StreamConfig::batch`).
+fn one_chunk_at_a_time_and_four_at_once(check: fn(usize)) {
+    for batch in [1, 4] {
+        check(batch);
+    }
+}
+
 /// Long text that never runs out during the test.
 fn long_text() -> String {
     "Good morning, how are you today? ".repeat(200)
@@ -116,10 +108,7 @@ fn long_text() -> String {
 
 #[test]
 fn stop_silences_at_once_and_ends_generation_within_a_frame() {
-    // One chunk at a time, and four at once (`StreamConfig::batch`).
-    for batch in [1, 4] {
-        stop_silences(batch);
-    }
+    one_chunk_at_a_time_and_four_at_once(stop_silences);
 }
 
 fn stop_silences(batch: usize) {
@@ -147,17 +136,11 @@ fn stop_silences(batch: usize) {
         max_new_tokens: Some(50),
         ..greedy(50)
     };
-    let config = StreamConfig {
-        first_chunk_frames: 1,
-        chunk_frames: 1,
-        profile_decoder: false,
-        batch,
-        ..StreamConfig::default()
-    };
+    let config = chunking(1, 1, batch);
     let (report, _) = synth
         .synthesize(
             &long_text(),
-            &voice(),
+            &ryan(None),
             &options,
             config,
             &control,
@@ -198,27 +181,18 @@ fn stop_silences(batch: usize) {
 
 #[test]
 fn pause_holds_delivery_until_resume_and_loses_nothing() {
-    // One chunk at a time, and four at once (`StreamConfig::batch`).
-    for batch in [1, 4] {
-        pause_holds(batch);
-    }
+    one_chunk_at_a_time_and_four_at_once(pause_holds);
 }
 
 fn pause_holds(batch: usize) {
     let synth = Synthesizer::load(&fixture("shape_0b6"), Arc::new(CpuBackend::new(2))).unwrap();
     let text = "Hello world. Good morning, how are you today?";
-    let config = StreamConfig {
-        first_chunk_frames: 1,
-        chunk_frames: 2,
-        profile_decoder: false,
-        batch,
-        ..StreamConfig::default()
-    };
+    let config = chunking(1, 2, batch);
     let mut reference = Vec::new();
     synth
         .synthesize(
             text,
-            &voice(),
+            &ryan(None),
             &greedy(20),
             config,
             &SessionControl::new(),
@@ -236,7 +210,7 @@ fn pause_holds(batch: usize) {
     let mut resumer = None;
     let mut audio = Vec::new();
     synth
-        .synthesize(text, &voice(), &greedy(20), config, &control, &mut |c| {
+        .synthesize(text, &ryan(None), &greedy(20), config, &control, &mut |c| {
             audio.extend_from_slice(c);
             log.lock().unwrap().push((Instant::now(), c.len()));
             if resumer.is_none() {
@@ -301,19 +275,13 @@ fn a_batched_session_hands_out_what_a_sequential_one_does() {
     // A new synthesizer each time: the speaking rate that places marks is learned from every session.
     let run = |batch: usize| {
         let synth = Synthesizer::load(&fixture("shape_0b6"), Arc::new(CpuBackend::new(2))).unwrap();
-        let config = StreamConfig {
-            first_chunk_frames: 2,
-            chunk_frames: 3,
-            profile_decoder: false,
-            batch,
-            ..StreamConfig::default()
-        };
+        let config = chunking(2, 3, batch);
         let mut events = Vec::new();
         let (report, _) = synth
             .synthesize_marked(
                 text,
                 &marks,
-                &voice(),
+                &ryan(None),
                 &options,
                 config,
                 &SessionControl::new(),
@@ -374,7 +342,7 @@ fn marks_left_when_generation_ends_come_before_its_last_audio() {
             .synthesize_marked(
                 text,
                 &marks,
-                &voice(),
+                &ryan(None),
                 &greedy(12),
                 config,
                 &SessionControl::new(),

@@ -10,12 +10,15 @@ use std::sync::Arc;
 use kazeia_engine::codec::encoder::{CodecEncoder, EncoderStages};
 use kazeia_engine::lm::{generate, ClonePromptParts, PromptRequest};
 use kazeia_engine::mel::{MelSpectrogram, N_MELS};
-use kazeia_engine::stream::{SessionControl, StreamConfig};
+use kazeia_engine::stream::SessionControl;
 use kazeia_engine::synth::{ClonePrompt, SynthOptions, Synthesizer, Voice};
 use kazeia_engine::voice_clone::VoiceEncoders;
 use kazeia_engine::weights::WeightFile;
 use kazeia_engine::{Backend, CpuBackend};
 use serde_json::Value;
+
+use crate::common::lm_fixtures::ids;
+use crate::common::{chunking, max_abs_diff};
 
 fn fixture() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/lm/base_0b6")
@@ -30,14 +33,6 @@ fn tensor(name: &str) -> Vec<f32> {
     golden.tensor(name).unwrap().data
 }
 
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
-}
-
 fn codes(v: &Value) -> Vec<Vec<u32>> {
     v.as_array().unwrap().iter().map(ids).collect()
 }
@@ -46,11 +41,7 @@ fn codes(v: &Value) -> Vec<Vec<u32>> {
 fn check(what: &str, ours: &[f32], reference: &[f32], tol: f32) -> f32 {
     assert_eq!(ours.len(), reference.len(), "{what}: lengths differ");
     let peak = reference.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-    let err = ours
-        .iter()
-        .zip(reference)
-        .map(|(a, b)| (a - b).abs())
-        .fold(0.0, f32::max);
+    let err = max_abs_diff(ours, reference);
     assert!(
         err <= tol * peak.max(1.0),
         "{what} differs by {err:e} (peak {peak})"
@@ -207,13 +198,7 @@ fn greedy_codes_and_audio_match_official_generate_voice_clone() {
             ..SynthOptions::default()
         };
         let mut audio = Vec::new();
-        let stream = StreamConfig {
-            first_chunk_frames: 1,
-            chunk_frames: 3,
-            profile_decoder: false,
-            batch: 1,
-            ..StreamConfig::default()
-        };
+        let stream = chunking(1, 3, 1);
         synth
             .synthesize(
                 text,

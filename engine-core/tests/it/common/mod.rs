@@ -1,9 +1,14 @@
 //! Helpers shared by the engine's integration tests.
 
+pub mod codec;
 pub mod lm_fixtures;
 pub mod seeded_weights;
 
+pub use codec::max_abs_diff;
+
 use std::path::{Path, PathBuf};
+
+use kazeia_engine::stream::StreamConfig;
 
 /// A codec golden fixture's directory (`tests/fixtures/codec/CASE`).
 pub fn codec_fixture(case: &str) -> PathBuf {
@@ -12,11 +17,23 @@ pub fn codec_fixture(case: &str) -> PathBuf {
         .join(case)
 }
 
-/// The largest absolute difference of two signals of one length.
-pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len(), "lengths differ");
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
+/// That `ours` has `reference`'s length and differs from it by at most `tol` anywhere (`what` names the case
+/// in the failure); the difference.
+pub fn assert_within(what: &str, ours: &[f32], reference: &[f32], tol: f32) -> f32 {
+    assert_eq!(ours.len(), reference.len(), "{what}: length");
+    let err = max_abs_diff(ours, reference);
+    assert!(err <= tol, "{what}: {err:e}");
+    err
+}
+
+/// A session's chunking: chunks of `first` frames growing to `later`, `batch` chunks generated at once, the
+/// decoder not profiled.
+pub fn chunking(first: usize, later: usize, batch: usize) -> StreamConfig {
+    StreamConfig {
+        first_chunk_frames: first,
+        chunk_frames: later,
+        profile_decoder: false,
+        batch,
+        ..StreamConfig::default()
+    }
 }

@@ -1,6 +1,7 @@
 //! The codec decoder and the language models with their stages on the Vulkan plugin, against the CPU backend and
 //! the official golden outputs (`tests/fixtures`).
 
+use crate::common::codec::{codec_codes as codes, golden_wav, max_abs_diff, snr_db};
 use crate::common::{fixtures, greedy_codes, greedy_from, ids, prompt_of, runs};
 
 use std::path::Path;
@@ -9,10 +10,8 @@ use std::sync::Arc;
 use kazeia_backend_abi::Backend;
 use kazeia_backend_vulkan::{Options, Stats, VulkanBackend};
 use kazeia_engine::codec::CodecDecoder;
-use kazeia_engine::codes::parse_codes_json;
 use kazeia_engine::lm::{LmBackends, TtsModel};
 use kazeia_engine::plugins::{inspect, PluginBackend};
-use kazeia_engine::weights::WeightFile;
 use kazeia_engine::{CpuBackend, WeightFormat, WeightStorage};
 
 /// The bound for the decoder on Vulkan against the CPU, f32.
@@ -24,41 +23,11 @@ fn vulkan_plugin_backend() -> Arc<dyn Backend> {
     Arc::new(PluginBackend::create(&info, 0, 1).unwrap())
 }
 
-fn codes(dir: &Path) -> Vec<Vec<u32>> {
-    parse_codes_json(&std::fs::read_to_string(dir.join("codes.json")).unwrap()).unwrap()
-}
-
-fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
-}
-
-fn snr_db(signal: &[f32], test: &[f32]) -> f64 {
-    let power: f64 = signal.iter().map(|&v| (v as f64).powi(2)).sum();
-    let noise: f64 = signal
-        .iter()
-        .zip(test)
-        .map(|(&a, &b)| (a as f64 - b as f64).powi(2))
-        .sum();
-    10.0 * (power / noise.max(1e-30)).log10()
-}
-
 fn cpu_wav(dir: &Path) -> Vec<f32> {
     CodecDecoder::load(dir, Arc::new(CpuBackend::new(1)))
         .unwrap()
         .decode(&codes(dir))
         .unwrap()
-}
-
-fn golden_wav(dir: &Path) -> Vec<f32> {
-    WeightFile::open(&dir.join("golden.safetensors"))
-        .unwrap()
-        .tensor("wav")
-        .unwrap()
-        .data
 }
 
 #[test]
@@ -108,6 +77,15 @@ fn chunked_decoding_on_vulkan_equals_one_shot() {
     assert!(err <= 1e-5, "{err:e}");
 }
 
+/// A codec fixture's codes decoded on the Vulkan backend in-process, with the plugin's `options`.
+fn decode_in_process(dir: &Path, options: Options) -> Vec<f32> {
+    let backend = VulkanBackend::new(0, 1, options).unwrap();
+    CodecDecoder::load(dir, Arc::new(backend))
+        .unwrap()
+        .decode(&codes(dir))
+        .unwrap()
+}
+
 #[test]
 fn the_decoder_with_f16_convolutions_and_with_shared_memory_reductions() {
     // In-process, with the plugin's options: F16 convolution weights (reported: SNR and error against the
@@ -115,19 +93,11 @@ fn the_decoder_with_f16_convolutions_and_with_shared_memory_reductions() {
     for case in ["window", "rates"] {
         let dir = fixtures().join("codec").join(case);
         let golden = golden_wav(&dir);
-        let f16 = VulkanBackend::new(
-            0,
-            1,
-            Options {
-                conv_f16: true,
-                ..Options::default()
-            },
-        )
-        .unwrap();
-        let wav = CodecDecoder::load(&dir, Arc::new(f16))
-            .unwrap()
-            .decode(&codes(&dir))
-            .unwrap();
+        let f16 = Options {
+            conv_f16: true,
+            ..Options::default()
+        };
+        let wav = decode_in_process(&dir, f16);
         let snr = snr_db(&golden, &wav);
         eprintln!(
             "{case}: F16 convolution weights: SNR {snr:.1} dB, max abs error {:e} vs the official f32 output",
@@ -135,19 +105,11 @@ fn the_decoder_with_f16_convolutions_and_with_shared_memory_reductions() {
         );
         assert!(snr >= 30.0, "{case}: {snr:.1} dB");
 
-        let shared = VulkanBackend::new(
-            0,
-            1,
-            Options {
-                subgroups: Some(false),
-                ..Options::default()
-            },
-        )
-        .unwrap();
-        let wav = CodecDecoder::load(&dir, Arc::new(shared))
-            .unwrap()
-            .decode(&codes(&dir))
-            .unwrap();
+        let shared = Options {
+            subgroups: Some(false),
+            ..Options::default()
+        };
+        let wav = decode_in_process(&dir, shared);
         let err = max_abs_diff(&wav, &cpu_wav(&dir));
         assert!(
             err <= TOLERANCE,

@@ -7,7 +7,9 @@
 use std::sync::OnceLock;
 
 use kazeia_backend_abi::list::HostList;
-use kazeia_backend_abi::{AttentionSpan, Backend, Heads};
+use kazeia_backend_abi::Backend;
+
+use crate::common::three_queries_over_eight_keys;
 use kazeia_backend_conformance::{check, Case, Expect, Shape};
 use kazeia_backend_vulkan::{Format, GemmMode, Kernel, Options, VulkanBackend};
 use kazeia_engine::plugins::{inspect, PluginBackend};
@@ -84,18 +86,7 @@ fn an_op_the_device_refuses_is_an_error_and_dispatches_nothing() {
     // Heads wider than the attention kernel's 256: running it anyway is an error before anything is
     // dispatched, and no kernel is disabled for it.
     let b = &backend_with(true);
-    let span = AttentionSpan {
-        queries: 3,
-        query_start: 5,
-        keys: 8,
-        key_start: 0,
-        window: None,
-    };
-    let heads = Heads {
-        q_heads: 2,
-        kv_heads: 1,
-        head_dim: 320,
-    };
+    let (heads, span) = three_queries_over_eight_keys(320);
     let (q, k, v) = (vec![0.5; 3 * 640], vec![0.5; 8 * 320], vec![0.5; 8 * 320]);
     let mut got = vec![f32::NAN; q.len()];
     let before = b.stats();

@@ -7,7 +7,10 @@ use std::path::PathBuf;
 
 use kazeia_backend_abi::list::{HostList, List, OpRecord, TensorRecord};
 use kazeia_backend_abi::plugin::{ErrorBuffer, OpKind, PluginApi, WeightDesc, WeightKind};
-use kazeia_backend_abi::{AttentionSpan, Heads, Weight};
+use kazeia_backend_abi::Weight;
+
+use crate::common::codec::max_abs_diff;
+use crate::common::three_queries_over_eight_keys;
 use kazeia_backend_abi::{Backend, WeightFormat};
 use kazeia_backend_cpu::CpuBackend;
 use kazeia_engine::plugins::{backend_named, discover, discover_for, inspect, PluginBackend};
@@ -197,14 +200,34 @@ fn n2(n: [usize; 2]) -> [u64; 8] {
     kazeia_backend_abi::list::sizes(&n)
 }
 
-fn values(n: usize, seed: u32) -> Vec<f32> {
-    (0..n)
-        .map(|i| {
-            (((i as u32).wrapping_mul(2_654_435_761) ^ seed.wrapping_mul(40503)) % 2001) as f32
-                / 1000.0
-                - 1.0
-        })
-        .collect()
+/// Appends a SnakeBeta with `(alpha, inv_beta)` over `len` columns of `t`, in place.
+fn snake_beta(l: &mut HostList, (alpha, inv_beta): (u32, u32), t: u32, len: usize) {
+    let params = [Some(alpha), Some(inv_beta), None];
+    l.op(OpKind::SnakeBeta, None, params, t, n2([len, 0]), 0.0);
+}
+
+/// Appends a convolution by `w`, dilated by `dilation`, of the `len` columns of `x` into `y`.
+fn conv1d<'a>(l: &mut HostList<'a>, w: &'a Weight, x: u32, y: u32, len: usize, dilation: usize) {
+    l.op(
+        OpKind::Conv1d,
+        Some(w),
+        [Some(x), None, None],
+        y,
+        n2([len, dilation]),
+        0.0,
+    );
+}
+
+/// Appends a strided copy of `count` consecutive values of a tensor, from `(tensor, offset)` to `(tensor, offset)`.
+fn copy_values(l: &mut HostList, (from, src): (u32, usize), (to, dst): (u32, usize), count: usize) {
+    let part = kazeia_backend_abi::Strided {
+        rows: 1,
+        cols: count,
+        src: kazeia_backend_abi::View::rows(src, count),
+        dst: kazeia_backend_abi::View::rows(dst, count),
+    };
+    let n = kazeia_backend_abi::plugin::strided_n(part);
+    l.op(OpKind::Copy, None, [Some(from), None, None], to, n, 0.0);
 }
 
 #[test]
@@ -214,32 +237,23 @@ fn a_residual_unit_as_one_op_list_is_one_submission_and_replays() {
     let p = Plugin::new();
     let cpu = CpuBackend::new(1);
     let (c, len, dilation) = (16, 200, 3);
-    let w1 = values(c * c * 7, 1);
-    let w2 = values(c * c, 2);
-    let b1 = values(c, 3);
-    let b2 = values(c, 4);
-    let alpha: Vec<f32> = values(c, 5).iter().map(|v| v.exp()).collect();
-    let inv_beta: Vec<f32> = values(c, 6)
+    let w1 = kazeia_tests::values(c * c * 7, 1);
+    let w2 = kazeia_tests::values(c * c, 2);
+    let b1 = kazeia_tests::values(c, 3);
+    let b2 = kazeia_tests::values(c, 4);
+    let alpha: Vec<f32> = kazeia_tests::values(c, 5).iter().map(|v| v.exp()).collect();
+    let inv_beta: Vec<f32> = kazeia_tests::values(c, 6)
         .iter()
         .map(|v| 1.0 / (v.exp() + 1e-9))
         .collect();
-    let conv1 = p
-        .upload(
-            WeightKind::Conv1d,
-            [c as u64, c as u64, 7, 0],
-            &w1,
-            Some(&b1),
-        )
-        .unwrap();
-    let conv2 = p
-        .upload(
-            WeightKind::Conv1d,
-            [c as u64, c as u64, 1, 0],
-            &w2,
-            Some(&b2),
-        )
-        .unwrap();
-    let x = values(c * len, 7);
+    // Both convolutions map `c` channels to `c`, with a bias; kernel sizes 7 and 1.
+    let upload_conv = |k: u64, w: &[f32], b: &[f32]| {
+        p.upload(WeightKind::Conv1d, [c as u64, c as u64, k, 0], w, Some(b))
+            .unwrap()
+    };
+    let conv1 = upload_conv(7, &w1, &b1);
+    let conv2 = upload_conv(1, &w2, &b2);
+    let x = kazeia_tests::values(c * len, 7);
     let lout = len - 6 * dilation;
 
     let run = |p: &Plugin| -> Vec<f32> {
@@ -254,38 +268,10 @@ fn a_residual_unit_as_one_op_list_is_one_submission_and_replays() {
         );
         // The conv's output is an intermediate result: no host memory, nothing copied back.
         let mid = l.scratch(c * lout, false);
-        l.op(
-            OpKind::SnakeBeta,
-            None,
-            [Some(a), Some(b), None],
-            th,
-            n2([len, 0]),
-            0.0,
-        );
-        l.op(
-            OpKind::Conv1d,
-            Some(weight(conv1)),
-            [Some(th), None, None],
-            mid,
-            n2([len, dilation]),
-            0.0,
-        );
-        l.op(
-            OpKind::SnakeBeta,
-            None,
-            [Some(a), Some(b), None],
-            mid,
-            n2([lout, 0]),
-            0.0,
-        );
-        l.op(
-            OpKind::Conv1d,
-            Some(weight(conv2)),
-            [Some(mid), None, None],
-            ty,
-            n2([lout, 1]),
-            0.0,
-        );
+        snake_beta(&mut l, (a, b), th, len);
+        conv1d(&mut l, weight(conv1), th, mid, len, dilation);
+        snake_beta(&mut l, (a, b), mid, lout);
+        conv1d(&mut l, weight(conv2), mid, ty, lout, 1);
         p.run(l.list()).unwrap();
         drop(l);
         // The host sees the results it holds memory for: the snake's in place, the last conv's.
@@ -322,28 +308,17 @@ fn a_residual_unit_as_one_op_list_is_one_submission_and_replays() {
 
     let mut h = x.clone();
     cpu.snake_beta(&mut h, len, &alpha, &inv_beta);
-    let mut m = vec![0.0; c * lout];
-    cpu.conv1d(
-        &cpu.upload_conv1d(&w1, c, c, 7, Some(&b1)),
-        &h,
-        len,
-        dilation,
-        &mut m,
-    );
+    // Both convolutions give `lout` columns: the first by dilation, the second with k = 1.
+    let conv_on_cpu = |w: &[f32], b: &[f32], k: usize, x: &[f32], len: usize, dilation: usize| {
+        let mut y = vec![0.0; c * lout];
+        let weight = cpu.upload_conv1d(w, c, c, k, Some(b));
+        cpu.conv1d(&weight, x, len, dilation, &mut y);
+        y
+    };
+    let mut m = conv_on_cpu(&w1, &b1, 7, &h, len, dilation);
     cpu.snake_beta(&mut m, lout, &alpha, &inv_beta);
-    let mut want = vec![0.0; c * lout];
-    cpu.conv1d(
-        &cpu.upload_conv1d(&w2, c, c, 1, Some(&b2)),
-        &m,
-        lout,
-        1,
-        &mut want,
-    );
-    let err = first
-        .iter()
-        .zip(&want)
-        .map(|(a, b)| (a - b).abs())
-        .fold(0.0f32, f32::max);
+    let want = conv_on_cpu(&w2, &b2, 1, &m, lout, 1);
+    let err = max_abs_diff(&first, &want);
     assert!(err < 1e-4, "{err:e}");
     // SAFETY: weights of this backend, freed once.
     unsafe {
@@ -357,27 +332,15 @@ fn an_op_reading_part_of_an_earlier_result_is_one_submission() {
     // Op 3 reads the second half of what op 1 wrote, through a strided copy into an intermediate tensor: which op
     // feeds which is in the list, so it is one submission, and op 3 sees op 1's result.
     let p = Plugin::new();
-    let x = values(64, 9);
+    let x = kazeia_tests::values(64, 9);
     let mut y = x.clone();
     let mut z = vec![1.0f32; 32];
     let mut l = HostList::new();
     let (ty, tz) = (l.in_out(&mut y), l.in_out(&mut z));
     let half = l.scratch(32, false);
     l.op(OpKind::Silu, None, [None; 3], ty, [0; 8], 0.0);
-    let second_half = kazeia_backend_abi::Strided {
-        rows: 1,
-        cols: 32,
-        src: kazeia_backend_abi::View::rows(32, 32),
-        dst: kazeia_backend_abi::View::rows(0, 32),
-    };
-    l.op(
-        OpKind::Copy,
-        None,
-        [Some(ty), None, None],
-        half,
-        kazeia_backend_abi::plugin::strided_n(second_half),
-        0.0,
-    );
+    // The second half of y into the start of `half`.
+    copy_values(&mut l, (ty, 32), (half, 0), 32);
     l.op(
         OpKind::SiluMul,
         None,
@@ -402,26 +365,13 @@ fn a_tensor_that_starts_as_zeros_is_set_on_the_device_and_not_uploaded() {
     // A fresh tensor written in part by a strided copy (the engine marks it ZEROED): the rest reads zeros,
     // whatever its host memory held, and nothing of it is uploaded.
     let p = Plugin::new();
-    let x = values(8, 3);
+    let x = kazeia_tests::values(8, 3);
     let mut y = vec![f32::NAN; 16];
     let mut l = HostList::new();
     let (tx, ty) = (l.input(&x), l.output(&mut y));
     let mut tensors_zeroed = l.list().tensors.to_vec();
     tensors_zeroed[ty as usize].flags |= TensorRecord::ZEROED;
-    let part = kazeia_backend_abi::Strided {
-        rows: 1,
-        cols: 8,
-        src: kazeia_backend_abi::View::rows(0, 8),
-        dst: kazeia_backend_abi::View::rows(4, 8),
-    };
-    l.op(
-        OpKind::Copy,
-        None,
-        [Some(tx), None, None],
-        ty,
-        kazeia_backend_abi::plugin::strided_n(part),
-        0.0,
-    );
+    copy_values(&mut l, (tx, 0), (ty, 4), 8);
     let ops = l.list().ops.to_vec();
     let before = p.stats();
     p.run(List {
@@ -444,7 +394,7 @@ fn a_tensor_that_starts_as_zeros_is_set_on_the_device_and_not_uploaded() {
 #[test]
 fn bad_records_and_weights_are_refused_with_a_reason() {
     let p = Plugin::new();
-    let w = values(4 * 3 * 7, 1);
+    let w = kazeia_tests::values(4 * 3 * 7, 1);
     assert!(p
         .upload(WeightKind::Conv1d, [4, 3, 7, 0], &w[..10], None)
         .unwrap_err()
@@ -460,7 +410,7 @@ fn bad_records_and_weights_are_refused_with_a_reason() {
     let conv = p
         .upload(WeightKind::Conv1d, [4, 3, 7, 0], &w, None)
         .unwrap();
-    let x = values(3 * 20, 2);
+    let x = kazeia_tests::values(3 * 20, 2);
     let mut y = vec![0.0; 4 * 14];
     let mut short = vec![0.0; 4 * 13];
     let one = |kind, y: &mut [f32], n| {
@@ -520,21 +470,10 @@ fn a_record_the_plugin_refuses_by_shape_runs_on_the_engines_cpu_with_the_same_re
     let cpu = CpuBackend::new(1);
     let p = Plugin::new();
     for head_dim in [64, 256, 320] {
-        let heads = Heads {
-            q_heads: 2,
-            kv_heads: 1,
-            head_dim,
-        };
-        let span = AttentionSpan {
-            queries: 3,
-            query_start: 5,
-            keys: 8,
-            key_start: 0,
-            window: None,
-        };
-        let q = values(3 * 2 * head_dim, 40);
-        let k = values(8 * head_dim, 41);
-        let v = values(8 * head_dim, 42);
+        let (heads, span) = three_queries_over_eight_keys(head_dim);
+        let q = kazeia_tests::values(3 * 2 * head_dim, 40);
+        let k = kazeia_tests::values(8 * head_dim, 41);
+        let v = kazeia_tests::values(8 * head_dim, 42);
         let mut got = vec![f32::NAN; q.len()];
         let mut want = vec![0.0; q.len()];
         let l = HostList::attention(&q, &k, &v, heads, span, 0.05, &mut got);
@@ -556,11 +495,7 @@ fn a_record_the_plugin_refuses_by_shape_runs_on_the_engines_cpu_with_the_same_re
         drop(l);
         cpu.attention(&q, &k, &v, heads, span, 0.05, &mut want);
         if fits {
-            let err = got
-                .iter()
-                .zip(&want)
-                .map(|(a, b)| (a - b).abs())
-                .fold(0.0f32, f32::max);
+            let err = max_abs_diff(&got, &want);
             assert!(err < 1e-4, "head_dim {head_dim}: {err:e}");
         } else {
             assert_eq!(got, want, "the CPU's own result");

@@ -2,7 +2,8 @@
 
 use std::path::PathBuf;
 
-use kazeia_engine::lm::{generate, Prompt, TtsModel};
+use kazeia_backend_abi::{AttentionSpan, Heads};
+use kazeia_engine::lm::{Prompt, TtsModel};
 use serde_json::Value;
 
 /// The engine's: the golden runs and their requests, read the same way.
@@ -11,6 +12,29 @@ use serde_json::Value;
 mod lm_fixtures;
 
 pub use lm_fixtures::{ids, runs};
+
+/// The engine's: the codec fixtures' codes and golden waveforms, and the SNR.
+#[path = "../../../../../engine-core/tests/it/common/codec.rs"]
+#[allow(dead_code)] // the engine's chunked decoding checks are not used here
+pub mod codec;
+
+/// Three queries from position 5 over the first eight keys, two query heads sharing one key/value head of
+/// `head_dim`.
+pub fn three_queries_over_eight_keys(head_dim: usize) -> (Heads, AttentionSpan) {
+    let heads = Heads {
+        q_heads: 2,
+        kv_heads: 1,
+        head_dim,
+    };
+    let span = AttentionSpan {
+        queries: 3,
+        query_start: 5,
+        keys: 8,
+        key_start: 0,
+        window: None,
+    };
+    (heads, span)
+}
 
 pub fn fixtures() -> PathBuf {
     kazeia_tests::fixtures_dir()
@@ -25,15 +49,5 @@ pub fn prompt_of(model: &TtsModel, run: &Value) -> Prompt {
 }
 
 pub fn greedy_from(model: &TtsModel, prompt: &Prompt, run: &Value) -> Vec<Vec<u32>> {
-    let mut options = model.default_options(true);
-    options.max_new_tokens = run["max_new_tokens"].as_u64().unwrap() as usize;
-    generate(
-        model,
-        prompt,
-        &options,
-        &mut || unreachable!("greedy"),
-        &mut |_| true,
-    )
-    .unwrap()
-    .codes
+    lm_fixtures::greedy_codes_from(model, prompt, lm_fixtures::max_new_tokens(run))
 }
