@@ -198,6 +198,17 @@ impl Case {
         format!("{:?}{format} {sizes}{note}", self.kind)
     }
 
+    /// A convolution's `n` weights in ±0.3 from `seed`: halves for an f16 case, since a backend may hold an f16
+    /// convolution at half precision or in f32 (`WeightData::Conv1d`), and weights that are halves make both
+    /// the same.
+    fn conv_weights(&self, n: usize, seed: u64) -> Vec<f32> {
+        let mut weight = values(n, seed, 0.3);
+        if self.format == Some(WeightFormat::F16) {
+            weight.iter_mut().for_each(|v| *v = round_f16(*v));
+        }
+        weight
+    }
+
     /// The case's inputs, the same on every run and machine (seeds from the sizes, so cases differ).
     pub fn inputs(&self) -> Inputs {
         let seed = |i: u64| {
@@ -227,21 +238,13 @@ impl Case {
                 k,
                 dilation,
                 len,
-            } => {
-                let mut weight = values(cout * cin * k, seed(1), 0.3);
-                if self.format == Some(WeightFormat::F16) {
-                    // A backend may hold an f16 convolution at half precision or in f32 (`WeightData::Conv1d`):
-                    // weights that are halves make both the same.
-                    weight.iter_mut().for_each(|v| *v = round_f16(*v));
-                }
-                Inputs {
-                    weight,
-                    bias: Some(values(cout, seed(2), 0.3)),
-                    a: values(cin * len, seed(3), 1.0),
-                    out: nan(cout * (len - (k - 1) * dilation)),
-                    ..Inputs::default()
-                }
-            }
+            } => Inputs {
+                weight: self.conv_weights(cout * cin * k, seed(1)),
+                bias: Some(values(cout, seed(2), 0.3)),
+                a: values(cin * len, seed(3), 1.0),
+                out: nan(cout * (len - (k - 1) * dilation)),
+                ..Inputs::default()
+            },
             Shape::DepthwiseConv1d { channels, k, len } => Inputs {
                 weight: values(channels * k, seed(1), 0.3),
                 bias: Some(values(channels, seed(2), 0.3)),
@@ -255,18 +258,12 @@ impl Case {
                 k,
                 stride,
                 len,
-            } => {
-                let mut weight = values(cin * cout * k, seed(1), 0.3);
-                if self.format == Some(WeightFormat::F16) {
-                    weight.iter_mut().for_each(|v| *v = round_f16(*v));
-                }
-                Inputs {
-                    weight,
-                    a: values(cin * len, seed(3), 1.0),
-                    out: nan(cout * ((len - 1) * stride + k)),
-                    ..Inputs::default()
-                }
-            }
+            } => Inputs {
+                weight: self.conv_weights(cin * cout * k, seed(1)),
+                a: values(cin * len, seed(3), 1.0),
+                out: nan(cout * ((len - 1) * stride + k)),
+                ..Inputs::default()
+            },
             Shape::Norm { rows, dim, .. } => Inputs {
                 a: values(dim, seed(1), 1.0),
                 b: if self.kind == OpKind::LayerNorm {
