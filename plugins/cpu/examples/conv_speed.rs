@@ -3,12 +3,13 @@
 //! stream's later chunks, 1 as its first; random weights). Each layer's time is the best of `rounds` (5) rounds
 //! of repeated calls, as the machine may be shared. Run it again with `KAZEIA_ARM_CONV=gemm` (aarch64, ARM.md)
 //! or `KAZEIA_X86_CONV=gemm` (x86-64) to compare the tile kernels with the `gemm` crate's path, and with
-//! `KAZEIA_CONV_WINOGRAD=1` to compare Winograd's 7-tap convolutions (an opt-in) with the direct ones.
+//! `KAZEIA_CONV_WINOGRAD=1` to compare Winograd's 7-tap convolutions (an opt-in) with the direct ones, or with
+//! `KAZEIA_CONV_SPEED=fast` for the fast decoder mode's convolutions.
 
 use std::time::Instant;
 
 use kazeia_backend_abi::{Backend, WeightData, WeightFormat};
-use kazeia_backend_cpu::CpuBackend;
+use kazeia_backend_cpu::{ConvPrecision, CpuBackend};
 
 /// One layer: a dilated conv (`dilation`) or a transposed conv (`stride`), and its input columns per chunk.
 struct Layer {
@@ -66,6 +67,11 @@ fn main() {
     };
     let rounds = args.get(3).map_or(5, |a| a.parse().expect("rounds"));
     let backend = CpuBackend::new(threads);
+    let backend = if std::env::var("KAZEIA_CONV_SPEED").as_deref() == Ok("fast") {
+        backend.with_conv_precision(ConvPrecision::Fast)
+    } else {
+        backend
+    };
     let value = |i: usize| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5;
     let mut stages: Vec<(&str, f64, f64)> = Vec::new();
     for layer in decoder(frames) {
