@@ -87,14 +87,26 @@ pub fn stale_plugin() -> PathBuf {
 /// -p kazeia` alone does not build another package's binary, and one left in `target/<profile>/` may be stale.
 /// Tests built with `--release` (the timing benchmarks) get a release build of the module.
 pub fn sd_kazeia() -> PathBuf {
-    let mut args = vec!["-p", "kazeia-speechd", "--bin", "sd_kazeia"];
+    binary("kazeia-speechd", "sd_kazeia")
+}
+
+/// The daemon `kazeiad`, for the daemon's benchmark examples (`daemon/examples/`): cargo names a package's
+/// binaries (`env!("CARGO_BIN_EXE_kazeiad")`) to its tests only, and `cargo run --example` builds none. Built
+/// the way [`sd_kazeia`] is, with the release profile for a release build.
+pub fn kazeiad() -> PathBuf {
+    binary("kazeiad", "kazeiad")
+}
+
+/// `package`'s binary `bin`, built as [`cpu_plugin`] is, with the caller's profile (debug or release).
+fn binary(package: &str, bin: &str) -> PathBuf {
+    let mut args = vec!["-p", package, "--bin", bin];
     let profile = if cfg!(debug_assertions) {
         "debug"
     } else {
         args.push("--release");
         "release"
     };
-    build_once(&args, profile, "sd_kazeia")
+    build_once(&args, profile, bin)
 }
 
 /// A test plugin named `faulty` (`libkazeia_backend_faulty.so`, `tests/faulty-plugin`): the CPU backend whose op
@@ -136,7 +148,7 @@ fn build_for_tests(args: &[&str]) -> PathBuf {
     let target = exe
         .ancestors()
         .nth(3)
-        .expect("target/<profile>/deps/<test>")
+        .expect("target/<profile>/deps/<test> or target/<profile>/examples/<example>")
         .join("plugin-for-tests");
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let status = std::process::Command::new(cargo)

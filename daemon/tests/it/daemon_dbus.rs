@@ -3,14 +3,14 @@
 
 use std::collections::HashMap;
 use std::os::fd::AsFd;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use kazeia_spiel::{s16le_to_f32, Chunk, EventKind, SpielReader};
 use kazeia_tests::services::{
-    require_program, wait_or_kill, wait_until, DbusSession, PipeWire, Recorder, Service, TempDir,
+    require_program, wait_or_kill, wait_until, DbusSession, PipeWire, Recorder, TempDir,
 };
 use kazeia_tests::{fixtures_dir, speaking_model};
 use kazeiad::dbus::client::SpeechProxy;
@@ -18,11 +18,10 @@ use zbus::wire::Variant;
 
 use crate::common::{
     activation_files, busctl, call, client, client_in_this_process, connect_as_new_process,
-    connect_in_this_process, loud_seconds, name_appears, quick_model, speak, speaking_config,
-    spiel_proxy, start_daemon, synthesize_to, wait_until_loaded, write_config, Finishes,
-    TestDaemon,
+    connect_in_this_process, loud_seconds, name_appears, orca_ssml, quick_model, speak,
+    speaking_config, start_daemon, synthesize_to, wait_until_loaded, write_config, Finishes,
+    TestDaemon, ORCA_SET,
 };
-use crate::random_model;
 
 const KAZEIAD: &str = env!("CARGO_BIN_EXE_kazeiad");
 
@@ -573,111 +572,6 @@ async fn pause_resume_and_priorities_on_pipewire() {
     );
 }
 
-/// The daemon on a private bus with the model of `KAZEIA_BENCH_MODEL` (weights `KAZEIA_BENCH_WEIGHTS`,
-/// default q4_0), for the first-audio benchmarks.
-fn bench_daemon(label: &str) -> (TempDir, DbusSession, Service) {
-    // Without a model, a real-size random 0.6B one (written once, see `random_model`).
-    let model = std::env::var_os("KAZEIA_BENCH_MODEL")
-        .map_or_else(|| random_model::random_model("0.6b"), PathBuf::from);
-    let weights = std::env::var("KAZEIA_BENCH_WEIGHTS").unwrap_or_else(|_| "q4_0".into());
-    // Shorter utterances (`KAZEIA_BENCH_MAX_FRAMES`, 80 ms each) make the first-audio runs quicker.
-    let max_frames: usize = std::env::var("KAZEIA_BENCH_MAX_FRAMES")
-        .ok()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(40);
-    // Where the talker reads the text (`[generation] text`): auto, prompt or streamed.
-    let text = std::env::var("KAZEIA_BENCH_TEXT").unwrap_or_else(|_| "auto".into());
-    let batch = std::env::var("KAZEIA_BENCH_BATCH").unwrap_or_else(|_| "4".into());
-    let dir = TempDir::new(label);
-    let config = dir.path().join("kazeia.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[model]\npath = \"{}\"\nweights = \"{weights}\"\n[audio]\nsink = \"null\"\n\
-             [generation]\nmax_frames = {max_frames}\ntext = \"{text}\"\n[stream]\nbatch = {batch}\n",
-            model.display()
-        ),
-    )
-    .unwrap();
-    let bus = DbusSession::start(None);
-    // The latency lines of the debug log, for the breakdowns.
-    let mut env = bus.env();
-    env.push(("RUST_LOG".into(), "kazeia=debug".into()));
-    // The CPU plugin built now from this tree: found first, it wins over an equal (maybe stale) build that an
-    // earlier `cargo build` left beside the daemon's binary.
-    let plugin_dir = kazeia_tests::cpu_plugin_release()
-        .parent()
-        .unwrap()
-        .to_path_buf();
-    env.push((
-        "KAZEIA_PLUGIN_PATH".into(),
-        plugin_dir.display().to_string(),
-    ));
-    let daemon = start_daemon(&bus, &env, &config, dir.path().join("kazeiad.log"));
-    wait_until_loaded(&bus);
-    (dir, bus, daemon)
-}
-
-/// Time to first audio through the daemon, on a real-size model (`KAZEIA_BENCH_TEXT=streamed`: the text
-/// streamed into the talker; `KAZEIA_BENCH_BATCH=1`: `[stream] batch`). The daemon runs on the CPU plugin
-/// built from this tree (`bench_daemon`), on `KAZEIA_BENCH_MODEL` or, without it, a real-size random 0.6B model
-/// written once (~2.5 GB, see `random_model`; nothing to download).
-/// `KAZEIA_BENCH_WEIGHTS=q4_0 cargo test --release -p kazeiad --test it daemon_first_audio -- --ignored
-/// --nocapture`.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "benchmark: a real-size model (KAZEIA_BENCH_MODEL, else a random one written once)"]
-async fn daemon_first_audio() {
-    let (_dir, bus, daemon) = bench_daemon("daemon-bench");
-    let connection = connect_in_this_process(&bus).await;
-    for (what, text) in [
-        ("sentence", "The quick brown fox jumps over the lazy dog."),
-        ("letter", "k"),
-        ("letter again (cached)", "k"),
-        ("word", "Enter"),
-    ] {
-        let (reader, writer) = std::io::pipe().unwrap();
-        let fd: std::os::fd::OwnedFd = writer.into();
-        let proxy = spiel_proxy(&connection).await;
-        let start = Instant::now();
-        let read = std::thread::spawn(move || {
-            let mut stream = SpielReader::new(reader).unwrap();
-            let mut first = None;
-            let mut samples = 0;
-            while let Some(chunk) = stream.next_chunk().unwrap() {
-                if let Chunk::Audio(pcm) = chunk {
-                    first.get_or_insert_with(|| start.elapsed());
-                    samples += pcm.len() / 2;
-                }
-            }
-            (first, samples, start.elapsed())
-        });
-        proxy
-            .call::<_, _, ()>(
-                "Synthesize",
-                &(zbus::Fd::from(&fd), text, "", 1.0f64, 1.0f64, false, ""),
-            )
-            .await
-            .unwrap();
-        drop(fd);
-        let (first, samples, total) = tokio::task::spawn_blocking(move || read.join().unwrap())
-            .await
-            .unwrap();
-        eprintln!(
-            "{what}: first audio after {:.1} ms, {:.2} s of audio in {:.2} s",
-            first.unwrap().as_secs_f64() * 1e3,
-            samples as f64 / 24000.0,
-            total.as_secs_f64()
-        );
-    }
-    // Where each utterance's time went, as the daemon logged it.
-    for line in daemon.log().lines().filter(|l| l.contains("utterance")) {
-        eprintln!(
-            "  {}",
-            line.split("utterance").nth(1).unwrap_or(line).trim()
-        );
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn starts_before_pipewire_and_plays_once_it_runs() {
     let dir = TempDir::new("daemon-late-pw");
@@ -764,338 +658,6 @@ async fn an_interrupted_text_resumes_where_it_was_and_reports_each_mark_once() {
     assert_eq!(heard, ["m1", "m2", "m3", "m4"]);
 }
 
-/// The speech-dispatcher path on a real-size model: `sd_kazeia` driven on its stdin as speech-dispatcher
-/// drives it, timing SPEAK / CHAR → first `705` audio block. Same command as [`daemon_first_audio`] with
-/// `module_first_audio`.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "benchmark: a real-size model (KAZEIA_BENCH_MODEL, else a random one written once)"]
-async fn module_first_audio() {
-    let (_dir, bus, _daemon) = bench_daemon("module-bench");
-    let mut module = ModuleDriver::start_program(&bus, &kazeia_tests::sd_kazeia(), None);
-    for (what, block) in [
-        (
-            "SPEAK sentence",
-            "SPEAK\n<speak>The quick brown fox jumps over the lazy dog.</speak>\n.\n",
-        ),
-        ("CHAR k", "CHAR\nk\n.\n"),
-        ("CHAR k again", "CHAR\nk\n.\n"),
-        ("KEY control_c", "KEY\ncontrol_c\n.\n"),
-    ] {
-        let start = Instant::now();
-        module.send(block);
-        let first = module.wait_for("705-AUDIO");
-        let end = module.wait_for("702 END");
-        eprintln!(
-            "{what}: first audio block after {:.1} ms, END after {:.2} s",
-            (first - start).as_secs_f64() * 1e3,
-            (end - start).as_secs_f64()
-        );
-    }
-}
-
-/// `sd_kazeia` on its stdin and stdout as speech-dispatcher drives it, with the times at which protocol
-/// markers come out (705 blocks are binary, so the raw output is scanned).
-struct ModuleDriver {
-    module: std::process::Child,
-    input: std::process::ChildStdin,
-    seen: std::sync::mpsc::Receiver<(&'static str, Instant)>,
-}
-
-impl ModuleDriver {
-    const MARKERS: [&'static str; 5] = [
-        "299 OK LOADED",
-        "203 OK AUDIO INITIALIZED",
-        "705-AUDIO",
-        "702 END",
-        "700-",
-    ];
-
-    /// `program`: a build of the module; with `log`, it logs everything (its latency lines included) to
-    /// that file.
-    fn start_program(bus: &DbusSession, program: &Path, log: Option<&Path>) -> Self {
-        use std::process::Stdio;
-        let module_conf = fixtures_dir().join("../../config/speech-dispatcher/kazeia.conf");
-        let stderr = match log {
-            Some(path) => Stdio::from(std::fs::File::create(path).unwrap()),
-            None => Stdio::null(),
-        };
-        let mut module = Command::new(program)
-            .arg(&module_conf)
-            .envs(bus.env())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(stderr)
-            .spawn()
-            .unwrap();
-        let input = module.stdin.take().unwrap();
-        let mut output = module.stdout.take().unwrap();
-        let (seen_tx, seen) = std::sync::mpsc::channel::<(&'static str, Instant)>();
-        std::thread::spawn(move || {
-            use std::io::Read;
-            let mut window: Vec<u8> = Vec::new();
-            let mut buf = [0u8; 65536];
-            while let Ok(n) = output.read(&mut buf) {
-                if n == 0 {
-                    break;
-                }
-                window.extend_from_slice(&buf[..n]);
-                // Markers in the order they appear in the output.
-                loop {
-                    let found = Self::MARKERS
-                        .iter()
-                        .filter_map(|m| {
-                            window
-                                .windows(m.len())
-                                .position(|w| w == m.as_bytes())
-                                .map(|at| (at, *m))
-                        })
-                        .min();
-                    let Some((at, marker)) = found else { break };
-                    let _ = seen_tx.send((marker, Instant::now()));
-                    window.drain(..at + marker.len());
-                }
-                let keep = window.len().saturating_sub(64);
-                window.drain(..keep);
-            }
-        });
-        let mut driver = ModuleDriver {
-            module,
-            input,
-            seen,
-        };
-        driver.send("INIT\n");
-        driver.wait_for("299 OK LOADED");
-        driver.send("AUDIO\naudio_output_method=server\n.\n");
-        driver.wait_for("203 OK AUDIO INITIALIZED");
-        if log.is_some() {
-            driver.send("LOGLEVEL\nlog_level=5\n.\n");
-        }
-        driver
-    }
-
-    fn send(&mut self, text: &str) {
-        use std::io::Write;
-        self.input.write_all(text.as_bytes()).unwrap();
-    }
-
-    /// When `marker` came; the index marks (`700-`) seen on the way are counted in `marks`.
-    fn wait_for_counting(&self, marker: &str, marks: &mut usize) -> Instant {
-        loop {
-            let (m, at) = self
-                .seen
-                .recv_timeout(Duration::from_secs(120))
-                .expect("the module answered");
-            if m == marker {
-                return at;
-            }
-            if m == "700-" {
-                *marks += 1;
-            }
-        }
-    }
-
-    fn wait_for(&self, marker: &str) -> Instant {
-        self.wait_for_counting(marker, &mut 0)
-    }
-}
-
-impl Drop for ModuleDriver {
-    fn drop(&mut self) {
-        self.send("QUIT\n");
-        let _ = self.module.wait();
-    }
-}
-
-/// What Orca 43 (`speechdispatcherfactory.py`, `_speak`) sends for `text`: a mark `start:end` (character
-/// offsets) before every word, `<`, `>`, `&` escaped, in `<speak>`.
-fn orca_ssml(text: &str) -> String {
-    let chars: Vec<char> = text.chars().collect();
-    let mut ssml = String::from("<speak>");
-    let mut i = 0;
-    while i < chars.len() {
-        if !chars[i].is_whitespace() && (i == 0 || chars[i - 1].is_whitespace()) {
-            let end = (i..chars.len())
-                .find(|&j| chars[j].is_whitespace())
-                .unwrap_or(chars.len());
-            ssml += &format!("<mark name=\"{i}:{end}\"/>");
-        }
-        match chars[i] {
-            '<' => ssml += "&lt;",
-            '>' => ssml += "&gt;",
-            '&' => ssml += "&amp;",
-            c => ssml.push(c),
-        }
-        i += 1;
-    }
-    ssml + "</speak>"
-}
-
-/// Orca's default voice settings as speech-dispatcher hands them to the module before each message (Orca's
-/// rate 50, pitch 5, gain 10 become SSIP rate 2, pitch 10, volume 100; punctuation "most").
-const ORCA_SET: &str = "SET\nrate=2\npitch=10\npitch_range=0\nvolume=100\npunctuation_mode=most\n\
-                        spelling_mode=off\ncap_let_recogn=none\nvoice=male1\nlanguage=en\n.\n";
-
-/// The lines added to `path` since `offset` (moved past them).
-fn new_lines(path: &Path, offset: &mut usize) -> Vec<String> {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    let fresh = text.get(*offset..).unwrap_or_default().to_owned();
-    *offset = text.len();
-    fresh.lines().map(str::to_owned).collect()
-}
-
-/// The number of milliseconds in the first of `lines` that contains `what` (`… 12.3 ms after …`).
-fn ms_in(lines: &[String], what: &str) -> Option<f64> {
-    let line = lines.iter().find(|l| l.contains(what))?;
-    let words: Vec<&str> = line.split_whitespace().collect();
-    let at = words.iter().position(|w| *w == "ms")?;
-    words.get(at.checked_sub(1)?)?.parse().ok()
-}
-
-fn median(values: &[f64]) -> f64 {
-    let mut v: Vec<f64> = values.iter().copied().filter(|x| x.is_finite()).collect();
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
-}
-
-/// First audio through speech-dispatcher's module with what Orca sends (its settings and a mark before
-/// every word), against a bare SPEAK, and each of the two alone: `cargo test --release -p kazeiad --test
-/// daemon_dbus module_first_audio_orca -- --ignored --nocapture` (`KAZEIA_BENCH_MODEL` or a random
-/// real-size 0.6B). Timed from the message written to the module to its first `705` audio block, with where
-/// the time went from the module's and the daemon's debug logs. `KAZEIA_BENCH_ROUNDS` (default 3) rounds of
-/// `KAZEIA_BENCH_MESSAGES` (default 7) messages; `KAZEIA_BENCH_OTHER_MODULE=path` runs another build of
-/// `sd_kazeia` beside this one, against the same daemon, for an A/B under the same load. Each message goes
-/// through every variant in turn, each with its own text (a number appended, so the cache of short
-/// utterances serves none). Reports only: timings are never asserted.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "benchmark: real-size model"]
-async fn module_first_audio_orca() {
-    let (dir, bus, _daemon) = bench_daemon("module-orca-bench");
-    let daemon_log = dir.path().join("kazeiad.log");
-    let env_number = |name: &str, default: usize| -> usize {
-        std::env::var(name)
-            .ok()
-            .and_then(|r| r.parse().ok())
-            .unwrap_or(default)
-    };
-    let rounds = env_number("KAZEIA_BENCH_ROUNDS", 3);
-    let all_messages = [
-        "Screen reader on.",
-        "Save button",
-        "Untitled document, text editor.",
-        "File menu, nine items.",
-        "The quick brown fox jumps over the lazy dog.",
-        "Open a recent file with control R.",
-        "Cancel push button",
-    ];
-    let messages = &all_messages[..env_number("KAZEIA_BENCH_MESSAGES", 7).clamp(1, 7)];
-    let mut programs = vec![("this sd_kazeia".to_owned(), kazeia_tests::sd_kazeia())];
-    if let Some(other) = std::env::var_os("KAZEIA_BENCH_OTHER_MODULE") {
-        programs.push((format!("{}", Path::new(&other).display()), other.into()));
-    }
-    let mut modules: Vec<(String, ModuleDriver, PathBuf, usize)> = programs
-        .into_iter()
-        .enumerate()
-        .map(|(i, (label, program))| {
-            let log = dir.path().join(format!("sd_kazeia-{i}.log"));
-            let driver = ModuleDriver::start_program(&bus, &program, Some(&log));
-            (label, driver, log, 0)
-        })
-        .collect();
-    const NEUTRAL: &str =
-        "SET\nrate=0\npitch=0\nvolume=100\npunctuation_mode=none\nlanguage=c\n.\n";
-    let variants = [
-        ("bare SPEAK", NEUTRAL, false),
-        ("Orca's settings, no marks", ORCA_SET, false),
-        ("Orca's marks, neutral settings", NEUTRAL, true),
-        ("Orca (settings and marks)", ORCA_SET, true),
-    ];
-    let columns = [
-        "Synthesize answered",
-        "daemon started",
-        "prefill",
-        "first decoded",
-        "into pipe",
-        "from provider",
-    ];
-    // (module, variant, column) → values; column 0 is the first 705 block as the driver saw it.
-    let mut table = vec![vec![vec![Vec::new(); columns.len() + 1]; variants.len()]; modules.len()];
-    let mut daemon_at = 0;
-    let mut n = 0;
-    for _ in 0..rounds {
-        for text in messages {
-            for (m, (label, module, module_log, module_at)) in modules.iter_mut().enumerate() {
-                for (v, (what, settings, orca)) in variants.iter().enumerate() {
-                    n += 1;
-                    let text = format!("{text} {n}");
-                    let body = if *orca {
-                        orca_ssml(&text)
-                    } else {
-                        format!("<speak>{text}</speak>")
-                    };
-                    module.send(settings);
-                    std::thread::sleep(Duration::from_millis(20));
-                    new_lines(module_log, module_at);
-                    new_lines(&daemon_log, &mut daemon_at);
-                    let start = Instant::now();
-                    module.send(&format!("SPEAK\n{body}\n.\n"));
-                    let first = module.wait_for("705-AUDIO");
-                    let end = module.wait_for("702 END");
-                    // The logs of this message (its lines are written before END).
-                    std::thread::sleep(Duration::from_millis(20));
-                    let ml = new_lines(module_log, module_at);
-                    let dl = new_lines(&daemon_log, &mut daemon_at);
-                    let got = [
-                        ms_in(&ml, "Synthesize answered"),
-                        ms_in(&dl, "started"),
-                        ms_in(&dl, "prefill"),
-                        dl.iter()
-                            .find(|l| l.contains("first decoded audio"))
-                            .and_then(|l| l.rsplit(", first decoded audio ").next())
-                            .and_then(|l| l.split_whitespace().next()?.parse().ok()),
-                        ms_in(&dl, "into the Spiel pipe"),
-                        ms_in(&ml, "first audio from the provider"),
-                    ];
-                    let first_ms = (first - start).as_secs_f64() * 1e3;
-                    table[m][v][0].push(first_ms);
-                    for (c, value) in got.iter().enumerate() {
-                        table[m][v][c + 1].push(value.unwrap_or(f64::NAN));
-                    }
-                    eprintln!(
-                        "{label}, {what} {text:?}: first audio block after {first_ms:.0} ms, END after \
-                         {:.2} s",
-                        (end - start).as_secs_f64()
-                    );
-                }
-            }
-        }
-    }
-    eprintln!(
-        "\nmedians over {rounds} x {} messages (ms after the message was written):",
-        messages.len()
-    );
-    for (m, (label, ..)) in modules.iter().enumerate() {
-        eprintln!("{label}:");
-        for (v, (what, _, _)) in variants.iter().enumerate() {
-            let mut line = format!(
-                "  {what:<32} first 705 block {:6.0}",
-                median(&table[m][v][0])
-            );
-            for (c, name) in columns.iter().enumerate() {
-                line += &format!(" | {name} {:.0}", median(&table[m][v][c + 1]));
-            }
-            eprintln!("{line}");
-        }
-    }
-    eprintln!(
-        "(module: ms after the message; daemon: started / into pipe after the Synthesize call; prefill \
-         and first decoded from the start of generation)"
-    );
-}
-
-/// Orca's messages (a mark before every word) through all three doors on the fixture model, greedy: Spiel
-/// gives the same audio as the text without marks (one generation, not one per word) with every mark once,
-/// in order, never after the end; `Speak` signals every `Mark` once, in order; `sd_kazeia` reports every
-/// `700` index mark once, in order, the first before any audio.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_text_mode_is_the_configured_one_and_changes_without_a_restart() {
     let generation =
@@ -1128,6 +690,10 @@ async fn the_text_mode_is_the_configured_one_and_changes_without_a_restart() {
     assert_eq!(spiel(&connection, text, false).await.unwrap().0, streamed);
 }
 
+/// Orca's messages (a mark before every word) through all three doors on the fixture model, greedy: Spiel
+/// gives the same audio as the text without marks (one generation, not one per word) with every mark once,
+/// in order, never after the end; `Speak` signals every `Mark` once, in order; `sd_kazeia` reports every
+/// `700` index mark once, in order, the first before any audio.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn orca_s_word_marks_are_one_generation_and_each_is_reported_once() {
     let daemon = TestDaemon::null(

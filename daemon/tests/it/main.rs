@@ -3,7 +3,6 @@
 //! process's environment, which every daemon a test starts would inherit.
 
 mod common;
-mod random_model;
 
 mod backend_faults;
 mod bounded_requests;

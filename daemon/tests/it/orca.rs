@@ -4,20 +4,20 @@
 //! focused GTK button are heard, and a key press silences Kazeia.
 //!
 //! The times (Orca's request, from its debug log, to the first sound at the sink; the key press to the last
-//! sound) are printed, not asserted: the machine is shared and the fixture model is tiny. On a real-size
-//! model: `KAZEIA_BENCH_MODEL=DIR KAZEIA_BENCH_WEIGHTS=q4_0 cargo test --release -p kazeiad --test it orca:: --
-//! --ignored --nocapture`, which also runs speech-dispatcher at log level 5 and prints what it sent to the
-//! module and, per message, dispatch → first `705` block and → first sound at the sink
-//! (`KAZEIA_BENCH_SPEECHD_LOG=path` keeps its whole log).
+//! sound) are printed, not asserted: the machine is shared and the fixture model is tiny. The same scenario
+//! on a real-size model is a benchmark (`daemon/examples/first_audio`, which includes this file):
+//! `KAZEIA_BENCH_MODEL=DIR KAZEIA_BENCH_WEIGHTS=q4_0 cargo run --release -p kazeiad --example first_audio --
+//! orca-desktop`, which also runs speech-dispatcher at log level 5 and prints what it sent to the module and,
+//! per message, dispatch → first `705` block and → first sound at the sink (`KAZEIA_BENCH_SPEECHD_LOG=path`
+//! keeps its whole log).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use kazeia_tests::desktop::{
     instant_of, press_key, speechd_log_entries, AtSpi, GtkWindow, Orca, SpeechDispatcher, Xvfb,
 };
 use kazeia_tests::services::{retry, DbusSession, PipeWire, Recorder, TempDir};
-use kazeia_tests::speaking_model;
 
 use crate::common;
 
@@ -256,7 +256,8 @@ fn module_traffic(log: &str, recording: &kazeia_tests::services::Recording) {
 }
 
 /// The whole scenario; returns (startup request → sound, focused button's request → sound, key → silence).
-fn orca_scenario(model_config: &str, speechd_log_level: u8) -> (Duration, Duration, Duration) {
+/// `speechd_log_level` 5 (the benchmark's) also prints the module's traffic and its timings.
+pub fn orca_scenario(model_config: &str, speechd_log_level: u8) -> (Duration, Duration, Duration) {
     let mut desk = Desktop::start(model_config, speechd_log_level);
     let rec = Recorder::start(&desk.pw);
 
@@ -372,7 +373,7 @@ fn orca_scenario(model_config: &str, speechd_log_level: u8) -> (Duration, Durati
 #[test]
 fn orca_is_heard_through_kazeia_and_a_key_press_silences_it() {
     let dir = TempDir::new("orca-model");
-    let model: PathBuf = speaking_model(dir.path());
+    let model = kazeia_tests::speaking_model(dir.path());
     orca_scenario(
         &format!(
             "[model]\npath = \"{}\"\n[threads]\ntalker = 1\ncode_predictor = 1\ndecoder = 1\n\
@@ -380,20 +381,5 @@ fn orca_is_heard_through_kazeia_and_a_key_press_silences_it() {
             model.display()
         ),
         4,
-    );
-}
-
-/// The same on a real-size model (e.g. random 0.6B weights in the released layout, q4_0).
-#[test]
-#[ignore = "benchmark: needs KAZEIA_BENCH_MODEL"]
-fn orca_on_a_real_size_model() {
-    let model = std::env::var("KAZEIA_BENCH_MODEL").expect("KAZEIA_BENCH_MODEL");
-    let weights = std::env::var("KAZEIA_BENCH_WEIGHTS").unwrap_or_else(|_| "q4_0".into());
-    orca_scenario(
-        &format!(
-            "[model]\npath = \"{model}\"\nweights = \"{weights}\"\n[generation]\ngreedy = true\n\
-         max_frames = 150\n"
-        ),
-        5,
     );
 }

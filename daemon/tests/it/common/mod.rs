@@ -15,14 +15,22 @@ use kazeia_tests::speaking_model;
 use kazeiad::dbus::client::SpeechProxy;
 use zbus::wire::Variant;
 
-pub const KAZEIAD: &str = env!("CARGO_BIN_EXE_kazeiad");
+/// The daemon's binary: the one cargo built for these tests or, in the benchmark examples
+/// (`daemon/examples/first_audio`, to which cargo names no binary), one built for them
+/// ([`kazeia_tests::kazeiad`]).
+pub fn kazeiad() -> String {
+    match option_env!("CARGO_BIN_EXE_kazeiad") {
+        Some(path) => path.to_owned(),
+        None => kazeia_tests::kazeiad().display().to_string(),
+    }
+}
 
 pub use kazeia_tests::daemon_config::{quick_model, speaking_config, write_config};
 
 /// D-Bus activation files for both of kazeiad's names, starting it with `config`, in `dir/services`
 /// (returned, for [`DbusSession::start`]).
 pub fn activation_files(dir: &Path, config: &Path) -> PathBuf {
-    kazeia_tests::daemon_config::activation_files(dir, KAZEIAD, config)
+    kazeia_tests::daemon_config::activation_files(dir, &kazeiad(), config)
 }
 
 /// `kazeiad` on a private bus, on a config written for the test, its model loaded: where most daemon tests
@@ -165,7 +173,7 @@ pub fn start_daemon(
     log: PathBuf,
 ) -> Service {
     let config = config.display().to_string();
-    let daemon = Service::spawn(KAZEIAD, &["--config", &config], env, log);
+    let daemon = Service::spawn(&kazeiad(), &["--config", &config], env, log);
     assert!(
         name_appears(bus, "org.kazeia.Speech"),
         "kazeiad never appeared on the bus:\n{}",
@@ -345,6 +353,36 @@ pub async fn proxy(connection: &zbus::Connection) -> SpeechProxy<'static> {
 pub fn priority(p: &str) -> HashMap<&'static str, Variant<'static>> {
     HashMap::from([("priority", Variant::from(p.to_owned()))])
 }
+
+/// What Orca 43 (`speechdispatcherfactory.py`, `_speak`) sends for `text`: a mark `start:end` (character
+/// offsets) before every word, `<`, `>`, `&` escaped, in `<speak>`.
+pub fn orca_ssml(text: &str) -> String {
+    let chars: Vec<char> = text.chars().collect();
+    let mut ssml = String::from("<speak>");
+    let mut i = 0;
+    while i < chars.len() {
+        if !chars[i].is_whitespace() && (i == 0 || chars[i - 1].is_whitespace()) {
+            let end = (i..chars.len())
+                .find(|&j| chars[j].is_whitespace())
+                .unwrap_or(chars.len());
+            ssml += &format!("<mark name=\"{i}:{end}\"/>");
+        }
+        match chars[i] {
+            '<' => ssml += "&lt;",
+            '>' => ssml += "&gt;",
+            '&' => ssml += "&amp;",
+            c => ssml.push(c),
+        }
+        i += 1;
+    }
+    ssml + "</speak>"
+}
+
+/// Orca's default voice settings as speech-dispatcher hands them to the module before each message (Orca's
+/// rate 50, pitch 5, gain 10 become SSIP rate 2, pitch 10, volume 100; punctuation "most").
+pub const ORCA_SET: &str =
+    "SET\nrate=2\npitch=10\npitch_range=0\nvolume=100\npunctuation_mode=most\n\
+                        spelling_mode=off\ncap_let_recogn=none\nvoice=male1\nlanguage=en\n.\n";
 
 /// `Finished` signals as they come, kept by id so that waiting for one never loses another.
 pub struct Finishes {
