@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The aarch64 part of CI (.ci/run): cross-builds the product (tools/build-aarch64.sh), then under qemu-aarch64
-#  1. the CPU backend's tests with QEMU_CPU = cortex-a53 (ARMv8.0: NEON only), cortex-a76 (dotprod) and max
-#     (i8mm, bf16): every NEON/SDOT/SMMLA kernel against its scalar definition, and a check that the CPU model
-#     offers exactly the kernels expected, so each dispatch path really runs;
+#  1. the CPU backend's tests with QEMU_CPU = cortex-a53 (ARMv8.0: NEON only), cortex-a76 (dotprod, fp16) and
+#     max (i8mm, bf16): every NEON/SDOT/SMMLA/FMLA .8h kernel against its scalar definition, and a check that
+#     the CPU model offers exactly the kernels expected, so each dispatch path really runs;
 #  2. the engine's parity tests on the committed fixtures (greedy codes identical to the official ones,
 #     decoder within 1e-4, streamed = one-shot, the same samples with and without SSML marks), and the
 #     decoder's distance from the f64 truth on the tiny fixtures on each CPU model;
@@ -23,7 +23,10 @@ tools/build-aarch64.sh
 models=(cortex-a53:neon cortex-a76:neon,dotprod max:neon,dotprod,i8mm)
 for m in "${models[@]}"; do
     step "CPU kernels on ${m%%:*}"
-    QEMU_CPU=${m%%:*} KAZEIA_EXPECT_ARM_KERNELS=${m#*:} \
+    # FEAT_FP16 (the fast decoder's f16 1×1 convolutions): ARMv8.2 and later, not the A53.
+    fp16=1
+    [ "${m%%:*}" != cortex-a53 ] || fp16=0
+    QEMU_CPU=${m%%:*} KAZEIA_EXPECT_ARM_KERNELS=${m#*:} KAZEIA_EXPECT_ARM_FP16=$fp16 \
         cargo test --release --target $triple -p kazeia-backend-cpu
 done
 

@@ -14,6 +14,10 @@
 //! in registers and widens `f16` weights in registers; `KAZEIA_ARM_CONV=gemm` keeps the path above. On x86-64
 //! its twin (`conv_x86.rs`, AVX-512F, else AVX2 + FMA + F16C) does the same; `KAZEIA_X86_CONV=gemm` keeps the
 //! path above there.
+//!
+//! The fast decoder mode ([`ConvPrecision::Fast`]) computes the 1×1 convolutions in f16 arithmetic on aarch64
+//! CPUs with FEAT_FP16 (`conv_f16.rs`; `KAZEIA_ARM_CONV=f32` keeps them f32), and the 7-tap ones by Winograd's
+//! F(6, 7) (`conv_winograd.rs`).
 
 use std::cell::RefCell;
 
@@ -21,6 +25,7 @@ use half::f16;
 use half::slice::HalfFloatSliceExt;
 use kazeia_backend_abi::WeightFormat;
 
+use crate::conv_f16;
 use crate::conv_winograd::{self, Winograd};
 use crate::gemm_call::{for_column_tiles, matmul, MatMut, MatRef, SharedOut};
 use crate::par::chunks_mut;
@@ -99,8 +104,15 @@ pub enum ConvPrecision {
     Winograd,
     /// The fast decoder mode: Winograd's F(6, k) in f32 for the convolutions that suit it (the vocoder's 7-tap
     /// residual ones: 2 multiplications an output per channel pair instead of 7), direct sums for the others. Not
-    /// exact: ~1e-4 of the exact waveform (`engine-core/tests/it/codec_fast.rs` holds it to 40 dB SNR).
+    /// exact: ~1e-4 of the exact waveform (`engine-core/tests/it/codec_fast.rs` holds it to 40 dB SNR). On an
+    /// aarch64 CPU with FEAT_FP16 the 1×1 ones run in f16 arithmetic (`conv_f16.rs`: `FMLA .8h`, twice the
+    /// multiply-adds per instruction), as [`ConvPrecision::FastF16`] says.
     Fast,
+    /// The fast mode as an aarch64 CPU with FEAT_FP16 computes it, on any CPU: [`ConvPrecision::Fast`] with the
+    /// 1×1 convolutions in f16 arithmetic (`conv_f16.rs`), emulated bit for bit where the CPU has none (two
+    /// orders of magnitude slower than f32 on those layers): what measures the ARM fast decoder's accuracy on
+    /// other machines.
+    FastF16,
 }
 
 impl ConvPrecision {
@@ -109,7 +121,22 @@ impl ConvPrecision {
         match self {
             ConvPrecision::Exact => "direct f32 sums (exact)",
             ConvPrecision::Winograd => "Winograd F(2, 7) for the 7-tap ones, f32",
-            ConvPrecision::Fast => "Winograd F(6, 7) for the 7-tap ones, f32",
+            ConvPrecision::Fast if conv_f16::Kernel::native().is_none() => {
+                "Winograd F(6, 7) for the 7-tap ones, f32"
+            }
+            ConvPrecision::Fast | ConvPrecision::FastF16 => {
+                "Winograd F(6, 7) for the 7-tap ones, f32; f16 arithmetic for the 1×1 ones"
+            }
+        }
+    }
+
+    /// The f16 kernel this precision runs the 1×1 convolutions on, if any: the fast mode's where the CPU has
+    /// f16 arithmetic, [`ConvPrecision::FastF16`]'s everywhere (emulated where the CPU has none).
+    fn f16_kernel(self) -> Option<conv_f16::Kernel> {
+        match self {
+            ConvPrecision::Fast => conv_f16::Kernel::native(),
+            ConvPrecision::FastF16 => Some(conv_f16::Kernel::native_or_emulated()),
+            ConvPrecision::Exact | ConvPrecision::Winograd => None,
         }
     }
 
@@ -118,7 +145,7 @@ impl ConvPrecision {
         match self {
             ConvPrecision::Exact => None,
             ConvPrecision::Winograd => Some(conv_winograd::M),
-            ConvPrecision::Fast => Some(conv_winograd::FAST_M),
+            ConvPrecision::Fast | ConvPrecision::FastF16 => Some(conv_winograd::FAST_M),
         }
     }
 }
@@ -243,6 +270,8 @@ enum Taps {
     Winograd(Box<Winograd>),
     /// `gemm` GEMMs on `[k][cout][cin]` panels.
     Gemm(Panels),
+    /// f16 arithmetic on `[cout/8][k][cin][8]` f16 blocks (`conv_f16.rs`).
+    F16(conv_f16::Blocked),
     /// The NEON tile kernel's `[cout/8][k][cin][8]` blocks.
     #[cfg(target_arch = "aarch64")]
     Neon(arm::Blocked),
@@ -311,6 +340,7 @@ impl Taps {
         match self {
             Taps::Gemm(panels) => panels,
             Taps::Winograd(_) => unreachable!("Winograd convolutions run their own GEMMs"),
+            Taps::F16(_) => unreachable!("f16 convolutions run their own kernel"),
             #[cfg(target_arch = "aarch64")]
             Taps::Neon(_) => unreachable!("the NEON layout runs on its own kernel"),
             #[cfg(target_arch = "x86_64")]
@@ -352,12 +382,20 @@ impl ConvWeight {
         precision: ConvPrecision,
     ) -> Self {
         let layout = Layout::selected(cout);
+        if let Some(kernel) = precision.f16_kernel() {
+            if conv_f16::suits(cout, cin, k) {
+                // An F32 layer's weights are rounded to f16 as well: part of the arithmetic (`conv_f16.rs`).
+                let taps = Taps::F16(conv_f16::Blocked::new(w, (cout, cin, k), kernel));
+                return Self::assemble(taps, bias, (cout, cin, k));
+            }
+        }
         match precision.winograd_tile() {
             // F(6, k)'s transformed weights span powers of 3 with cancellations between them: rounded to f16 they
             // put a layer ~1e-2 from its output (F(2, k): ~1e-3), so the fast mode holds them as f32, from the
             // weights as the format holds them (an F16 layer is the F32 one on the weights rounded to f16).
             Some(m)
-                if conv_winograd::suits(cout, cin, k, m) && precision == ConvPrecision::Fast =>
+                if conv_winograd::suits(cout, cin, k, m)
+                    && matches!(precision, ConvPrecision::Fast | ConvPrecision::FastF16) =>
             {
                 Self::winograd_f32(w, (cout, cin, k), bias, format, layout, m)
             }
@@ -439,6 +477,9 @@ impl ConvWeight {
         assert_eq!(y.len(), cout * lout, "conv1d output size");
         if let Taps::Winograd(winograd) = &self.taps {
             return winograd.forward(&self.bias, x, len, dilation, y, par);
+        }
+        if let Taps::F16(blocks) = &self.taps {
+            return conv_f16::conv1d(blocks, &self.bias, x, len, dilation, y, par);
         }
         #[cfg(target_arch = "aarch64")]
         if let Taps::Neon(blocks) = &self.taps {
@@ -985,6 +1026,53 @@ pub(crate) mod tests {
                 assert!(a == b, "conv_transpose1d {cin}×{cout}×{k}: f16 differs");
             }
         }
+    }
+
+    /// The fast mode runs the 1×1 convolutions in f16 arithmetic where the CPU has it (aarch64 with FEAT_FP16),
+    /// else exactly as the exact mode does (the same bits); `FastF16` always does, emulated where need be. The
+    /// 7-tap ones are Winograd's F(6, 7) in both, and every other convolution stays direct f32.
+    #[test]
+    fn the_fast_mode_takes_f16_arithmetic_for_the_1x1_convolutions_where_the_cpu_has_it() {
+        let layer = |dims: (usize, usize, usize), precision| {
+            let (cout, cin, k) = dims;
+            let w = values(cout * cin * k, 61, 0.1);
+            let bias = values(cout, 62, 0.1);
+            ConvWeight::with_precision(&w, dims, Some(&bias), WeightFormat::F16, precision)
+        };
+        let native = conv_f16::Kernel::native();
+        for (dims, f16) in [
+            ((96, 96, 1), true),
+            ((96, 96, 7), false),
+            ((8, 96, 3), false),
+        ] {
+            for precision in [ConvPrecision::Fast, ConvPrecision::FastF16] {
+                let taps = &layer(dims, precision).taps;
+                let kernel = match taps {
+                    Taps::F16(blocks) => Some(blocks.kernel()),
+                    _ => None,
+                };
+                let want = match precision {
+                    _ if !f16 => None,
+                    ConvPrecision::Fast => native,
+                    _ => Some(conv_f16::Kernel::native_or_emulated()),
+                };
+                assert_eq!(kernel, want, "{dims:?} {precision:?}");
+                assert_eq!(matches!(taps, Taps::Winograd(_)), dims == (96, 96, 7));
+            }
+        }
+        let (len, x) = (300, values(96 * 300, 63, 1.0));
+        let run = |precision| {
+            let mut y = vec![f32::NAN; 96 * len];
+            layer((96, 96, 1), precision).forward(&x, len, 1, &mut y, gemm::Parallelism::None);
+            y.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+        };
+        let (fast, exact) = (run(ConvPrecision::Fast), run(ConvPrecision::Exact));
+        assert_eq!(
+            fast == exact,
+            native.is_none(),
+            "the fast 1×1 convolution is the exact one"
+        );
+        assert_eq!(run(ConvPrecision::FastF16) == fast, native.is_some());
     }
 
     #[test]

@@ -9,6 +9,7 @@ mod attention;
 mod conv;
 #[cfg(target_arch = "aarch64")]
 mod conv_arm;
+mod conv_f16;
 mod conv_winograd;
 #[cfg(target_arch = "x86_64")]
 mod conv_x86;
@@ -91,8 +92,9 @@ impl CpuBackend {
     }
 
     /// This backend with its convolutions computed as `precision` says: [`ConvPrecision::Fast`] is the fast
-    /// decoder mode (Winograd's F(6, 7) for the vocoder's 7-tap convolutions), not exact, with its own bound
-    /// (`engine-core/tests/it/codec_fast.rs`: ≥ 40 dB SNR against the exact decoder).
+    /// decoder mode (Winograd's F(6, 7) for the vocoder's 7-tap convolutions; f16 arithmetic for the 1×1 ones on
+    /// aarch64 CPUs with FEAT_FP16), not exact, with its own bound (`engine-core/tests/it/codec_fast.rs`: ≥ 40 dB
+    /// SNR against the exact decoder).
     pub fn with_conv_precision(mut self, precision: ConvPrecision) -> Self {
         self.convs = precision;
         self
