@@ -2,10 +2,10 @@
 //! fixtures, near full scale), the fast mode's waveform is within 40 dB SNR of the exact decoder's, one-shot and
 //! streamed in every chunking `codec_truth.rs` checks, with the weights held as F32 and as F16 (what the lossy
 //! LM formats give the decoder), each against the exact decoder of the same format. The fast mode is Winograd's
-//! F(6, 7) in f32 on the tile kernels on every CPU, plus, on aarch64 CPUs with FEAT_FP16, f16 arithmetic for the
-//! 1×1 convolutions: `ConvPrecision::FastF16` is that arithmetic on any CPU (emulated bit for bit where the CPU
-//! has none, ~15 s a decode here), checked on the F16 weights one-shot and in one chunking, and in full by an
-//! ignored test. Nothing is skipped.
+//! F(6, 7), and F(4, 2) per phase on the upsamplers, in f32 on the tile kernels on every CPU, plus, on aarch64
+//! CPUs with FEAT_FP16, f16 arithmetic for the 1×1 convolutions: `ConvPrecision::FastF16` is that arithmetic on
+//! any CPU (emulated bit for bit where the CPU has none, ~15 s a decode here), checked on the F16 weights
+//! one-shot and in one chunking, and in full by an ignored test. Nothing is skipped.
 
 use crate::common;
 

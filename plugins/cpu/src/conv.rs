@@ -16,8 +16,8 @@
 //! path above there.
 //!
 //! The fast decoder mode ([`ConvPrecision::Fast`]) computes the 1×1 convolutions in f16 arithmetic on aarch64
-//! CPUs with FEAT_FP16 (`conv_f16.rs`; `KAZEIA_ARM_CONV=f32` keeps them f32), and the 7-tap ones by Winograd's
-//! F(6, 7) (`conv_winograd.rs`).
+//! CPUs with FEAT_FP16 (`conv_f16.rs`; `KAZEIA_ARM_CONV=f32` keeps them f32), the 7-tap ones by Winograd's
+//! F(6, 7) and the smaller upsamplers' transposed ones by F(4, 2) per output phase (`conv_winograd.rs`).
 
 use std::cell::RefCell;
 
@@ -93,6 +93,14 @@ impl Stored {
     }
 }
 
+/// The weights `w` as `format` holds them, as f32: rounded to f16 for F16.
+fn held(w: &[f32], format: WeightFormat) -> Vec<f32> {
+    match format {
+        WeightFormat::F16 => w.iter().map(|&v| f16::from_f32(v).to_f32()).collect(),
+        _ => w.to_vec(),
+    }
+}
+
 /// How a backend computes its convolutions.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum ConvPrecision {
@@ -103,9 +111,10 @@ pub enum ConvPrecision {
     /// more ulps of rounding (`KAZEIA_CONV_WINOGRAD=1`).
     Winograd,
     /// The fast decoder mode: Winograd's F(6, k) in f32 for the convolutions that suit it (the vocoder's 7-tap
-    /// residual ones: 2 multiplications an output per channel pair instead of 7), direct sums for the others. Not
-    /// exact: ~1e-4 of the exact waveform (`engine-core/tests/it/codec_fast.rs` holds it to 40 dB SNR). On an
-    /// aarch64 CPU with FEAT_FP16 the 1×1 ones run in f16 arithmetic (`conv_f16.rs`: `FMLA .8h`, twice the
+    /// residual ones: 2 multiplications an output per channel pair instead of 7), F(4, 2) per output phase for
+    /// the transposed ones that suit it (its smaller upsamplers: 1.25 instead of 2), direct sums for the others.
+    /// Not exact: ~1e-4 of the exact waveform (`engine-core/tests/it/codec_fast.rs` holds it to 40 dB SNR). On
+    /// an aarch64 CPU with FEAT_FP16 the 1×1 ones run in f16 arithmetic (`conv_f16.rs`: `FMLA .8h`, twice the
     /// multiply-adds per instruction), as [`ConvPrecision::FastF16`] says.
     Fast,
     /// The fast mode as an aarch64 CPU with FEAT_FP16 computes it, on any CPU: [`ConvPrecision::Fast`] with the
@@ -122,10 +131,11 @@ impl ConvPrecision {
             ConvPrecision::Exact => "direct f32 sums (exact)",
             ConvPrecision::Winograd => "Winograd F(2, 7) for the 7-tap ones, f32",
             ConvPrecision::Fast if conv_f16::Kernel::native().is_none() => {
-                "Winograd F(6, 7) for the 7-tap ones, f32"
+                "Winograd F(6, 7) for the 7-tap ones, F(4, 2) per phase for the upsamplers, f32"
             }
             ConvPrecision::Fast | ConvPrecision::FastF16 => {
-                "Winograd F(6, 7) for the 7-tap ones, f32; f16 arithmetic for the 1×1 ones"
+                "Winograd F(6, 7) for the 7-tap ones, F(4, 2) per phase for the upsamplers, f32; f16 \
+                 arithmetic for the 1×1 ones"
             }
         }
     }
@@ -266,7 +276,8 @@ impl Panels {
 
 /// The tap weights, laid out for the kernel that runs them.
 enum Taps {
-    /// Winograd's F(2, k): GEMMs of transformed weights on one of the layouts below (`conv_winograd.rs`).
+    /// Winograd's F(m, k) (transposed: F(m, 2) per output phase): GEMMs of transformed weights on one of the
+    /// layouts below (`conv_winograd.rs`).
     Winograd(Box<Winograd>),
     /// `gemm` GEMMs on `[k][cout][cin]` panels.
     Gemm(Panels),
@@ -416,11 +427,7 @@ impl ConvWeight {
         layout: Layout,
         m: usize,
     ) -> Self {
-        let held: Vec<f32> = match format {
-            WeightFormat::F16 => w.iter().map(|&v| f16::from_f32(v).to_f32()).collect(),
-            _ => w.to_vec(),
-        };
-        Self::winograd(&held, dims, bias, WeightFormat::F32, layout, m)
+        Self::winograd(&held(w, format), dims, bias, WeightFormat::F32, layout, m)
     }
 
     /// Computed by Winograd's F(m, k), its GEMMs on `layout` (`conv_winograd.rs`).
@@ -546,7 +553,8 @@ impl DepthwiseWeight {
     }
 }
 
-/// A `ConvTranspose1d` weight, repacked as `k` tap panels `[cout][cin]`.
+/// A `ConvTranspose1d` weight, repacked as `k` tap panels `[cout][cin]` (or, in the fast mode, as Winograd's
+/// GEMMs).
 pub struct ConvTransposeWeight {
     taps: Taps,
     cin: usize,
@@ -566,6 +574,53 @@ impl ConvTransposeWeight {
         format: WeightFormat,
     ) -> Self {
         Self::with_layout(w, (cin, cout, k), stride, format, Layout::selected(cout))
+    }
+
+    /// As [`ConvTransposeWeight::new`], computed as `precision` says: in the fast mode, by Winograd's F(m, 2) on
+    /// each output phase where the layer suits it (`conv_winograd.rs`), the transformed weights held as f32
+    /// (as [`ConvWeight::with_precision`]'s), else directly.
+    pub fn with_precision(
+        w: &[f32],
+        (cin, cout, k): (usize, usize, usize),
+        stride: usize,
+        format: WeightFormat,
+        precision: ConvPrecision,
+    ) -> Self {
+        let layout = Layout::selected(cout * stride);
+        let m = conv_winograd::FAST_TRANSPOSED_M;
+        let fast = matches!(precision, ConvPrecision::Fast | ConvPrecision::FastF16);
+        if fast && conv_winograd::suits_transposed(cin, cout, k, stride) {
+            Self::winograd_f32(w, (cin, cout, k), stride, format, layout, m)
+        } else {
+            Self::with_layout(w, (cin, cout, k), stride, format, Layout::selected(cout))
+        }
+    }
+
+    /// Computed by Winograd's F(m, 2) per output phase (kernel `2·stride`), its GEMMs on `layout` in f32, from the
+    /// weights as `format` holds them (an F16 layer is the F32 one on the weights rounded to f16).
+    pub(crate) fn winograd_f32(
+        w: &[f32],
+        (cin, cout, k): (usize, usize, usize),
+        stride: usize,
+        format: WeightFormat,
+        layout: Layout,
+        m: usize,
+    ) -> Self {
+        assert_eq!(
+            k,
+            2 * stride,
+            "Winograd's transposed convolutions take kernel 2·stride"
+        );
+        let held = held(w, format);
+        let winograd =
+            Winograd::transposed(&held, (cin, cout, stride), WeightFormat::F32, layout, m);
+        ConvTransposeWeight {
+            taps: Taps::Winograd(Box::new(winograd)),
+            cin,
+            cout,
+            k,
+            stride,
+        }
     }
 
     pub(crate) fn with_layout(
@@ -595,6 +650,9 @@ impl ConvTransposeWeight {
         let lfull = (len - 1) * s + k;
         assert_eq!(x.len(), cin * len, "transposed conv input size");
         assert_eq!(y.len(), cout * lfull, "transposed conv output size");
+        if let Taps::Winograd(winograd) = &self.taps {
+            return winograd.forward_transposed(x, len, y, par);
+        }
         #[cfg(target_arch = "aarch64")]
         if let Taps::Neon(blocks) = &self.taps {
             return arm::conv_transpose1d(blocks, s, x, len, y, par);

@@ -92,9 +92,9 @@ impl CpuBackend {
     }
 
     /// This backend with its convolutions computed as `precision` says: [`ConvPrecision::Fast`] is the fast
-    /// decoder mode (Winograd's F(6, 7) for the vocoder's 7-tap convolutions; f16 arithmetic for the 1×1 ones on
-    /// aarch64 CPUs with FEAT_FP16), not exact, with its own bound (`engine-core/tests/it/codec_fast.rs`: ≥ 40 dB
-    /// SNR against the exact decoder).
+    /// decoder mode (Winograd's F(6, 7) for the vocoder's 7-tap convolutions, F(4, 2) per output phase for its
+    /// smaller upsamplers; f16 arithmetic for the 1×1 ones on aarch64 CPUs with FEAT_FP16), not exact, with its
+    /// own bound (`engine-core/tests/it/codec_fast.rs`: ≥ 40 dB SNR against the exact decoder).
     pub fn with_conv_precision(mut self, precision: ConvPrecision) -> Self {
         self.convs = precision;
         self
@@ -176,7 +176,13 @@ impl Backend for CpuBackend {
                 k,
                 stride,
                 format,
-            } => Weight::new(ConvTransposeWeight::new(w, cin, cout, k, stride, format)),
+            } => Weight::new(ConvTransposeWeight::with_precision(
+                w,
+                (cin, cout, k),
+                stride,
+                format,
+                self.convs,
+            )),
         })
     }
 
