@@ -31,7 +31,6 @@ mod norms;
 mod par;
 pub mod plugin;
 pub mod records;
-mod scratch_pool;
 
 use kazeia_backend_abi::{
     strided_on_host, AttentionSpan, Backend, Capabilities, Combine, Heads, Strided, Weight,

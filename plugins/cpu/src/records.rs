@@ -7,7 +7,6 @@ use kazeia_backend_abi::plugin::{attention_of, OpKind};
 use kazeia_backend_abi::Weight;
 
 use crate::conv::{ConvTransposeWeight, ConvWeight, DepthwiseWeight};
-use crate::scratch_pool;
 use crate::{CpuBackend, LinearWeight};
 
 /// Runs one op on `cpu` over its operands `a`, `b`, `c` (empty where absent) and `out`; its weight, if it has
@@ -83,12 +82,10 @@ pub unsafe fn run_list(cpu: &CpuBackend, list: List<'_>) -> Result<(), String> {
 }
 
 /// Calls `f(op, [a, b, c], out)` for each op of `list` in order, on its operands as slices: an intermediate
-/// result (a tensor with no host flag, whatever its `host` field) takes a buffer at its first op and gives it
-/// back after its last, so a list holds no more at once than its ops ran one by one would; the others are used in
-/// place in host memory. A [`TensorRecord::ZEROED`](kazeia_backend_abi::list::TensorRecord::ZEROED) tensor is
-/// cleared first; another intermediate result holds whatever its buffer held (its first op writes all of it: the
-/// list's contract). For a backend that runs lists on host memory (the CPU, and the Hexagon plugin, whose DSP
-/// shares it).
+/// result (a tensor with no host flag, whatever its `host` field) is allocated (zeros) at its first op and freed
+/// after its last, so a list holds no more at once than its ops ran one by one would; the others are used in
+/// place in host memory, the zeroed ones cleared first. For a backend that runs lists on
+/// host memory (the CPU, and the Hexagon plugin, whose DSP shares it).
 ///
 /// # Safety
 /// As [`run_list`] for the list's memory.
@@ -107,26 +104,6 @@ pub unsafe fn each_op(
         }
     }
     let mut held: Vec<Option<Vec<f32>>> = (0..tensors.len()).map(|_| None).collect();
-    // SAFETY: the list's memory follows this function's contract, which is `run_ops`'s.
-    let result = unsafe { run_ops(list, &mut held, &last_use, &mut f) };
-    // Every buffer back to the pool, the list's last ops' too (and after a failure).
-    for buffer in held.into_iter().flatten() {
-        scratch_pool::give_back(buffer);
-    }
-    result
-}
-
-/// [`each_op`]'s loop over the ops, intermediate results in `held`.
-///
-/// # Safety
-/// As [`run_list`] for the list's memory.
-unsafe fn run_ops(
-    list: List<'_>,
-    held: &mut [Option<Vec<f32>>],
-    last_use: &[usize],
-    f: &mut impl FnMut(&OpRecord, [&[f32]; 3], &mut [f32]) -> Result<(), String>,
-) -> Result<(), String> {
-    let tensors = list.tensors;
     for t in tensors.iter().filter(|t| !t.is_scratch() && t.zeroed()) {
         // SAFETY: host memory valid for `len` values and unshared for the call (the contract).
         unsafe { std::slice::from_raw_parts_mut(t.host, t.len) }.fill(0.0);
@@ -135,7 +112,7 @@ unsafe fn run_ops(
         for t in op.operands() {
             let t = t as usize;
             if tensors.get(t).is_some_and(|r| r.is_scratch()) && held[t].is_none() {
-                held[t] = Some(scratch_pool::take(tensors[t].len, tensors[t].zeroed()));
+                held[t] = Some(vec![0.0; tensors[t].len]);
             }
         }
         let place = |t: usize| -> *mut f32 {
@@ -163,9 +140,7 @@ unsafe fn run_ops(
         f(op, op.inputs.map(tensor), out).map_err(|e| format!("op {i}: {e}"))?;
         for t in op.operands() {
             if last_use.get(t as usize) == Some(&i) {
-                if let Some(buffer) = held[t as usize].take() {
-                    scratch_pool::give_back(buffer);
-                }
+                held[t as usize] = None;
             }
         }
     }
