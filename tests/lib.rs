@@ -48,6 +48,26 @@ pub fn speaking_model(dir: &std::path::Path) -> PathBuf {
     model
 }
 
+/// A copy of the model `src` at `model` (files linked) whose `config.json` is edited by `edit`.
+pub fn linked_copy(
+    src: &std::path::Path,
+    model: &std::path::Path,
+    edit: impl FnOnce(&mut serde_json::Value),
+) -> PathBuf {
+    std::fs::create_dir_all(model).unwrap();
+    for entry in std::fs::read_dir(src).unwrap() {
+        let name = entry.unwrap().file_name();
+        if name != "config.json" {
+            std::os::unix::fs::symlink(src.join(&name), model.join(&name)).unwrap();
+        }
+    }
+    let mut config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
+    edit(&mut config);
+    std::fs::write(model.join("config.json"), config.to_string()).unwrap();
+    model.to_path_buf()
+}
+
 /// The CPU backend built as a plugin (`libkazeia_backend_cpu_plugin.so`).
 ///
 /// `cargo test` builds only the plugin crate's rlib, and a `.so` left in `target/<profile>/` by an earlier

@@ -1,9 +1,10 @@
 //! `cloned-voices`: first audio of a cloned voice against a built-in speaker.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use kazeia_spiel::{Chunk, SpielReader};
+use kazeia_tests::linked_copy;
 use kazeia_tests::services::{DbusSession, Service, TempDir};
 use kazeiad::dbus::client::SpeechProxy;
 
@@ -115,22 +116,6 @@ impl Daemon {
             _dir: dir,
         }
     }
-}
-
-/// A copy of the model `src` at `model` (files linked) whose `config.json` is edited by `edit`.
-fn linked_copy(src: &Path, model: &Path, edit: impl FnOnce(&mut serde_json::Value)) -> PathBuf {
-    std::fs::create_dir_all(model).unwrap();
-    for entry in std::fs::read_dir(src).unwrap() {
-        let name = entry.unwrap().file_name();
-        if name != "config.json" {
-            std::os::unix::fs::symlink(src.join(&name), model.join(&name)).unwrap();
-        }
-    }
-    let mut config: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
-    edit(&mut config);
-    std::fs::write(model.join("config.json"), config.to_string()).unwrap();
-    model.to_path_buf()
 }
 
 /// Median over five Spiel `Synthesize` calls (after one to warm up) of the time to the first audio.

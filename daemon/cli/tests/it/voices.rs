@@ -12,6 +12,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
+use kazeia_tests::linked_copy;
 use kazeia_tests::services::{DbusSession, Service, TempDir};
 use kazeiad::dbus::client::SpeechProxy;
 use zbus::wire::Variant;
@@ -27,22 +28,6 @@ fn fixtures_dir() -> PathBuf {
 fn model_variant(dir: &Path, fixture: &str, edit: impl FnOnce(&mut serde_json::Value)) -> PathBuf {
     let src = fixtures_dir().join("lm").join(fixture);
     linked_copy(&src, &dir.join(format!("model-{fixture}")), edit)
-}
-
-/// A copy of the model `src` at `model` (files linked) whose `config.json` is edited by `edit`.
-fn linked_copy(src: &Path, model: &Path, edit: impl FnOnce(&mut serde_json::Value)) -> PathBuf {
-    std::fs::create_dir_all(model).unwrap();
-    for entry in std::fs::read_dir(src).unwrap() {
-        let name = entry.unwrap().file_name();
-        if name != "config.json" {
-            std::os::unix::fs::symlink(src.join(&name), model.join(&name)).unwrap();
-        }
-    }
-    let mut config: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
-    edit(&mut config);
-    std::fs::write(model.join("config.json"), config.to_string()).unwrap();
-    model.to_path_buf()
 }
 
 fn voice_design_model(dir: &Path) -> PathBuf {
