@@ -171,7 +171,16 @@ thread_local! {
 
 /// Runs `f` on what `fill` writes into this thread's scratch buffer.
 pub(crate) fn with_scratch<R>(fill: impl FnOnce(&mut Vec<f32>), f: impl FnOnce(&[f32]) -> R) -> R {
-    SCRATCH.with(|scratch| {
+    with_scratch_in(&SCRATCH, fill, f)
+}
+
+/// Runs `f` on what `fill` writes into the thread-local buffer `key`.
+pub(crate) fn with_scratch_in<T, R>(
+    key: &'static std::thread::LocalKey<RefCell<Vec<T>>>,
+    fill: impl FnOnce(&mut Vec<T>),
+    f: impl FnOnce(&[T]) -> R,
+) -> R {
+    key.with(|scratch| {
         // A thread that waits in a parallel section may run another convolution's tile meanwhile: that one fills
         // a buffer of its own.
         match scratch.try_borrow_mut() {

@@ -147,17 +147,7 @@ fn with_padded<T: Copy + Default, R>(
             round(src, &mut row[..len]);
         }
     };
-    buf.with(|cell| match cell.try_borrow_mut() {
-        Ok(mut p) => {
-            fill(&mut p);
-            f(&p)
-        }
-        Err(_) => {
-            let mut own = Vec::new();
-            fill(&mut own);
-            f(&own)
-        }
-    })
+    crate::conv::with_scratch_in(buf, fill, f)
 }
 
 /// Valid dilated convolution (see [`crate::ConvWeight::forward`]); the caller checked the sizes.
