@@ -7,7 +7,10 @@ use std::sync::Arc;
 use kazeia_backend_abi::{Backend, WeightFormat};
 
 use super::store::MeasurementStore;
-use super::{candidates, decide, measure, AutoChoice, Measurement, WeightsSetting, MEASURED_IN};
+use super::{
+    candidates, decide, measure, AutoChoice, Measurement, WeightsSetting, MEASURED_IN,
+    SETTLING_TIMINGS,
+};
 use crate::error::Result;
 use crate::lm::{LmBackends, ModelConfig, PromptRequest};
 use crate::synth::Synthesizer;
@@ -110,9 +113,11 @@ pub fn model_identity(dir: &Path) -> String {
     )
 }
 
-/// The choice for `model` (see [`model_identity`]) of `candidates` on `machine`: decided from the kept
-/// measurement, or from `measure_now` (given the machine's description), which is then kept. A measurement
-/// that cannot be kept is logged; the choice stands for this load.
+/// The choice for `model` (see [`model_identity`]) of `candidates` (most precise first) on `machine`: decided
+/// from the kept measurement, or from `measure_now` (given the machine's description), which is then kept —
+/// combined with the kept one while that one picks a less precise format than the first and is the best of
+/// fewer than [`SETTLING_TIMINGS`] steps. A measurement that cannot be kept is logged; the choice stands for
+/// this load.
 pub fn choose<E>(
     machine: &AutoMachine,
     model: &str,
@@ -121,12 +126,20 @@ pub fn choose<E>(
     measure_now: impl FnOnce(String) -> std::result::Result<Measurement, E>,
 ) -> std::result::Result<AutoChoice, E> {
     let store = machine.store(model, backends);
-    if let Some(m) = store.load() {
-        if candidates.iter().any(|(f, _)| *f == m.measured_in) {
-            return Ok(decide(&m, candidates, false));
+    let kept = store
+        .load()
+        .filter(|m| candidates.iter().any(|(f, _)| *f == m.measured_in));
+    if let Some(kept) = &kept {
+        let choice = decide(kept, candidates, false);
+        if choice.format == candidates[0].0 || kept.timings >= SETTLING_TIMINGS {
+            return Ok(choice);
         }
     }
-    let m = measure_now(machine.describe(backends))?;
+    let now = measure_now(machine.describe(backends))?;
+    let m = match &kept {
+        Some(kept) => kept.best_with(&now),
+        None => now,
+    };
     if let Err(e) = store.save(&m) {
         tracing::warn!(
             "weights = auto: cannot keep the measurement in {}: {e}; the next load measures again",
@@ -208,5 +221,122 @@ pub fn log(choice: &AutoChoice) {
         tracing::info!("weights {} ({})", choice.format, choice.reason());
     } else {
         tracing::warn!("weights {} ({})", choice.format, choice.reason());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kazeia_backend_abi::WeightFormat::{BF16, Q4_0, Q8_0};
+    use std::cell::Cell;
+
+    /// Bytes per frame of the released 0.6B's shapes, roughly (as `super::super::tests`).
+    const FORMATS: [(WeightFormat, u64); 3] = [(BF16, 3600), (Q8_0, 1900), (Q4_0, 1000)];
+
+    /// A step at q4_0 that took `lm_ms` and 20 ms of decoding per 80 ms frame.
+    fn step(lm_ms: f64) -> Measurement {
+        Measurement {
+            measured_in: Q4_0,
+            lm_ms,
+            decoder_ms: 20.0,
+            frame_ms: 80.0,
+            frames: 4,
+            cost_ms: 300.0 + lm_ms,
+            timings: 1,
+            machine: "test".into(),
+        }
+    }
+
+    /// A load on `store` whose timed step, if taken, takes `lm_ms`; counts the steps in `steps`.
+    fn load(store: &Path, lm_ms: f64, steps: &Cell<u32>) -> AutoChoice {
+        let machine = AutoMachine {
+            store_dir: Some(store.to_owned()),
+            ..AutoMachine::new([2; 3])
+        };
+        choose(&machine, "model", ["cpu"; 3], &FORMATS, |_| {
+            steps.set(steps.get() + 1);
+            Ok::<_, ()>(step(lm_ms))
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn a_busy_first_step_is_timed_again_and_the_fastest_times_kept() {
+        let store = tempfile::tempdir().unwrap();
+        let steps = Cell::new(0);
+        // Timed while the machine was busy: q4_0 predicted at (50 + 20) / 80 = 0.875, nothing keeps up.
+        let busy = load(store.path(), 50.0, &steps);
+        assert_eq!((busy.format, busy.keeps_up, steps.get()), (Q4_0, false, 1));
+        // The next load times again (the choice was not bf16) and keeps the faster step: 0.625, keeps up.
+        let quiet = load(store.path(), 30.0, &steps);
+        assert_eq!((quiet.format, quiet.keeps_up, steps.get()), (Q4_0, true, 2));
+        assert_eq!(quiet.measurement.lm_ms, 30.0);
+        assert_eq!(quiet.measurement.timings, 2);
+        assert!(quiet
+            .reason()
+            .contains("the best of 2 steps, the last timed now in 330 ms"));
+        // A third step, busy again, does not undo the quiet one.
+        let third = load(store.path(), 45.0, &steps);
+        assert_eq!(
+            (third.measurement.lm_ms, third.measurement.timings),
+            (30.0, 3)
+        );
+        assert_eq!((third.format, third.keeps_up, steps.get()), (Q4_0, true, 3));
+        assert_eq!(third.measurement.cost_ms, 345.0, "the latest step's cost");
+        // Settled: later loads decide from what is kept, with no step.
+        let settled = load(store.path(), 1.0, &steps);
+        assert_eq!(
+            (settled.format, settled.fresh, steps.get()),
+            (Q4_0, false, 3)
+        );
+        assert_eq!(settled.measurement, third.measurement);
+        assert!(
+            settled.reason().contains("the best of 3 steps, cached"),
+            "{}",
+            settled.reason()
+        );
+    }
+
+    #[test]
+    fn a_measurement_that_picks_the_most_precise_format_is_not_timed_again() {
+        let store = tempfile::tempdir().unwrap();
+        let steps = Cell::new(0);
+        // bf16: (5 · 3.6 + 20) / 80 = 0.475.
+        let first = load(store.path(), 5.0, &steps);
+        assert_eq!((first.format, first.fresh), (BF16, true));
+        assert!(
+            first.reason().contains("timed now in 305 ms"),
+            "{}",
+            first.reason()
+        );
+        let again = load(store.path(), 1.0, &steps);
+        assert_eq!((again.format, again.fresh, steps.get()), (BF16, false, 1));
+        assert!(again.reason().contains("cached"), "{}", again.reason());
+    }
+
+    #[test]
+    fn a_file_from_before_combined_measurements_counts_as_one_step() {
+        let store = tempfile::tempdir().unwrap();
+        let steps = Cell::new(0);
+        load(store.path(), 50.0, &steps);
+        let file = std::fs::read_dir(store.path())
+            .unwrap()
+            .next()
+            .unwrap()
+            .unwrap()
+            .path();
+        let text = std::fs::read_to_string(&file).unwrap();
+        let old: String = text
+            .lines()
+            .filter(|l| !l.contains("\"timings\""))
+            .collect();
+        assert_ne!(
+            old.len(),
+            text.lines().map(str::len).sum::<usize>(),
+            "{text}"
+        );
+        std::fs::write(&file, old).unwrap();
+        let next = load(store.path(), 30.0, &steps);
+        assert_eq!((next.measurement.timings, steps.get()), (2, 2));
     }
 }

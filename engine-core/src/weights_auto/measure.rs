@@ -26,8 +26,10 @@ pub struct Measurement {
     pub frame_ms: f64,
     /// Frames timed.
     pub frames: usize,
-    /// The whole step's wall time, warm-up and prompt included, in ms.
+    /// The whole step's wall time, warm-up and prompt included, in ms (the latest step's).
     pub cost_ms: f64,
+    /// Timed steps whose fastest times these are (1: a single step; see [`Measurement::best_with`]).
+    pub timings: u32,
     /// The machine as keyed ([`super::AutoMachine::describe`]): CPU, backends and threads.
     pub machine: String,
 }
@@ -78,8 +80,23 @@ pub fn measure(
         frame_ms: whole_us(codec.samples_per_frame() as f64 * 1e3 / codec.sample_rate() as f64),
         frames,
         cost_ms: whole_us(start.elapsed().as_secs_f64() * 1e3),
+        timings: 1,
         machine,
     })
+}
+
+impl Measurement {
+    /// This measurement and a later one of the same machine, as one: each stage's faster time (another
+    /// program's load only ever slows a step, so the fastest seen is the machine's own speed), the later
+    /// step's cost, and the steps counted.
+    pub fn best_with(&self, later: &Measurement) -> Measurement {
+        Measurement {
+            lm_ms: self.lm_ms.min(later.lm_ms),
+            decoder_ms: self.decoder_ms.min(later.decoder_ms),
+            timings: self.timings + later.timings,
+            ..later.clone()
+        }
+    }
 }
 
 /// `ms` rounded to whole microseconds: what a kept measurement holds ([`super::store`]).

@@ -13,6 +13,10 @@
 //! at least as well per byte (`kazeia bench`'s bandwidth shares), so scaling up from q4_0 errs towards the faster
 //! format. The measurement is cached ([`store`]) under the model, the CPU, the stages' backends and threads and
 //! this Kazeia's version, so later loads decide the same without measuring ([`store::MeasurementStore::load`]).
+//! A kept measurement that did not pick the most precise format may have been taken while other programs were
+//! busy: the next loads time again, up to [`SETTLING_TIMINGS`] steps in all, and keep each stage's fastest time
+//! ([`Measurement::best_with`]), so one busy moment does not decide for good and a slow machine pays a bounded
+//! number of extra steps.
 
 mod load;
 mod measure;
@@ -30,6 +34,10 @@ use crate::lm::{BlockBytes, ModelConfig};
 /// a format to count as keeping up comfortably: 64 ms of compute per 80 ms frame, the rest left for the
 /// machine's other work and the noise of a shared CPU.
 pub const COMFORT: f64 = 0.8;
+
+/// The timed steps after which a kept measurement is trusted whatever it picks (see the module's
+/// documentation).
+pub const SETTLING_TIMINGS: u32 = 3;
 
 /// The format the timed step runs in (see the module's documentation).
 pub const MEASURED_IN: WeightFormat = WeightFormat::Q4_0;
@@ -114,10 +122,11 @@ impl AutoChoice {
             m.lm_ms,
             m.decoder_ms,
             m.frame_ms,
-            if self.fresh {
-                format!("timed now in {:.0} ms", m.cost_ms)
-            } else {
-                "cached".to_owned()
+            match (self.fresh, m.timings) {
+                (true, 1) => format!("timed now in {:.0} ms", m.cost_ms),
+                (true, n) => format!("the best of {n} steps, the last timed now in {:.0} ms", m.cost_ms),
+                (false, 1) => "cached".to_owned(),
+                (false, n) => format!("the best of {n} steps, cached"),
             },
             m.machine,
         )
@@ -206,6 +215,7 @@ mod tests {
             frame_ms: 80.0,
             frames: 4,
             cost_ms: 300.0,
+            timings: 1,
             machine: "test".into(),
         }
     }

@@ -30,7 +30,14 @@ struct Stored {
     frame_us: u64,
     frames: usize,
     cost_us: u64,
+    /// Absent in files written before measurements were combined: one step.
+    #[serde(default = "one")]
+    timings: u32,
     machine: String,
+}
+
+fn one() -> u32 {
+    1
 }
 
 fn us(ms: f64) -> u64 {
@@ -68,6 +75,7 @@ impl MeasurementStore {
             frame_ms: ms(s.frame_us),
             frames: s.frames,
             cost_ms: ms(s.cost_us),
+            timings: s.timings.max(1),
             machine: s.machine,
         })
     }
@@ -85,6 +93,7 @@ impl MeasurementStore {
             frame_us: us(m.frame_ms),
             frames: m.frames,
             cost_us: us(m.cost_ms),
+            timings: m.timings,
             machine: m.machine.clone(),
         };
         let json = serde_json::to_string_pretty(&stored).map_err(std::io::Error::other)?;
@@ -114,6 +123,7 @@ mod tests {
             frame_ms: 80.0,
             frames: 4,
             cost_ms: 412.0,
+            timings: 2,
             machine: "a CPU".into(),
         }
     }
