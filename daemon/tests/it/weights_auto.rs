@@ -1,11 +1,13 @@
 //! `[model] weights = "auto"` through the daemon, on real services (a private `dbus-daemon`, `kazeiad` serving the
 //! tiny fixture model to a null sink): the `Weights` property — what `kazeia status` prints — names the format
 //! the daemon measured its way to and why; the log says the same; a restart decides from the kept measurement
-//! without timing again; a named format is reported as configured, with no measurement.
+//! without timing again (once it has settled: see `SETTLING_TIMINGS`); a named format is reported as
+//! configured, with no measurement.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use kazeia_engine::weights_auto::SETTLING_TIMINGS;
 use kazeia_tests::services::{DbusSession, Service, TempDir};
 use kazeiad::dbus::client::SpeechProxy;
 
@@ -70,13 +72,32 @@ async fn auto_weights_are_reported_with_their_reason_and_measured_once() {
     );
     daemon.terminate();
 
-    // A restart on the same machine decides from the kept measurement: the same format, nothing timed.
-    let mut daemon = start_daemon(&bus, &env, &config, dir.path().join("second.log"));
-    let again = loaded_weights(&proxy, &mut daemon).await;
-    assert!(again.starts_with(&format!("{format} (auto: ")), "{again}");
-    assert!(again.contains("cached"), "{again}");
-    assert!(!again.contains("timed now"), "{again}");
-    assert_eq!(measurements(&cache).len(), 1);
+    // Restarts on the same machine: while the kept measurement does not pick bf16 (a debug build, a busy
+    // machine) it is timed again and combined, up to SETTLING_TIMINGS steps; then it decides: nothing timed.
+    let (mut format, mut steps) = (format, 1);
+    let mut daemon = loop {
+        let log = dir.path().join(format!("restart-{steps}.log"));
+        let mut daemon = start_daemon(&bus, &env, &config, log);
+        let again = loaded_weights(&proxy, &mut daemon).await;
+        assert_eq!(measurements(&cache).len(), 1);
+        if again.contains("cached") {
+            assert!(again.starts_with(&format!("{format} (auto: ")), "{again}");
+            assert!(!again.contains("timed now"), "{again}");
+            break daemon;
+        }
+        steps += 1;
+        assert!(
+            format != "bf16" && steps <= SETTLING_TIMINGS,
+            "timed again after {} step(s) that chose {format}: {again}",
+            steps - 1
+        );
+        assert!(
+            again.contains(&format!("the best of {steps} steps, the last timed now")),
+            "{again}"
+        );
+        format = again.split(' ').next().unwrap().to_owned();
+        daemon.terminate();
+    };
 
     // A named format is obeyed and said to be configured (the file change reloads the model).
     std::fs::write(
