@@ -226,24 +226,16 @@ pub fn log(choice: &AutoChoice) {
 
 #[cfg(test)]
 mod tests {
+    use super::super::tests::{at_q4, FORMATS};
     use super::*;
-    use kazeia_backend_abi::WeightFormat::{BF16, Q4_0, Q8_0};
+    use kazeia_backend_abi::WeightFormat::{BF16, Q4_0};
     use std::cell::Cell;
 
-    /// Bytes per frame of the released 0.6B's shapes, roughly (as `super::super::tests`).
-    const FORMATS: [(WeightFormat, u64); 3] = [(BF16, 3600), (Q8_0, 1900), (Q4_0, 1000)];
-
-    /// A step at q4_0 that took `lm_ms` and 20 ms of decoding per 80 ms frame.
+    /// A step at q4_0 that took `lm_ms` (see `at_q4`), its cost told apart by it.
     fn step(lm_ms: f64) -> Measurement {
         Measurement {
-            measured_in: Q4_0,
-            lm_ms,
-            decoder_ms: 20.0,
-            frame_ms: 80.0,
-            frames: 4,
             cost_ms: 300.0 + lm_ms,
-            timings: 1,
-            machine: "test".into(),
+            ..at_q4(lm_ms)
         }
     }
 

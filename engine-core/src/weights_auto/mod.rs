@@ -204,10 +204,10 @@ mod tests {
     use WeightFormat::{BF16, Q4_0, Q8_0};
 
     /// Bytes per frame of the released 0.6B's shapes, roughly: bf16 3.6×, q8_0 1.9× q4_0's.
-    const FORMATS: [(WeightFormat, u64); 3] = [(BF16, 3600), (Q8_0, 1900), (Q4_0, 1000)];
+    pub(super) const FORMATS: [(WeightFormat, u64); 3] = [(BF16, 3600), (Q8_0, 1900), (Q4_0, 1000)];
 
     /// A measurement at q4_0: `lm_ms` for the LM, 20 ms for the decoder, per 80 ms frame.
-    fn at_q4(lm_ms: f64) -> Measurement {
+    pub(super) fn at_q4(lm_ms: f64) -> Measurement {
         Measurement {
             measured_in: Q4_0,
             lm_ms,
