@@ -116,9 +116,9 @@ pub fn model_identity(dir: &Path) -> String {
 /// The choice for `model` (see [`model_identity`]) of `candidates` (most precise first) on `machine`: decided
 /// from the kept measurement, or from `measure_now` (given the machine's description), which is then kept —
 /// combined with the kept one while that one picks a less precise format than the first and is the best of
-/// fewer than [`SETTLING_TIMINGS`] steps. A measurement that cannot be kept is logged; the choice stands for
-/// this load.
-pub fn choose<E>(
+/// fewer than [`SETTLING_TIMINGS`] steps (a step that fails then is logged, and the kept measurement decides).
+/// A measurement that cannot be kept is logged; the choice stands for this load.
+pub fn choose<E: std::fmt::Display>(
     machine: &AutoMachine,
     model: &str,
     backends: [&str; 3],
@@ -135,10 +135,15 @@ pub fn choose<E>(
             return Ok(choice);
         }
     }
-    let now = measure_now(machine.describe(backends))?;
-    let m = match &kept {
-        Some(kept) => kept.best_with(&now),
-        None => now,
+    let m = match (measure_now(machine.describe(backends)), &kept) {
+        (Ok(now), Some(kept)) => kept.best_with(&now),
+        (Ok(now), None) => now,
+        // Timing again is a refinement: when it fails, the kept measurement still decides.
+        (Err(e), Some(kept)) => {
+            tracing::warn!("weights = auto: timing the machine again failed ({e}); the kept measurement decides");
+            return Ok(decide(kept, candidates, false));
+        }
+        (Err(e), None) => return Err(e),
     };
     if let Err(e) = store.save(&m) {
         tracing::warn!(
@@ -247,7 +252,7 @@ mod tests {
         };
         choose(&machine, "model", ["cpu"; 3], &FORMATS, |_| {
             steps.set(steps.get() + 1);
-            Ok::<_, ()>(step(lm_ms))
+            Ok::<_, String>(step(lm_ms))
         })
         .unwrap()
     }
@@ -287,6 +292,33 @@ mod tests {
             "{}",
             settled.reason()
         );
+    }
+
+    #[test]
+    fn a_failed_step_after_a_kept_one_leaves_the_kept_one_deciding() {
+        let store = tempfile::tempdir().unwrap();
+        let steps = Cell::new(0);
+        let kept = load(store.path(), 50.0, &steps);
+        let machine = AutoMachine {
+            store_dir: Some(store.path().to_owned()),
+            ..AutoMachine::new([2; 3])
+        };
+        let after = choose(&machine, "model", ["cpu"; 3], &FORMATS, |_| {
+            Err::<Measurement, _>("the backend failed")
+        })
+        .unwrap();
+        assert_eq!((after.format, after.fresh), (kept.format, false));
+        assert_eq!(after.measurement, kept.measurement);
+        // With nothing kept, the failure is the load's.
+        let empty = tempfile::tempdir().unwrap();
+        let machine = AutoMachine {
+            store_dir: Some(empty.path().to_owned()),
+            ..AutoMachine::new([2; 3])
+        };
+        let failed = choose(&machine, "model", ["cpu"; 3], &FORMATS, |_| {
+            Err::<Measurement, _>("the backend failed")
+        });
+        assert_eq!(failed.unwrap_err(), "the backend failed");
     }
 
     #[test]
